@@ -1,0 +1,73 @@
+# The optimizer library `dion` and everything built on LibTorch: tests, benchmarks, examples.
+if(DION_DATA_ONLY)
+  message(STATUS "dion: DION_DATA_ONLY=ON, skipping the LibTorch targets")
+  return()
+endif()
+
+# Name the CUDA architectures up front (H100/H200 = 9.0): otherwise torch's CMake config tries
+# to detect the installed GPUs by compiling and running a CUDA program, which fails here.
+if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  set(TORCH_CUDA_ARCH_LIST "9.0" CACHE STRING "CUDA architectures for CUDA sources")
+endif()
+set(CMAKE_CUDA_STANDARD 17)
+find_package(Torch REQUIRED)   # CMAKE_PREFIX_PATH from python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'
+message(STATUS "dion: LibTorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX})")
+
+# CUDA sources are compiled whenever torch has CUDA and nvcc is found (compile + link only on a
+# machine without a GPU); otherwise they are skipped with a message.
+set(DION_HAVE_CUDA OFF)
+if(TARGET torch_cuda OR TARGET c10_cuda)
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(DION_HAVE_CUDA ON)
+  else()
+    message(STATUS "dion: torch has CUDA but nvcc was not found: CUDA sources skipped")
+  endif()
+else()
+  message(STATUS "dion: torch built without CUDA: CUDA sources skipped")
+endif()
+
+add_library(dion
+  src/math/ortho.cpp
+  src/math/lr.cpp
+  src/math/muon.cpp
+  src/math/normuon.cpp
+  src/math/dion2.cpp
+  src/math/nordion2.cpp
+  src/math/dion.cpp
+  src/math/scalar.cpp
+  src/optim/options.cpp
+  src/optim/optimizer.cpp)
+target_include_directories(dion PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
+# Position-independent: the Python module links this library into a shared object.
+set_target_properties(dion PROPERTIES POSITION_INDEPENDENT_CODE ON)
+target_link_libraries(dion PUBLIC ${TORCH_LIBRARIES} PRIVATE dion_warnings)
+# Torch's headers are third-party: include them as SYSTEM so -Werror applies to our code only.
+get_target_property(_torch_inc torch INTERFACE_INCLUDE_DIRECTORIES)
+target_include_directories(dion SYSTEM PUBLIC ${_torch_inc})
+target_precompile_headers(dion PRIVATE <ATen/ATen.h>)
+
+# A shared precompiled header for executables (tests, benchmarks, examples).
+add_library(dion_pch STATIC ${CMAKE_CURRENT_SOURCE_DIR}/cmake/pch_dummy.cpp)
+target_link_libraries(dion_pch PUBLIC dion PRIVATE dion_warnings)
+target_precompile_headers(dion_pch PUBLIC <ATen/ATen.h> <torch/serialize.h> <torch/optim.h>)
+
+function(dion_executable name)
+  add_executable(${name} ${ARGN})
+  target_link_libraries(${name} PRIVATE dion dion_warnings)
+  target_precompile_headers(${name} REUSE_FROM dion_pch)
+endfunction()
+
+add_subdirectory(examples)
+if(DION_BUILD_TESTS)
+  add_subdirectory(tests)
+endif()
+if(DION_BUILD_BENCH)
+  find_package(benchmark QUIET)
+  if(benchmark_FOUND)
+    add_subdirectory(bench)
+  else()
+    message(STATUS "dion: Google Benchmark not found: benchmarks skipped")
+  endif()
+endif()

@@ -1,0 +1,24 @@
+// dion/errors.h — the exception types the library throws.
+//
+// They mirror the Python exceptions the reference raises, so that the Python module can map
+// them one to one: ValueError (a bad value), TypeError (a bad kind of argument),
+// NotImplementedError (a valid request the algorithm does not support). Every message names
+// the group index, the option and the value, or the parameter and its shape.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace dion {
+
+struct ValueError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+struct TypeError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+struct NotImplementedError : std::logic_error {
+  using std::logic_error::logic_error;
+};
+
+}  // namespace dion

@@ -1,0 +1,38 @@
+// dion/math/dion.h — legacy Dion (arXiv 2504.05295): low-rank power iteration with error
+// feedback, single-process part.
+//
+// For M [m, n] (transposed to [n, m] when m < n so that the Q side is the short one):
+//   M += G
+//   P = M Q                      [m, r]   one power-iteration step from the previous Q
+//   P = orthonormalize(P)        QR in fp32 (randomized Cholesky QR when m > r)
+//   R = M^T P                    [n, r]
+//   M -= (1 - mu) P R^T          error feedback: keep what the rank-r update missed
+//   Q = R / ||R_col||            column-normalized, becomes next step's Q
+//   X = (1 - lr wd) X - lr sqrt(d_out / d_in) P Q^T
+// An all-zero M gives P = 0 and keeps Q. All matrices of a batch share one shape.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace dion::math {
+
+// The low rank r for a [m, n] matrix: ceil(rank_fraction * min(m, n)) rounded up to
+// rank_multiple_of, at most min(m, n).
+int64_t dion_rank(int64_t m, int64_t n, double rank_fraction, int64_t rank_multiple_of);
+
+// Whether Dion works on M^T for this shape (m < n).
+inline bool dion_is_transposed(int64_t m, int64_t n) { return m < n; }
+
+// Orthonormalize the columns of a batch P [B, rows, r]: QR in fp32 when rows <= r, otherwise
+// randomized Cholesky QR with a Gaussian sketch of ceil(oversample * r / 128) * 128 rows drawn
+// from the default generator. Returns P's dtype.
+at::Tensor dion_orthonormalize(const at::Tensor& P, float oversample);
+
+// One Dion step for a batch of same-shape matrices. X, G, M [m, n]; Q [n, r] ([m, r] when
+// transposed), updated in place.
+void dion_step(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList Q, float lr,
+               float mu, float weight_decay, float epsilon, float oversample);
+
+}  // namespace dion::math

@@ -1,0 +1,42 @@
+// dion/math/dion2.h — Dion2's per-step math: submatrix selection with error feedback.
+//
+//   pre:   M += G
+//          pick k = max(1, ceil(fraction * n_select)) slices of M along select_dim (rows when
+//          select_dim = -2, columns when -1) with the largest L1 norms
+//          U = M[selected] (-> comm dtype);  M[selected] *= ef_decay   (error feedback)
+//   (orthogonalize U [.., k, n] or [.., m, k])
+//   post:  X *= 1 - lr * wd;  X[selected] -= adjusted_lr * U
+//
+// select_dim defaults to the shorter matrix dim (rows when m <= n). NorDion2 uses the same
+// selection with ef_decay = mu along rows. Shapes: M [.., m, n]; indices [.., k] (int64).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+#include <vector>
+
+namespace dion::math {
+
+struct Selection {
+  std::vector<at::Tensor> U;        // selected slices, comm dtype: [.., k, n] or [.., m, k]
+  std::vector<at::Tensor> indices;  // per parameter [.., k], int64
+};
+
+// k for `fraction` of `n_select` slices: max(1, ceil(fraction * n_select)).
+int64_t dion2_num_selected(double fraction, int64_t n_select);
+
+// Which dim to select along when the parameter is not sharded: the shorter one (-2 on ties).
+int64_t dion2_select_dim(int64_t rows, int64_t cols);
+
+// Momentum accumulation, top-k selection, error-feedback decay. `k_override` > 0 forces k
+// (the sharded "local" scope), clamped to the available count.
+Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float ef_decay,
+                    int64_t select_dim, at::ScalarType comm_dtype, int64_t k_override = 0);
+
+// Weight decay on all of X, then the update on the selected slices only. U is cast to X's
+// dtype before scaling (as the reference does).
+void dion2_post(at::TensorList X, at::TensorList U, at::TensorList indices, float lr,
+                float adjusted_lr, float weight_decay, int64_t select_dim);
+
+}  // namespace dion::math

@@ -1,0 +1,32 @@
+// dion/math/muon.h — Muon's per-step math, split around the orthogonalization.
+//
+//   pre:   M = mu * M + G;  U = nesterov ? mu * M + G : M;  U -> comm dtype
+//   (orthogonalize U: dion/math/ortho.h, on whole matrices, possibly on another rank)
+//   post:  X *= 1 - lr * wd            (or cautious: only where sign(X * U) >= 0)
+//          X -= adjusted_lr * U
+//
+// Functions over lists of same-shape local tensors; no layouts, no communication. NorMuon and
+// NorDion2 reuse `post`. Shapes: X, G, M [..., m, n] each; U the same.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace dion::math {
+
+// Momentum update; returns the matrices to orthogonalize, in `comm_dtype`.
+std::vector<at::Tensor> muon_pre(at::TensorList G, at::TensorList M, float mu, bool nesterov,
+                                 at::ScalarType comm_dtype);
+
+// Weight decay (plain or cautious) and the update. U may be any float dtype; the product
+// adjusted_lr * U is formed in U's dtype, as the reference does.
+void muon_post(at::TensorList X, at::TensorList U, float lr, float adjusted_lr, float weight_decay,
+               bool cautious_wd);
+
+// X *= 1 - lr * wd, or the cautious variant: decay only where sign(X * U) >= 0
+// (arXiv 2510.12402). Shared by Muon, NorMuon and Lion.
+void apply_weight_decay(at::TensorList X, at::TensorList U, float lr, float weight_decay,
+                        bool cautious_wd);
+
+}  // namespace dion::math

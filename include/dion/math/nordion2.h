@@ -1,0 +1,23 @@
+// dion/math/nordion2.h — NorDion2 (exported also as Dion3): Dion2's selection and error
+// feedback along rows, with NorMuon's per-neuron normalization of the selected rows.
+//
+//   pre:   dion2_pre with select_dim = -2 and ef_decay = mu (mu is the EF decay here)
+//   (orthogonalize the selected rows U [N, .., k, n])
+//   norm:  V[selected] and U normalized as NorMuon (fp32 compute, V stored in its own dtype)
+//   post:  dion2_post with the normalized U
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+
+namespace dion::math {
+
+// U [N, .., k, n] orthogonalized selected rows; V [N, .., m, 1] full variance buffer;
+// indices [N, .., k]. Returns (normalized U in fp32, updated V in V's dtype).
+std::pair<at::Tensor, at::Tensor> nordion2_normalize_selected(const at::Tensor& U,
+                                                              const at::Tensor& V,
+                                                              const at::Tensor& indices,
+                                                              float beta2);
+
+}  // namespace dion::math

@@ -1,0 +1,31 @@
+// dion/math/scalar.h — element-wise optimizers for embeddings, lm_head, norms and biases.
+//
+// adamw: multi-tensor fused AdamW (ATen's _fused_adamw_): bias correction from a per-parameter
+//        step counter (0-d fp32 tensor, incremented here), decoupled weight decay; cautious
+//        weight decay undoes the decay where sign(M * X) < 0.
+// lion:  U = sign(lerp(M, G, 1 - beta1));  M = lerp(M, G, 1 - beta2);
+//        X *= 1 - lr wd (or cautious);  X -= lr U
+// Hyperparameters are float32, as the reference passes them as 0-d float32 tensors.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace dion::math {
+
+struct AdamWHyper {
+  float lr, beta1, beta2, weight_decay, epsilon;
+  bool cautious_wd = false;
+};
+
+// X, G, M, V lists of same-length; steps: one 0-d fp32 tensor per parameter.
+void adamw_update(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList V,
+                  at::TensorList steps, const AdamWHyper& h);
+
+struct LionHyper {
+  float lr, beta1, beta2, weight_decay;
+  bool cautious_wd = false;
+};
+
+void lion_update(at::TensorList X, at::TensorList G, at::TensorList M, const LionHyper& h);
+
+}  // namespace dion::math

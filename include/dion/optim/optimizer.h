@@ -1,0 +1,146 @@
+// dion/optim/optimizer.h — the optimizer classes.
+//
+// API summary
+// -----------
+//   dion::Optimizer opt(groups, defaults, ortho);   // any mix of algorithms, one per group
+//   dion::Muon / NorMuon / Dion2 / NorDion2 (= Dion3) / Dion(legacy)
+//       the reference's classes: their own algorithm for matrix groups, plus "adamw" and
+//       "lion" groups for the scalar parameters; defaults are the reference's defaults.
+//   opt.step();                        // NoGradGuard inside; params without .grad() are skipped
+//   opt.zero_grad();                   // from torch::optim::Optimizer
+//   torch::save(opt, "opt.pt"); torch::load(opt, "opt.pt");   // state + group options
+//   torch::optim::StepLR sched(opt, 10, 0.5);                  // LibTorch schedulers set lr
+//   opt.init_state();                  // create every parameter's state now (rank-symmetric
+//                                      // checkpoints; the reference does this eagerly)
+//
+// Groups:
+//   std::vector<dion::ParamGroup> groups = {
+//       {block_matrices},                                          // defaults (e.g. "dion2")
+//       {qkv_weights, {.split_sizes = std::vector<int64_t>{512, 128, 128}}},
+//       {embeddings_and_norms, {.algorithm = "adamw", .lr = 3e-3}},
+//       {{lm_head}, {.algorithm = "lion", .lr = 3e-3 * dion::lm_head_lr_scale("lion", 768)}},
+//   };
+//   dion::Dion2 opt(groups, dion::Dion2::defaults().lr(0.02).fraction(0.25));
+//
+// What happens in step(), per matrix group: parameters with a gradient are bucketed by
+// (shape, dtype) in order of first appearance ("megabatches"); each megabatch runs the
+// algorithm's pre step on every member, ONE stacked orthogonalization, and the post step
+// (dion/math/*.h). Scalar groups run multi-tensor AdamW / Lion. Invalid hyperparameters or
+// shapes throw dion::ValueError / NotImplementedError at construction (or in add_param_group),
+// naming the group index, the option and the value.
+//
+// Shapes: parameters [m, n]; 3-D+ are batches of matrices, or [dim0, prod(rest)] with flatten.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <string>
+#include <vector>
+
+#include "dion/errors.h"
+#include "dion/math/ortho.h"
+#include "dion/optim/options.h"
+
+namespace torch::serialize {
+class OutputArchive;
+class InputArchive;
+}  // namespace torch::serialize
+
+namespace dion {
+
+// Parameters plus the fields of the optimizer's defaults this group changes.
+struct ParamGroup {
+  std::vector<at::Tensor> params;
+  Override options = {};
+};
+
+// Lion's lm_head learning-rate scale from the Dion paper (App. D.2): 1/sqrt(model_dim) for
+// "lion", 1 otherwise.
+double lm_head_lr_scale(const std::string& scalar_opt, int64_t model_dim);
+
+class Optimizer : public torch::optim::Optimizer {
+ public:
+  Optimizer(const std::vector<ParamGroup>& groups, const Options& defaults,
+            math::OrthoConfig ortho = {});
+  Optimizer(std::vector<at::Tensor> params, const Options& defaults, math::OrthoConfig ortho = {});
+
+  at::Tensor step(LossClosure closure = nullptr) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+  // Add a group after construction (validated like the others).
+  void add_param_group(const ParamGroup& group);
+
+  // Create the state of every parameter of every group now (the reference's pre-population).
+  void init_state();
+
+  Options& options(size_t group);
+  const Options& options(size_t group) const;
+  ParamState* state_of(const at::Tensor& param);  // nullptr before the first step / init_state
+  const math::OrthoConfig& ortho() const { return ortho_; }
+
+ protected:
+  // The algorithms a matrix group of this optimizer may use ("*" = any).
+  explicit Optimizer(math::OrthoConfig ortho, const Options& defaults, std::string only_algorithm);
+  void add_group_checked(std::vector<at::Tensor> params, Options options);
+
+  // Orthogonalize one megabatch: U holds N same-shape matrices in the comm dtype. The default
+  // stacks them and runs one batched call; the distributed layer overrides this.
+  virtual at::Tensor orthogonalize_megabatch(std::vector<at::Tensor> U, const Options& group,
+                                             const std::vector<int64_t>& split_sizes,
+                                             const std::vector<double>& split_scales);
+
+ private:
+  ParamState& state_for(const at::Tensor& param, const Options& group);
+  void step_muon_like(const std::vector<at::Tensor>& params, const Options& group);
+  void step_dion2_like(const std::vector<at::Tensor>& params, const Options& group);
+  void step_dion(const std::vector<at::Tensor>& params, const Options& group);
+  void step_adamw(const std::vector<at::Tensor>& params, const Options& group);
+  void step_lion(const std::vector<at::Tensor>& params, const Options& group);
+  void check_group(size_t index, const std::vector<at::Tensor>& params, const Options& group) const;
+
+  math::OrthoConfig ortho_;
+  math::OrthoFn ortho_fn_;
+  std::string only_algorithm_ = "*";
+};
+
+// The reference's classes. Each accepts groups of its own algorithm plus "adamw" and "lion".
+class Muon : public Optimizer {
+ public:
+  static Options defaults();
+  Muon(const std::vector<ParamGroup>& groups, const Options& defaults = Muon::defaults(),
+       math::OrthoConfig ortho = {});
+};
+
+class NorMuon : public Optimizer {
+ public:
+  static Options defaults();
+  NorMuon(const std::vector<ParamGroup>& groups, const Options& defaults = NorMuon::defaults(),
+          math::OrthoConfig ortho = {});
+};
+
+class Dion2 : public Optimizer {
+ public:
+  static Options defaults();
+  Dion2(const std::vector<ParamGroup>& groups, const Options& defaults = Dion2::defaults(),
+        math::OrthoConfig ortho = {});
+};
+
+class NorDion2 : public Optimizer {
+ public:
+  static Options defaults();
+  NorDion2(const std::vector<ParamGroup>& groups, const Options& defaults = NorDion2::defaults(),
+           math::OrthoConfig ortho = {});
+};
+
+// Dion3 is NorDion2 under its third-generation name: the same class, algorithm "nordion2".
+using Dion3 = NorDion2;
+
+// Legacy Dion: low-rank power iteration (dion/math/dion.h). 2-D parameters only.
+class Dion : public Optimizer {
+ public:
+  static Options defaults();
+  Dion(const std::vector<ParamGroup>& groups, const Options& defaults = Dion::defaults());
+};
+
+}  // namespace dion

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# dion-cpp setup: installs every system and Python dependency on a fresh Debian 12 machine,
+# then configures and builds. Idempotent: a second run checks, finds everything present, and
+# only rebuilds what changed.
+#
+#   scripts/setup.sh            # install + configure + build (build/)
+#   DION_SKIP_BUILD=1 scripts/setup.sh   # install only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+BUILD_DIR=${DION_BUILD_DIR:-$ROOT/build}
+
+log() { printf '[setup] %s\n' "$*"; }
+
+# ---------------------------------------------------------------------------- system packages
+APT_PKGS=(build-essential cmake ninja-build ccache pkg-config git
+          libgtest-dev libgmock-dev libbenchmark-dev
+          libyaml-cpp-dev libfmt-dev nlohmann-json3-dev libcli11-dev
+          libcurl4-openssl-dev libpcre2-dev)
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing system packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+else
+  log "system packages present"
+fi
+
+# ---------------------------------------------------------------------------- python packages
+PYTHON=${PYTHON:-python3}
+want_torch=$(sed -n 's/^torch==\(.*\)$/\1/p' requirements.txt)
+have_torch=$($PYTHON -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
+if [ "$have_torch" != "$want_torch" ] || ! $PYTHON -c 'import numpy, pytest' 2>/dev/null; then
+  log "installing python packages (torch $want_torch is a multi-GB CUDA wheel; first time only)"
+  $PYTHON -m pip install -q -r requirements.txt
+else
+  log "python packages present (torch $have_torch)"
+fi
+
+[ "${DION_SKIP_BUILD:-0}" = "1" ] && exit 0
+
+# ---------------------------------------------------------------------------- configure + build
+TORCH_PREFIX=$($PYTHON -c 'import torch; print(torch.utils.cmake_prefix_path)')
+if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+  log "configuring $BUILD_DIR"
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja \
+    -DCMAKE_BUILD_TYPE=${DION_BUILD_TYPE:-Release} \
+    -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" \
+    -DPython3_EXECUTABLE="$(command -v $PYTHON)"
+fi
+log "building (ninja, $(nproc) jobs)"
+cmake --build "$BUILD_DIR" -j "$(nproc)"
+log "done: binaries in $BUILD_DIR"

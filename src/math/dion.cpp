@@ -1,0 +1,94 @@
+// Legacy Dion, single process (see include/dion/math/dion.h). Mirrors the reference's
+// dion_update_ddp with no replicate mesh.
+#include "dion/math/dion.h"
+
+#include <ATen/ATen.h>
+
+#include "scalar_tensor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace dion::math {
+
+int64_t dion_rank(int64_t m, int64_t n, double rank_fraction, int64_t rank_multiple_of) {
+  const double r = rank_fraction * static_cast<double>(std::min(m, n));
+  const int64_t rounded = rank_multiple_of * static_cast<int64_t>(std::ceil(r / static_cast<double>(rank_multiple_of)));
+  return std::min({rounded, m, n});
+}
+
+at::Tensor dion_orthonormalize(const at::Tensor& P, float oversample) {
+  TORCH_CHECK(P.dim() >= 3, "dion_orthonormalize expects a batch [B, rows, r], got ", P.sizes());
+  const auto dtype = P.scalar_type();
+  const int64_t rows = P.size(-2), r = P.size(-1);
+  if (rows <= r) {  // square or wide: plain QR is cheapest
+    return std::get<0>(at::linalg_qr(P.to(at::kFloat))).to(dtype).contiguous();
+  }
+  // Randomized Cholesky QR: R from a QR of the sketch S P, then one Cholesky QR pass.
+  const float kf = std::ceil(oversample * static_cast<float>(r) / 128.0f);
+  const int64_t k = static_cast<int64_t>(kf) * 128;
+  std::vector<int64_t> s_shape(P.sizes().begin(), P.sizes().end() - 2);
+  s_shape.push_back(k);
+  s_shape.push_back(rows);
+  at::Tensor S = at::empty(s_shape, P.options()).normal_(0.0, std::sqrt(1.0 / static_cast<double>(k)));
+  at::Tensor SP = at::matmul(S, P);
+  at::Tensor R = std::get<1>(at::linalg_qr(SP.to(at::kFloat), "r"));
+  // linalg_solve_triangular(A, B, upper, left=false) solves X A = B, i.e. X = B A^-1.
+  at::Tensor Pf = at::linalg_solve_triangular(R, P.to(at::kFloat), /*upper=*/true, /*left=*/false);
+  at::Tensor PP = at::matmul(Pf.mT(), Pf);
+  at::Tensor Rc = std::get<0>(at::linalg_cholesky_ex(PP, /*upper=*/true));
+  Pf = at::linalg_solve_triangular(Rc, Pf, /*upper=*/true, /*left=*/false);
+  return Pf.to(dtype).contiguous();
+}
+
+namespace {
+// X[i] = beta * X[i] + alpha * (A B^T)[i]   (or (B A^T)[i] when transposed)
+void foreach_baddbmm(at::TensorList X, const at::Tensor& A, const at::Tensor& B,
+                     const at::Tensor& alpha, const at::Tensor& beta, bool transpose) {
+  at::Tensor update = transpose ? at::matmul(B, A.mT()) : at::matmul(A, B.mT());
+  std::vector<at::Tensor> parts = update.unbind(0);
+  for (size_t i = 0; i < X.size(); ++i) {
+    at::Tensor scaled = parts[i] * alpha;
+    X[i].mul_(beta);
+    X[i].add_(scaled);
+  }
+}
+}  // namespace
+
+void dion_step(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList Q, float lr,
+               float mu, float weight_decay, float epsilon, float oversample) {
+  const int64_t m = X[0].size(0), n = X[0].size(1);
+  const bool transposed = dion_is_transposed(m, n);
+  for (size_t i = 0; i < M.size(); ++i) M[i].add_(G[i]);  // M += G
+
+  std::vector<at::Tensor> Ms;
+  for (const at::Tensor& mm : M) Ms.push_back(transposed ? mm.mT() : mm);
+  at::Tensor M_batch = at::stack(Ms, 0);                         // [B, m', n']
+  at::Tensor Q_batch = at::stack(Q, 0).to(M_batch.scalar_type());  // [B, n', r]
+
+  at::Tensor P = at::matmul(M_batch, Q_batch);  // [B, m', r]
+  P = dion_orthonormalize(P, oversample);
+  at::Tensor R = at::matmul(M_batch.mT(), P);   // [B, n', r]
+
+  // All-zero momentum: P = 0 and R = previous Q (so Q is kept); NaNs are zeroed.
+  at::Tensor all_zero = (M_batch == 0).flatten(-2).all(-1).unsqueeze(-1).unsqueeze(-1);
+  at::Tensor not_zero = all_zero.logical_not();
+  P = P.nan_to_num() * not_zero;
+  R = R.nan_to_num() * not_zero + Q_batch * all_zero;
+
+  foreach_baddbmm(M, P, R, f32(-(1.0f - mu)), f32(1.0f), transposed);  // error feedback
+
+  // Column-normalize R in fp32 to get the new Q.
+  at::Tensor Rf = R.to(at::kFloat);
+  at::Tensor col_norm = Rf.square().sum(-2, /*keepdim=*/true).sqrt();
+  at::Tensor Q_new = (Rf / (col_norm + f32(epsilon))).to(R.scalar_type());
+
+  const float scaled_lr = static_cast<float>(std::sqrt(static_cast<double>(m) / static_cast<double>(n))) * lr;
+  foreach_baddbmm(X, P, Q_new, f32(-scaled_lr), f32(1.0f - lr * weight_decay), transposed);
+
+  std::vector<at::Tensor> Qs = Q_new.unbind(0);
+  for (size_t i = 0; i < Q.size(); ++i) Q[i].copy_(Qs[i].to(Q[i].scalar_type()));
+}
+
+}  // namespace dion::math

@@ -1,0 +1,79 @@
+// Dion2 (Ahn et al.): selected-submatrix orthogonalization with error feedback.
+// See include/dion/math/dion2.h.
+#include "dion/math/dion2.h"
+
+#include <ATen/ATen.h>
+
+#include "scalar_tensor.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace dion::math {
+
+int64_t dion2_num_selected(double fraction, int64_t n_select) {
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(fraction * static_cast<double>(n_select))));
+}
+
+int64_t dion2_select_dim(int64_t rows, int64_t cols) { return rows <= cols ? -2 : -1; }
+
+namespace {
+// Expand indices [.., k] to the shape of the selected slices of a [.., m, n] matrix.
+at::Tensor expand_index(const at::Tensor& idx, const at::Tensor& like, int64_t select_dim) {
+  if (select_dim == -2) {
+    std::vector<int64_t> shape(idx.sizes().begin(), idx.sizes().end());
+    shape.push_back(like.size(-1));
+    return idx.unsqueeze(-1).expand(shape);
+  }
+  std::vector<int64_t> shape(idx.sizes().begin(), idx.sizes().end() - 1);
+  shape.push_back(like.size(-2));
+  shape.push_back(idx.size(-1));
+  return idx.unsqueeze(-2).expand(shape);
+}
+}  // namespace
+
+Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float ef_decay,
+                    int64_t select_dim, at::ScalarType comm_dtype, int64_t k_override) {
+  TORCH_CHECK(select_dim == -2 || select_dim == -1, "dion2: select_dim must be -2 or -1");
+  Selection out;
+  const int64_t n_select = M[0].size(select_dim);
+  const int64_t norm_dim = select_dim == -2 ? -1 : -2;
+  const int64_t k = k_override > 0 ? k_override : dion2_num_selected(fraction, n_select);
+  const int64_t k_topk = std::min(k, n_select);
+
+  for (size_t i = 0; i < M.size(); ++i) M[i].add_(G[i].to(M[i].scalar_type()));  // M += G
+
+  if (n_select == 0) {  // an empty shard: nothing to select
+    for (const at::Tensor& m : M) {
+      out.U.push_back(m.to(comm_dtype));
+      out.indices.push_back(at::empty({0}, m.options().dtype(at::kLong)));
+    }
+    return out;
+  }
+  at::Tensor M_stacked = at::stack(M, 0);                                      // [N, .., m, n]
+  at::Tensor norms = at::linalg_vector_norm(M_stacked, 1, at::IntArrayRef{norm_dim}, false);
+  at::Tensor indices = std::get<1>(at::topk(norms, k_topk, -1, /*largest=*/true, /*sorted=*/false));
+  at::Tensor selected = at::gather(M_stacked, select_dim, expand_index(indices, M_stacked, select_dim));
+
+  std::vector<at::Tensor> idx_list = indices.unbind(0);
+  std::vector<at::Tensor> sel_list = selected.unbind(0);
+  for (size_t i = 0; i < M.size(); ++i) {  // error feedback on the selected slices
+    M[i].scatter_(select_dim, expand_index(idx_list[i], M[i], select_dim), sel_list[i] * f32(ef_decay));
+  }
+  out.U = selected.to(comm_dtype).unbind(0);
+  out.indices = std::move(idx_list);
+  return out;
+}
+
+void dion2_post(at::TensorList X, at::TensorList U, at::TensorList indices, float lr,
+                float adjusted_lr, float weight_decay, int64_t select_dim) {
+  const at::Tensor decay = f32(1.0f - lr * weight_decay);
+  for (const at::Tensor& x : X) x.mul_(decay);
+  const at::Tensor neg_lr = f32(-adjusted_lr);
+  for (size_t i = 0; i < X.size(); ++i) {
+    at::Tensor u = U[i].to(X[i].scalar_type()) * neg_lr;
+    X[i].scatter_add_(select_dim, expand_index(indices[i], u, select_dim), u);
+  }
+}
+
+}  // namespace dion::math

@@ -1,0 +1,148 @@
+// Newton-Schulz and Polar Express orthogonalization (see include/dion/math/ortho.h).
+//
+// Every operation mirrors the reference's eager PyTorch code in order and dtype, so that the
+// same LibTorch kernels produce the same bits: the bf16 path matches microsoft/dion run on CPU
+// exactly (tests/test_reference.cpp).
+#include "dion/math/ortho.h"
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <map>
+#include <stdexcept>
+
+namespace dion::math {
+
+namespace {
+
+struct Coeffs {
+  double a, b, c;
+};
+
+// Muon's quintic Newton-Schulz coefficients, one triple per step (reference:
+// newton_schulz_triton.zeropower_via_newtonschulz5).
+constexpr std::array<Coeffs, 5> kNewtonSchulz = {{
+    {4.0848, -6.8946, 2.9270},
+    {3.9505, -6.3029, 2.6377},
+    {3.7418, -5.5913, 2.3037},
+    {2.8769, -3.1427, 1.2046},
+    {2.8366, -3.0525, 1.2012},
+}};
+
+// Polar Express coefficients for 5 steps, safety factor 2e-2, cushion 2 (arXiv 2505.16932);
+// the 1.02 safety factor is baked into all but the last polynomial.
+constexpr std::array<Coeffs, 5> kPolarExpress = {{
+    {8.156554524902461, -22.48329292557795, 15.878769915207462},
+    {4.042929935166739, -2.808917465908714, 0.5000178451051316},
+    {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
+    {3.285753657755655, -2.3681294933425376, 0.46449024233003106},
+    {2.3465413258596377, -1.7097828382687081, 0.42323551169305323},
+}};
+
+void check_matrix(const at::Tensor& G, const char* who) {
+  TORCH_CHECK(G.dim() >= 2, who, ": expected a matrix or a batch of matrices [..., m, n], got shape ",
+              G.sizes());
+}
+
+at::Tensor frobenius(const at::Tensor& X) {
+  return at::linalg_vector_norm(X, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true);
+}
+
+}  // namespace
+
+OrthoMethod ortho_method_from_string(const std::string& name) {
+  if (name == "polar_express") return OrthoMethod::POLAR_EXPRESS;
+  if (name == "newton_schulz") return OrthoMethod::NEWTON_SCHULZ;
+  throw std::invalid_argument("unknown orthogonalizer '" + name +
+                              "': valid values are 'polar_express' and 'newton_schulz'");
+}
+
+std::string to_string(OrthoMethod method) {
+  return method == OrthoMethod::POLAR_EXPRESS ? "polar_express" : "newton_schulz";
+}
+
+at::Tensor newton_schulz(const at::Tensor& G, double epsilon, at::ScalarType dtype) {
+  check_matrix(G, "newton_schulz");
+  const bool tall = G.size(-2) > G.size(-1);
+  at::Tensor X = G.to(dtype);
+  if (tall) X = X.mT();
+  X = X / (frobenius(X) + epsilon);  // spectral norm <= Frobenius norm <= 1
+  for (const Coeffs& k : kNewtonSchulz) {
+    at::Tensor A = at::matmul(X, X.mT());               // [.., m, m], m = min(rows, cols)
+    at::Tensor B = A * k.b + at::matmul(A, A) * k.c;   // b A + c A^2
+    X = X * k.a + at::matmul(B, X);                     // a X + B X
+  }
+  if (tall) X = X.mT();
+  return X;
+}
+
+at::Tensor polar_express(const at::Tensor& G, double epsilon, at::ScalarType dtype) {
+  check_matrix(G, "polar_express");
+  const bool tall = G.size(-2) > G.size(-1);
+  at::Tensor X = G.to(dtype);
+  X = X / (frobenius(X) * 1.02 + epsilon);
+  if (tall) {
+    for (const Coeffs& k : kPolarExpress) {  // Gram matrix on the small side: X^T X [.., n, n]
+      at::Tensor A = at::matmul(X.mT(), X);
+      at::Tensor B = A * k.b + at::matmul(A, A) * k.c;
+      X = X * k.a + at::matmul(X, B);
+    }
+  } else {
+    for (const Coeffs& k : kPolarExpress) {  // X X^T [.., m, m]
+      at::Tensor A = at::matmul(X, X.mT());
+      at::Tensor B = A * k.b + at::matmul(A, A) * k.c;
+      X = X * k.a + at::matmul(B, X);
+    }
+  }
+  return X;
+}
+
+OrthoFn OrthoConfig::function() const {
+  if (custom) return custom;
+  const at::ScalarType dt = dtype;
+  if (method == OrthoMethod::NEWTON_SCHULZ)
+    return [dt](const at::Tensor& X, double eps) { return newton_schulz(X, eps, dt); };
+  return [dt](const at::Tensor& X, double eps) { return polar_express(X, eps, dt); };
+}
+
+at::Tensor orthogonalize_megabatch(const at::Tensor& X, const OrthoFn& fn, bool flatten,
+                                   double epsilon, const std::vector<int64_t>& split_sizes,
+                                   const std::vector<double>& split_scales) {
+  // X: [N, *param_shape]
+  TORCH_CHECK(X.dim() >= 3, "orthogonalize_megabatch: expected [N, m, n] or more, got ", X.sizes());
+  if (!split_sizes.empty()) {
+    // Row blocks of dim -2, as if each block were its own parameter. Blocks of equal height
+    // share one batched call (the K and V blocks of a fused GQA QKV weight).
+    TORCH_CHECK(!flatten, "split_sizes is incompatible with flatten=true");
+    int64_t total = 0;
+    for (int64_t s : split_sizes) total += s;
+    TORCH_CHECK(total == X.size(-2), "split_sizes sum to ", total, " but dim -2 is ", X.size(-2));
+    std::vector<at::Tensor> blocks = X.split_with_sizes(split_sizes, -2);
+    std::map<int64_t, std::vector<size_t>> by_rows;
+    for (size_t i = 0; i < blocks.size(); ++i) by_rows[blocks[i].size(-2)].push_back(i);
+    std::vector<at::Tensor> out(blocks.size());
+    for (const auto& [rows, idx] : by_rows) {
+      std::vector<at::Tensor> same;
+      for (size_t i : idx) same.push_back(blocks[i]);
+      at::Tensor stacked = at::stack(same, 0);
+      at::Tensor batched = stacked.dim() > 3 ? stacked.flatten(0, -3) : stacked;
+      at::Tensor ortho = fn(batched, epsilon).reshape(stacked.sizes());
+      for (size_t j = 0; j < idx.size(); ++j) {
+        at::Tensor block = ortho[static_cast<int64_t>(j)];
+        if (!split_scales.empty()) block = block * split_scales[idx[j]];
+        out[idx[j]] = block;
+      }
+    }
+    return at::cat(out, -2);
+  }
+  const auto shape = X.sizes();
+  at::Tensor Y = X;
+  if (flatten && X.dim() >= 4) {
+    Y = X.flatten(2);  // [N, out, prod(rest)]: each parameter its own matrix
+  } else if (X.dim() >= 4) {
+    Y = X.flatten(0, -3);  // leading dims are a batch of matrices
+  }
+  return fn(Y, epsilon).reshape(shape);
+}
+
+}  // namespace dion::math

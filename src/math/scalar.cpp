@@ -1,0 +1,50 @@
+// AdamW and Lion (see include/dion/math/scalar.h).
+#include "dion/math/scalar.h"
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "dion/math/muon.h"
+#include "scalar_tensor.h"
+
+namespace dion::math {
+
+void adamw_update(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList V,
+                  at::TensorList steps, const AdamWHyper& h) {
+  if (X.empty()) return;
+  std::vector<at::Tensor> X_orig;
+  const bool cwd = h.cautious_wd && h.weight_decay > 0.0f;
+  if (cwd) {
+    for (const at::Tensor& x : X) X_orig.push_back(x.clone());
+  }
+  at::_foreach_add_(steps, 1);
+  at::_fused_adamw_(X, G, M, V, /*max_exp_avg_sqs=*/{}, steps, static_cast<double>(h.lr),
+                    static_cast<double>(h.beta1), static_cast<double>(h.beta2),
+                    static_cast<double>(h.weight_decay), static_cast<double>(h.epsilon),
+                    /*amsgrad=*/false, /*maximize=*/false);
+  if (cwd) {
+    // The fused kernel decayed everywhere; add back lr * wd * X where momentum and the
+    // original parameter disagree in sign.
+    const at::Tensor coeff = f32(h.lr * h.weight_decay);
+    for (size_t i = 0; i < X.size(); ++i) {
+      at::Tensor undo = (M[i] * X_orig[i] < 0).to(X_orig[i].scalar_type());
+      X[i].add_(X_orig[i] * undo * coeff);
+    }
+  }
+}
+
+void lion_update(at::TensorList X, at::TensorList G, at::TensorList M, const LionHyper& h) {
+  std::vector<at::Tensor> U;
+  U.reserve(X.size());
+  for (size_t i = 0; i < X.size(); ++i) {
+    at::Tensor g = G[i].to(M[i].scalar_type());
+    U.push_back(at::lerp(M[i], g, f32(1.0f - h.beta1)).sign_());
+    M[i].lerp_(g, f32(1.0f - h.beta2));
+  }
+  apply_weight_decay(X, U, h.lr, h.weight_decay, h.cautious_wd);
+  const at::Tensor lr = f32(h.lr);
+  for (size_t i = 0; i < X.size(); ++i) X[i].sub_(U[i].mul_(lr));
+}
+
+}  // namespace dion::math

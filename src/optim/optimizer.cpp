@@ -1,0 +1,377 @@
+// The optimizer classes: grouping, state, megabatching, dispatch to the algorithm math.
+// See include/dion/optim/optimizer.h. Layouts and collectives live in the distribution layer;
+// the math lives in src/math/.
+#include "dion/optim/optimizer.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/optim/serialize.h>
+#include <torch/serialize/archive.h>
+
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include "dion/math/dion.h"
+#include "dion/math/dion2.h"
+#include "dion/math/muon.h"
+#include "dion/math/nordion2.h"
+#include "dion/math/normuon.h"
+#include "dion/math/scalar.h"
+
+namespace dion {
+
+double lm_head_lr_scale(const std::string& scalar_opt, int64_t model_dim) {
+  return scalar_opt == "lion" ? 1.0 / std::sqrt(static_cast<double>(model_dim)) : 1.0;
+}
+
+namespace {
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+// Same-shape, same-dtype parameters, in order of first appearance (the reference's dict order).
+std::vector<std::vector<at::Tensor>> megabatches(const std::vector<at::Tensor>& params) {
+  std::vector<std::vector<at::Tensor>> out;
+  std::map<std::pair<std::vector<int64_t>, at::ScalarType>, size_t> index;
+  for (const at::Tensor& p : params) {
+    auto key = std::make_pair(p.sizes().vec(), p.scalar_type());
+    auto it = index.find(key);
+    if (it == index.end()) {
+      index.emplace(key, out.size());
+      out.push_back({p});
+    } else {
+      out[it->second].push_back(p);
+    }
+  }
+  return out;
+}
+
+// View 2-D tensors [H * hd, n] as [H, hd, n] (per-head orthogonalization). In-place updates on
+// the views land in the parameters and state.
+std::vector<at::Tensor> head_views(const std::vector<at::Tensor>& ts, int64_t heads) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : ts) {
+    std::vector<int64_t> shape = {heads, t.size(0) / heads};
+    for (int64_t d = 1; d < t.dim(); ++d) shape.push_back(t.size(d));
+    out.push_back(t.view(shape));
+  }
+  return out;
+}
+
+std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> g;
+  for (const at::Tensor& p : params) g.push_back(p.grad());
+  return g;
+}
+
+float f32(double v) { return static_cast<float>(v); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- construction
+
+Optimizer::Optimizer(math::OrthoConfig ortho, const Options& defaults, std::string only_algorithm)
+    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
+                              std::make_unique<Options>(defaults)),
+      ortho_(std::move(ortho)),
+      ortho_fn_(ortho_.function()),
+      only_algorithm_(std::move(only_algorithm)) {
+  defaults.validate(0);
+}
+
+Optimizer::Optimizer(const std::vector<ParamGroup>& groups, const Options& defaults,
+                     math::OrthoConfig ortho)
+    : Optimizer(std::move(ortho), defaults, "*") {
+  for (const ParamGroup& g : groups) add_param_group(g);
+}
+
+Optimizer::Optimizer(std::vector<at::Tensor> params, const Options& defaults, math::OrthoConfig ortho)
+    : Optimizer(std::move(ortho), defaults, "*") {
+  add_group_checked(std::move(params), defaults);
+}
+
+void Optimizer::add_param_group(const ParamGroup& group) {
+  add_group_checked(group.params, group.options.apply(static_cast<const Options&>(defaults())));
+}
+
+void Optimizer::add_group_checked(std::vector<at::Tensor> params, Options options) {
+  const size_t index = param_groups_.size();
+  options.validate(index);
+  check_group(index, params, options);
+  torch::optim::Optimizer::add_param_group(
+      torch::optim::OptimizerParamGroup(std::move(params), std::make_unique<Options>(options)));
+}
+
+void Optimizer::check_group(size_t g, const std::vector<at::Tensor>& params, const Options& o) const {
+  const std::string& algo = o.algorithm();
+  const std::string where = "param group " + std::to_string(g) + " (" + algo + ")";
+  if (only_algorithm_ != "*" && algo != only_algorithm_ && algo != "adamw" && algo != "lion")
+    throw ValueError(where + ": this optimizer runs '" + only_algorithm_ +
+                     "' matrix groups plus 'adamw' and 'lion' groups; use dion::Optimizer to mix "
+                     "matrix algorithms");
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    const std::string what = where + ", parameter " + std::to_string(i) + " of shape " + shape_str(p.sizes());
+    if (!p.is_floating_point()) throw TypeError(what + ": parameters must be floating point");
+    if (is_matrix_algorithm(algo) && p.dim() < 2)
+      throw ValueError(what + ": '" + algo +
+                       "' needs matrix parameters (ndim >= 2); put vectors and scalars in an "
+                       "'adamw' or 'lion' group");
+    if (algo == "dion" && p.dim() != 2)
+      throw NotImplementedError(what + ": legacy 'dion' supports 2-D parameters only");
+    if (o.num_heads() > 1 && is_matrix_algorithm(algo)) {
+      if (p.dim() != 2)
+        throw ValueError(what + ": num_heads is only supported for 2-D parameters");
+      if (p.size(0) % o.num_heads() != 0)
+        throw ValueError(what + ": num_heads (" + std::to_string(o.num_heads()) +
+                         ") must divide dim 0 (" + std::to_string(p.size(0)) + ")");
+    }
+    if (!o.split_sizes().empty() && is_matrix_algorithm(algo)) {
+      if (p.dim() != 2) throw ValueError(what + ": split_sizes is only supported for 2-D parameters");
+      int64_t total = 0;
+      for (int64_t s : o.split_sizes()) total += s;
+      if (total != p.size(0))
+        throw ValueError(what + ": split_sizes sum to " + std::to_string(total) +
+                         " but must sum to dim 0 (" + std::to_string(p.size(0)) + ")");
+    }
+  }
+}
+
+Options& Optimizer::options(size_t group) {
+  TORCH_CHECK(group < param_groups_.size(), "no param group ", group, " (have ", param_groups_.size(), ")");
+  return static_cast<Options&>(param_groups_[group].options());
+}
+const Options& Optimizer::options(size_t group) const {
+  TORCH_CHECK(group < param_groups_.size(), "no param group ", group, " (have ", param_groups_.size(), ")");
+  return static_cast<const Options&>(param_groups_[group].options());
+}
+
+ParamState* Optimizer::state_of(const at::Tensor& param) {
+  auto it = state_.find(param.unsafeGetTensorImpl());
+  return it == state_.end() ? nullptr : static_cast<ParamState*>(it->second.get());
+}
+
+// ---------------------------------------------------------------------------- state
+
+ParamState& Optimizer::state_for(const at::Tensor& p, const Options& o) {
+  auto& slot = state_[p.unsafeGetTensorImpl()];
+  if (!slot) {
+    at::NoGradGuard no_grad;
+    auto s = std::make_unique<ParamState>();
+    const std::string& algo = o.algorithm();
+    const auto momentum_dtype = algo == "dion" ? o.momentum_dtype().value_or(p.scalar_type()) : p.scalar_type();
+    s->momentum(at::zeros_like(p, p.options().dtype(momentum_dtype)));
+    if (algo == "adamw") {
+      s->variance(at::zeros_like(p, p.options().dtype(o.variance_dtype().value_or(p.scalar_type()))));
+      s->step_dev(at::zeros({}, p.options().dtype(at::kFloat)));
+    }
+    if (algo == "normuon" || algo == "nordion2") {
+      s->variance_neuron(at::zeros_like(p.narrow(-1, 0, 1)));  // [.., m, 1], param dtype
+    }
+    if (algo == "dion") {
+      const int64_t m = p.size(0), n = p.size(1);
+      const int64_t r = math::dion_rank(m, n, o.rank_fraction(), o.rank_multiple_of());
+      const int64_t rows = math::dion_is_transposed(m, n) ? m : n;
+      s->Q(at::randn({rows, r}, p.options().dtype(o.Q_dtype().value_or(p.scalar_type()))));
+    }
+    slot = std::move(s);
+  }
+  return static_cast<ParamState&>(*slot);
+}
+
+void Optimizer::init_state() {
+  for (auto& group : param_groups_) {
+    const auto& o = static_cast<const Options&>(group.options());
+    for (const at::Tensor& p : group.params()) state_for(p, o);
+  }
+}
+
+// ---------------------------------------------------------------------------- step
+
+at::Tensor Optimizer::step(LossClosure closure) {
+  at::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  at::NoGradGuard no_grad;
+  // Matrix groups first, then lion, then adamw: the reference's task order (it matters only
+  // for the random draws of legacy Dion).
+  for (const char* phase : {"matrix", "lion", "adamw"}) {
+    for (auto& group : param_groups_) {
+      auto& o = static_cast<Options&>(group.options());
+      const std::string& algo = o.algorithm();
+      const bool mine = std::string(phase) == "matrix" ? is_matrix_algorithm(algo) : algo == phase;
+      if (!mine) continue;
+      o.step(o.step() + 1);
+      std::vector<at::Tensor> live;
+      for (const at::Tensor& p : group.params())
+        if (p.grad().defined()) live.push_back(p);
+      if (live.empty()) continue;
+      if (algo == "muon" || algo == "normuon") step_muon_like(live, o);
+      else if (algo == "dion2" || algo == "nordion2") step_dion2_like(live, o);
+      else if (algo == "dion") step_dion(live, o);
+      else if (algo == "lion") step_lion(live, o);
+      else if (algo == "adamw") step_adamw(live, o);
+    }
+  }
+  return loss;
+}
+
+at::Tensor Optimizer::orthogonalize_megabatch(std::vector<at::Tensor> U, const Options& o,
+                                              const std::vector<int64_t>& split_sizes,
+                                              const std::vector<double>& split_scales) {
+  // One parameter: orthogonalize it as it is (the reference's N == 1 path); several: one stack.
+  at::Tensor stacked = U.size() == 1 ? U[0].unsqueeze(0) : at::stack(U, 0);
+  return math::orthogonalize_megabatch(stacked, ortho_fn_, o.flatten(), o.epsilon(), split_sizes,
+                                       split_scales);
+}
+
+void Optimizer::step_muon_like(const std::vector<at::Tensor>& params, const Options& o) {
+  const bool nor = o.algorithm() == "normuon";
+  const int64_t heads = o.num_heads() > 1 ? o.num_heads() : 0;
+  for (const auto& batch : megabatches(params)) {
+    std::vector<at::Tensor> X = batch, G = grads_of(batch), M, V;
+    for (const at::Tensor& p : batch) {
+      ParamState& s = state_for(p, o);
+      M.push_back(s.momentum());
+      if (nor) V.push_back(s.variance_neuron());
+    }
+    std::vector<double> scales;
+    if (!o.split_sizes().empty())
+      scales = math::split_lr_scales(o.split_sizes(), X[0].sizes(), o.adjust_lr());
+    if (heads) {
+      X = head_views(X, heads);
+      G = head_views(G, heads);
+      M = head_views(M, heads);
+      if (nor) V = head_views(V, heads);
+    }
+    std::vector<at::Tensor> U = math::muon_pre(G, M, f32(o.mu()), o.nesterov(), ortho_.dtype);
+    at::Tensor O = orthogonalize_megabatch(std::move(U), o, o.split_sizes(), scales);
+    if (nor) {
+      auto [normed, V_new] = math::normuon_normalize(O, at::stack(V, 0), f32(o.muon_beta2()), o.split_sizes());
+      std::vector<at::Tensor> V_parts = V_new.unbind(0);
+      for (size_t i = 0; i < V.size(); ++i) V[i].copy_(V_parts[i]);
+      O = normed;
+    }
+    const float lr = f32(o.lr());
+    const float adj = math::adjusted_lr(lr, o.adjust_lr(), X[0].sizes(), o.flatten());
+    math::muon_post(X, O.unbind(0), lr, adj, f32(o.weight_decay()), o.cautious_wd());
+  }
+}
+
+void Optimizer::step_dion2_like(const std::vector<at::Tensor>& params, const Options& o) {
+  const bool nor = o.algorithm() == "nordion2";
+  const int64_t heads = o.num_heads() > 1 ? o.num_heads() : 0;
+  for (const auto& batch : megabatches(params)) {
+    std::vector<at::Tensor> X = batch, G = grads_of(batch), M, V;
+    for (const at::Tensor& p : batch) {
+      ParamState& s = state_for(p, o);
+      M.push_back(s.momentum());
+      if (nor) V.push_back(s.variance_neuron());
+    }
+    if (heads) {
+      X = head_views(X, heads);
+      G = head_views(G, heads);
+      M = head_views(M, heads);
+      if (nor) V = head_views(V, heads);
+    }
+    // NorDion2 selects rows (so the per-neuron statistics see whole rows); Dion2 the shorter dim.
+    const int64_t select_dim = nor ? -2 : math::dion2_select_dim(X[0].size(-2), X[0].size(-1));
+    const float ef = f32(nor ? o.mu() : o.ef_decay());
+    math::Selection sel = math::dion2_pre(G, M, o.fraction(), ef, select_dim, ortho_.dtype);
+    at::Tensor O = orthogonalize_megabatch(std::move(sel.U), o, {}, {});
+    if (nor) {
+      auto [normed, V_new] = math::nordion2_normalize_selected(O, at::stack(V, 0), at::stack(sel.indices, 0),
+                                                               f32(o.muon_beta2()));
+      std::vector<at::Tensor> V_parts = V_new.unbind(0);
+      for (size_t i = 0; i < V.size(); ++i) V[i].copy_(V_parts[i]);
+      O = normed;
+    }
+    const float lr = f32(o.lr());
+    const float adj = math::adjusted_lr(lr, o.adjust_lr(), X[0].sizes(), o.flatten());
+    math::dion2_post(X, O.unbind(0), sel.indices, lr, adj, f32(o.weight_decay()), select_dim);
+  }
+}
+
+void Optimizer::step_dion(const std::vector<at::Tensor>& params, const Options& o) {
+  for (const auto& batch : megabatches(params)) {
+    std::vector<at::Tensor> G = grads_of(batch), M, Q;
+    for (const at::Tensor& p : batch) {
+      ParamState& s = state_for(p, o);
+      M.push_back(s.momentum());
+      Q.push_back(s.Q());
+    }
+    math::dion_step(batch, G, M, Q, f32(o.lr()), f32(o.mu()), f32(o.weight_decay()), f32(o.epsilon()),
+                    f32(o.oversample()));
+  }
+}
+
+void Optimizer::step_adamw(const std::vector<at::Tensor>& params, const Options& o) {
+  std::vector<at::Tensor> G, M, V, steps;
+  for (const at::Tensor& p : params) {
+    ParamState& s = state_for(p, o);
+    G.push_back(p.grad().to(p.scalar_type()));
+    M.push_back(s.momentum());
+    V.push_back(s.variance());
+    steps.push_back(s.step_dev());
+  }
+  const auto [b1, b2] = o.betas();
+  math::adamw_update(params, G, M, V, steps,
+                     {f32(o.lr()), f32(b1), f32(b2), f32(o.weight_decay()), f32(o.epsilon()), o.cautious_wd()});
+}
+
+void Optimizer::step_lion(const std::vector<at::Tensor>& params, const Options& o) {
+  std::vector<at::Tensor> M;
+  for (const at::Tensor& p : params) M.push_back(state_for(p, o).momentum());
+  const auto [b1, b2] = o.betas();
+  math::lion_update(params, grads_of(params), M, {f32(o.lr()), f32(b1), f32(b2), f32(o.weight_decay()), o.cautious_wd()});
+}
+
+// ---------------------------------------------------------------------------- save / load
+
+void Optimizer::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<ParamState, Options>(archive, *this);
+}
+
+void Optimizer::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<ParamState, Options>(archive, *this);
+}
+
+// ---------------------------------------------------------------------------- named classes
+
+Options Muon::defaults() { return Options(0.01).algorithm("muon"); }
+Muon::Muon(const std::vector<ParamGroup>& groups, const Options& d, math::OrthoConfig ortho)
+    : Optimizer(std::move(ortho), d, "muon") {
+  for (const ParamGroup& g : groups) add_param_group(g);
+}
+
+Options NorMuon::defaults() { return Options(0.01).algorithm("normuon"); }
+NorMuon::NorMuon(const std::vector<ParamGroup>& groups, const Options& d, math::OrthoConfig ortho)
+    : Optimizer(std::move(ortho), d, "normuon") {
+  for (const ParamGroup& g : groups) add_param_group(g);
+}
+
+Options Dion2::defaults() { return Options(0.01).algorithm("dion2"); }
+Dion2::Dion2(const std::vector<ParamGroup>& groups, const Options& d, math::OrthoConfig ortho)
+    : Optimizer(std::move(ortho), d, "dion2") {
+  for (const ParamGroup& g : groups) add_param_group(g);
+}
+
+Options NorDion2::defaults() { return Options(0.01).algorithm("nordion2"); }
+NorDion2::NorDion2(const std::vector<ParamGroup>& groups, const Options& d, math::OrthoConfig ortho)
+    : Optimizer(std::move(ortho), d, "nordion2") {
+  for (const ParamGroup& g : groups) add_param_group(g);
+}
+
+Options Dion::defaults() { return Options(0.01).algorithm("dion"); }
+Dion::Dion(const std::vector<ParamGroup>& groups, const Options& d)
+    : Optimizer(math::OrthoConfig{}, d, "dion") {
+  for (const ParamGroup& g : groups) add_param_group(g);
+}
+
+}  // namespace dion
