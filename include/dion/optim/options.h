@@ -76,25 +76,26 @@ class Options : public torch::optim::OptimizerCloneableOptions<Options> {
 
 // Fields to change for one group; unset fields keep the optimizer's defaults.
 // C++20 designated initializers read well here:  Override{.algorithm = "adamw", .lr = 3e-4}
+// (fields in declaration order; every field defaults to unset, so -Wextra stays quiet).
 struct Override {
-  std::optional<std::string> algorithm;
-  std::optional<double> lr;
-  std::optional<double> weight_decay;
-  std::optional<double> mu;
-  std::optional<double> muon_beta2;
-  std::optional<std::tuple<double, double>> betas;
-  std::optional<double> epsilon;
-  std::optional<double> fraction;
-  std::optional<double> ef_decay;
-  std::optional<AdjustLR> adjust_lr;
-  std::optional<bool> cautious_wd;
-  std::optional<bool> nesterov;
-  std::optional<bool> flatten;
-  std::optional<int64_t> num_heads;
-  std::optional<std::vector<int64_t>> split_sizes;
-  std::optional<std::string> selection_scope;
-  std::optional<double> rank_fraction;
-  std::optional<int64_t> rank_multiple_of;
+  std::optional<std::string> algorithm = std::nullopt;
+  std::optional<double> lr = std::nullopt;
+  std::optional<double> weight_decay = std::nullopt;
+  std::optional<double> mu = std::nullopt;
+  std::optional<double> muon_beta2 = std::nullopt;
+  std::optional<std::tuple<double, double>> betas = std::nullopt;
+  std::optional<double> epsilon = std::nullopt;
+  std::optional<double> fraction = std::nullopt;
+  std::optional<double> ef_decay = std::nullopt;
+  std::optional<AdjustLR> adjust_lr = std::nullopt;
+  std::optional<bool> cautious_wd = std::nullopt;
+  std::optional<bool> nesterov = std::nullopt;
+  std::optional<bool> flatten = std::nullopt;
+  std::optional<int64_t> num_heads = std::nullopt;
+  std::optional<std::vector<int64_t>> split_sizes = std::nullopt;
+  std::optional<std::string> selection_scope = std::nullopt;
+  std::optional<double> rank_fraction = std::nullopt;
+  std::optional<int64_t> rank_multiple_of = std::nullopt;
 
   Options apply(Options base) const;
 };
