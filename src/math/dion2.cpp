@@ -77,3 +77,46 @@ void dion2_post(at::TensorList X, at::TensorList U, at::TensorList indices, floa
 }
 
 }  // namespace dion::math
+
+namespace dion::math {
+
+std::vector<at::Tensor> dion2_accumulate(at::TensorList G, at::TensorList M, at::ScalarType comm_dtype) {
+  std::vector<at::Tensor> U;
+  for (size_t i = 0; i < M.size(); ++i) {
+    M[i].add_(G[i].to(M[i].scalar_type()));
+    U.push_back(M[i].to(comm_dtype));
+  }
+  return U;
+}
+
+OrthoFn dion2_select_then(OrthoFn orthogonalize, double fraction, int64_t select_dim,
+                          int64_t global_select_size) {
+  return [orthogonalize = std::move(orthogonalize), fraction, select_dim, global_select_size](
+             const at::Tensor& X, double epsilon) {
+    const int64_t n_select = global_select_size > 0 ? global_select_size : X.size(select_dim);
+    const int64_t norm_dim = select_dim == -2 ? -1 : -2;
+    const int64_t k = std::min(dion2_num_selected(fraction, n_select), X.size(select_dim));
+    at::Tensor norms = at::linalg_vector_norm(X, 1, at::IntArrayRef{norm_dim}, false);
+    at::Tensor idx = std::get<1>(at::topk(norms, k, -1, true, false));
+    at::Tensor idx_exp = expand_index(idx, X, select_dim);
+    at::Tensor sub = at::gather(X, select_dim, idx_exp);
+    at::Tensor ortho = orthogonalize(sub, epsilon);
+    return at::zeros_like(X).scatter_(select_dim, idx_exp, ortho.to(X.scalar_type()));
+  };
+}
+
+void dion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList U, float lr, float adjusted_lr,
+                       float weight_decay, float ef_decay, int64_t select_dim) {
+  const int64_t norm_dim = select_dim == -2 ? -1 : -2;
+  const at::Tensor decay = f32(1.0f - lr * weight_decay);
+  for (const at::Tensor& x : X) x.mul_(decay);
+  const at::Tensor neg_lr = f32(-adjusted_lr);
+  for (size_t i = 0; i < X.size(); ++i) {
+    at::Tensor sel = U[i].to(at::kFloat).abs().sum(norm_dim, /*keepdim=*/true) > 0;
+    at::Tensor ef = f32(ef_decay).to(M[i].scalar_type());
+    M[i].mul_(at::where(sel, ef, at::ones({}, M[i].options())));
+    X[i].add_((neg_lr * U[i]).to(X[i].scalar_type()));
+  }
+}
+
+}  // namespace dion::math

@@ -4,18 +4,35 @@
 #include <ATen/ATen.h>
 
 #include "dion/math/normuon.h"
+#include "scalar_tensor.h"
 
 namespace dion::math {
 
 std::pair<at::Tensor, at::Tensor> nordion2_normalize_selected(const at::Tensor& U,
                                                               const at::Tensor& V,
                                                               const at::Tensor& indices,
-                                                              float beta2) {
+                                                              float beta2,
+                                                              const ShardSum& sum_over_shards) {
   at::Tensor idx = indices.unsqueeze(-1);                              // [N, .., k, 1]
   at::Tensor V_sel = at::gather(V, -2, idx).to(at::kFloat);            // [N, .., k, 1]
-  auto [U_normed, V_sel_new] = normuon_normalize(U, V_sel, beta2);
+  auto [U_normed, V_sel_new] = normuon_normalize(U, V_sel, beta2, {}, sum_over_shards);
   at::Tensor V_new = V.scatter(-2, idx, V_sel_new.to(V.scalar_type()));
   return {U_normed, V_new};
+}
+
+void nordion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList V, at::TensorList U,
+                          float lr, float adjusted_lr, float weight_decay, float mu, float beta2,
+                          const ShardSum& sum_over_shards) {
+  const at::Tensor decay = f32(1.0f - lr * weight_decay);
+  for (const at::Tensor& x : X) x.mul_(decay);
+  const at::Tensor neg_lr = f32(-adjusted_lr);
+  for (size_t i = 0; i < X.size(); ++i) {
+    at::Tensor sel = U[i].to(at::kFloat).abs().sum(-1, /*keepdim=*/true) > 0;  // [.., m, 1]
+    M[i].mul_(at::where(sel, f32(mu).to(M[i].scalar_type()), at::ones({}, M[i].options())));
+    auto [u_normed, v_new] = normuon_normalize(U[i], V[i].to(at::kFloat), beta2, {}, sum_over_shards);
+    V[i].copy_(at::where(sel, v_new.to(V[i].scalar_type()), V[i]));
+    X[i].add_((neg_lr * u_normed).to(X[i].scalar_type()));
+  }
 }
 
 }  // namespace dion::math

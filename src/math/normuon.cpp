@@ -6,17 +6,24 @@
 namespace dion::math {
 
 namespace {
-std::pair<at::Tensor, at::Tensor> normalize_core(const at::Tensor& U_in, const at::Tensor& V,
-                                                 float beta2) {
-  at::Tensor U = U_in.to(V.scalar_type());
+// ||T||_F over dims (-2, -1), keepdim; summed over shards when the matrices are sharded.
+at::Tensor frobenius(const at::Tensor& T, const ShardSum& sum_over_shards) {
   static constexpr int64_t kMatrixDims[] = {-2, -1};
-  const at::IntArrayRef matrix_dims(kMatrixDims);
-  at::Tensor norm_U = at::linalg_vector_norm(U, 2, matrix_dims, true);
+  if (!sum_over_shards) return at::linalg_vector_norm(T, 2, at::IntArrayRef(kMatrixDims), true);
+  at::Tensor sq = T.square().sum(at::IntArrayRef(kMatrixDims), /*keepdim=*/true).contiguous();
+  sum_over_shards(sq);
+  return sq.sqrt();
+}
+
+std::pair<at::Tensor, at::Tensor> normalize_core(const at::Tensor& U_in, const at::Tensor& V,
+                                                 float beta2, const ShardSum& sum_over_shards) {
+  at::Tensor U = U_in.to(V.scalar_type());
+  at::Tensor norm_U = frobenius(U, sum_over_shards);
   at::Tensor neuron = (U * U).mean(-1, /*keepdim=*/true);            // [.., m, 1]
   at::Tensor weight = at::scalar_tensor(1.0f - beta2, at::kFloat);  // 0-d float32, as reference
   at::Tensor V_new = at::lerp(V, neuron, weight);
   at::Tensor normalized = U / (V_new.sqrt() + 1e-8);
-  at::Tensor norm_new = at::linalg_vector_norm(normalized, 2, matrix_dims, true).clamp_min(1e-8);
+  at::Tensor norm_new = frobenius(normalized, sum_over_shards).clamp_min(1e-8);
   normalized = normalized * (norm_U / norm_new);
   return {normalized, V_new};
 }
@@ -24,13 +31,14 @@ std::pair<at::Tensor, at::Tensor> normalize_core(const at::Tensor& U_in, const a
 
 std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const at::Tensor& V,
                                                     float beta2,
-                                                    const std::vector<int64_t>& split_sizes) {
-  if (split_sizes.empty()) return normalize_core(U, V, beta2);
+                                                    const std::vector<int64_t>& split_sizes,
+                                                    const ShardSum& sum_over_shards) {
+  if (split_sizes.empty()) return normalize_core(U, V, beta2, sum_over_shards);
   std::vector<at::Tensor> us = U.split_with_sizes(split_sizes, -2);
   std::vector<at::Tensor> vs = V.split_with_sizes(split_sizes, -2);
   std::vector<at::Tensor> out_u, out_v;
   for (size_t i = 0; i < us.size(); ++i) {
-    auto [u, v] = normalize_core(us[i], vs[i], beta2);
+    auto [u, v] = normalize_core(us[i], vs[i], beta2, sum_over_shards);
     out_u.push_back(u);
     out_v.push_back(v);
   }

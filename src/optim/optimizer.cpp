@@ -27,7 +27,7 @@ double lm_head_lr_scale(const std::string& scalar_opt, int64_t model_dim) {
 
 namespace {
 
-std::string shape_str(at::IntArrayRef s) {
+std::string shape_str(c10::IntArrayRef s) {
   std::ostringstream os;
   os << s;
   return os.str();
@@ -212,8 +212,9 @@ at::Tensor Optimizer::step(LossClosure closure) {
       for (const at::Tensor& p : group.params())
         if (p.grad().defined()) live.push_back(p);
       if (live.empty()) continue;
-      if (algo == "muon" || algo == "normuon") step_muon_like(live, o);
-      else if (algo == "dion2" || algo == "nordion2") step_dion2_like(live, o);
+      const size_t index = static_cast<size_t>(&group - param_groups_.data());
+      if (algo == "muon" || algo == "normuon") step_muon_like(live, o, index);
+      else if (algo == "dion2" || algo == "nordion2") step_dion2_like(live, o, index);
       else if (algo == "dion") step_dion(live, o);
       else if (algo == "lion") step_lion(live, o);
       else if (algo == "adamw") step_adamw(live, o);
@@ -222,78 +223,198 @@ at::Tensor Optimizer::step(LossClosure closure) {
   return loss;
 }
 
-at::Tensor Optimizer::orthogonalize_megabatch(std::vector<at::Tensor> U, const Options& o,
-                                              const std::vector<int64_t>& split_sizes,
-                                              const std::vector<double>& split_scales) {
-  // One parameter: orthogonalize it as it is (the reference's N == 1 path); several: one stack.
-  at::Tensor stacked = U.size() == 1 ? U[0].unsqueeze(0) : at::stack(U, 0);
-  return math::orthogonalize_megabatch(stacked, ortho_fn_, o.flatten(), o.epsilon(), split_sizes,
-                                       split_scales);
+// ---------------------------------------------------------------------------- megabatch plan
+
+// How one megabatch is laid out: whole and local, replicated across a group (DDP), or sharded
+// along one tensor dim (FSDP). Mirrors the reference's _get_shard_info / megabatch paths.
+struct Optimizer::Plan {
+  Layout layout;
+  int64_t heads = 0;        // > 1: per-head views, orthogonalized where they are
+  bool communicate = false;  // false: orthogonalize the local tensors as they are
+  int64_t comm_dim = 0;      // sharded: negative tensor dim the shards concatenate along
+  int64_t world = 1;
+  bool row_sharded() const { return communicate && comm_dim == -2; }
+};
+
+void Optimizer::set_distribution(std::shared_ptr<Distribution> distribution) {
+  dist_ = std::move(distribution);
 }
 
-void Optimizer::step_muon_like(const std::vector<at::Tensor>& params, const Options& o) {
+Optimizer::Plan Optimizer::plan_for(const std::vector<at::Tensor>& batch, const Options& o,
+                                    size_t g) const {
+  Plan plan;
+  const at::Tensor& p = batch[0];
+  plan.layout = dist_ ? dist_->layout(p) : Layout{p.sizes().vec(), -1, false};
+  plan.world = dist_ ? dist_->world_size() : 1;
+  plan.heads = o.num_heads() > 1 ? o.num_heads() : 0;
+  const Layout& L = plan.layout;
+  const int64_t ndim = static_cast<int64_t>(L.global_shape.size());
+  const std::string where = "param group " + std::to_string(g) + " (" + o.algorithm() + "), shape " +
+                            shape_str(L.global_shape);
+  if (plan.heads) {
+    // Whole heads on every rank: orthogonalize locally (the reference does the same).
+    if (L.sharded()) {
+      if (L.shard_dim != 0)
+        throw NotImplementedError(where + ": num_heads needs sharding on dim 0 (the heads dim) or none; "
+                                  "sharded on dim " + std::to_string(L.shard_dim));
+      if (plan.heads % plan.world != 0)
+        throw ValueError(where + ": num_heads (" + std::to_string(plan.heads) +
+                         ") must be divisible by the sharding world size (" + std::to_string(plan.world) +
+                         ") so each rank holds whole heads");
+    }
+    return plan;
+  }
+  if (L.sharded()) {
+    const bool matrix_dim = L.shard_dim >= ndim - 2;
+    if (!o.flatten() && !matrix_dim) return plan;  // batch-sharded 3-D+: whole matrices here
+    plan.communicate = true;
+    plan.comm_dim = L.shard_dim - ndim;
+    const std::string& a = o.algorithm();
+    if ((a == "normuon" || a == "nordion2") && plan.comm_dim == -1)
+      throw NotImplementedError(where + ": '" + a + "' does not support parameters sharded along the last "
+                                "dimension (per-neuron statistics need whole rows); shard dim 0 instead");
+    if (!o.split_sizes().empty()) {
+      if (plan.comm_dim == -2 && L.global_shape[ndim - 2] % plan.world != 0)
+        throw NotImplementedError(where + ": split_sizes requires dim 0 (" +
+                                  std::to_string(L.global_shape[ndim - 2]) +
+                                  ") to be divisible by the sharding world size (" + std::to_string(plan.world) +
+                                  ") so the assembled matrices have no interspersed padding rows");
+      if (a == "normuon")
+        throw NotImplementedError(where + ": normuon with split_sizes on sharded parameters is not supported");
+    }
+    return plan;
+  }
+  plan.communicate = L.replicated && batch.size() > 1;  // DDP: split the megabatch across ranks
+  return plan;
+}
+
+at::Tensor Optimizer::orthogonalize(std::vector<at::Tensor> U, const Plan& plan, const Options& o,
+                                    const math::OrthoFn& fn, const std::vector<int64_t>& split_sizes,
+                                    const std::vector<double>& split_scales, int64_t local_size) {
+  const bool flatten = o.flatten();
+  const double eps = o.epsilon();
+  auto apply = [&fn, flatten, eps, &split_sizes, &split_scales](const at::Tensor& stacked) {
+    return math::orthogonalize_megabatch(stacked, fn, flatten, eps, split_sizes, split_scales);
+  };
+  if (!plan.communicate || !dist_) {
+    // One parameter: orthogonalize it as it is (the reference's N == 1 path); several: one stack.
+    at::Tensor stacked = U.size() == 1 ? U[0].unsqueeze(0) : at::stack(U, 0);
+    return apply(stacked);
+  }
+  OrthoRequest request;
+  request.apply = apply;
+  request.comm_dim = plan.comm_dim;
+  if (plan.layout.sharded()) {
+    const int64_t ndim = static_cast<int64_t>(plan.layout.global_shape.size());
+    request.global_size = plan.layout.global_shape[ndim + plan.comm_dim];
+  }
+  request.local_size = local_size;
+  request.split_rows = !split_sizes.empty();
+  return dist_->orthogonalize(std::move(U), plan.layout, request);
+}
+
+// ---------------------------------------------------------------------------- the algorithms
+
+void Optimizer::step_muon_like(const std::vector<at::Tensor>& params, const Options& o, size_t g) {
   const bool nor = o.algorithm() == "normuon";
-  const int64_t heads = o.num_heads() > 1 ? o.num_heads() : 0;
   for (const auto& batch : megabatches(params)) {
+    const Plan plan = plan_for(batch, o, g);
     std::vector<at::Tensor> X = batch, G = grads_of(batch), M, V;
     for (const at::Tensor& p : batch) {
       ParamState& s = state_for(p, o);
       M.push_back(s.momentum());
       if (nor) V.push_back(s.variance_neuron());
     }
+    std::vector<int64_t> adjust_shape = plan.layout.global_shape;
     std::vector<double> scales;
     if (!o.split_sizes().empty())
-      scales = math::split_lr_scales(o.split_sizes(), X[0].sizes(), o.adjust_lr());
-    if (heads) {
-      X = head_views(X, heads);
-      G = head_views(G, heads);
-      M = head_views(M, heads);
-      if (nor) V = head_views(V, heads);
+      scales = math::split_lr_scales(o.split_sizes(), adjust_shape, o.adjust_lr());
+    if (plan.heads) {
+      X = head_views(X, plan.heads);
+      G = head_views(G, plan.heads);
+      M = head_views(M, plan.heads);
+      if (nor) V = head_views(V, plan.heads);
+      adjust_shape = X[0].sizes().vec();
     }
     std::vector<at::Tensor> U = math::muon_pre(G, M, f32(o.mu()), o.nesterov(), ortho_.dtype);
-    at::Tensor O = orthogonalize_megabatch(std::move(U), o, o.split_sizes(), scales);
+    at::Tensor O = orthogonalize(std::move(U), plan, o, ortho_fn_, o.split_sizes(), scales);
     if (nor) {
-      auto [normed, V_new] = math::normuon_normalize(O, at::stack(V, 0), f32(o.muon_beta2()), o.split_sizes());
+      math::ShardSum reduce;
+      if (plan.row_sharded()) reduce = [this](at::Tensor& t) { dist_->sum_over_shards_(t); };
+      // Sharded or not, each rank normalizes the rows it holds (per-neuron statistics are local).
+      const std::vector<int64_t> splits = plan.layout.sharded() ? std::vector<int64_t>{} : o.split_sizes();
+      auto [normed, V_new] = math::normuon_normalize(O, at::stack(V, 0), f32(o.muon_beta2()), splits, reduce);
       std::vector<at::Tensor> V_parts = V_new.unbind(0);
       for (size_t i = 0; i < V.size(); ++i) V[i].copy_(V_parts[i]);
       O = normed;
     }
     const float lr = f32(o.lr());
-    const float adj = math::adjusted_lr(lr, o.adjust_lr(), X[0].sizes(), o.flatten());
+    const float adj = math::adjusted_lr(lr, o.adjust_lr(), adjust_shape, o.flatten());
     math::muon_post(X, O.unbind(0), lr, adj, f32(o.weight_decay()), o.cautious_wd());
   }
 }
 
-void Optimizer::step_dion2_like(const std::vector<at::Tensor>& params, const Options& o) {
+void Optimizer::step_dion2_like(const std::vector<at::Tensor>& params, const Options& o, size_t g) {
   const bool nor = o.algorithm() == "nordion2";
-  const int64_t heads = o.num_heads() > 1 ? o.num_heads() : 0;
   for (const auto& batch : megabatches(params)) {
+    const Plan plan = plan_for(batch, o, g);
     std::vector<at::Tensor> X = batch, G = grads_of(batch), M, V;
     for (const at::Tensor& p : batch) {
       ParamState& s = state_for(p, o);
       M.push_back(s.momentum());
       if (nor) V.push_back(s.variance_neuron());
     }
-    if (heads) {
-      X = head_views(X, heads);
-      G = head_views(G, heads);
-      M = head_views(M, heads);
-      if (nor) V = head_views(V, heads);
+    std::vector<int64_t> adjust_shape = plan.layout.global_shape;
+    if (plan.heads) {
+      X = head_views(X, plan.heads);
+      G = head_views(G, plan.heads);
+      M = head_views(M, plan.heads);
+      if (nor) V = head_views(V, plan.heads);
+      adjust_shape = X[0].sizes().vec();
     }
-    // NorDion2 selects rows (so the per-neuron statistics see whole rows); Dion2 the shorter dim.
-    const int64_t select_dim = nor ? -2 : math::dion2_select_dim(X[0].size(-2), X[0].size(-1));
+    const bool matrix_sharded = plan.communicate && plan.layout.sharded();
+    // NorDion2 selects rows (per-neuron statistics need whole rows). Dion2 selects along the
+    // sharded dim when a matrix dim is sharded, else along the shorter dim.
+    int64_t select_dim;
+    if (nor) select_dim = -2;
+    else if (matrix_sharded && (plan.comm_dim == -2 || plan.comm_dim == -1)) select_dim = plan.comm_dim;
+    else select_dim = math::dion2_select_dim(adjust_shape[adjust_shape.size() - 2], adjust_shape.back());
     const float ef = f32(nor ? o.mu() : o.ef_decay());
-    math::Selection sel = math::dion2_pre(G, M, o.fraction(), ef, select_dim, ortho_.dtype);
-    at::Tensor O = orthogonalize_megabatch(std::move(sel.U), o, {}, {});
+    const float lr = f32(o.lr());
+    const float adj = math::adjusted_lr(lr, o.adjust_lr(), adjust_shape, o.flatten());
+    math::ShardSum reduce;
+    if (matrix_sharded && plan.comm_dim == -2) reduce = [this](at::Tensor& t) { dist_->sum_over_shards_(t); };
+
+    if (matrix_sharded && o.selection_scope() == "global") {
+      // Whole shards travel; the exact top-k is taken on the assembled matrices.
+      const int64_t ndim = static_cast<int64_t>(plan.layout.global_shape.size());
+      const int64_t global_select = plan.layout.global_shape[ndim + select_dim];
+      std::vector<at::Tensor> U = math::dion2_accumulate(G, M, ortho_.dtype);
+      math::OrthoFn select = math::dion2_select_then(ortho_fn_, o.fraction(), select_dim, global_select);
+      at::Tensor O = orthogonalize(std::move(U), plan, o, select, {}, {});
+      std::vector<at::Tensor> Us = O.unbind(0);
+      if (nor)
+        math::nordion2_post_masked(X, M, V, Us, lr, adj, f32(o.weight_decay()), ef, f32(o.muon_beta2()), reduce);
+      else
+        math::dion2_post_masked(X, M, Us, lr, adj, f32(o.weight_decay()), ef, select_dim);
+      continue;
+    }
+    // Local selection: every rank picks the same count k of its own slices.
+    int64_t k = 0;
+    if (matrix_sharded) {
+      const int64_t ndim = static_cast<int64_t>(plan.layout.global_shape.size());
+      const int64_t global = plan.layout.global_shape[ndim + plan.comm_dim];
+      k = math::dion2_num_selected(o.fraction(), (global + plan.world - 1) / plan.world);
+    }
+    math::Selection sel = math::dion2_pre(G, M, o.fraction(), ef, select_dim, ortho_.dtype, k);
+    at::Tensor O = orthogonalize(std::move(sel.U), plan, o, ortho_fn_, {}, {}, k);
     if (nor) {
       auto [normed, V_new] = math::nordion2_normalize_selected(O, at::stack(V, 0), at::stack(sel.indices, 0),
-                                                               f32(o.muon_beta2()));
+                                                               f32(o.muon_beta2()), reduce);
       std::vector<at::Tensor> V_parts = V_new.unbind(0);
       for (size_t i = 0; i < V.size(); ++i) V[i].copy_(V_parts[i]);
       O = normed;
     }
-    const float lr = f32(o.lr());
-    const float adj = math::adjusted_lr(lr, o.adjust_lr(), X[0].sizes(), o.flatten());
     math::dion2_post(X, O.unbind(0), sel.indices, lr, adj, f32(o.weight_decay()), select_dim);
   }
 }

@@ -13,6 +13,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "dion/math/ortho.h"
+
 #include <utility>
 #include <vector>
 
@@ -38,5 +40,26 @@ Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float e
 // dtype before scaling (as the reference does).
 void dion2_post(at::TensorList X, at::TensorList U, at::TensorList indices, float lr,
                 float adjusted_lr, float weight_decay, int64_t select_dim);
+
+}  // namespace dion::math
+
+namespace dion::math {
+
+// ---------------------------------------------------------------------------- global selection
+// Used when a row- or column-sharded matrix is assembled whole before selection ("global"
+// selection scope): the top-k is exact and independent of the sharding.
+
+// M += G; returns M (whole shard) in comm_dtype. Error feedback is deferred to the masked post.
+std::vector<at::Tensor> dion2_accumulate(at::TensorList G, at::TensorList M, at::ScalarType comm_dtype);
+
+// Wrap an orthogonalizer: select the top-k slices of each assembled matrix X [.., m, n] by L1
+// norm along select_dim (k from `global_select_size`, the true unpadded size), orthogonalize the
+// submatrix, scatter it into an otherwise-zero tensor of X's shape.
+OrthoFn dion2_select_then(OrthoFn orthogonalize, double fraction, int64_t select_dim,
+                          int64_t global_select_size);
+
+// The selected slices are the nonzero ones of U: EF-decay them in M, decay X, update X.
+void dion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList U, float lr, float adjusted_lr,
+                       float weight_decay, float ef_decay, int64_t select_dim);
 
 }  // namespace dion::math

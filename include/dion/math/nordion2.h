@@ -11,6 +11,8 @@
 
 #include <utility>
 
+#include "dion/math/normuon.h"
+
 namespace dion::math {
 
 // U [N, .., k, n] orthogonalized selected rows; V [N, .., m, 1] full variance buffer;
@@ -18,6 +20,13 @@ namespace dion::math {
 std::pair<at::Tensor, at::Tensor> nordion2_normalize_selected(const at::Tensor& U,
                                                               const at::Tensor& V,
                                                               const at::Tensor& indices,
-                                                              float beta2);
+                                                              float beta2,
+                                                              const ShardSum& sum_over_shards = nullptr);
+
+// Global selection scope: U [.., m, n] is zero except on the selected rows. EF-decay those rows
+// of M, normalize U as NorMuon (V updated on selected rows only), decay and update X.
+void nordion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList V, at::TensorList U,
+                          float lr, float adjusted_lr, float weight_decay, float mu, float beta2,
+                          const ShardSum& sum_over_shards = nullptr);
 
 }  // namespace dion::math

@@ -5,18 +5,24 @@
 //   U' = U / (sqrt(V) + 1e-8)
 //   U' *= ||U||_F / max(||U'||_F, 1e-8)            keep the update's Frobenius norm
 // Computed in V's dtype. With split_sizes, each row block is normalized on its own.
+// When U holds row shards of larger matrices, `sum_over_shards` sums the per-matrix squared
+// Frobenius norms across the shards (in place), so the rescale uses the whole matrix's norm.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <utility>
 #include <vector>
 
 namespace dion::math {
 
 // Returns (U', V'). U [N, .., m, n] any float dtype; V [N, .., m, 1].
+using ShardSum = std::function<void(at::Tensor&)>;
+
 std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const at::Tensor& V,
                                                     float beta2,
-                                                    const std::vector<int64_t>& split_sizes = {});
+                                                    const std::vector<int64_t>& split_sizes = {},
+                                                    const ShardSum& sum_over_shards = nullptr);
 
 }  // namespace dion::math

@@ -39,6 +39,7 @@
 
 #include "dion/errors.h"
 #include "dion/math/ortho.h"
+#include "dion/optim/distribution.h"
 #include "dion/optim/options.h"
 
 namespace torch::serialize {
@@ -79,21 +80,27 @@ class Optimizer : public torch::optim::Optimizer {
   ParamState* state_of(const at::Tensor& param);  // nullptr before the first step / init_state
   const math::OrthoConfig& ortho() const { return ortho_; }
 
+  // Replicated (DDP) or sharded (FSDP) parameters: see dion/optim/distribution.h and
+  // dion/dist/distributed.h. Call before the first step; nullptr = single process.
+  void set_distribution(std::shared_ptr<Distribution> distribution);
+  const std::shared_ptr<Distribution>& distribution() const { return dist_; }
+
  protected:
   // The algorithms a matrix group of this optimizer may use ("*" = any).
   explicit Optimizer(math::OrthoConfig ortho, const Options& defaults, std::string only_algorithm);
   void add_group_checked(std::vector<at::Tensor> params, Options options);
 
-  // Orthogonalize one megabatch: U holds N same-shape matrices in the comm dtype. The default
-  // stacks them and runs one batched call; the distributed layer overrides this.
-  virtual at::Tensor orthogonalize_megabatch(std::vector<at::Tensor> U, const Options& group,
-                                             const std::vector<int64_t>& split_sizes,
-                                             const std::vector<double>& split_scales);
 
  private:
+  struct Plan;  // how one megabatch is laid out and communicated (optimizer.cpp)
+  Plan plan_for(const std::vector<at::Tensor>& batch, const Options& group, size_t group_index) const;
+  at::Tensor orthogonalize(std::vector<at::Tensor> U, const Plan& plan, const Options& group,
+                           const math::OrthoFn& fn, const std::vector<int64_t>& split_sizes,
+                           const std::vector<double>& split_scales, int64_t local_size = 0);
+
   ParamState& state_for(const at::Tensor& param, const Options& group);
-  void step_muon_like(const std::vector<at::Tensor>& params, const Options& group);
-  void step_dion2_like(const std::vector<at::Tensor>& params, const Options& group);
+  void step_muon_like(const std::vector<at::Tensor>& params, const Options& group, size_t index);
+  void step_dion2_like(const std::vector<at::Tensor>& params, const Options& group, size_t index);
   void step_dion(const std::vector<at::Tensor>& params, const Options& group);
   void step_adamw(const std::vector<at::Tensor>& params, const Options& group);
   void step_lion(const std::vector<at::Tensor>& params, const Options& group);
@@ -102,6 +109,7 @@ class Optimizer : public torch::optim::Optimizer {
   math::OrthoConfig ortho_;
   math::OrthoFn ortho_fn_;
   std::string only_algorithm_ = "*";
+  std::shared_ptr<Distribution> dist_;
 };
 
 // The reference's classes. Each accepts groups of its own algorithm plus "adamw" and "lion".

@@ -1,0 +1,55 @@
+// dion/optim/distribution.h — the optimizer's view of where parameters live.
+//
+// The optimizers never talk to a communication library. When parameters are replicated (DDP)
+// or sharded (FSDP) across ranks, the training program gives the optimizer a Distribution
+// (dion/dist/distributed.h implements one over c10d). The optimizer asks it two things:
+//   layout(param):    the parameter's global shape and which tensor dim is sharded (if any);
+//   orthogonalize():  turn N local matrices (whole, or shards) into their orthogonalized local
+//                     parts — possibly by assembling whole matrices on other ranks.
+// plus one reduction NorMuon needs on row-sharded matrices (Frobenius norms over all shards).
+// Without a Distribution every parameter is whole and local.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <vector>
+
+#include "dion/math/ortho.h"
+
+namespace dion {
+
+struct Layout {
+  std::vector<int64_t> global_shape;  // the whole parameter's shape
+  int64_t shard_dim = -1;             // tensor dim sharded across the group; -1: whole here
+  bool replicated = false;            // whole on every rank of a group of size > 1 (DDP)
+  bool sharded() const { return shard_dim >= 0; }
+};
+
+// What to do to the assembled matrices of one megabatch.
+struct OrthoRequest {
+  // Applied to a stack of whole matrices [n, *param_shape]: by default the orthogonalizer
+  // (flatten / split_sizes handled inside); Dion2's global selection wraps it.
+  std::function<at::Tensor(const at::Tensor&)> apply;
+  // Sharded layouts: the dim (negative, of the stacked tensor) the shards concatenate along,
+  // the global size along it, and an explicit per-rank size (Dion2's local selection of k rows)
+  // or 0 for ceil(global / world).
+  int64_t comm_dim = 0;
+  int64_t global_size = 0;
+  int64_t local_size = 0;
+  bool split_rows = false;  // split_sizes in use: rows must not be interleaved with padding
+};
+
+class Distribution {
+ public:
+  virtual ~Distribution() = default;
+  virtual Layout layout(const at::Tensor& param) const = 0;
+  // U: N same-shape local matrices. Returns the N orthogonalized local parts, stacked [N, ...].
+  virtual at::Tensor orthogonalize(std::vector<at::Tensor> U, const Layout& layout,
+                                   const OrthoRequest& request) = 0;
+  // Sum `x` over the ranks that hold shards of the same matrices (in place).
+  virtual void sum_over_shards_(at::Tensor& x) = 0;
+  virtual int world_size() const = 0;
+};
+
+}  // namespace dion
