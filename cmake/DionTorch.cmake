@@ -48,6 +48,21 @@ get_target_property(_torch_inc torch INTERFACE_INCLUDE_DIRECTORIES)
 target_include_directories(dion SYSTEM PUBLIC ${_torch_inc})
 target_precompile_headers(dion PRIVATE <ATen/ATen.h>)
 
+# The distribution layer: process groups, meshes, DDP / FSDP megabatch layouts over c10d.
+# Gloo's headers come from Debian's libgloo-dev (the torch wheel ships the library, not them).
+find_path(GLOO_INCLUDE_DIR gloo/context.h)
+if(NOT GLOO_INCLUDE_DIR)
+  message(FATAL_ERROR "dion: <gloo/context.h> not found: install libgloo-dev (scripts/setup.sh does)")
+endif()
+add_library(dion_dist
+  src/dist/group.cpp
+  src/dist/mesh.cpp
+  src/dist/distributed.cpp)
+target_link_libraries(dion_dist PUBLIC dion PRIVATE dion_warnings)
+target_include_directories(dion_dist SYSTEM PRIVATE ${GLOO_INCLUDE_DIR})
+set_target_properties(dion_dist PROPERTIES POSITION_INDEPENDENT_CODE ON)
+target_precompile_headers(dion_dist PRIVATE <ATen/ATen.h>)
+
 # A shared precompiled header for executables (tests, benchmarks, examples).
 add_library(dion_pch STATIC ${CMAKE_CURRENT_SOURCE_DIR}/cmake/pch_dummy.cpp)
 target_link_libraries(dion_pch PUBLIC dion PRIVATE dion_warnings)

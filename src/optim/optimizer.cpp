@@ -9,6 +9,7 @@
 #include <torch/serialize/archive.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -69,6 +70,9 @@ std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
 }
 
 float f32(double v) { return static_cast<float>(v); }
+
+// A 0-d float32 tensor: how the reference passes hyperparameters to elementwise kernels.
+at::Tensor scalar32(float v) { return at::scalar_tensor(v, at::kFloat); }
 
 }  // namespace
 
@@ -309,7 +313,6 @@ at::Tensor Optimizer::orthogonalize(std::vector<at::Tensor> U, const Plan& plan,
     request.global_size = plan.layout.global_shape[ndim + plan.comm_dim];
   }
   request.local_size = local_size;
-  request.split_rows = !split_sizes.empty();
   return dist_->orthogonalize(std::move(U), plan.layout, request);
 }
 
@@ -385,8 +388,14 @@ void Optimizer::step_dion2_like(const std::vector<at::Tensor>& params, const Opt
     math::ShardSum reduce;
     if (matrix_sharded && plan.comm_dim == -2) reduce = [this](at::Tensor& t) { dist_->sum_over_shards_(t); };
 
+    if (matrix_sharded && o.selection_scope() == "global" && adjust_shape.size() == 2 &&
+        select_dim == plan.comm_dim) {
+      dion2_exact_global(X, G, M, V, plan, o, select_dim, adj);
+      continue;
+    }
     if (matrix_sharded && o.selection_scope() == "global") {
-      // Whole shards travel; the exact top-k is taken on the assembled matrices.
+      // 3-D+ sharded matrices: whole shards travel and the exact top-k is taken on the
+      // assembled matrices (the reference's global scope).
       const int64_t ndim = static_cast<int64_t>(plan.layout.global_shape.size());
       const int64_t global_select = plan.layout.global_shape[ndim + select_dim];
       std::vector<at::Tensor> U = math::dion2_accumulate(G, M, ortho_.dtype);
@@ -416,6 +425,70 @@ void Optimizer::step_dion2_like(const std::vector<at::Tensor>& params, const Opt
       O = normed;
     }
     math::dion2_post(X, O.unbind(0), sel.indices, lr, adj, f32(o.weight_decay()), select_dim);
+  }
+}
+
+// Dion2 / NorDion2 "global" selection on 2-D matrices sharded along the selection dim.
+//
+// The reference sends whole shards and selects on the assembled (bf16) matrices. Here each rank
+// computes the float32 L1 norms of its own slices (a slice along the sharded dim is whole on one
+// rank), one all_gather of those norms gives every rank the exact whole-matrix top-k, and only
+// the selected slices travel (padded to the largest per-rank count). The selection equals the
+// single-process one, and communication scales with `fraction` as in the local scope.
+void Optimizer::dion2_exact_global(const std::vector<at::Tensor>& X, const std::vector<at::Tensor>& G,
+                                   const std::vector<at::Tensor>& M, const std::vector<at::Tensor>& V,
+                                   const Plan& plan, const Options& o, int64_t select_dim, float adj) {
+  const bool nor = o.algorithm() == "nordion2";
+  const int64_t W = plan.world, r = dist_->rank();
+  const int64_t N = static_cast<int64_t>(X.size());
+  const int64_t norm_dim = select_dim == -2 ? -1 : -2;
+  const int64_t global = plan.layout.global_shape[2 + select_dim];
+  const int64_t padded = (global + W - 1) / W;
+  const int64_t k = std::min(math::dion2_num_selected(o.fraction(), global), global);
+
+  for (int64_t i = 0; i < N; ++i) M[i].add_(G[i].to(M[i].scalar_type()));  // M += G
+  at::Tensor norms = at::linalg_vector_norm(at::stack(M, 0), 1, at::IntArrayRef{norm_dim}, false);  // [N, local]
+  at::Tensor padded_norms = at::full({N, padded}, -std::numeric_limits<float>::infinity(), norms.options());
+  padded_norms.narrow(1, 0, norms.size(1)).copy_(norms);
+  at::Tensor all = dist_->gather_over_shards(padded_norms);                     // [W, N, padded]
+  at::Tensor global_norms = all.permute({1, 0, 2}).reshape({N, W * padded});    // rank-major slices
+  at::Tensor gidx = std::get<1>(at::topk(global_norms, k, -1, true, false));    // [N, k]
+  at::Tensor owner = at::div(gidx, padded, "floor"), local = gidx.remainder(padded);
+
+  int64_t k_pad = 0;  // the most slices any rank contributes to any matrix (same on every rank)
+  for (int64_t w = 0; w < W; ++w) k_pad = std::max(k_pad, (owner == w).sum(-1).max().item<int64_t>());
+  std::vector<at::Tensor> idx(N), U(N);
+  const float ef = static_cast<float>(nor ? o.mu() : o.ef_decay());
+  for (int64_t i = 0; i < N; ++i) {
+    idx[i] = local[i].masked_select(owner[i] == r);                  // my selected slices, top-k order
+    at::Tensor sel = M[i].index_select(select_dim, idx[i]);          // [c, n] or [m, c]
+    M[i].index_copy_(select_dim, idx[i], sel * scalar32(ef));  // error feedback
+    std::vector<int64_t> shape = M[i].sizes().vec();
+    shape[2 + select_dim] = k_pad;
+    U[i] = at::zeros(shape, M[i].options().dtype(ortho_.dtype));
+    U[i].narrow(select_dim, 0, idx[i].size(0)).copy_(sel);
+  }
+  at::Tensor O = orthogonalize(std::move(U), plan, o, ortho_fn_, {}, {}, k_pad);  // [N, k_pad | ..]
+  if (nor) {
+    std::vector<at::Tensor> Vsel;
+    for (int64_t i = 0; i < N; ++i) {
+      at::Tensor v = at::zeros({k_pad, 1}, V[i].options().dtype(at::kFloat));
+      v.narrow(0, 0, idx[i].size(0)).copy_(V[i].index_select(0, idx[i]));
+      Vsel.push_back(v);
+    }
+    math::ShardSum reduce = [this](at::Tensor& t) { dist_->sum_over_shards_(t); };
+    auto [normed, V_new] = math::normuon_normalize(O, at::stack(Vsel, 0), f32(o.muon_beta2()), {}, reduce);
+    for (int64_t i = 0; i < N; ++i)
+      V[i].index_copy_(0, idx[i], V_new[i].narrow(0, 0, idx[i].size(0)).to(V[i].scalar_type()));
+    O = normed;
+  }
+  const float lr = f32(o.lr());
+  const at::Tensor decay = scalar32(1.0f - lr * f32(o.weight_decay()));
+  const at::Tensor neg_lr = scalar32(-adj);
+  for (int64_t i = 0; i < N; ++i) {
+    X[i].mul_(decay);
+    at::Tensor u = O[i].narrow(select_dim, 0, idx[i].size(0)).to(X[i].scalar_type()) * neg_lr;
+    X[i].index_add_(select_dim, idx[i], u);
   }
 }
 

@@ -37,7 +37,6 @@ struct OrthoRequest {
   int64_t comm_dim = 0;
   int64_t global_size = 0;
   int64_t local_size = 0;
-  bool split_rows = false;  // split_sizes in use: rows must not be interleaved with padding
 };
 
 class Distribution {
@@ -49,6 +48,9 @@ class Distribution {
                                    const OrthoRequest& request) = 0;
   // Sum `x` over the ranks that hold shards of the same matrices (in place).
   virtual void sum_over_shards_(at::Tensor& x) = 0;
+  // Every shard-holder's `x` (same shape everywhere), stacked [world, ...] in rank order.
+  virtual at::Tensor gather_over_shards(const at::Tensor& x) = 0;
+  virtual int rank() const = 0;
   virtual int world_size() const = 0;
 };
 

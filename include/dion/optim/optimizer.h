@@ -101,6 +101,9 @@ class Optimizer : public torch::optim::Optimizer {
   ParamState& state_for(const at::Tensor& param, const Options& group);
   void step_muon_like(const std::vector<at::Tensor>& params, const Options& group, size_t index);
   void step_dion2_like(const std::vector<at::Tensor>& params, const Options& group, size_t index);
+  void dion2_exact_global(const std::vector<at::Tensor>& X, const std::vector<at::Tensor>& G,
+                          const std::vector<at::Tensor>& M, const std::vector<at::Tensor>& V, const Plan& plan,
+                          const Options& group, int64_t select_dim, float adjusted_lr);
   void step_dion(const std::vector<at::Tensor>& params, const Options& group);
   void step_adamw(const std::vector<at::Tensor>& params, const Options& group);
   void step_lion(const std::vector<at::Tensor>& params, const Options& group);

@@ -1,0 +1,86 @@
+# cmake/DionData.cmake — the data tools: GPT-2 tokenizer, FineWeb shards, dion-data.
+#
+# Included by the root CMakeLists.txt after it has set C++20, ccache, the `dion_warnings`
+# interface target, enable_testing() and (with DION_BUILD_TESTS) GTest + GoogleTest.
+# Defines:
+#   dion_data        static library (include/dion/data, src/data); no LibTorch
+#   dion-data        the command-line tool (tools/dion-data)
+#   dion_data_tests  GoogleTest suite (tests/data_tools), with DION_BUILD_TESTS
+#   bench_tokenizer  Google Benchmark (bench/tokenizer), with DION_BUILD_BENCH and benchmark found
+#   DION_SHARED_DATA_DIR  cache path: the read-only ../shared/data the tests read (GPT-2 files,
+#                         Tiny Shakespeare); tests that need it skip when it is absent
+# Does not touch the optimizer library or anything torch-related.
+
+set(DION_DATA_ROOT "${CMAKE_CURRENT_LIST_DIR}/..")
+cmake_path(NORMAL_PATH DION_DATA_ROOT)
+string(REGEX REPLACE "/$" "" DION_DATA_ROOT "${DION_DATA_ROOT}")
+set(DION_SHARED_DATA_DIR "${DION_DATA_ROOT}/../shared/data" CACHE PATH
+    "Shared read-only data (gpt2/, tinyshakespeare/) for the data tools' tests")
+
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(DION_PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)  # Debian: libpcre2-dev
+find_package(nlohmann_json 3.10 REQUIRED)                        # nlohmann-json3-dev
+find_package(CLI11 REQUIRED)                                     # libcli11-dev
+find_package(fmt REQUIRED)                                       # libfmt-dev
+find_package(CURL REQUIRED)                                      # libcurl4-openssl-dev
+find_package(Threads REQUIRED)
+
+# ---------------------------------------------------------------------------- library
+add_library(dion_data STATIC
+  ${DION_DATA_ROOT}/src/data/download.cpp
+  ${DION_DATA_ROOT}/src/data/file_util.cpp
+  ${DION_DATA_ROOT}/src/data/prepare.cpp
+  ${DION_DATA_ROOT}/src/data/shard.cpp
+  ${DION_DATA_ROOT}/src/data/tokenizer.cpp)
+target_include_directories(dion_data PUBLIC ${DION_DATA_ROOT}/include)
+target_link_libraries(dion_data
+  PUBLIC Threads::Threads
+  PRIVATE PkgConfig::DION_PCRE2 nlohmann_json::nlohmann_json fmt::fmt CURL::libcurl
+          dion_warnings)
+
+# ---------------------------------------------------------------------------- tool
+add_executable(dion-data
+  ${DION_DATA_ROOT}/tools/dion-data/main.cpp
+  ${DION_DATA_ROOT}/tools/dion-data/cli.cpp
+  ${DION_DATA_ROOT}/tools/dion-data/cmd_download.cpp
+  ${DION_DATA_ROOT}/tools/dion-data/cmd_encode.cpp
+  ${DION_DATA_ROOT}/tools/dion-data/cmd_inspect.cpp
+  ${DION_DATA_ROOT}/tools/dion-data/cmd_prepare.cpp
+  ${DION_DATA_ROOT}/tools/dion-data/progress.cpp)
+target_link_libraries(dion-data PRIVATE dion_data CLI11::CLI11 fmt::fmt dion_warnings)
+
+# ---------------------------------------------------------------------------- tests
+if(DION_BUILD_TESTS)
+  add_executable(dion_data_tests
+    ${DION_DATA_ROOT}/tests/data_tools/http_server.cpp
+    ${DION_DATA_ROOT}/tests/data_tools/test_cli.cpp
+    ${DION_DATA_ROOT}/tests/data_tools/test_download.cpp
+    ${DION_DATA_ROOT}/tests/data_tools/test_prepare.cpp
+    ${DION_DATA_ROOT}/tests/data_tools/test_shard.cpp
+    ${DION_DATA_ROOT}/tests/data_tools/test_tokenizer.cpp
+    ${DION_DATA_ROOT}/tests/data_tools/test_util.cpp)
+  target_link_libraries(dion_data_tests PRIVATE
+    dion_data GTest::gtest GTest::gtest_main nlohmann_json::nlohmann_json fmt::fmt dion_warnings)
+  target_compile_definitions(dion_data_tests PRIVATE
+    DION_SOURCE_DIR="${DION_DATA_ROOT}"
+    DION_SHARED_DATA_DIR="${DION_SHARED_DATA_DIR}"
+    DION_DATA_EXE="$<TARGET_FILE:dion-data>")
+  add_dependencies(dion_data_tests dion-data)
+  gtest_discover_tests(dion_data_tests
+    WORKING_DIRECTORY ${DION_DATA_ROOT}
+    DISCOVERY_MODE PRE_TEST
+    PROPERTIES LABELS data TIMEOUT 300)
+endif()
+
+# ---------------------------------------------------------------------------- benchmark
+if(DION_BUILD_BENCH)
+  find_package(benchmark QUIET)  # libbenchmark-dev
+  if(benchmark_FOUND)
+    add_executable(bench_tokenizer ${DION_DATA_ROOT}/bench/tokenizer/bench_tokenizer.cpp)
+    target_link_libraries(bench_tokenizer PRIVATE dion_data benchmark::benchmark dion_warnings)
+    target_compile_definitions(bench_tokenizer PRIVATE
+      DION_SHARED_DATA_DIR="${DION_SHARED_DATA_DIR}")
+  else()
+    message(STATUS "dion: Google Benchmark not found; bench_tokenizer is not built")
+  endif()
+endif()

@@ -1,0 +1,79 @@
+// dion/dist/distributed.h — DDP and FSDP layouts for the orthonormal optimizers, over c10d.
+//
+// API summary
+//   auto world = dion::dist::Group::init_from_env();
+//   auto dist = std::make_shared<dion::dist::Distributed>(std::make_shared<Group>(world));
+//   dist->shard(w_local, {4096, 1024}, /*dim=*/0);   // FSDP: w_local is this rank's row chunk
+//   opt.set_distribution(dist);                      // parameters not registered: replicated (DDP)
+//   opt.step();
+//
+// Layouts (reference: megabatch_base.py):
+//   replicated (DDP):  each rank orthogonalizes ceil(N / world) matrices of a megabatch of N,
+//                      then one all_gather;
+//   sharded (FSDP):    one all_to_all assembles whole matrices on their owner ranks (every
+//                      shard zero-padded to ceil(global / world) along the sharded dim, so
+//                      uneven and empty shards work), orthogonalize, one all_to_all back;
+//   HSDP:              give the shard sub-group (mesh.axis("fs")); gradients must already be
+//                      reduced over the replicate axis;
+//   batch-sharded 3-D+ and num_heads: whole matrices on every rank, no communication.
+// Sharding follows FSDP2: contiguous chunks of ceil(size / world) along one dim; rank r holds
+// [r * chunk, min((r + 1) * chunk, size)), possibly empty.
+//
+// Errors: shard specs are checked on first use with one all_reduce, so a bad spec on any rank
+// raises dion::ValueError on every rank (never one rank throwing while the others wait).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dion/dist/group.h"
+#include "dion/optim/distribution.h"
+
+namespace dion::dist {
+
+struct Chunk {
+  int64_t start = 0, length = 0;
+};
+// FSDP2 contiguous chunk of `size` elements held by `rank` of `world`.
+Chunk shard_range(int64_t size, int world, int rank);
+
+// This rank's chunk of `full` along `dim` (a contiguous copy).
+at::Tensor shard_tensor(const at::Tensor& full, int64_t dim, int world, int rank);
+
+// Reassemble the full tensor from every rank's chunk along `dim` (collective over `group`).
+at::Tensor gather_tensor(Group& group, const at::Tensor& local, int64_t dim, int64_t global_size);
+
+class Distributed : public Distribution {
+ public:
+  explicit Distributed(std::shared_ptr<Group> group);
+
+  // Register a sharded parameter: `local` holds this rank's chunk of a tensor of `global_shape`
+  // along `dim`. Unregistered parameters are replicated across the group.
+  void shard(const at::Tensor& local, std::vector<int64_t> global_shape, int64_t dim);
+
+  Layout layout(const at::Tensor& param) const override;
+  at::Tensor orthogonalize(std::vector<at::Tensor> U, const Layout& layout,
+                           const OrthoRequest& request) override;
+  void sum_over_shards_(at::Tensor& x) override;
+  at::Tensor gather_over_shards(const at::Tensor& x) override { return group_->all_gather(x); }
+  int rank() const override { return group_->rank(); }
+  int world_size() const override { return group_->size(); }
+
+  Group& group() { return *group_; }
+
+ private:
+  void verify() const;  // collective, once: every rank agrees the shard specs are valid
+  at::Tensor orthogonalize_sharded(std::vector<at::Tensor> U, const OrthoRequest& request);
+  at::Tensor orthogonalize_replicated(std::vector<at::Tensor> U, const OrthoRequest& request);
+
+  std::shared_ptr<Group> group_;
+  std::unordered_map<const void*, Layout> layouts_;
+  mutable std::string local_error_;
+  mutable bool verified_ = false;
+};
+
+}  // namespace dion::dist

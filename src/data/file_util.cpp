@@ -1,0 +1,90 @@
+// src/data/file_util.cpp — see file_util.h. Plain POSIX calls; no buffering beyond the kernel's.
+#include "file_util.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <fmt/std.h>
+
+#include "dion/data/error.h"
+
+namespace dion::data::detail {
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+std::string file_read_all(const std::filesystem::path& path, std::string_view what) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw DataError(fmt::format("{} {}: cannot open: {}", what, path, errno_text(errno)));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw DataError(fmt::format("{} {}: cannot stat: {}", what, path, errno_text(err)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw DataError(fmt::format("{} {}: not a regular file{}", what, path,
+                                S_ISDIR(st.st_mode) ? " (it is a directory)" : ""));
+  }
+  std::string data;
+  data.resize(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::read(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      throw DataError(fmt::format("{} {}: read failed: {}", what, path, errno_text(err)));
+    }
+    if (n == 0) break;  // the file shrank while we read it
+    done += static_cast<size_t>(n);
+  }
+  data.resize(done);
+  ::close(fd);
+  return data;
+}
+
+int file_create_temp(const std::filesystem::path& final_path, std::filesystem::path& tmp_path) {
+  std::string templ = final_path.string() + ".tmp.XXXXXX";
+  int fd = ::mkostemp(templ.data(), O_CLOEXEC);
+  if (fd < 0) {
+    throw DataError(
+        fmt::format("{}: cannot create a temporary file beside it: {} (is the folder "
+                    "there and writable?)",
+                    final_path, errno_text(errno)));
+  }
+  tmp_path = templ;
+  return fd;
+}
+
+void file_write_all(int fd, const void* data, size_t size, const std::filesystem::path& path) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      throw DataError(fmt::format("{}: write failed: {} (disk full?)", path, errno_text(errno)));
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void file_sync_close(int fd, const std::filesystem::path& path) {
+  int rc = ::fsync(fd);
+  int err = errno;
+  if (::close(fd) != 0 && rc == 0) {
+    rc = -1;
+    err = errno;
+  }
+  if (rc != 0) throw DataError(fmt::format("{}: write failed: {}", path, errno_text(err)));
+}
+
+}  // namespace dion::data::detail

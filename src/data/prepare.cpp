@@ -1,0 +1,452 @@
+// src/data/prepare.cpp — documents -> tokens -> staged shards -> renamed into place
+// (see dion/data/prepare.h).
+//
+// Layout: the document reader, the staged shard set, the shard cutter, the driver. The driver
+// reads a batch of documents, tokenizes it on `threads` threads (each with its own tokenizer
+// copy, documents split into contiguous ranges), then appends the tokens in document order, so
+// the output does not depend on the thread count.
+#include "dion/data/prepare.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <exception>
+#include <fcntl.h>
+#include <span>
+#include <sys/stat.h>
+#include <thread>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <fmt/std.h>
+
+#include "dion/data/error.h"
+#include "dion/data/shard.h"
+#include "file_util.h"
+
+namespace dion::data {
+
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------- document reader
+
+namespace {
+
+struct Input {
+  fs::path path;  // empty for stdin
+  bool is_stdin = false;
+  std::string label() const { return is_stdin ? std::string("<stdin>") : path.string(); }
+};
+
+// Checks one named input and appends the files it stands for to `out`; returns the bytes of
+// those files, or -1 if one of them has no known size (stdin, a pipe).
+int64_t collect_input(const std::string& arg, std::vector<Input>& out, bool& stdin_used) {
+  if (arg == "-") {
+    if (stdin_used) throw DataError("input \"-\" (stdin) is given twice");
+    stdin_used = true;
+    out.push_back({fs::path(), true});
+    return -1;
+  }
+  const fs::path path(arg);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw DataError(fmt::format("input {}: {}", path, detail::errno_text(errno)));
+  }
+  auto check_readable = [](const fs::path& p) {
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+      throw DataError(fmt::format("input {}: cannot read: {}", p, detail::errno_text(errno)));
+    ::close(fd);
+  };
+  if (!S_ISDIR(st.st_mode)) {
+    check_readable(path);
+    out.push_back({path, false});
+    return S_ISREG(st.st_mode) ? st.st_size : -1;
+  }
+  std::vector<fs::path> files;
+  std::error_code ec;
+  auto it = fs::recursive_directory_iterator(path, ec);
+  if (ec) throw DataError(fmt::format("input {}: cannot list the folder: {}", path, ec.message()));
+  for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec)
+      throw DataError(fmt::format("input {}: cannot list the folder: {}", path, ec.message()));
+    const fs::path& p = it->path();
+    if (p.filename().string().starts_with(".")) {
+      if (it->is_directory()) it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_symlink() && !fs::exists(p)) {
+      throw DataError(
+          fmt::format("input {}: broken symbolic link (remove it or fix its target)", p));
+    }
+    if (it->is_regular_file()) files.push_back(p);
+  }
+  if (files.empty()) {
+    throw DataError(fmt::format("input {}: the folder has no files to read", path));
+  }
+  std::sort(files.begin(), files.end());
+  int64_t bytes = 0;
+  for (const fs::path& p : files) {
+    check_readable(p);
+    out.push_back({p, false});
+    bytes += static_cast<int64_t>(fs::file_size(p));
+  }
+  return bytes;
+}
+
+// Reads the inputs one after another in 1 MiB blocks, cutting documents at the delimiter (or at
+// the end of each input when there is none).
+class InputDocuments : public DocumentSource {
+ public:
+  InputDocuments(std::vector<Input> inputs, std::string delimiter, uint64_t total)
+      : inputs_(std::move(inputs)), delimiter_(std::move(delimiter)), total_(total) {}
+  ~InputDocuments() override { close_current(); }
+
+  bool next(std::string& doc) override {
+    while (true) {
+      if (fd_ < 0 && !open_next()) return false;
+      if (!delimiter_.empty()) {
+        size_t hit = buffer_.find(delimiter_, search_from_);
+        if (hit != std::string::npos) {
+          doc.assign(buffer_, doc_start_, hit - doc_start_);
+          doc_start_ = search_from_ = hit + delimiter_.size();
+          if (doc.empty()) continue;
+          return true;
+        }
+        // The delimiter may straddle the next read: search again from its possible start.
+        search_from_ =
+            std::max(doc_start_, buffer_.size() - std::min(buffer_.size(), delimiter_.size() - 1));
+      }
+      if (read_block()) continue;
+      doc.assign(buffer_, doc_start_, std::string::npos);  // end of this input
+      close_current();
+      if (!doc.empty()) return true;
+    }
+  }
+  uint64_t bytes_read() const override { return bytes_read_; }
+  uint64_t bytes_total() const override { return total_; }
+
+ private:
+  bool open_next() {
+    if (next_input_ >= inputs_.size()) return false;
+    const Input& in = inputs_[next_input_++];
+    fd_ = in.is_stdin ? ::dup(STDIN_FILENO) : ::open(in.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) {
+      throw DataError(
+          fmt::format("input {}: cannot open: {}", in.label(), detail::errno_text(errno)));
+    }
+    buffer_.clear();
+    doc_start_ = search_from_ = 0;
+    return true;
+  }
+  // Appends up to 1 MiB to the buffer; false at end of input.
+  bool read_block() {
+    constexpr size_t kBlock = 1 << 20;
+    if (doc_start_ > 0 && doc_start_ >= buffer_.size() / 2) {  // drop consumed text
+      buffer_.erase(0, doc_start_);
+      search_from_ -= doc_start_;
+      doc_start_ = 0;
+    }
+    const size_t old = buffer_.size();
+    buffer_.resize(old + kBlock);
+    ssize_t n;
+    do {
+      n = ::read(fd_, buffer_.data() + old, kBlock);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+      int err = errno;
+      buffer_.resize(old);
+      throw DataError(fmt::format("input {}: read failed: {}", inputs_[next_input_ - 1].label(),
+                                  detail::errno_text(err)));
+    }
+    buffer_.resize(old + static_cast<size_t>(n));
+    bytes_read_ += static_cast<uint64_t>(n);
+    return n > 0;
+  }
+  void close_current() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+  std::vector<Input> inputs_;
+  std::string delimiter_;
+  uint64_t total_ = 0;
+  size_t next_input_ = 0;
+  int fd_ = -1;
+  std::string buffer_;
+  size_t doc_start_ = 0;    // start of the current document in buffer_
+  size_t search_from_ = 0;  // where to look for the delimiter next
+  uint64_t bytes_read_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<DocumentSource> document_source_open(const std::vector<std::string>& inputs,
+                                                     const std::string& delimiter) {
+  if (inputs.empty()) throw DataError("no input given (name files, folders, or - for stdin)");
+  std::vector<Input> files;
+  bool stdin_used = false, size_known = true;
+  uint64_t total = 0;
+  for (const std::string& arg : inputs) {
+    int64_t bytes = collect_input(arg, files, stdin_used);
+    if (bytes < 0)
+      size_known = false;
+    else
+      total += static_cast<uint64_t>(bytes);
+  }
+  return std::make_unique<InputDocuments>(std::move(files), delimiter, size_known ? total : 0);
+}
+
+// ---------------------------------------------------------------------------- staged shard set
+
+namespace {
+
+// Shards written under temporary names; commit() renames them all into place, the destructor
+// removes whatever was not committed.
+class StagedShards {
+ public:
+  StagedShards(fs::path dir, std::string prefix)
+      : dir_(std::move(dir)), prefix_(std::move(prefix)) {}
+  ~StagedShards() {
+    for (const auto& s : staged_) ::unlink(s.tmp.c_str());
+  }
+
+  // The PREFIX_{val,train}_*.bin files already in the folder.
+  std::vector<fs::path> existing() const {
+    std::vector<fs::path> found;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+      const std::string name = entry.path().filename().string();
+      for (const char* split : {"_val_", "_train_"}) {
+        if (name.starts_with(prefix_ + split) && name.ends_with(".bin"))
+          found.push_back(entry.path());
+      }
+    }
+    if (ec)
+      throw DataError(fmt::format("output folder {}: cannot list it: {}", dir_, ec.message()));
+    std::sort(found.begin(), found.end());
+    return found;
+  }
+
+  fs::path add(const std::string& split, int64_t index, std::span<const uint16_t> tokens) {
+    const fs::path final_path = dir_ / shard_name(prefix_, split, index);
+    staged_.push_back({shard_write_temp(final_path, tokens), final_path});
+    return final_path;
+  }
+
+  void commit(bool remove_existing) {
+    if (remove_existing) {
+      for (const fs::path& old : existing()) {
+        if (::unlink(old.c_str()) != 0) {
+          throw DataError(fmt::format("output {}: cannot remove the old shard: {}", old,
+                                      detail::errno_text(errno)));
+        }
+      }
+    }
+    while (!staged_.empty()) {
+      const Staged& s = staged_.front();
+      if (::rename(s.tmp.c_str(), s.final_path.c_str()) != 0) {
+        throw DataError(fmt::format("output {}: cannot rename the finished shard into place: {}",
+                                    s.final_path, detail::errno_text(errno)));
+      }
+      staged_.erase(staged_.begin());
+    }
+  }
+
+ private:
+  struct Staged {
+    fs::path tmp, final_path;
+  };
+  fs::path dir_;
+  std::string prefix_;
+  std::vector<Staged> staged_;
+};
+
+// ---------------------------------------------------------------------------- shard cutter
+
+// One token stream (val, train, or the reference's single stream) cut into shards.
+struct Stream {
+  const char* split;  // nullptr: "val" for shard number 0, "train" after (the reference)
+  std::vector<uint16_t> buffer;
+};
+
+class ShardCutter {
+ public:
+  ShardCutter(StagedShards& staged, int64_t shard_size, PrepareResult& result)
+      : staged_(staged), shard_size_(static_cast<size_t>(shard_size)), result_(result) {}
+
+  void append(Stream& s, std::span<const uint16_t> tokens) {
+    while (!tokens.empty()) {
+      if (s.buffer.capacity() == 0) s.buffer.reserve(std::min<size_t>(shard_size_, 1 << 24));
+      const size_t take = std::min(tokens.size(), shard_size_ - s.buffer.size());
+      s.buffer.insert(s.buffer.end(), tokens.begin(), tokens.begin() + take);
+      tokens = tokens.subspan(take);
+      if (s.buffer.size() == shard_size_) flush(s);
+    }
+  }
+
+  void flush(Stream& s) {
+    if (s.buffer.empty()) return;
+    const std::string split = s.split != nullptr ? s.split : (next_index_ == 0 ? "val" : "train");
+    const fs::path path = staged_.add(split, next_index_++, s.buffer);
+    result_.shards.push_back({path, split, static_cast<int64_t>(s.buffer.size())});
+    (split == "val" ? result_.val_tokens : result_.train_tokens) += s.buffer.size();
+    s.buffer.clear();
+  }
+
+ private:
+  StagedShards& staged_;
+  size_t shard_size_;
+  PrepareResult& result_;
+  int64_t next_index_ = 0;
+};
+
+// Tokens of a contiguous range of documents, each prefixed by <|endoftext|>.
+struct BatchPart {
+  std::vector<uint16_t> tokens;
+  std::vector<size_t> doc_ends;  // end offset of each document in tokens
+  std::exception_ptr error;
+};
+
+void tokenize_range(Gpt2Tokenizer& tok, std::span<const std::string> docs, BatchPart& part) {
+  try {
+    std::vector<uint32_t> ids;
+    part.tokens.clear();
+    part.doc_ends.clear();
+    for (const std::string& doc : docs) {
+      ids.clear();
+      ids.push_back(Gpt2Tokenizer::kEndOfText);
+      tok.encode_ordinary(doc, ids);
+      part.tokens.insert(part.tokens.end(), ids.begin(), ids.end());  // ids < 50257 fit uint16
+      part.doc_ends.push_back(part.tokens.size());
+    }
+  } catch (...) {
+    part.error = std::current_exception();
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- driver
+
+PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& source,
+                             const PrepareOptions& options) {
+  if (options.shard_size < 1 || options.shard_size > kShardMaxTokens) {
+    throw DataError(fmt::format("shard size {} is out of range: use 1 .. {} tokens",
+                                options.shard_size, kShardMaxTokens));
+  }
+  if (options.val_fraction >= 1.0) {
+    throw DataError(fmt::format("val fraction {} is out of range: use a value in [0, 1)",
+                                options.val_fraction));
+  }
+  if (options.threads < 1) throw DataError(fmt::format("threads {} must be >= 1", options.threads));
+  if (options.prefix.empty() || options.prefix.find('/') != std::string::npos) {
+    throw DataError(fmt::format("prefix \"{}\" must be a non-empty file name part without '/'",
+                                options.prefix));
+  }
+  std::error_code ec;
+  fs::create_directories(options.output_dir, ec);
+  if (ec || !fs::is_directory(options.output_dir)) {
+    throw DataError(fmt::format("output folder {}: cannot create it: {}", options.output_dir,
+                                ec ? ec.message() : "a file of that name exists"));
+  }
+  StagedShards staged(options.output_dir, options.prefix);
+  if (!options.overwrite) {
+    const auto old = staged.existing();
+    if (!old.empty()) {
+      throw DataError(
+          fmt::format("output folder {} already has {} {}_{{val,train}}_*.bin shards "
+                      "(e.g. {}): pass --overwrite to replace them, or choose another "
+                      "folder or --prefix",
+                      options.output_dir, old.size(), options.prefix, old.front().filename()));
+    }
+  }
+
+  PrepareResult result;
+  ShardCutter cutter(staged, options.shard_size, result);
+  const bool by_fraction = options.val_fraction >= 0;
+  Stream single{nullptr, {}}, val{"val", {}}, train{"train", {}};
+  std::vector<Gpt2Tokenizer> tokenizers(static_cast<size_t>(options.threads), tokenizer);
+  std::vector<BatchPart> parts(tokenizers.size());
+  std::vector<std::string> docs;
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  constexpr size_t kBatchBytes = 8 << 20;  // per thread
+  uint64_t routed_to_val = 0;
+
+  bool more = true;
+  while (more) {
+    if (options.should_stop && options.should_stop()) {
+      throw DataError("interrupted: no shards were written (temporary files removed)");
+    }
+    // Read a batch of documents.
+    size_t batch_bytes = 0, ndocs = 0;
+    while (batch_bytes < kBatchBytes * tokenizers.size()) {
+      if (ndocs == docs.size()) docs.emplace_back();
+      if (!source.next(docs[ndocs])) {
+        more = false;
+        break;
+      }
+      batch_bytes += docs[ndocs].size();
+      ++ndocs;
+    }
+    if (ndocs == 0) break;
+    // Tokenize it: thread t takes a contiguous range of documents of about equal bytes.
+    const std::span<const std::string> batch(docs.data(), ndocs);
+    std::vector<std::thread> threads;
+    size_t begin = 0, acc = 0;
+    for (size_t t = 0; t < tokenizers.size(); ++t) {
+      size_t end = begin;
+      const size_t target = batch_bytes * (t + 1) / tokenizers.size();
+      while (end < ndocs && (acc < target || t + 1 == tokenizers.size()))
+        acc += batch[end++].size();
+      const auto range = batch.subspan(begin, end - begin);
+      if (t + 1 == tokenizers.size()) {
+        tokenize_range(tokenizers[t], range, parts[t]);
+      } else {
+        threads.emplace_back(tokenize_range, std::ref(tokenizers[t]), range, std::ref(parts[t]));
+      }
+      begin = end;
+    }
+    for (auto& th : threads) th.join();
+    // Append in document order.
+    for (BatchPart& part : parts) {
+      if (part.error) std::rethrow_exception(std::exchange(part.error, nullptr));
+      size_t doc_begin = 0;
+      for (size_t doc_end : part.doc_ends) {
+        const std::span<const uint16_t> doc(part.tokens.data() + doc_begin, doc_end - doc_begin);
+        doc_begin = doc_end;
+        if (!by_fraction) {
+          cutter.append(single, doc);
+        } else {
+          const double total = static_cast<double>(result.tokens + doc.size());
+          const bool to_val = static_cast<double>(routed_to_val) < options.val_fraction * total;
+          if (to_val) routed_to_val += doc.size();
+          cutter.append(to_val ? val : train, doc);
+        }
+        result.tokens += doc.size();
+        ++result.documents;
+      }
+      part.tokens.clear();
+      part.doc_ends.clear();
+    }
+    if (options.on_progress) {
+      options.on_progress({source.bytes_read(), source.bytes_total(), result.documents,
+                           result.tokens, static_cast<int64_t>(result.shards.size()), elapsed()});
+    }
+  }
+  if (result.documents == 0) {
+    throw DataError("the input holds no documents (every input is empty): nothing was written");
+  }
+  cutter.flush(single);
+  cutter.flush(val);
+  cutter.flush(train);
+  staged.commit(options.overwrite);
+  result.bytes = source.bytes_read();
+  result.seconds = elapsed();
+  return result;
+}
+
+}  // namespace dion::data

@@ -1,0 +1,228 @@
+// src/data/shard.cpp — FineWeb shard format (see dion/data/shard.h). POSIX open/pread/mmap.
+#include "dion/data/shard.h"
+
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/std.h>
+
+#include "dion/data/error.h"
+#include "file_util.h"
+
+namespace dion::data {
+
+static_assert(std::endian::native == std::endian::little,
+              "the shard format is little-endian; this reader does not byte-swap");
+
+namespace {
+
+constexpr std::string_view kRedo =
+    "delete it, then re-create it (dion-data prepare) or re-download it (dion-data download)";
+
+// Opens `path` read-only; throws a DataError that says why not.
+int open_shard(const std::filesystem::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw DataError(
+        fmt::format("shard {}: cannot open: {} (check the path)", path, detail::errno_text(errno)));
+  }
+  return fd;
+}
+
+// Reads and checks the header and the size of the open shard `fd`.
+ShardHeader read_header(int fd, const std::filesystem::path& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    throw DataError(fmt::format("shard {}: cannot stat: {}", path, detail::errno_text(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw DataError(fmt::format("shard {}: not a regular file{}", path,
+                                S_ISDIR(st.st_mode) ? " (it is a directory)" : ""));
+  }
+  ShardHeader h;
+  h.file_bytes = st.st_size;
+  if (h.file_bytes < static_cast<int64_t>(kShardHeaderBytes)) {
+    throw DataError(
+        fmt::format("shard {}: truncated: {} bytes, shorter than the {}-byte header "
+                    "(an interrupted write or download); {}",
+                    path, h.file_bytes, kShardHeaderBytes, kRedo));
+  }
+  std::array<int32_t, kShardHeaderInts> header{};
+  size_t done = 0;
+  auto* dst = reinterpret_cast<char*>(header.data());
+  while (done < kShardHeaderBytes) {
+    ssize_t n = ::pread(fd, dst + done, kShardHeaderBytes - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      throw DataError(fmt::format("shard {}: cannot read the header: {}", path,
+                                  n < 0 ? detail::errno_text(errno) : "unexpected end of file"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  h.magic = header[0];
+  h.version = header[1];
+  h.token_count = header[2];
+  if (h.magic != kShardMagic) {
+    throw DataError(
+        fmt::format("shard {}: bad magic {} (expected {}): not a FineWeb token shard "
+                    "(wrong file, or a different format)",
+                    path, h.magic, kShardMagic));
+  }
+  if (h.version != kShardVersion) {
+    throw DataError(
+        fmt::format("shard {}: unsupported version {} (this reader handles version {}: "
+                    "uint16 GPT-2 tokens; llm.c's version 2 holds uint32 tokens)",
+                    path, h.version, kShardVersion));
+  }
+  if (h.token_count < 0) {
+    throw DataError(fmt::format("shard {}: corrupt header: negative token count {}; {}", path,
+                                h.token_count, kRedo));
+  }
+  const int64_t expected = static_cast<int64_t>(kShardHeaderBytes) + 2 * h.token_count;
+  if (h.file_bytes != expected) {
+    throw DataError(
+        fmt::format("shard {}: {} bytes, but its header says {} tokens, which take "
+                    "1024 + 2*{} = {} bytes: the file is {} (an interrupted write or "
+                    "download, or a corrupt header); {}",
+                    path, h.file_bytes, h.token_count, h.token_count, expected,
+                    h.file_bytes < expected ? "truncated" : "longer than its header says", kRedo));
+  }
+  return h;
+}
+
+}  // namespace
+
+ShardHeader shard_read_header(const std::filesystem::path& path) {
+  int fd = open_shard(path);
+  try {
+    ShardHeader h = read_header(fd, path);
+    ::close(fd);
+    return h;
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+}
+
+// ---------------------------------------------------------------------------- ShardFile
+
+ShardFile ShardFile::open(const std::filesystem::path& path) {
+  ShardFile f;
+  f.path_ = path;
+  int fd = open_shard(path);
+  try {
+    f.header_ = read_header(fd, path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  f.map_bytes_ = static_cast<size_t>(f.header_.file_bytes);
+  void* map = ::mmap(nullptr, f.map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+  int err = errno;
+  ::close(fd);
+  if (map == MAP_FAILED) {
+    throw DataError(fmt::format("shard {}: cannot memory-map {} bytes: {}", path, f.map_bytes_,
+                                detail::errno_text(err)));
+  }
+  ::madvise(map, f.map_bytes_, MADV_SEQUENTIAL);
+  f.map_ = map;
+  return f;
+}
+
+ShardFile::ShardFile(ShardFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      header_(other.header_),
+      map_(std::exchange(other.map_, nullptr)),
+      map_bytes_(std::exchange(other.map_bytes_, 0)) {}
+
+ShardFile& ShardFile::operator=(ShardFile&& other) noexcept {
+  if (this != &other) {
+    if (map_ != nullptr) ::munmap(map_, map_bytes_);
+    path_ = std::move(other.path_);
+    header_ = other.header_;
+    map_ = std::exchange(other.map_, nullptr);
+    map_bytes_ = std::exchange(other.map_bytes_, 0);
+  }
+  return *this;
+}
+
+ShardFile::~ShardFile() {
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+}
+
+std::span<const uint16_t> ShardFile::tokens() const {
+  if (map_ == nullptr) return {};
+  const auto* base = static_cast<const char*>(map_) + kShardHeaderBytes;
+  return {reinterpret_cast<const uint16_t*>(base), static_cast<size_t>(header_.token_count)};
+}
+
+void shard_check_tokens(const ShardFile& shard, uint32_t vocab_size) {
+  const auto tokens = shard.tokens();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] >= vocab_size) {
+      throw DataError(
+          fmt::format("shard {}: token {} at index {} is outside the vocabulary (ids "
+                      "must be < {}): the shard is corrupt or was made with another "
+                      "tokenizer",
+                      shard.path(), tokens[i], i, vocab_size));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------- writing
+
+std::filesystem::path shard_write_temp(const std::filesystem::path& path,
+                                       std::span<const uint16_t> tokens) {
+  if (tokens.size() > static_cast<size_t>(kShardMaxTokens)) {
+    throw DataError(
+        fmt::format("shard {}: {} tokens do not fit the int32 count of the header "
+                    "(max {}); use a smaller shard size",
+                    path, tokens.size(), kShardMaxTokens));
+  }
+  std::array<int32_t, kShardHeaderInts> header{};
+  header[0] = kShardMagic;
+  header[1] = kShardVersion;
+  header[2] = static_cast<int32_t>(tokens.size());
+  std::filesystem::path tmp;
+  int fd = detail::file_create_temp(path, tmp);
+  try {
+    detail::file_write_all(fd, header.data(), kShardHeaderBytes, tmp);
+    detail::file_write_all(fd, tokens.data(), tokens.size_bytes(), tmp);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  try {
+    detail::file_sync_close(fd, tmp);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  return tmp;
+}
+
+void shard_write(const std::filesystem::path& path, std::span<const uint16_t> tokens) {
+  const std::filesystem::path tmp = shard_write_temp(path, tokens);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw DataError(
+        fmt::format("shard {}: cannot rename the finished temporary file into place: "
+                    "{}",
+                    path, detail::errno_text(err)));
+  }
+}
+
+std::string shard_name(std::string_view prefix, std::string_view split, int64_t index) {
+  return fmt::format("{}_{}_{:06d}.bin", prefix, split, index);
+}
+
+}  // namespace dion::data

@@ -1,0 +1,145 @@
+// DDP and FSDP megabatch orthogonalization over c10d (see include/dion/dist/distributed.h).
+#include "dion/dist/distributed.h"
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+
+#include "dion/errors.h"
+
+namespace dion::dist {
+
+Chunk shard_range(int64_t size, int world, int rank) {
+  const int64_t chunk = (size + world - 1) / world;
+  Chunk c;
+  c.start = std::min<int64_t>(size, chunk * rank);
+  c.length = std::max<int64_t>(0, std::min<int64_t>(size, chunk * (rank + 1)) - c.start);
+  return c;
+}
+
+at::Tensor shard_tensor(const at::Tensor& full, int64_t dim, int world, int rank) {
+  const Chunk c = shard_range(full.size(dim), world, rank);
+  return full.narrow(dim, c.start, c.length).clone(at::MemoryFormat::Contiguous);  // never a view
+}
+
+namespace {
+// Zero-pad `t` at the end of `dim` to `size`.
+at::Tensor pad_to(const at::Tensor& t, int64_t dim, int64_t size) {
+  const int64_t have = t.size(dim);
+  if (have == size) return t;
+  std::vector<int64_t> shape = t.sizes().vec();
+  shape[dim < 0 ? dim + t.dim() : dim] = size - have;
+  return at::cat({t, at::zeros(shape, t.options())}, dim);
+}
+
+std::string shape_str(c10::IntArrayRef s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+}  // namespace
+
+at::Tensor gather_tensor(Group& group, const at::Tensor& local, int64_t dim, int64_t global_size) {
+  const int W = group.size();
+  const int64_t chunk = (global_size + W - 1) / W;
+  at::Tensor all = group.all_gather(pad_to(local, dim, chunk));  // [W, ..chunk..]
+  at::Tensor full = at::cat(all.unbind(0), dim);
+  return full.narrow(dim, 0, global_size).contiguous();
+}
+
+Distributed::Distributed(std::shared_ptr<Group> group) : group_(std::move(group)) {
+  if (!group_) throw ValueError("Distributed: the group is null (this rank is not a member?)");
+}
+
+void Distributed::shard(const at::Tensor& local, std::vector<int64_t> global_shape, int64_t dim) {
+  std::ostringstream err;
+  const int64_t nd = static_cast<int64_t>(global_shape.size());
+  if (dim < 0) dim += nd;
+  if (dim < 0 || dim >= nd) {
+    err << "shard dim " << dim << " is out of range for global shape " << shape_str(global_shape);
+  } else if (local.dim() != nd) {
+    err << "local shard of shape " << shape_str(local.sizes()) << " does not have the rank of global shape "
+        << shape_str(global_shape);
+  } else {
+    const Chunk c = shard_range(global_shape[dim], group_->size(), group_->rank());
+    for (int64_t d = 0; d < nd; ++d) {
+      const int64_t want = d == dim ? c.length : global_shape[d];
+      if (local.size(d) != want) {
+        err << "local shard of shape " << shape_str(local.sizes()) << " on rank " << group_->rank() << " of "
+            << group_->size() << " does not match global shape " << shape_str(global_shape)
+            << " sharded on dim " << dim << " (expected " << want << " along dim " << d
+            << "; FSDP2 chunks of ceil(size / world))";
+        break;
+      }
+    }
+  }
+  if (!err.str().empty() && local_error_.empty()) local_error_ = err.str();
+  layouts_[local.unsafeGetTensorImpl()] = Layout{std::move(global_shape), dim, false};
+  verified_ = false;
+}
+
+void Distributed::verify() const {
+  if (verified_) return;
+  at::Tensor bad = at::full({1}, local_error_.empty() ? 0 : 1, at::kInt);
+  group_->all_reduce_(bad);
+  verified_ = true;
+  const int n = bad.item<int>();
+  if (n == 0) return;
+  if (!local_error_.empty()) throw ValueError(local_error_);
+  throw ValueError("invalid shard specification on " + std::to_string(n) + " other rank(s) of group '" +
+                   group_->name() + "'; see their error messages");
+}
+
+Layout Distributed::layout(const at::Tensor& param) const {
+  verify();
+  auto it = layouts_.find(param.unsafeGetTensorImpl());
+  if (it != layouts_.end()) return it->second;
+  return Layout{param.sizes().vec(), -1, group_->size() > 1};
+}
+
+void Distributed::sum_over_shards_(at::Tensor& x) { group_->all_reduce_(x); }
+
+at::Tensor Distributed::orthogonalize(std::vector<at::Tensor> U, const Layout& layout,
+                                      const OrthoRequest& request) {
+  if (layout.sharded()) return orthogonalize_sharded(std::move(U), request);
+  return orthogonalize_replicated(std::move(U), request);
+}
+
+// Each rank orthogonalizes its ceil(N / W) share; one all_gather returns every result.
+at::Tensor Distributed::orthogonalize_replicated(std::vector<at::Tensor> U, const OrthoRequest& request) {
+  const int W = group_->size(), r = group_->rank();
+  const size_t N = U.size();
+  const size_t per_rank = (N + W - 1) / W;
+  while (U.size() < per_rank * W) U.push_back(at::zeros_like(U[0]));
+  std::vector<at::Tensor> mine(U.begin() + r * per_rank, U.begin() + (r + 1) * per_rank);
+  at::Tensor out = request.apply(at::stack(mine, 0)).contiguous();  // [per_rank, ...]
+  at::Tensor all = group_->all_gather(out);                         // [W, per_rank, ...]
+  return all.flatten(0, 1).narrow(0, 0, static_cast<int64_t>(N));
+}
+
+// One all_to_all assembles whole matrices on their owners; orthogonalize; one all_to_all back.
+at::Tensor Distributed::orthogonalize_sharded(std::vector<at::Tensor> U, const OrthoRequest& request) {
+  const int W = group_->size();
+  const size_t N = U.size();
+  const int64_t dim = request.comm_dim;  // negative: indexes the same dim of stacked tensors
+  const int64_t padded_local = request.local_size > 0 ? request.local_size : (request.global_size + W - 1) / W;
+  const int64_t original_local = U[0].size(dim);
+  if (padded_local < original_local)
+    throw ValueError("FSDP shard of size " + std::to_string(original_local) + " along dim " + std::to_string(dim) +
+                     " exceeds ceil(" + std::to_string(request.global_size) + " / " + std::to_string(W) +
+                     "): not FSDP2 contiguous chunking");
+  const size_t per_rank = (N + W - 1) / W;
+  while (U.size() < per_rank * W) U.push_back(at::zeros_like(U[0]));
+  for (auto& u : U) u = pad_to(u, dim, padded_local);
+
+  at::Tensor send = at::stack(U, 0);                       // [W * per_rank, ..local..]: chunk j -> rank j
+  at::Tensor recv = group_->all_to_all(send);               // chunk i: rank i's shards of my matrices
+  std::vector<at::Tensor> from = recv.unflatten(0, {W, static_cast<int64_t>(per_rank)}).unbind(0);
+  at::Tensor whole = at::cat(from, dim);                    // [per_rank, ..W * local..]
+  at::Tensor ortho = request.apply(whole);
+  std::vector<at::Tensor> parts = at::split(ortho, padded_local, dim);  // W chunks, chunk j -> rank j
+  at::Tensor back = group_->all_to_all(at::cat(parts, 0));  // [W * per_rank, ..local..], owner-major
+  return back.narrow(dim, 0, original_local).narrow(0, 0, static_cast<int64_t>(N));
+}
+
+}  // namespace dion::dist

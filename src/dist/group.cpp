@@ -1,0 +1,221 @@
+// Process groups over c10d (see include/dion/dist/group.h).
+//
+// Gloo's C++ header is not in the torch wheel; Debian's libgloo-dev supplies <gloo/*.h> so that
+// ProcessGroupGloo.hpp compiles. We only construct the backend through its exported
+// constructor and call the c10d::Backend interface, so the Gloo version of those headers does
+// not matter for the layout of anything we touch.
+#include "dion/dist/group.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+#include <sstream>
+
+namespace dion::dist {
+
+struct Group::Impl {
+  c10::intrusive_ptr<c10d::Store> store;      // the world's TCPStore (shared by subgroups)
+  c10::intrusive_ptr<c10d::Backend> backend;  // this group's Gloo backend
+};
+
+int64_t CommStats::bytes(const std::string& kind) const {
+  auto it = by_kind.find(kind);
+  return it == by_kind.end() ? 0 : it->second.bytes;
+}
+int64_t CommStats::calls(const std::string& kind) const {
+  auto it = by_kind.find(kind);
+  return it == by_kind.end() ? 0 : it->second.calls;
+}
+int64_t CommStats::total_bytes() const {
+  int64_t total = 0;
+  for (const auto& [k, e] : by_kind) total += e.bytes;
+  return total;
+}
+
+Group::Group() = default;
+
+namespace {
+int env_int(const char* name, bool required, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) {
+    if (required)
+      throw CommError(std::string("environment variable ") + name +
+                      " is not set (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)");
+    return fallback;
+  }
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < 0)
+    throw CommError(std::string("environment variable ") + name + "='" + v + "' is not a non-negative integer");
+  return static_cast<int>(x);
+}
+
+c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                            int size, std::chrono::milliseconds timeout) {
+  auto opts = c10d::ProcessGroupGloo::Options::create_default(timeout);
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+}
+}  // namespace
+
+Group Group::init_from_env(GroupOptions options) {
+  const int size = env_int("WORLD_SIZE", false, 1);
+  if (size <= 1) {
+    Group g;
+    g.options_ = options;
+    return g;
+  }
+  const int rank = env_int("RANK", true, 0);
+  const char* addr = std::getenv("MASTER_ADDR");
+  if (!addr || !*addr) throw CommError("environment variable MASTER_ADDR is not set");
+  const int port = env_int("MASTER_PORT", true, 0);
+  return create(addr, port, rank, size, options);
+}
+
+Group Group::create(const std::string& host, int port, int rank, int size, GroupOptions options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    std::ostringstream os;
+    os << "invalid rank " << rank << " for world size " << size << " (need 0 <= rank < size)";
+    throw CommError(os.str());
+  }
+  Group g;
+  g.rank_ = rank;
+  g.size_ = size;
+  g.options_ = options;
+  g.ranks_.resize(size);
+  for (int i = 0; i < size; ++i) g.ranks_[i] = i;
+  if (size == 1) return g;
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(port);
+  so.isServer = rank == 0;
+  so.numWorkers = size;
+  so.waitWorkers = true;
+  so.timeout = options.timeout;
+  g.impl_ = std::make_shared<Impl>();
+  try {
+    g.impl_->store = c10::make_intrusive<c10d::TCPStore>(host, so);
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("world", g.impl_->store);
+    g.impl_->backend = make_gloo(prefixed, rank, size, options.timeout);
+  } catch (const std::exception& e) {
+    std::ostringstream os;
+    os << "rank " << rank << " of " << size << ": rendezvous at " << host << ":" << port
+       << " failed within " << options.timeout.count() << " ms: " << e.what();
+    throw CommError(os.str());
+  }
+  return g;
+}
+
+std::shared_ptr<Group> Group::subgroup(const std::vector<int>& ranks, const std::string& name) const {
+  int my = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0) throw CommError("subgroup '" + name + "': invalid rank " + std::to_string(ranks[i]));
+    if (ranks[i] == ranks_[rank_]) my = static_cast<int>(i);
+  }
+  if (my < 0) return nullptr;
+  auto g = std::make_shared<Group>();
+  g->rank_ = my;
+  g->size_ = static_cast<int>(ranks.size());
+  g->name_ = name_ + "/" + name;
+  g->ranks_ = ranks;
+  g->options_ = options_;
+  g->stats_ = stats_;  // one ledger per process: the world's
+  if (g->size_ > 1) {
+    if (!impl_) throw CommError("subgroup '" + name + "' of a single-process group");
+    g->impl_ = std::make_shared<Impl>();
+    g->impl_->store = impl_->store;
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(g->name_, impl_->store);
+    try {
+      g->impl_->backend = make_gloo(prefixed, my, g->size_, options_.timeout);
+    } catch (const std::exception& e) {
+      throw CommError("creating group '" + g->name_ + "' failed: " + e.what());
+    }
+  }
+  return g;
+}
+
+// ---------------------------------------------------------------------------- collectives
+
+void Group::count(const std::string& kind, const at::Tensor& sent) {
+  auto& e = stats_->by_kind[kind];
+  e.calls += 1;
+  e.bytes += static_cast<int64_t>(sent.numel()) * static_cast<int64_t>(sent.element_size());
+}
+
+void Group::fail(const std::string& kind, const std::exception& e) const {
+  std::ostringstream os;
+  os << kind << " on group '" << name_ << "' (rank " << rank_ << " of " << size_
+     << ") failed; timeout " << options_.timeout.count() << " ms. A peer may have died. Cause: " << e.what();
+  throw CommError(os.str());
+}
+
+at::Tensor Group::all_gather(const at::Tensor& x) {
+  at::Tensor in = x.contiguous();
+  if (size_ == 1) return in.unsqueeze(0).clone();
+  count("all_gather", in);
+  std::vector<at::Tensor> inputs = {in};
+  std::vector<int64_t> shape = {size_};
+  shape.insert(shape.end(), in.sizes().begin(), in.sizes().end());
+  at::Tensor out = at::empty(shape, in.options());
+  std::vector<std::vector<at::Tensor>> outputs(1, out.unbind(0));
+  try {
+    impl_->backend->allgather(outputs, inputs)->wait(options_.timeout);
+  } catch (const std::exception& e) {
+    fail("all_gather", e);
+  }
+  return out;
+}
+
+at::Tensor Group::all_to_all(const at::Tensor& x) {
+  at::Tensor in = x.contiguous();
+  if (size_ == 1) return in.clone();
+  TORCH_CHECK(in.size(0) % size_ == 0, "all_to_all on group '", name_, "': dim 0 (", in.size(0),
+              ") must be a multiple of the group size (", size_, ")");
+  count("all_to_all", in);
+  at::Tensor out = at::empty_like(in);
+  std::vector<int64_t> splits;  // empty: equal splits
+  try {
+    impl_->backend->alltoall_base(out, in, splits, splits)->wait(options_.timeout);
+  } catch (const std::exception& e) {
+    fail("all_to_all", e);
+  }
+  return out;
+}
+
+void Group::all_reduce_(at::Tensor& x) {
+  if (size_ == 1) return;
+  TORCH_CHECK(x.is_contiguous(), "all_reduce_ needs a contiguous tensor");
+  count("all_reduce", x);
+  std::vector<at::Tensor> ts = {x};
+  try {
+    impl_->backend->allreduce(ts)->wait(options_.timeout);
+  } catch (const std::exception& e) {
+    fail("all_reduce", e);
+  }
+}
+
+void Group::broadcast_(at::Tensor& x, int root) {
+  if (size_ == 1) return;
+  TORCH_CHECK(x.is_contiguous(), "broadcast_ needs a contiguous tensor");
+  if (rank_ == root) count("broadcast", x);
+  std::vector<at::Tensor> ts = {x};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  try {
+    impl_->backend->broadcast(ts, opts)->wait(options_.timeout);
+  } catch (const std::exception& e) {
+    fail("broadcast", e);
+  }
+}
+
+void Group::barrier() {
+  if (size_ == 1) return;
+  try {
+    impl_->backend->barrier()->wait(options_.timeout);
+  } catch (const std::exception& e) {
+    fail("barrier", e);
+  }
+}
+
+}  // namespace dion::dist

@@ -1,0 +1,70 @@
+// tests/data_tools/test_util.h — what the data tools' tests share: where the data is, a
+// self-removing temporary folder, file helpers, hand-made shard bytes, and running dion-data.
+//
+// The tests never touch the network beyond 127.0.0.1 (see http_server.h) and never need
+// tiktoken: expected ids are committed under tests/data/tokenizer.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "dion/data/tokenizer.h"
+
+namespace dion::test {
+
+// The repo root, and ../shared/data ($DION_SHARED_DATA overrides the configured path).
+std::filesystem::path source_dir();
+std::filesystem::path shared_data_dir();
+// The GPT-2 files, or nullptr when ../shared/data/gpt2 is absent (the caller skips). Loaded
+// once; copy it to get a private cache.
+const data::Gpt2Tokenizer* shared_tokenizer();
+#define DION_REQUIRE_TOKENIZER(tok)                                                       \
+  const dion::data::Gpt2Tokenizer* tok##_shared = dion::test::shared_tokenizer();         \
+  if (tok##_shared == nullptr) {                                                          \
+    GTEST_SKIP() << "GPT-2 files not found in " << dion::test::shared_data_dir() / "gpt2" \
+                 << " (set DION_SHARED_DATA to the folder holding gpt2/)";                \
+  }                                                                                       \
+  dion::data::Gpt2Tokenizer tok(*tok##_shared)
+
+// A fresh folder under $TMPDIR (or /tmp), removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+std::string read_file(const std::filesystem::path& path);
+void write_file(const std::filesystem::path& path, const std::string& bytes);
+// The names of the files in `dir` (not recursive), sorted.
+std::vector<std::string> list_dir(const std::filesystem::path& dir);
+
+// Shard bytes built by hand (not by the library under test): the header ints given, then the
+// tokens. Defaults make a valid shard.
+std::string shard_bytes(const std::vector<uint16_t>& tokens, int32_t magic = 20240520,
+                        int32_t version = 1,
+                        int64_t count = INT64_MIN);  // INT64_MIN: tokens.size()
+
+// FNV-1a 64 of the ids as uint32 little-endian (the hash in tinyshakespeare.json).
+uint64_t fnv1a64_ids(const std::vector<uint32_t>& ids);
+uint64_t fnv1a64(const std::string& bytes);
+// 16 lowercase hex digits.
+std::string fmt_hex(uint64_t v);
+
+// Runs the dion-data tool with `args` (stdin from `stdin_data`), waits, and returns the exit
+// code with stdout and stderr.
+struct RunResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+RunResult run_dion_data(const std::vector<std::string>& args, const std::string& stdin_data = "");
+
+}  // namespace dion::test

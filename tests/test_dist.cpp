@@ -1,0 +1,383 @@
+// Multi-process tests of the distributed step: Gloo over loopback, N real processes.
+//
+// Each TEST launches N copies of this binary (`--child SCENARIO`) with torchrun's variables
+// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and waits for them, killing all after a
+// deadline. Every child builds the same full parameters and gradients from a seed, computes the
+// single-process result itself (dion::Optimizer without a Distribution), runs the distributed
+// optimizer on its shard or replica, gathers the parameters back and compares. A child prints
+// what it compared and exits 0 when everything matched.
+//
+// Tolerances (relative to the largest expected magnitude):
+//   - DDP: 0. Each matrix goes through the same kernels as in the single-process megabatch.
+//   - FSDP: 1e-5. The assembled matrix is the single-process one plus zero padding rows; BLAS
+//     may block the padded product differently, which moves the bf16 orthogonalization by at
+//     most an ulp in rare elements; the parameter moves by lr * that (observed values are printed).
+//   - NorMuon / NorDion2 row-sharded: also 1e-5: the Frobenius norms are summed over shards
+//     instead of computed whole (different summation order, float32).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "dion/dion.h"
+#include "dion/dist/distributed.h"
+#include "dion/dist/group.h"
+#include "dion/dist/mesh.h"
+
+namespace {
+
+using dion::dist::Distributed;
+using dion::dist::Group;
+
+// ---------------------------------------------------------------------------- launcher (parent)
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+struct RunResult {
+  std::vector<int> exit_codes;  // -1: killed at the deadline
+  double seconds = 0;
+};
+
+RunResult launch(const std::string& scenario, int world, int deadline_s = 120) {
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("OMP_NUM_THREADS", "1", 1);
+      ::execl("/proc/self/exe", "test_dist", "--child", scenario.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  RunResult res;
+  res.exit_codes.assign(world, -2);
+  int remaining = world;
+  while (remaining > 0) {
+    for (int r = 0; r < world; ++r) {
+      if (res.exit_codes[r] != -2) continue;
+      int status = 0;
+      if (::waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        res.exit_codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        --remaining;
+      }
+    }
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (el > deadline_s) {
+      for (int r = 0; r < world; ++r)
+        if (res.exit_codes[r] == -2) {
+          ::kill(pids[r], SIGKILL);
+          ::waitpid(pids[r], nullptr, 0);
+          res.exit_codes[r] = -1;
+        }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+void expect_all_ok(const std::string& scenario, int world) {
+  RunResult r = launch(scenario, world);
+  for (int i = 0; i < world; ++i)
+    EXPECT_EQ(r.exit_codes[i], 0) << scenario << ": rank " << i << " of " << world
+                                  << (r.exit_codes[i] == -1 ? " hung and was killed" : " failed");
+}
+
+// ---------------------------------------------------------------------------- scenarios (child)
+
+struct Child {
+  explicit Child(Group g) : world(std::move(g)) {}
+  Group world;
+  int failures = 0;
+
+  void compare(const std::string& what, const at::Tensor& actual, const at::Tensor& expected, double tol) {
+    const double scale = expected.abs().max().item<double>();
+    const double diff = (actual.to(at::kDouble) - expected.to(at::kDouble)).abs().max().item<double>();
+    const double rel = scale > 0 ? diff / scale : diff;
+    const bool ok = rel <= tol;
+    if (world.rank() == 0 || !ok)
+      std::printf("[rank %d] %-44s relative difference %.3g (tol %.0e) %s\n", world.rank(), what.c_str(), rel, tol,
+                  ok ? "ok" : "MISMATCH");
+    if (!ok) ++failures;
+  }
+};
+
+// Full parameters and gradients, identical on every rank.
+struct Problem {
+  std::vector<at::Tensor> params;
+  std::vector<std::vector<at::Tensor>> grads;  // [step][param]
+};
+
+Problem make_problem(const std::vector<std::vector<int64_t>>& shapes, int steps, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  Problem p;
+  for (const auto& s : shapes) p.params.push_back(at::randn(s, gen) * 0.5);
+  for (int t = 0; t < steps; ++t) {
+    std::vector<at::Tensor> g;
+    for (const auto& s : shapes) g.push_back(at::randn(s, gen));
+    p.grads.push_back(g);
+  }
+  return p;
+}
+
+dion::Options options_for(const std::string& algo) {
+  return dion::Options(0.02).algorithm(algo).weight_decay(0.01).fraction(0.5);
+}
+
+// Run `steps` steps on copies of the params; `setup` turns each full param into this rank's
+// local tensor and may register it with the distribution.
+std::vector<at::Tensor> run(const Problem& prob, const dion::Options& opts,
+                            const std::shared_ptr<Distributed>& dist,
+                            const std::function<at::Tensor(const at::Tensor&, size_t)>& local_of) {
+  std::vector<at::Tensor> params;
+  for (size_t i = 0; i < prob.params.size(); ++i) params.push_back(local_of(prob.params[i], i));
+  dion::Optimizer opt(params, opts);
+  if (dist) opt.set_distribution(dist);
+  for (const auto& gs : prob.grads) {
+    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = local_of(gs[i], i);
+    opt.step();
+  }
+  return params;
+}
+
+std::vector<at::Tensor> single(const Problem& prob, const dion::Options& opts) {
+  return run(prob, opts, nullptr, [](const at::Tensor& t, size_t) { return t.clone(); });
+}
+
+const std::vector<std::string> kAlgorithms = {"muon", "normuon", "dion2", "nordion2"};
+
+// DDP: every rank holds every parameter; megabatches split across ranks.
+void scenario_ddp(Child& c) {
+  Problem prob = make_problem({{16, 32}, {16, 32}, {16, 32}, {32, 16}, {24, 24}, {16, 32}}, 3, 7);
+  auto group = std::make_shared<Group>(c.world);
+  for (const auto& algo : kAlgorithms) {
+    auto expected = single(prob, options_for(algo));
+    auto dist = std::make_shared<Distributed>(group);
+    group->stats().clear();
+    auto got = run(prob, options_for(algo), dist, [](const at::Tensor& t, size_t) { return t.clone(); });
+    for (size_t i = 0; i < got.size(); ++i) c.compare(algo + " ddp p" + std::to_string(i), got[i], expected[i], 0.0);
+    if (group->stats().calls("all_gather") == 0) {
+      std::printf("[rank %d] %s ddp: no all_gather was issued\n", c.world.rank(), algo.c_str());
+      ++c.failures;
+    }
+  }
+}
+
+// FSDP: every parameter sharded along `dim` (uneven and empty shards included by the shapes).
+void fsdp_case(Child& c, const std::vector<std::vector<int64_t>>& shapes, int64_t dim,
+               const std::vector<std::string>& algos, const std::string& scope, double tol) {
+  Problem prob = make_problem(shapes, 3, 11);
+  auto group = std::make_shared<Group>(c.world);
+  const int W = group->size(), r = group->rank();
+  for (const auto& algo : algos) {
+    dion::Options opts = options_for(algo).selection_scope(scope);
+    if (scope == "local") opts.fraction(1.0);  // local selection equals whole-matrix selection at 1
+    auto expected = single(prob, opts);
+    auto dist = std::make_shared<Distributed>(group);
+    std::vector<at::Tensor> params;
+    for (const auto& full : prob.params) {
+      params.push_back(dion::dist::shard_tensor(full, dim, W, r));
+      dist->shard(params.back(), full.sizes().vec(), dim);
+    }
+    dion::Optimizer opt(params, opts);
+    opt.set_distribution(dist);
+    for (const auto& gs : prob.grads) {
+      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = dion::dist::shard_tensor(gs[i], dim, W, r);
+      opt.step();
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor full = dion::dist::gather_tensor(*group, params[i], dim, prob.params[i].size(dim));
+      c.compare(algo + " fsdp dim" + std::to_string(dim) + " " + scope + " p" + std::to_string(i), full, expected[i], tol);
+    }
+  }
+}
+
+void scenario_fsdp_rows(Child& c) {
+  // 18 rows over 4 ranks: 5,5,5,3; 3 rows over 4 ranks: 1,1,1,0 (an empty shard). Wide
+  // matrices: Dion2 selects along the sharded dim, which single-process Dion2 picks only when it
+  // is the shorter one.
+  fsdp_case(c, {{16, 32}, {16, 32}, {24, 32}, {18, 24}, {3, 16}}, 0, kAlgorithms, "global", 1e-5);
+  fsdp_case(c, {{16, 32}, {24, 32}, {18, 24}}, 0, kAlgorithms, "local", 1e-5);
+}
+
+void scenario_fsdp_cols(Child& c) {
+  // Tall matrices (the sharded dim is the shorter one). NorMuon / NorDion2 refuse dim -1.
+  fsdp_case(c, {{32, 16}, {32, 16}, {24, 18}, {40, 6}}, 1, {"muon", "dion2"}, "global", 1e-5);
+}
+
+void scenario_batch_sharded(Child& c) {
+  // 3-D params sharded on the batch dim: whole matrices on every rank, no communication.
+  fsdp_case(c, {{4, 8, 16}, {4, 16, 8}}, 0, kAlgorithms, "global", 0.0);
+}
+
+// HSDP 2 x 2: shard over "fs", replicate over "dp"; gradients are identical across "dp".
+void scenario_hsdp(Child& c) {
+  dion::dist::DeviceMesh mesh(c.world, {{"dp", 2}, {"fs", 2}});
+  auto fs = mesh.axis("fs");
+  Problem prob = make_problem({{16, 32}, {16, 32}, {20, 24}}, 3, 5);
+  for (const auto& algo : kAlgorithms) {
+    dion::Options opts = options_for(algo).selection_scope("global");
+    auto expected = single(prob, opts);
+    auto dist = std::make_shared<Distributed>(fs);
+    std::vector<at::Tensor> params;
+    for (const auto& full : prob.params) {
+      params.push_back(dion::dist::shard_tensor(full, 0, fs->size(), fs->rank()));
+      dist->shard(params.back(), full.sizes().vec(), 0);
+    }
+    dion::Optimizer opt(params, opts);
+    opt.set_distribution(dist);
+    for (const auto& gs : prob.grads) {
+      for (size_t i = 0; i < params.size(); ++i)
+        params[i].mutable_grad() = dion::dist::shard_tensor(gs[i], 0, fs->size(), fs->rank());
+      opt.step();
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor full = dion::dist::gather_tensor(*fs, params[i], 0, prob.params[i].size(0));
+      c.compare(algo + " hsdp dp" + std::to_string(mesh.coordinate("dp")) + " p" + std::to_string(i), full,
+                expected[i], 1e-5);
+    }
+  }
+}
+
+// Dion2 with fraction a moves about a of Muon's all_to_all bytes (local selection scope).
+void scenario_bytes(Child& c) {
+  Problem prob = make_problem({{64, 64}, {64, 64}, {64, 64}, {64, 64}}, 1, 3);
+  auto group = std::make_shared<Group>(c.world);
+  auto bytes_for = [&](const dion::Options& opts) {
+    auto dist = std::make_shared<Distributed>(group);
+    std::vector<at::Tensor> params;
+    for (const auto& full : prob.params) {
+      params.push_back(dion::dist::shard_tensor(full, 0, group->size(), group->rank()));
+      dist->shard(params.back(), full.sizes().vec(), 0);
+    }
+    dion::Optimizer opt(params, opts);
+    opt.set_distribution(dist);
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i].mutable_grad() = dion::dist::shard_tensor(prob.grads[0][i], 0, group->size(), group->rank());
+    group->stats().clear();
+    opt.step();
+    return group->stats().bytes("all_to_all");
+  };
+  const double muon = static_cast<double>(bytes_for(options_for("muon")));
+  for (double fraction : {0.25, 0.5}) {
+    const double dion2 = static_cast<double>(bytes_for(options_for("dion2").fraction(fraction).selection_scope("local")));
+    const double ratio = dion2 / muon;
+    if (c.world.rank() == 0)
+      std::printf("[rank 0] all_to_all bytes: muon %.0f, dion2(fraction %.2f) %.0f, ratio %.3f\n", muon, fraction,
+                  dion2, ratio);
+    if (std::abs(ratio - fraction) > 0.02) ++c.failures;
+  }
+}
+
+// A shard of the wrong size on one rank: every rank raises ValueError (none waits forever).
+void scenario_bad_spec(Child& c) {
+  auto group = std::make_shared<Group>(c.world);
+  auto dist = std::make_shared<Distributed>(group);
+  at::Tensor full = at::randn({16, 32});
+  at::Tensor local = dion::dist::shard_tensor(full, 0, group->size(), group->rank());
+  if (group->rank() == 1) local = at::randn({3, 32});  // wrong on rank 1 only
+  dist->shard(local, {16, 32}, 0);
+  dion::Optimizer opt({local}, options_for("muon"));
+  opt.set_distribution(dist);
+  local.mutable_grad() = at::randn_like(local);
+  try {
+    opt.step();
+    std::printf("[rank %d] expected a ValueError\n", group->rank());
+    ++c.failures;
+  } catch (const dion::ValueError& e) {
+    std::printf("[rank %d] ValueError: %s\n", group->rank(), e.what());
+  }
+}
+
+// A rank that dies: the survivors raise CommError within the timeout.
+void scenario_dead_rank(Child& c) {
+  if (c.world.rank() == 1) std::_Exit(3);
+  at::Tensor x = at::ones({4});
+  try {
+    c.world.all_gather(x);
+    std::printf("[rank %d] all_gather returned although rank 1 died\n", c.world.rank());
+    ++c.failures;
+  } catch (const dion::dist::CommError& e) {
+    std::printf("[rank %d] CommError: %.300s\n", c.world.rank(), e.what());
+  }
+}
+
+int run_child(const std::string& scenario) {
+  static const std::map<std::string, std::function<void(Child&)>> scenarios = {
+      {"ddp", scenario_ddp},           {"fsdp_rows", scenario_fsdp_rows}, {"fsdp_cols", scenario_fsdp_cols},
+      {"batch", scenario_batch_sharded}, {"hsdp", scenario_hsdp},       {"bytes", scenario_bytes},
+      {"bad_spec", scenario_bad_spec},   {"dead_rank", scenario_dead_rank}};
+  auto it = scenarios.find(scenario);
+  if (it == scenarios.end()) {
+    std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
+    return 2;
+  }
+  // A dead peer should be noticed quickly; healthy scenarios get a generous timeout.
+  const auto timeout = scenario == "dead_rank" ? std::chrono::seconds(5) : std::chrono::seconds(60);
+  Child c(Group::init_from_env({timeout}));
+  try {
+    it->second(c);
+  } catch (const std::exception& e) {
+    std::printf("[rank %d] exception: %s\n", c.world.rank(), e.what());
+    return 1;
+  }
+  return c.failures == 0 ? 0 : 1;
+}
+
+// ---------------------------------------------------------------------------- the tests
+
+TEST(Distributed, DdpTwoRanks) { expect_all_ok("ddp", 2); }
+TEST(Distributed, DdpFourRanks) { expect_all_ok("ddp", 4); }
+TEST(Distributed, FsdpRowShardedTwoRanks) { expect_all_ok("fsdp_rows", 2); }
+TEST(Distributed, FsdpRowShardedUnevenAndEmptyFourRanks) { expect_all_ok("fsdp_rows", 4); }
+TEST(Distributed, FsdpColumnSharded) { expect_all_ok("fsdp_cols", 2); }
+TEST(Distributed, BatchSharded3D) { expect_all_ok("batch", 2); }
+TEST(Distributed, Hsdp2x2) { expect_all_ok("hsdp", 4); }
+TEST(Distributed, Dion2MovesFractionOfMuonBytes) { expect_all_ok("bytes", 2); }
+TEST(Distributed, BadShardSpecRaisesOnEveryRank) { expect_all_ok("bad_spec", 2); }
+
+TEST(Distributed, DeadRankFailsTheOthersWithinTimeout) {
+  RunResult r = launch("dead_rank", 2, 90);
+  EXPECT_EQ(r.exit_codes[1], 3) << "rank 1 should have exited on purpose";
+  EXPECT_EQ(r.exit_codes[0], 0) << "rank 0 should have raised CommError (-1: it hung and was killed)";
+  EXPECT_LT(r.seconds, 60.0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 3 && std::strcmp(argv[1], "--child") == 0) return run_child(argv[2]);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

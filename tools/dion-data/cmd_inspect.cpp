@@ -1,0 +1,123 @@
+// tools/dion-data/cmd_inspect.cpp — `dion-data inspect`: check shards and summarize them.
+//
+// For each file: the header and size check, every token < vocab size, a histogram summary
+// (min, max, unique, documents = <|endoftext|> count, top tokens) and the first tokens decoded
+// (when the GPT-2 files are available). A bad file prints its error and the others are still
+// inspected; the exit code is 1 if any file was bad.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <optional>
+
+#include <fmt/format.h>
+#include <fmt/std.h>
+
+#include "cli.h"
+#include "dion/data/error.h"
+#include "dion/data/shard.h"
+#include "dion/data/tokenizer.h"
+
+namespace dion::cli {
+
+namespace {
+
+struct InspectArgs {
+  std::vector<std::string> files;
+  std::string tokenizer;
+  size_t head = 32;
+  size_t top = 10;
+  uint32_t vocab_size = data::Gpt2Tokenizer::kVocabSize;
+};
+
+std::string token_text(const data::Gpt2Tokenizer* tok, uint32_t id) {
+  if (tok == nullptr) return "";
+  return "\"" + escape_bytes(tok->token_bytes(id)) + "\"";
+}
+
+void inspect_one(const std::string& file, const InspectArgs& args, const data::Gpt2Tokenizer* tok) {
+  const data::ShardFile shard = data::ShardFile::open(file);
+  data::shard_check_tokens(shard, args.vocab_size);
+  const auto tokens = shard.tokens();
+  const data::ShardHeader& h = shard.header();
+  std::printf("%s\n", file.c_str());
+  std::printf("  header     magic %d, version %d, %s tokens; %s bytes = 1024 + 2 x count: ok\n",
+              h.magic, h.version, group_digits(static_cast<uint64_t>(h.token_count)).c_str(),
+              group_digits(static_cast<uint64_t>(h.file_bytes)).c_str());
+  if (tokens.empty()) return;
+
+  std::vector<uint64_t> counts(65536, 0);
+  for (uint16_t t : tokens) ++counts[t];
+  uint32_t lo = 0, hi = 65535;
+  while (counts[lo] == 0) ++lo;
+  while (counts[hi] == 0) --hi;
+  const auto unique = static_cast<uint64_t>(
+      std::count_if(counts.begin(), counts.end(), [](uint64_t c) { return c > 0; }));
+  std::printf("  tokens     min %u, max %u, unique %s, documents (<|endoftext|>) %s\n", lo, hi,
+              group_digits(unique).c_str(),
+              group_digits(counts[data::Gpt2Tokenizer::kEndOfText]).c_str());
+
+  std::vector<uint32_t> order(65536);
+  std::iota(order.begin(), order.end(), 0u);
+  const size_t k = std::min<size_t>(args.top, unique);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                    [&](uint32_t a, uint32_t b) {
+                      return counts[a] != counts[b] ? counts[a] > counts[b] : a < b;
+                    });
+  std::printf("  top %-6zu", k);
+  for (size_t i = 0; i < k; ++i) {
+    const uint32_t id = order[i];
+    std::printf("%s%u %s %.2f%%", i == 0 ? " " : ", ", id, token_text(tok, id).c_str(),
+                100.0 * static_cast<double>(counts[id]) / static_cast<double>(tokens.size()));
+  }
+  std::printf("\n");
+
+  const auto head = tokens.first(std::min(args.head, tokens.size()));
+  std::printf("  first %-4zu", head.size());
+  for (uint16_t t : head) std::printf(" %u", t);
+  std::printf("\n");
+  if (tok != nullptr) std::printf("  decoded    \"%s\"\n", escape_bytes(tok->decode(head)).c_str());
+}
+
+void run_inspect(const InspectArgs& args) {
+  std::optional<data::Gpt2Tokenizer> tok;
+  const auto dir = tokenizer_dir(args.tokenizer, false);
+  if (!dir.empty()) tok = data::Gpt2Tokenizer::from_dir(dir);
+  int bad = 0;
+  for (const std::string& file : args.files) {
+    try {
+      inspect_one(file, args, tok ? &*tok : nullptr);
+    } catch (const data::DataError& e) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "dion-data: error: %s\n", e.what());
+      ++bad;
+    }
+  }
+  std::fflush(stdout);
+  if (bad > 0) {
+    throw data::DataError(
+        fmt::format("inspect: {} of {} files failed the checks", bad, args.files.size()));
+  }
+}
+
+}  // namespace
+
+void register_inspect(CLI::App& app) {
+  auto args = std::make_shared<InspectArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "inspect",
+      "Check FineWeb shards (magic, version, size = 1024 + 2 x count, tokens < vocab "
+      "size) and summarize them: token histogram (min/max/unique/top) and the first "
+      "tokens decoded. Exits 1 if any file is bad.");
+  cmd->add_option("files", args->files, "Shard files")->required();
+  add_tokenizer_flag(cmd, args->tokenizer);
+  cmd->add_option("--head", args->head, "How many leading tokens to show")->capture_default_str();
+  cmd->add_option("--top", args->top, "How many most frequent tokens to show")
+      ->capture_default_str();
+  cmd->add_option("--vocab-size", args->vocab_size, "Tokens must be below this")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 65536u));
+  cmd->callback([args] { run_inspect(*args); });
+}
+
+}  // namespace dion::cli
