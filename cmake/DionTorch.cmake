@@ -74,6 +74,9 @@ function(dion_executable name)
   target_precompile_headers(${name} REUSE_FROM dion_pch)
 endfunction()
 
+# The Python module dion_cpp (pybind11 from the torch wheel).
+include(${CMAKE_CURRENT_LIST_DIR}/DionPython.cmake OPTIONAL)
+
 add_subdirectory(examples)
 if(DION_BUILD_TESTS)
   add_subdirectory(tests)
