@@ -34,6 +34,7 @@
 #include "dion/dist/distributed.h"
 #include "dion/dist/group.h"
 #include "dion/dist/mesh.h"
+#include "dion/math/dion.h"
 
 namespace {
 
@@ -163,6 +164,7 @@ std::vector<at::Tensor> run(const Problem& prob, const dion::Options& opts,
   std::vector<at::Tensor> params;
   for (size_t i = 0; i < prob.params.size(); ++i) params.push_back(local_of(prob.params[i], i));
   dion::Optimizer opt(params, opts);
+  opt.init_state();  // legacy Dion: draw every Q before any sketch, as the distributed runs do
   if (dist) opt.set_distribution(dist);
   for (const auto& gs : prob.grads) {
     for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = local_of(gs[i], i);
@@ -300,6 +302,67 @@ void scenario_bytes(Child& c) {
   }
 }
 
+// Legacy Dion, DDP. Every rank has its own gradient; with optimizer-side sync the result must
+// equal a single process fed the mean gradient. rank_fraction 1: the gradient is averaged;
+// rank_fraction 0.25: only P and R are (compressed sync, decoupled momenta). Each rank's
+// randomized QR draws its own sketch, which changes P only by column signs and rounding (the
+// update P Q^T is sign-invariant), hence the tolerance 1e-5 instead of 0.
+void scenario_dion_ddp(Child& c) {
+  auto group = std::make_shared<Group>(c.world);
+  const int W = group->size(), r = group->rank();
+  const std::vector<std::vector<int64_t>> shapes = {{64, 32}, {64, 32}, {64, 32}, {32, 48}, {40, 40}};
+  Problem prob = make_problem(shapes, 3, 21);
+  // Per-rank gradients whose mean is prob.grads.
+  auto rank_grad = [&](const at::Tensor& mean, int rank, int t, size_t i) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + 100 * t + 10 * i);
+    std::vector<at::Tensor> noise;
+    for (int w = 0; w < W; ++w) noise.push_back(at::randn(mean.sizes(), gen));
+    at::Tensor centered = noise[rank] - at::stack(noise, 0).mean(0);
+    return (mean + centered).contiguous();
+  };
+  for (double rank_fraction : {1.0, 0.25}) {
+    dion::Options opts = dion::Dion::defaults().lr(0.02).rank_fraction(rank_fraction);
+    std::vector<at::Tensor> expected;
+    at::Tensor expected_momentum;
+    {
+      at::manual_seed(5);
+      expected = single(prob, opts);
+    }
+    at::manual_seed(5);  // same initial Q on every rank
+    std::vector<at::Tensor> params;
+    for (const auto& full : prob.params) params.push_back(full.clone());
+    dion::Dion opt({{params}}, opts);
+    opt.init_state();
+    auto dist = std::make_shared<Distributed>(group, /*sync_gradients=*/true);
+    opt.set_distribution(dist);
+    dist->layout(params[0]);  // the one-time shard-spec check (a 4-byte all_reduce), before counting
+    group->stats().clear();
+    for (int t = 0; t < static_cast<int>(prob.grads.size()); ++t) {
+      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = rank_grad(prob.grads[t][i], r, t, i);
+      opt.step();
+    }
+    const int64_t reduced = group->stats().bytes("all_reduce");
+    for (size_t i = 0; i < params.size(); ++i)
+      c.compare("dion ddp rank_fraction " + std::to_string(rank_fraction).substr(0, 4) + " p" + std::to_string(i),
+                params[i], expected[i], 1e-5);
+    if (r == 0) std::printf("[rank 0] dion ddp rank_fraction %.2f: all_reduce bytes %lld\n", rank_fraction,
+                            static_cast<long long>(reduced));
+    // Compressed sync moves rank-proportional bytes: P [m', r] + R [n', r] instead of G [m, n].
+    int64_t full = 0, compressed = 0;
+    for (const auto& sh : shapes) {
+      const int64_t m = sh[0], n = sh[1], k = dion::math::dion_rank(m, n, rank_fraction, 1);
+      full += m * n * 4;
+      compressed += ((m + n) * k < m * n && rank_fraction < 1.0) ? (m + n) * k * 4 : m * n * 4;
+    }
+    if (reduced != 3 * compressed) {
+      std::printf("[rank %d] all_reduce bytes %lld, expected %lld (full gradients: %lld)\n", r,
+                  static_cast<long long>(reduced), static_cast<long long>(3 * compressed),
+                  static_cast<long long>(3 * full));
+      ++c.failures;
+    }
+  }
+}
+
 // A shard of the wrong size on one rank: every rank raises ValueError (none waits forever).
 void scenario_bad_spec(Child& c) {
   auto group = std::make_shared<Group>(c.world);
@@ -337,7 +400,7 @@ int run_child(const std::string& scenario) {
   static const std::map<std::string, std::function<void(Child&)>> scenarios = {
       {"ddp", scenario_ddp},           {"fsdp_rows", scenario_fsdp_rows}, {"fsdp_cols", scenario_fsdp_cols},
       {"batch", scenario_batch_sharded}, {"hsdp", scenario_hsdp},       {"bytes", scenario_bytes},
-      {"bad_spec", scenario_bad_spec},   {"dead_rank", scenario_dead_rank}};
+      {"bad_spec", scenario_bad_spec},   {"dead_rank", scenario_dead_rank}, {"dion_ddp", scenario_dion_ddp}};
   auto it = scenarios.find(scenario);
   if (it == scenarios.end()) {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
@@ -365,6 +428,8 @@ TEST(Distributed, FsdpColumnSharded) { expect_all_ok("fsdp_cols", 2); }
 TEST(Distributed, BatchSharded3D) { expect_all_ok("batch", 2); }
 TEST(Distributed, Hsdp2x2) { expect_all_ok("hsdp", 4); }
 TEST(Distributed, Dion2MovesFractionOfMuonBytes) { expect_all_ok("bytes", 2); }
+TEST(Distributed, DionDdpGradientAndCompressedSyncTwoRanks) { expect_all_ok("dion_ddp", 2); }
+TEST(Distributed, DionDdpGradientAndCompressedSyncFourRanks) { expect_all_ok("dion_ddp", 4); }
 TEST(Distributed, BadShardSpecRaisesOnEveryRank) { expect_all_ok("bad_spec", 2); }
 
 TEST(Distributed, DeadRankFailsTheOthersWithinTimeout) {

@@ -47,7 +47,8 @@ at::Tensor gather_tensor(Group& group, const at::Tensor& local, int64_t dim, int
   return full.narrow(dim, 0, global_size).contiguous();
 }
 
-Distributed::Distributed(std::shared_ptr<Group> group) : group_(std::move(group)) {
+Distributed::Distributed(std::shared_ptr<Group> group, bool sync_gradients)
+    : group_(std::move(group)), sync_gradients_(sync_gradients) {
   if (!group_) throw ValueError("Distributed: the group is null (this rank is not a member?)");
 }
 
@@ -98,6 +99,12 @@ Layout Distributed::layout(const at::Tensor& param) const {
 }
 
 void Distributed::sum_over_shards_(at::Tensor& x) { group_->all_reduce_(x); }
+
+void Distributed::average_over_replicas_(at::Tensor& x) {
+  if (group_->size() == 1) return;
+  group_->all_reduce_(x);
+  x.div_(group_->size());
+}
 
 at::Tensor Distributed::orthogonalize(std::vector<at::Tensor> U, const Layout& layout,
                                       const OrthoRequest& request) {

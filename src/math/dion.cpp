@@ -56,20 +56,34 @@ void foreach_baddbmm(at::TensorList X, const at::Tensor& A, const at::Tensor& B,
 }
 }  // namespace
 
+DionBatch dion_power(at::TensorList G, at::TensorList M, at::TensorList Q) {
+  DionBatch b;
+  b.transposed = dion_is_transposed(M[0].size(0), M[0].size(1));
+  for (size_t i = 0; i < M.size(); ++i) M[i].add_(G[i]);  // M += G
+  std::vector<at::Tensor> Ms;
+  for (const at::Tensor& mm : M) Ms.push_back(b.transposed ? mm.mT() : mm);
+  b.M_batch = at::stack(Ms, 0);                             // [B, m', n']
+  b.Q_batch = at::stack(Q, 0).to(b.M_batch.scalar_type());  // [B, n', r]
+  b.P = at::matmul(b.M_batch, b.Q_batch);                   // [B, m', r]
+  return b;
+}
+
+at::Tensor dion_R(const DionBatch& b, const at::Tensor& P) { return at::matmul(b.M_batch.mT(), P); }
+
 void dion_step(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList Q, float lr,
                float mu, float weight_decay, float epsilon, float oversample) {
+  DionBatch b = dion_power(G, M, Q);
+  at::Tensor P = dion_orthonormalize(b.P, oversample);
+  at::Tensor R = dion_R(b, P);  // [B, n', r]
+  dion_finish(X, M, Q, b, P, R, lr, mu, weight_decay, epsilon);
+}
+
+void dion_finish(at::TensorList X, at::TensorList M, at::TensorList Q, const DionBatch& b, at::Tensor P,
+                 at::Tensor R, float lr, float mu, float weight_decay, float epsilon) {
   const int64_t m = X[0].size(0), n = X[0].size(1);
-  const bool transposed = dion_is_transposed(m, n);
-  for (size_t i = 0; i < M.size(); ++i) M[i].add_(G[i]);  // M += G
-
-  std::vector<at::Tensor> Ms;
-  for (const at::Tensor& mm : M) Ms.push_back(transposed ? mm.mT() : mm);
-  at::Tensor M_batch = at::stack(Ms, 0);                         // [B, m', n']
-  at::Tensor Q_batch = at::stack(Q, 0).to(M_batch.scalar_type());  // [B, n', r]
-
-  at::Tensor P = at::matmul(M_batch, Q_batch);  // [B, m', r]
-  P = dion_orthonormalize(P, oversample);
-  at::Tensor R = at::matmul(M_batch.mT(), P);   // [B, n', r]
+  const bool transposed = b.transposed;
+  const at::Tensor& M_batch = b.M_batch;
+  const at::Tensor& Q_batch = b.Q_batch;
 
   // All-zero momentum: P = 0 and R = previous Q (so Q is kept); NaNs are zeroed.
   at::Tensor all_zero = (M_batch == 0).flatten(-2).all(-1).unsqueeze(-1).unsqueeze(-1);

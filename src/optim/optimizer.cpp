@@ -322,7 +322,7 @@ void Optimizer::step_muon_like(const std::vector<at::Tensor>& params, const Opti
   const bool nor = o.algorithm() == "normuon";
   for (const auto& batch : megabatches(params)) {
     const Plan plan = plan_for(batch, o, g);
-    std::vector<at::Tensor> X = batch, G = grads_of(batch), M, V;
+    std::vector<at::Tensor> X = batch, G = gradients(batch), M, V;
     for (const at::Tensor& p : batch) {
       ParamState& s = state_for(p, o);
       M.push_back(s.momentum());
@@ -361,7 +361,7 @@ void Optimizer::step_dion2_like(const std::vector<at::Tensor>& params, const Opt
   const bool nor = o.algorithm() == "nordion2";
   for (const auto& batch : megabatches(params)) {
     const Plan plan = plan_for(batch, o, g);
-    std::vector<at::Tensor> X = batch, G = grads_of(batch), M, V;
+    std::vector<at::Tensor> X = batch, G = gradients(batch), M, V;
     for (const at::Tensor& p : batch) {
       ParamState& s = state_for(p, o);
       M.push_back(s.momentum());
@@ -500,16 +500,77 @@ void Optimizer::step_dion(const std::vector<at::Tensor>& params, const Options& 
       M.push_back(s.momentum());
       Q.push_back(s.Q());
     }
-    math::dion_step(batch, G, M, Q, f32(o.lr()), f32(o.mu()), f32(o.weight_decay()), f32(o.epsilon()),
-                    f32(o.oversample()));
+    const Layout layout = dist_ ? dist_->layout(batch[0]) : Layout{batch[0].sizes().vec(), -1, false};
+    if (layout.sharded())
+      throw NotImplementedError("param group (dion), shape " + shape_str(layout.global_shape) +
+                                ": legacy Dion on sharded parameters is not implemented yet; use replicated "
+                                "parameters (DDP) or dion2 / muon for FSDP");
+    if (!dist_ || !layout.replicated) {
+      math::dion_step(batch, G, M, Q, f32(o.lr()), f32(o.mu()), f32(o.weight_decay()), f32(o.epsilon()),
+                      f32(o.oversample()));
+      continue;
+    }
+    // DDP. With optimizer-side gradient sync, average the low-rank P and R instead of the
+    // gradient when that moves fewer bytes: (m + n) r < m n (the reference's rule).
+    const int64_t m = batch[0].size(0), n = batch[0].size(1);
+    const int64_t r = Q[0].size(1);
+    const bool sync = dist_->sync_gradients();
+    const bool compressed = sync && o.rank_fraction() < 1.0 && (m + n) * r < m * n;
+    if (sync && !compressed) {
+      for (at::Tensor& g : G) {
+        g = g.clone(at::MemoryFormat::Contiguous);
+        dist_->average_over_replicas_(g);
+      }
+    }
+    math::DionBatch b = math::dion_power(G, M, Q);
+    at::Tensor P = b.P.contiguous();
+    if (compressed) dist_->average_over_replicas_(P);
+    // Each rank orthonormalizes ceil(N / W) of the batch; one all_gather shares the results.
+    const int64_t W = dist_->world_size(), rank = dist_->rank(), N = P.size(0);
+    const int64_t per_rank = (N + W - 1) / W;
+    at::Tensor padded = N == per_rank * W ? P : at::cat({P, at::zeros({per_rank * W - N, P.size(1), P.size(2)}, P.options())});
+    at::Tensor mine = math::dion_orthonormalize(padded.narrow(0, rank * per_rank, per_rank), f32(o.oversample()));
+    P = dist_->gather_over_shards(mine.contiguous()).flatten(0, 1).narrow(0, 0, N);
+    at::Tensor R = math::dion_R(b, P).contiguous();
+    if (compressed) dist_->average_over_replicas_(R);
+    math::dion_finish(batch, M, Q, b, P, R, f32(o.lr()), f32(o.mu()), f32(o.weight_decay()), f32(o.epsilon()));
+  }
+}
+
+std::vector<at::Tensor> Optimizer::gradients(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> G = grads_of(params);
+  if (!dist_ || !dist_->sync_gradients()) return G;
+  for (size_t i = 0; i < G.size(); ++i) {
+    if (dist_->layout(params[i]).sharded()) continue;  // FSDP gradients arrive reduce-scattered
+    G[i] = G[i].clone(at::MemoryFormat::Contiguous);
+    dist_->average_over_replicas_(G[i]);
+  }
+  return G;
+}
+
+void Optimizer::synchronize_for_checkpoint() {
+  if (!dist_ || !dist_->sync_gradients()) return;
+  at::NoGradGuard no_grad;
+  for (auto& group : param_groups_) {
+    for (const at::Tensor& p : group.params()) {
+      ParamState* s = state_of(p);
+      if (!s) continue;
+      for (at::Tensor t : {s->momentum(), s->variance(), s->variance_neuron(), s->Q()}) {
+        if (!t.defined()) continue;
+        at::Tensor avg = t.to(at::kFloat).contiguous();
+        dist_->average_over_replicas_(avg);
+        t.copy_(avg);
+      }
+    }
   }
 }
 
 void Optimizer::step_adamw(const std::vector<at::Tensor>& params, const Options& o) {
-  std::vector<at::Tensor> G, M, V, steps;
-  for (const at::Tensor& p : params) {
+  std::vector<at::Tensor> G = gradients(params), M, V, steps;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
     ParamState& s = state_for(p, o);
-    G.push_back(p.grad().to(p.scalar_type()));
+    G[i] = G[i].to(p.scalar_type());
     M.push_back(s.momentum());
     V.push_back(s.variance());
     steps.push_back(s.step_dev());
@@ -523,7 +584,7 @@ void Optimizer::step_lion(const std::vector<at::Tensor>& params, const Options& 
   std::vector<at::Tensor> M;
   for (const at::Tensor& p : params) M.push_back(state_for(p, o).momentum());
   const auto [b1, b2] = o.betas();
-  math::lion_update(params, grads_of(params), M, {f32(o.lr()), f32(b1), f32(b2), f32(o.weight_decay()), o.cautious_wd()});
+  math::lion_update(params, gradients(params), M, {f32(o.lr()), f32(b1), f32(b2), f32(o.weight_decay()), o.cautious_wd()});
 }
 
 // ---------------------------------------------------------------------------- save / load

@@ -49,7 +49,9 @@ at::Tensor gather_tensor(Group& group, const at::Tensor& local, int64_t dim, int
 
 class Distributed : public Distribution {
  public:
-  explicit Distributed(std::shared_ptr<Group> group);
+  // `sync_gradients`: the optimizer averages unsynchronized gradients over `group` (DDP without
+  // a gradient all-reduce; legacy Dion then syncs only its compressed P and R).
+  explicit Distributed(std::shared_ptr<Group> group, bool sync_gradients = false);
 
   // Register a sharded parameter: `local` holds this rank's chunk of a tensor of `global_shape`
   // along `dim`. Unregistered parameters are replicated across the group.
@@ -61,6 +63,8 @@ class Distributed : public Distribution {
   void sum_over_shards_(at::Tensor& x) override;
   at::Tensor gather_over_shards(const at::Tensor& x) override { return group_->all_gather(x); }
   int rank() const override { return group_->rank(); }
+  bool sync_gradients() const override { return sync_gradients_; }
+  void average_over_replicas_(at::Tensor& x) override;
   int world_size() const override { return group_->size(); }
 
   Group& group() { return *group_; }
@@ -71,6 +75,7 @@ class Distributed : public Distribution {
   at::Tensor orthogonalize_replicated(std::vector<at::Tensor> U, const OrthoRequest& request);
 
   std::shared_ptr<Group> group_;
+  bool sync_gradients_ = false;
   std::unordered_map<const void*, Layout> layouts_;
   mutable std::string local_error_;
   mutable bool verified_ = false;

@@ -30,6 +30,21 @@ inline bool dion_is_transposed(int64_t m, int64_t n) { return m < n; }
 // from the default generator. Returns P's dtype.
 at::Tensor dion_orthonormalize(const at::Tensor& P, float oversample);
 
+// The step in two halves, so that a distributed caller can move P and R between them.
+struct DionBatch {
+  at::Tensor M_batch;  // [B, m', n'] (M, or M^T when transposed)
+  at::Tensor Q_batch;  // [B, n', r] in M's dtype
+  at::Tensor P;        // [B, m', r] = M_batch Q_batch, before orthonormalization
+  bool transposed = false;
+};
+// M += G; one power-iteration step P = M Q.
+DionBatch dion_power(at::TensorList G, at::TensorList M, at::TensorList Q);
+// R = M^T P for the orthonormalized P.
+at::Tensor dion_R(const DionBatch& b, const at::Tensor& P);
+// Zero/NaN guard, error feedback M -= (1 - mu) P R^T, Q = column-normalized R, the weight update.
+void dion_finish(at::TensorList X, at::TensorList M, at::TensorList Q, const DionBatch& b, at::Tensor P,
+                 at::Tensor R, float lr, float mu, float weight_decay, float epsilon);
+
 // One Dion step for a batch of same-shape matrices. X, G, M [m, n]; Q [n, r] ([m, r] when
 // transposed), updated in place.
 void dion_step(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList Q, float lr,

@@ -51,6 +51,14 @@ class Distribution {
   // Every shard-holder's `x` (same shape everywhere), stacked [world, ...] in rank order.
   virtual at::Tensor gather_over_shards(const at::Tensor& x) = 0;
   virtual int rank() const = 0;
+
+  // Data-parallel gradient synchronization by the optimizer (the reference Dion's
+  // replicate_mesh_grad_sync): when true, gradients arrive unsynchronized and the optimizer
+  // averages them over the replicas — legacy Dion averages only its low-rank P and R when that
+  // is cheaper ("compressed" sync, decoupled momentum). Default: gradients already synchronized.
+  virtual bool sync_gradients() const { return false; }
+  // Average `x` over the replicas (in place).
+  virtual void average_over_replicas_(at::Tensor& x) = 0;
   virtual int world_size() const = 0;
 };
 

@@ -75,6 +75,11 @@ class Optimizer : public torch::optim::Optimizer {
   // Create the state of every parameter of every group now (the reference's pre-population).
   void init_state();
 
+  // With optimizer-side gradient sync, legacy Dion's momenta drift apart across replicas
+  // (decoupled momentum); average every state tensor over the replicas before saving a
+  // checkpoint. A no-op without a Distribution that syncs gradients.
+  void synchronize_for_checkpoint();
+
   Options& options(size_t group);
   const Options& options(size_t group) const;
   ParamState* state_of(const at::Tensor& param);  // nullptr before the first step / init_state
@@ -99,6 +104,9 @@ class Optimizer : public torch::optim::Optimizer {
                            const std::vector<double>& split_scales, int64_t local_size = 0);
 
   ParamState& state_for(const at::Tensor& param, const Options& group);
+  // The parameters' gradients, averaged over the replicas when the Distribution asks the
+  // optimizer to synchronize them.
+  std::vector<at::Tensor> gradients(const std::vector<at::Tensor>& params);
   void step_muon_like(const std::vector<at::Tensor>& params, const Options& group, size_t index);
   void step_dion2_like(const std::vector<at::Tensor>& params, const Options& group, size_t index);
   void dion2_exact_global(const std::vector<at::Tensor>& X, const std::vector<at::Tensor>& G,
