@@ -272,6 +272,41 @@ void scenario_hsdp(Child& c) {
   }
 }
 
+// 2-D sharding (FSDP x TP) on a 2 x 2 mesh: rows over "fs", columns over "tp". Past the
+// reference (which has 2-D sharding for legacy Dion only): whole matrices are assembled in two
+// all_to_all stages; NorMuon / NorDion2 sum their per-neuron statistics over "tp"; Dion2 /
+// NorDion2 select exactly (partial L1 norms summed over "tp", gathered over "fs").
+void scenario_tp(Child& c) {
+  dion::dist::DeviceMesh mesh(c.world, {{"fs", 2}, {"tp", 2}});
+  auto fs = mesh.axis("fs"), tp = mesh.axis("tp");
+  Problem prob = make_problem({{16, 32}, {16, 32}, {20, 24}, {18, 30}}, 3, 13);
+  auto local_of = [&](const at::Tensor& full) {
+    return dion::dist::shard_tensor(dion::dist::shard_tensor(full, 0, fs->size(), fs->rank()), 1, tp->size(),
+                                    tp->rank());
+  };
+  for (const auto& algo : kAlgorithms) {
+    dion::Options opts = options_for(algo);
+    auto expected = single(prob, opts);
+    auto dist = std::make_shared<Distributed>(fs, tp);
+    std::vector<at::Tensor> params;
+    for (const auto& full : prob.params) {
+      params.push_back(local_of(full));
+      dist->shard(params.back(), full.sizes().vec(), 0, 1);
+    }
+    dion::Optimizer opt(params, opts);
+    opt.set_distribution(dist);
+    for (const auto& gs : prob.grads) {
+      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = local_of(gs[i]);
+      opt.step();
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor rows = dion::dist::gather_tensor(*tp, params[i], 1, prob.params[i].size(1));
+      at::Tensor full = dion::dist::gather_tensor(*fs, rows, 0, prob.params[i].size(0));
+      c.compare(algo + " fsdp x tp p" + std::to_string(i), full, expected[i], 1e-5);
+    }
+  }
+}
+
 // Dion2 with fraction a moves about a of Muon's all_to_all bytes (local selection scope).
 void scenario_bytes(Child& c) {
   Problem prob = make_problem({{64, 64}, {64, 64}, {64, 64}, {64, 64}}, 1, 3);
@@ -400,7 +435,8 @@ int run_child(const std::string& scenario) {
   static const std::map<std::string, std::function<void(Child&)>> scenarios = {
       {"ddp", scenario_ddp},           {"fsdp_rows", scenario_fsdp_rows}, {"fsdp_cols", scenario_fsdp_cols},
       {"batch", scenario_batch_sharded}, {"hsdp", scenario_hsdp},       {"bytes", scenario_bytes},
-      {"bad_spec", scenario_bad_spec},   {"dead_rank", scenario_dead_rank}, {"dion_ddp", scenario_dion_ddp}};
+      {"bad_spec", scenario_bad_spec},   {"dead_rank", scenario_dead_rank}, {"dion_ddp", scenario_dion_ddp},
+      {"tp", scenario_tp}};
   auto it = scenarios.find(scenario);
   if (it == scenarios.end()) {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
@@ -427,6 +463,7 @@ TEST(Distributed, FsdpRowShardedUnevenAndEmptyFourRanks) { expect_all_ok("fsdp_r
 TEST(Distributed, FsdpColumnSharded) { expect_all_ok("fsdp_cols", 2); }
 TEST(Distributed, BatchSharded3D) { expect_all_ok("batch", 2); }
 TEST(Distributed, Hsdp2x2) { expect_all_ok("hsdp", 4); }
+TEST(Distributed, FsdpTimesTp2x2) { expect_all_ok("tp", 4); }
 TEST(Distributed, Dion2MovesFractionOfMuonBytes) { expect_all_ok("bytes", 2); }
 TEST(Distributed, DionDdpGradientAndCompressedSyncTwoRanks) { expect_all_ok("dion_ddp", 2); }
 TEST(Distributed, DionDdpGradientAndCompressedSyncFourRanks) { expect_all_ok("dion_ddp", 4); }

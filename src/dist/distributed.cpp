@@ -47,24 +47,43 @@ at::Tensor gather_tensor(Group& group, const at::Tensor& local, int64_t dim, int
   return full.narrow(dim, 0, global_size).contiguous();
 }
 
+Distributed::Distributed(std::shared_ptr<Group> outer, std::shared_ptr<Group> inner)
+    : Distributed(std::move(outer)) {
+  if (!inner) throw ValueError("Distributed: the inner (TP) group is null (this rank is not a member?)");
+  inner_ = std::move(inner);
+}
+
 Distributed::Distributed(std::shared_ptr<Group> group, bool sync_gradients)
     : group_(std::move(group)), sync_gradients_(sync_gradients) {
   if (!group_) throw ValueError("Distributed: the group is null (this rank is not a member?)");
 }
 
-void Distributed::shard(const at::Tensor& local, std::vector<int64_t> global_shape, int64_t dim) {
+void Distributed::shard(const at::Tensor& local, std::vector<int64_t> global_shape, int64_t dim,
+                        int64_t inner_dim) {
   std::ostringstream err;
   const int64_t nd = static_cast<int64_t>(global_shape.size());
   if (dim < 0) dim += nd;
+  if (inner_dim < -1) inner_dim += nd;
   if (dim < 0 || dim >= nd) {
     err << "shard dim " << dim << " is out of range for global shape " << shape_str(global_shape);
+  } else if (inner_dim >= 0 && !inner_) {
+    err << "parameter of global shape " << shape_str(global_shape) << " sharded on dim " << inner_dim
+        << " over an inner (TP) group, but this Distributed has none: construct it with (outer, inner)";
+  } else if (inner_dim == dim) {
+    err << "global shape " << shape_str(global_shape) << ": dim " << dim << " sharded twice (outer and inner)";
+  } else if (inner_dim >= nd) {
+    err << "inner shard dim " << inner_dim << " is out of range for global shape " << shape_str(global_shape);
+  } else if (inner_dim >= 0 && (std::min(dim, inner_dim) != nd - 2 || std::max(dim, inner_dim) != nd - 1)) {
+    err << "2-D sharding of global shape " << shape_str(global_shape) << " must shard the two matrix dims (got "
+        << dim << " and " << inner_dim << ")";
   } else if (local.dim() != nd) {
     err << "local shard of shape " << shape_str(local.sizes()) << " does not have the rank of global shape "
         << shape_str(global_shape);
   } else {
     const Chunk c = shard_range(global_shape[dim], group_->size(), group_->rank());
+    const Chunk ci = inner_dim >= 0 ? shard_range(global_shape[inner_dim], inner_->size(), inner_->rank()) : Chunk{};
     for (int64_t d = 0; d < nd; ++d) {
-      const int64_t want = d == dim ? c.length : global_shape[d];
+      const int64_t want = d == dim ? c.length : d == inner_dim ? ci.length : global_shape[d];
       if (local.size(d) != want) {
         err << "local shard of shape " << shape_str(local.sizes()) << " on rank " << group_->rank() << " of "
             << group_->size() << " does not match global shape " << shape_str(global_shape)
@@ -75,7 +94,7 @@ void Distributed::shard(const at::Tensor& local, std::vector<int64_t> global_sha
     }
   }
   if (!err.str().empty() && local_error_.empty()) local_error_ = err.str();
-  layouts_[local.unsafeGetTensorImpl()] = Layout{std::move(global_shape), dim, false};
+  layouts_[local.unsafeGetTensorImpl()] = Layout{std::move(global_shape), dim, false, inner_dim};
   verified_ = false;
 }
 
@@ -83,6 +102,7 @@ void Distributed::verify() const {
   if (verified_) return;
   at::Tensor bad = at::full({1}, local_error_.empty() ? 0 : 1, at::kInt);
   group_->all_reduce_(bad);
+  if (inner_) inner_->all_reduce_(bad);
   verified_ = true;
   const int n = bad.item<int>();
   if (n == 0) return;
@@ -98,7 +118,14 @@ Layout Distributed::layout(const at::Tensor& param) const {
   return Layout{param.sizes().vec(), -1, group_->size() > 1};
 }
 
-void Distributed::sum_over_shards_(at::Tensor& x) { group_->all_reduce_(x); }
+void Distributed::sum_over_shards_(at::Tensor& x) {
+  group_->all_reduce_(x);
+  if (inner_) inner_->all_reduce_(x);
+}
+
+void Distributed::sum_over_inner_(at::Tensor& x) {
+  if (inner_) inner_->all_reduce_(x);
+}
 
 void Distributed::average_over_replicas_(at::Tensor& x) {
   if (group_->size() == 1) return;
@@ -108,7 +135,19 @@ void Distributed::average_over_replicas_(at::Tensor& x) {
 
 at::Tensor Distributed::orthogonalize(std::vector<at::Tensor> U, const Layout& layout,
                                       const OrthoRequest& request) {
-  if (layout.sharded()) return orthogonalize_sharded(std::move(U), request);
+  if (layout.two_d()) {
+    // Assemble whole matrices in two stages: over the inner (TP) group along its dim, then
+    // over the outer (FSDP) group along the other; orthogonalize; undo both.
+    const int64_t nd = static_cast<int64_t>(layout.global_shape.size());
+    OrthoRequest inner;
+    inner.comm_dim = layout.inner_dim - nd;
+    inner.global_size = layout.global_shape[layout.inner_dim];
+    inner.apply = [this, &request](const at::Tensor& whole_inner) {
+      return orthogonalize_sharded(*group_, whole_inner.unbind(0), request);
+    };
+    return orthogonalize_sharded(*inner_, std::move(U), inner);
+  }
+  if (layout.sharded()) return orthogonalize_sharded(*group_, std::move(U), request);
   return orthogonalize_replicated(std::move(U), request);
 }
 
@@ -125,8 +164,9 @@ at::Tensor Distributed::orthogonalize_replicated(std::vector<at::Tensor> U, cons
 }
 
 // One all_to_all assembles whole matrices on their owners; orthogonalize; one all_to_all back.
-at::Tensor Distributed::orthogonalize_sharded(std::vector<at::Tensor> U, const OrthoRequest& request) {
-  const int W = group_->size();
+at::Tensor Distributed::orthogonalize_sharded(Group& group, std::vector<at::Tensor> U,
+                                              const OrthoRequest& request) {
+  const int W = group.size();
   const size_t N = U.size();
   const int64_t dim = request.comm_dim;  // negative: indexes the same dim of stacked tensors
   const int64_t padded_local = request.local_size > 0 ? request.local_size : (request.global_size + W - 1) / W;
@@ -140,12 +180,12 @@ at::Tensor Distributed::orthogonalize_sharded(std::vector<at::Tensor> U, const O
   for (auto& u : U) u = pad_to(u, dim, padded_local);
 
   at::Tensor send = at::stack(U, 0);                       // [W * per_rank, ..local..]: chunk j -> rank j
-  at::Tensor recv = group_->all_to_all(send);               // chunk i: rank i's shards of my matrices
+  at::Tensor recv = group.all_to_all(send);                 // chunk i: rank i's shards of my matrices
   std::vector<at::Tensor> from = recv.unflatten(0, {W, static_cast<int64_t>(per_rank)}).unbind(0);
   at::Tensor whole = at::cat(from, dim);                    // [per_rank, ..W * local..]
   at::Tensor ortho = request.apply(whole);
   std::vector<at::Tensor> parts = at::split(ortho, padded_local, dim);  // W chunks, chunk j -> rank j
-  at::Tensor back = group_->all_to_all(at::cat(parts, 0));  // [W * per_rank, ..local..], owner-major
+  at::Tensor back = group.all_to_all(at::cat(parts, 0));    // [W * per_rank, ..local..], owner-major
   return back.narrow(dim, 0, original_local).narrow(0, 0, static_cast<int64_t>(N));
 }
 

@@ -16,10 +16,18 @@ at::Tensor frobenius(const at::Tensor& T, const ShardSum& sum_over_shards) {
 }
 
 std::pair<at::Tensor, at::Tensor> normalize_core(const at::Tensor& U_in, const at::Tensor& V,
-                                                 float beta2, const ShardSum& sum_over_shards) {
+                                                 float beta2, const ShardSum& sum_over_shards,
+                                                 const ColumnShards& cols) {
   at::Tensor U = U_in.to(V.scalar_type());
   at::Tensor norm_U = frobenius(U, sum_over_shards);
-  at::Tensor neuron = (U * U).mean(-1, /*keepdim=*/true);            // [.., m, 1]
+  at::Tensor neuron;  // [.., m, 1]: mean over the whole row of U^2
+  if (cols.sum_over_columns) {
+    neuron = (U * U).sum(-1, /*keepdim=*/true).contiguous();
+    cols.sum_over_columns(neuron);
+    neuron = neuron / static_cast<double>(cols.columns);
+  } else {
+    neuron = (U * U).mean(-1, /*keepdim=*/true);
+  }
   at::Tensor weight = at::scalar_tensor(1.0f - beta2, at::kFloat);  // 0-d float32, as reference
   at::Tensor V_new = at::lerp(V, neuron, weight);
   at::Tensor normalized = U / (V_new.sqrt() + 1e-8);
@@ -32,13 +40,14 @@ std::pair<at::Tensor, at::Tensor> normalize_core(const at::Tensor& U_in, const a
 std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const at::Tensor& V,
                                                     float beta2,
                                                     const std::vector<int64_t>& split_sizes,
-                                                    const ShardSum& sum_over_shards) {
-  if (split_sizes.empty()) return normalize_core(U, V, beta2, sum_over_shards);
+                                                    const ShardSum& sum_over_shards,
+                                                    const ColumnShards& column_shards) {
+  if (split_sizes.empty()) return normalize_core(U, V, beta2, sum_over_shards, column_shards);
   std::vector<at::Tensor> us = U.split_with_sizes(split_sizes, -2);
   std::vector<at::Tensor> vs = V.split_with_sizes(split_sizes, -2);
   std::vector<at::Tensor> out_u, out_v;
   for (size_t i = 0; i < us.size(); ++i) {
-    auto [u, v] = normalize_core(us[i], vs[i], beta2, sum_over_shards);
+    auto [u, v] = normalize_core(us[i], vs[i], beta2, sum_over_shards, column_shards);
     out_u.push_back(u);
     out_v.push_back(v);
   }

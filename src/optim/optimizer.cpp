@@ -257,6 +257,8 @@ Optimizer::Plan Optimizer::plan_for(const std::vector<at::Tensor>& batch, const 
                             shape_str(L.global_shape);
   if (plan.heads) {
     // Whole heads on every rank: orthogonalize locally (the reference does the same).
+    if (L.two_d())
+      throw NotImplementedError(where + ": num_heads with 2-D (FSDP x TP) sharding is not supported");
     if (L.sharded()) {
       if (L.shard_dim != 0)
         throw NotImplementedError(where + ": num_heads needs sharding on dim 0 (the heads dim) or none; "
@@ -270,7 +272,9 @@ Optimizer::Plan Optimizer::plan_for(const std::vector<at::Tensor>& batch, const 
   }
   if (L.sharded()) {
     const bool matrix_dim = L.shard_dim >= ndim - 2;
-    if (!o.flatten() && !matrix_dim) return plan;  // batch-sharded 3-D+: whole matrices here
+    if (!o.flatten() && !matrix_dim && !L.two_d()) return plan;  // batch-sharded 3-D+: whole matrices here
+    if (L.two_d() && o.flatten())
+      throw NotImplementedError(where + ": flatten with 2-D (FSDP x TP) sharding is not supported");
     plan.communicate = true;
     plan.comm_dim = L.shard_dim - ndim;
     const std::string& a = o.algorithm();
@@ -344,9 +348,11 @@ void Optimizer::step_muon_like(const std::vector<at::Tensor>& params, const Opti
     if (nor) {
       math::ShardSum reduce;
       if (plan.row_sharded()) reduce = [this](at::Tensor& t) { dist_->sum_over_shards_(t); };
-      // Sharded or not, each rank normalizes the rows it holds (per-neuron statistics are local).
+      // Sharded or not, each rank normalizes the rows it holds (per-neuron statistics are local,
+      // summed over the column blocks under 2-D sharding).
       const std::vector<int64_t> splits = plan.layout.sharded() ? std::vector<int64_t>{} : o.split_sizes();
-      auto [normed, V_new] = math::normuon_normalize(O, at::stack(V, 0), f32(o.muon_beta2()), splits, reduce);
+      auto [normed, V_new] = math::normuon_normalize(O, at::stack(V, 0), f32(o.muon_beta2()), splits, reduce,
+                                                     column_shards(plan));
       std::vector<at::Tensor> V_parts = V_new.unbind(0);
       for (size_t i = 0; i < V.size(); ++i) V[i].copy_(V_parts[i]);
       O = normed;
@@ -388,8 +394,8 @@ void Optimizer::step_dion2_like(const std::vector<at::Tensor>& params, const Opt
     math::ShardSum reduce;
     if (matrix_sharded && plan.comm_dim == -2) reduce = [this](at::Tensor& t) { dist_->sum_over_shards_(t); };
 
-    if (matrix_sharded && o.selection_scope() == "global" && adjust_shape.size() == 2 &&
-        select_dim == plan.comm_dim) {
+    if (matrix_sharded && (o.selection_scope() == "global" || plan.layout.two_d()) &&
+        adjust_shape.size() == 2 && select_dim == plan.comm_dim) {
       dion2_exact_global(X, G, M, V, plan, o, select_dim, adj);
       continue;
     }
@@ -448,6 +454,7 @@ void Optimizer::dion2_exact_global(const std::vector<at::Tensor>& X, const std::
 
   for (int64_t i = 0; i < N; ++i) M[i].add_(G[i].to(M[i].scalar_type()));  // M += G
   at::Tensor norms = at::linalg_vector_norm(at::stack(M, 0), 1, at::IntArrayRef{norm_dim}, false);  // [N, local]
+  dist_->sum_over_inner_(norms);  // 2-D sharding: add the other column blocks' partial L1 norms
   at::Tensor padded_norms = at::full({N, padded}, -std::numeric_limits<float>::infinity(), norms.options());
   padded_norms.narrow(1, 0, norms.size(1)).copy_(norms);
   at::Tensor all = dist_->gather_over_shards(padded_norms);                     // [W, N, padded]
@@ -477,7 +484,8 @@ void Optimizer::dion2_exact_global(const std::vector<at::Tensor>& X, const std::
       Vsel.push_back(v);
     }
     math::ShardSum reduce = [this](at::Tensor& t) { dist_->sum_over_shards_(t); };
-    auto [normed, V_new] = math::normuon_normalize(O, at::stack(Vsel, 0), f32(o.muon_beta2()), {}, reduce);
+    auto [normed, V_new] = math::normuon_normalize(O, at::stack(Vsel, 0), f32(o.muon_beta2()), {}, reduce,
+                                                   column_shards(plan));
     for (int64_t i = 0; i < N; ++i)
       V[i].index_copy_(0, idx[i], V_new[i].narrow(0, 0, idx[i].size(0)).to(V[i].scalar_type()));
     O = normed;
@@ -535,6 +543,14 @@ void Optimizer::step_dion(const std::vector<at::Tensor>& params, const Options& 
     if (compressed) dist_->average_over_replicas_(R);
     math::dion_finish(batch, M, Q, b, P, R, f32(o.lr()), f32(o.mu()), f32(o.weight_decay()), f32(o.epsilon()));
   }
+}
+
+math::ColumnShards Optimizer::column_shards(const Plan& plan) const {
+  if (!plan.layout.two_d()) return {};
+  math::ColumnShards cols;
+  cols.sum_over_columns = [this](at::Tensor& t) { dist_->sum_over_inner_(t); };
+  cols.columns = plan.layout.global_shape.back();
+  return cols;
 }
 
 std::vector<at::Tensor> Optimizer::gradients(const std::vector<at::Tensor>& params) {

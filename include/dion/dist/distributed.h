@@ -53,14 +53,20 @@ class Distributed : public Distribution {
   // a gradient all-reduce; legacy Dion then syncs only its compressed P and R).
   explicit Distributed(std::shared_ptr<Group> group, bool sync_gradients = false);
 
+  // 2-D sharding (FSDP x TP): `outer` shards one matrix dim (mesh.axis("fs")), `inner` the other
+  // (mesh.axis("tp")). Register parameters with shard(local, global_shape, dim, inner_dim).
+  Distributed(std::shared_ptr<Group> outer, std::shared_ptr<Group> inner);
+
   // Register a sharded parameter: `local` holds this rank's chunk of a tensor of `global_shape`
   // along `dim`. Unregistered parameters are replicated across the group.
-  void shard(const at::Tensor& local, std::vector<int64_t> global_shape, int64_t dim);
+  void shard(const at::Tensor& local, std::vector<int64_t> global_shape, int64_t dim,
+             int64_t inner_dim = -1);
 
   Layout layout(const at::Tensor& param) const override;
   at::Tensor orthogonalize(std::vector<at::Tensor> U, const Layout& layout,
                            const OrthoRequest& request) override;
   void sum_over_shards_(at::Tensor& x) override;
+  void sum_over_inner_(at::Tensor& x) override;
   at::Tensor gather_over_shards(const at::Tensor& x) override { return group_->all_gather(x); }
   int rank() const override { return group_->rank(); }
   bool sync_gradients() const override { return sync_gradients_; }
@@ -71,10 +77,11 @@ class Distributed : public Distribution {
 
  private:
   void verify() const;  // collective, once: every rank agrees the shard specs are valid
-  at::Tensor orthogonalize_sharded(std::vector<at::Tensor> U, const OrthoRequest& request);
+  at::Tensor orthogonalize_sharded(Group& group, std::vector<at::Tensor> U, const OrthoRequest& request);
   at::Tensor orthogonalize_replicated(std::vector<at::Tensor> U, const OrthoRequest& request);
 
   std::shared_ptr<Group> group_;
+  std::shared_ptr<Group> inner_;  // TP group for 2-D sharding, or null
   bool sync_gradients_ = false;
   std::unordered_map<const void*, Layout> layouts_;
   mutable std::string local_error_;

@@ -20,9 +20,18 @@ namespace dion::math {
 // Returns (U', V'). U [N, .., m, n] any float dtype; V [N, .., m, 1].
 using ShardSum = std::function<void(at::Tensor&)>;
 
+// When U's columns are also split across ranks (2-D sharding), the per-neuron mean of U^2 is a
+// sum over all column blocks: `sum_over_columns` sums it across them and `columns` is the whole
+// row length.
+struct ColumnShards {
+  ShardSum sum_over_columns;
+  int64_t columns = 0;
+};
+
 std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const at::Tensor& V,
                                                     float beta2,
                                                     const std::vector<int64_t>& split_sizes = {},
-                                                    const ShardSum& sum_over_shards = nullptr);
+                                                    const ShardSum& sum_over_shards = nullptr,
+                                                    const ColumnShards& column_shards = {});
 
 }  // namespace dion::math

@@ -21,9 +21,11 @@ namespace dion {
 
 struct Layout {
   std::vector<int64_t> global_shape;  // the whole parameter's shape
-  int64_t shard_dim = -1;             // tensor dim sharded across the group; -1: whole here
+  int64_t shard_dim = -1;             // tensor dim sharded across the (outer, FSDP) group; -1: none
   bool replicated = false;            // whole on every rank of a group of size > 1 (DDP)
+  int64_t inner_dim = -1;             // a second tensor dim sharded across the inner (TP) group
   bool sharded() const { return shard_dim >= 0; }
+  bool two_d() const { return inner_dim >= 0; }
 };
 
 // What to do to the assembled matrices of one megabatch.
@@ -46,9 +48,13 @@ class Distribution {
   // U: N same-shape local matrices. Returns the N orthogonalized local parts, stacked [N, ...].
   virtual at::Tensor orthogonalize(std::vector<at::Tensor> U, const Layout& layout,
                                    const OrthoRequest& request) = 0;
-  // Sum `x` over the ranks that hold shards of the same matrices (in place).
+  // Sum `x` over the ranks that hold shards of the same matrices (in place): both groups for
+  // 2-D sharding.
   virtual void sum_over_shards_(at::Tensor& x) = 0;
-  // Every shard-holder's `x` (same shape everywhere), stacked [world, ...] in rank order.
+  // Sum `x` over the ranks that hold the other column blocks of the same rows (2-D sharding's
+  // inner group; a no-op otherwise).
+  virtual void sum_over_inner_(at::Tensor& x) {}
+  // Every outer-group member's `x` (same shape everywhere), stacked [world, ...] in rank order.
   virtual at::Tensor gather_over_shards(const at::Tensor& x) = 0;
   virtual int rank() const = 0;
 

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "dion/errors.h"
+#include "dion/math/normuon.h"
 #include "dion/math/ortho.h"
 #include "dion/optim/distribution.h"
 #include "dion/optim/options.h"
@@ -107,6 +108,7 @@ class Optimizer : public torch::optim::Optimizer {
   // The parameters' gradients, averaged over the replicas when the Distribution asks the
   // optimizer to synchronize them.
   std::vector<at::Tensor> gradients(const std::vector<at::Tensor>& params);
+  math::ColumnShards column_shards(const Plan& plan) const;
   void step_muon_like(const std::vector<at::Tensor>& params, const Options& group, size_t index);
   void step_dion2_like(const std::vector<at::Tensor>& params, const Options& group, size_t index);
   void dion2_exact_global(const std::vector<at::Tensor>& X, const std::vector<at::Tensor>& G,
