@@ -38,7 +38,8 @@ add_library(dion
   src/math/dion.cpp
   src/math/scalar.cpp
   src/optim/options.cpp
-  src/optim/optimizer.cpp)
+  src/optim/optimizer.cpp
+  src/cuda/fused.cpp)
 target_include_directories(dion PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
 # Position-independent: the Python module links this library into a shared object.
 set_target_properties(dion PROPERTIES POSITION_INDEPENDENT_CODE ON)
@@ -47,6 +48,14 @@ target_link_libraries(dion PUBLIC ${TORCH_LIBRARIES} PRIVATE dion_warnings)
 get_target_property(_torch_inc torch INTERFACE_INCLUDE_DIRECTORIES)
 target_include_directories(dion SYSTEM PUBLIC ${_torch_inc})
 target_precompile_headers(dion PRIVATE <ATen/ATen.h>)
+if(DION_HAVE_CUDA)
+  enable_language(CUDA)
+  set(CMAKE_CUDA_ARCHITECTURES 90)  # H100 / H200
+  target_sources(dion PRIVATE src/cuda/fused_kernels.cu)
+  set_source_files_properties(src/cuda/fused_kernels.cu PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+  target_compile_definitions(dion PUBLIC DION_HAVE_CUDA)
+  message(STATUS "dion: CUDA kernels enabled (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, sm_90)")
+endif()
 
 # The distribution layer: process groups, meshes, DDP / FSDP megabatch layouts over c10d.
 # Gloo's headers come from Debian's libgloo-dev (the torch wheel ships the library, not them).

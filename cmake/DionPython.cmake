@@ -1,0 +1,50 @@
+# The Python module dion_cpp: the C++ optimizers as torch.optim.Optimizer subclasses.
+#
+# Builds the extension `_C` (python/bindings.cpp: pybind11 and the tensor casters shipped in
+# the torch wheel, linked against libtorch_python) into ${CMAKE_BINARY_DIR}/python/dion_cpp/,
+# next to symlinks to the pure-Python sources in python/dion_cpp/, so that after a normal build
+#     PYTHONPATH=build/python python3 -c "import dion_cpp"
+# works. `pip install .` (pyproject.toml, scikit-build-core) builds the target dion_python and
+# installs the component "python" only. Skipped with a message when no Python 3 with headers
+# or no libtorch_python is found.
+find_package(Python3 COMPONENTS Interpreter Development.Module)
+if(NOT Python3_FOUND)
+  message(STATUS "dion: Python 3 (interpreter + headers) not found: dion_cpp module skipped")
+  return()
+endif()
+find_library(DION_TORCH_PYTHON_LIBRARY torch_python PATHS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH)
+if(NOT DION_TORCH_PYTHON_LIBRARY)
+  message(STATUS "dion: libtorch_python not found in ${TORCH_INSTALL_PREFIX}/lib: dion_cpp module skipped")
+  return()
+endif()
+
+set(DION_PYTHON_DIR "${CMAKE_BINARY_DIR}/python/dion_cpp")
+Python3_add_library(dion_python MODULE WITH_SOABI python/bindings.cpp)
+set_target_properties(dion_python PROPERTIES
+  OUTPUT_NAME _C
+  LIBRARY_OUTPUT_DIRECTORY "${DION_PYTHON_DIR}"
+  CXX_VISIBILITY_PRESET hidden
+  # Installed next to torch in site-packages: find libtorch*.so there.
+  INSTALL_RPATH "$ORIGIN/../torch/lib")
+target_compile_definitions(dion_python PRIVATE TORCH_EXTENSION_NAME=_C)
+target_link_libraries(dion_python PRIVATE dion dion_dist ${DION_TORCH_PYTHON_LIBRARY} dion_warnings)
+target_precompile_headers(dion_python PRIVATE <torch/csrc/utils/pybind.h>)
+
+# The pure-Python package: symlinks, so that edits to python/dion_cpp/*.py need no rebuild
+# (a new file is picked up by the re-configure that CONFIGURE_DEPENDS triggers).
+file(GLOB DION_PYTHON_SOURCES CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/python/dion_cpp/*.py")
+file(MAKE_DIRECTORY "${DION_PYTHON_DIR}")
+foreach(src ${DION_PYTHON_SOURCES})
+  get_filename_component(name "${src}" NAME)
+  file(CREATE_LINK "${src}" "${DION_PYTHON_DIR}/${name}" SYMBOLIC)
+endforeach()
+
+install(TARGETS dion_python LIBRARY DESTINATION dion_cpp COMPONENT python)
+install(FILES ${DION_PYTHON_SOURCES} DESTINATION dion_cpp COMPONENT python)
+
+# pytest suite: ctest -R python_tests
+add_test(NAME python_tests
+         COMMAND ${Python3_EXECUTABLE} -m pytest -q ${PROJECT_SOURCE_DIR}/tests/python)
+set_tests_properties(python_tests PROPERTIES
+  ENVIRONMENT "PYTHONPATH=${CMAKE_BINARY_DIR}/python;TORCH_COMPILE_DISABLE=1"
+  TIMEOUT 600)

@@ -1,0 +1,334 @@
+// dion_cpp._C — the C++ optimizers (dion::Muon, NorMuon, Dion2, NorDion2 = Dion3, Dion) for
+// the Python classes in python/dion_cpp/_optimizers.py.
+//
+// What it is: one class, `Optimizer`, that owns a dion::Optimizer of the requested kind over
+// the caller's parameter tensors (at::Tensor shares the TensorImpl of the torch.Tensor, so
+// updates are visible in Python and gradients set in Python are seen here). Python param-group
+// dicts (the reference's keys: lr, mu, beta1, beta2, weight_decay, adjust_lr, num_heads, ...)
+// are turned into dion::Options here, in one function (options_from_dict), and validated by the
+// library (Options::validate, the optimizer's group checks). Library exceptions become Python
+// exceptions of the same name: dion::ValueError -> ValueError, dion::TypeError -> TypeError,
+// dion::NotImplementedError -> NotImplementedError, c10::Error -> RuntimeError.
+//
+// What it is not: no math and no bookkeeping of its own. Hyperparameters live in the Python
+// param_groups and are pushed here before every step (set_group); state tensors live here and
+// are handed to Python as the same tensor objects (state / set_state).
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dion/dion.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// ---------------------------------------------------------------------------- dict -> Options
+
+std::string where(size_t group, const char* option) {
+  return "param group " + std::to_string(group) + ": option '" + option + "'";
+}
+
+std::string type_name(const py::handle& v) { return py::str(py::type::of(v).attr("__name__")); }
+
+double as_double(const py::handle& v, size_t g, const char* key) {
+  // float, int, 0-d tensor, numpy scalar: anything with __float__ (as the reference accepts).
+  if (py::isinstance<py::str>(v) || v.is_none())
+    throw dion::TypeError(where(g, key) + " must be a number, got " + type_name(v));
+  PyObject* f = PyNumber_Float(v.ptr());
+  if (!f) {
+    PyErr_Clear();
+    throw dion::TypeError(where(g, key) + " must be a number, got " + type_name(v));
+  }
+  const double out = PyFloat_AsDouble(f);
+  Py_DECREF(f);
+  return out;
+}
+
+int64_t as_int(const py::handle& v, size_t g, const char* key) {
+  if (py::isinstance<py::bool_>(v) || !py::isinstance<py::int_>(v))
+    throw dion::ValueError(where(g, key) + " must be an integer, got " + std::string(py::repr(v)));
+  return v.cast<int64_t>();
+}
+
+bool as_bool(const py::handle& v) { return PyObject_IsTrue(v.ptr()) == 1; }
+
+std::string as_string(const py::handle& v, size_t g, const char* key) {
+  if (!py::isinstance<py::str>(v))
+    throw dion::TypeError(where(g, key) + " must be a string, got " + type_name(v));
+  return v.cast<std::string>();
+}
+
+std::optional<at::ScalarType> as_dtype(const py::handle& v, size_t g, const char* key) {
+  if (v.is_none()) return std::nullopt;
+  if (!THPDtype_Check(v.ptr()))
+    throw dion::TypeError(where(g, key) + " must be a torch.dtype or None, got " + type_name(v));
+  return reinterpret_cast<THPDtype*>(v.ptr())->scalar_type;
+}
+
+// Every key of a Python param group (or constructor keyword) the C++ Options know, applied onto
+// `o`. Keys it does not know ("params", "initial_lr" from a scheduler, ...) are left alone.
+dion::Options options_from_dict(dion::Options o, const py::dict& d, size_t g) {
+  auto get = [&d](const char* key) -> py::object {
+    return d.contains(key) ? py::reinterpret_borrow<py::object>(d[key]) : py::object();
+  };
+  py::object v;
+  if ((v = get("algorithm"))) o.algorithm(as_string(v, g, "algorithm"));
+  if ((v = get("lr"))) o.lr(as_double(v, g, "lr"));
+  if ((v = get("weight_decay"))) o.weight_decay(as_double(v, g, "weight_decay"));
+  if ((v = get("mu"))) o.mu(as_double(v, g, "mu"));
+  if ((v = get("muon_beta2"))) o.muon_beta2(as_double(v, g, "muon_beta2"));
+  if ((v = get("betas"))) {
+    if (!py::isinstance<py::sequence>(v) || py::len(v) != 2)
+      throw dion::ValueError(where(g, "betas") + ": invalid betas " + std::string(py::repr(v)) +
+                             " (need a pair (beta1, beta2))");
+    py::sequence s = v.cast<py::sequence>();
+    o.betas({as_double(s[0], g, "betas"), as_double(s[1], g, "betas")});
+  }
+  if ((v = get("beta1"))) o.betas({as_double(v, g, "beta1"), std::get<1>(o.betas())});
+  if ((v = get("beta2"))) o.betas({std::get<0>(o.betas()), as_double(v, g, "beta2")});
+  if ((v = get("epsilon"))) o.epsilon(as_double(v, g, "epsilon"));
+  if ((v = get("fraction"))) o.fraction(as_double(v, g, "fraction"));
+  if ((v = get("ef_decay"))) o.ef_decay(as_double(v, g, "ef_decay"));
+  if ((v = get("adjust_lr"))) {
+    const std::string name = v.is_none() ? "none" : as_string(v, g, "adjust_lr");
+    try {
+      o.adjust_lr(name);
+    } catch (const std::invalid_argument&) {
+      throw dion::ValueError(where(g, "adjust_lr") + ": invalid value '" + name +
+                             "' (must be 'spectral_norm', 'rms_norm' or None)");
+    }
+  }
+  if ((v = get("cautious_wd"))) o.cautious_wd(as_bool(v));
+  if ((v = get("nesterov"))) o.nesterov(as_bool(v));
+  if ((v = get("flatten"))) o.flatten(as_bool(v));
+  if ((v = get("num_heads"))) {
+    // The reference: None or 1 = off, any other value must be a positive integer.
+    int64_t heads = v.is_none() ? 0 : as_int(v, g, "num_heads");
+    if (!v.is_none() && heads < 1)
+      throw dion::ValueError(where(g, "num_heads") + " must be a positive integer if set, got " +
+                             std::to_string(heads));
+    o.num_heads(heads);
+  }
+  if ((v = get("split_sizes"))) {
+    std::vector<int64_t> sizes;
+    if (!v.is_none()) {
+      if (!py::isinstance<py::list>(v) && !py::isinstance<py::tuple>(v))
+        throw dion::ValueError(where(g, "split_sizes") + " must be a list or tuple of integers, got " +
+                               std::string(py::repr(v)));
+      for (const py::handle& s : v) sizes.push_back(as_int(s, g, "split_sizes"));
+      if (sizes.empty())
+        throw dion::ValueError(where(g, "split_sizes") + " needs at least 2 block sizes, got []");
+    }
+    o.split_sizes(sizes);
+  }
+  if ((v = get("selection_scope"))) o.selection_scope(as_string(v, g, "selection_scope"));
+  if ((v = get("rank_fraction"))) o.rank_fraction(as_double(v, g, "rank_fraction"));
+  if ((v = get("rank_multiple_of"))) o.rank_multiple_of(as_int(v, g, "rank_multiple_of"));
+  if ((v = get("oversample"))) o.oversample(as_double(v, g, "oversample"));
+  if ((v = get("rcqr_oversample"))) o.oversample(as_double(v, g, "rcqr_oversample"));
+  if ((v = get("momentum_dtype"))) o.momentum_dtype(as_dtype(v, g, "momentum_dtype"));
+  if ((v = get("Q_dtype"))) o.Q_dtype(as_dtype(v, g, "Q_dtype"));
+  if ((v = get("variance_dtype"))) o.variance_dtype(as_dtype(v, g, "variance_dtype"));
+  if ((v = get("step"))) o.step(as_int(v, g, "step"));
+  return o;
+}
+
+// The fields of `o` a group may override (everything ParamGroup carries).
+dion::Override override_of(const dion::Options& o) {
+  return {.algorithm = o.algorithm(), .lr = o.lr(), .weight_decay = o.weight_decay(), .mu = o.mu(),
+          .muon_beta2 = o.muon_beta2(), .betas = o.betas(), .epsilon = o.epsilon(),
+          .fraction = o.fraction(), .ef_decay = o.ef_decay(), .adjust_lr = o.adjust_lr(),
+          .cautious_wd = o.cautious_wd(), .nesterov = o.nesterov(), .flatten = o.flatten(),
+          .num_heads = o.num_heads(), .split_sizes = o.split_sizes(),
+          .selection_scope = o.selection_scope(), .rank_fraction = o.rank_fraction(),
+          .rank_multiple_of = o.rank_multiple_of()};
+}
+
+// ---------------------------------------------------------------------------- orthogonalizer
+
+// A Python callable f(X, epsilon=...) as an OrthoFn. step() runs without the GIL, so the call
+// takes it, and the callable is held through a shared_ptr whose deleter takes it too (copies
+// of the OrthoFn made inside step() then never touch Python reference counts).
+dion::math::OrthoFn python_ortho(py::object fn) {
+  std::shared_ptr<py::object> held(new py::object(std::move(fn)), [](py::object* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+  return [held](const at::Tensor& X, double epsilon) {
+    py::gil_scoped_acquire gil;
+    py::object out = (*held)(X, py::arg("epsilon") = epsilon);
+    return out.cast<at::Tensor>();
+  };
+}
+
+// Constructor keywords that choose the orthogonalizer: use_polar_express, newton_schulz_func,
+// use_gram_newton_schulz (not implemented), use_triton (ignored: the C++ kernels are used).
+dion::math::OrthoConfig ortho_from_kwargs(const py::dict& kw) {
+  dion::math::OrthoConfig ortho;
+  if (kw.contains("use_polar_express") && !as_bool(kw["use_polar_express"]))
+    ortho.method = dion::math::OrthoMethod::NEWTON_SCHULZ;
+  if (kw.contains("use_gram_newton_schulz") && as_bool(kw["use_gram_newton_schulz"]))
+    throw dion::NotImplementedError(
+        "use_gram_newton_schulz=True: Gram Newton-Schulz is not implemented in dion-cpp; use the "
+        "default Polar Express (use_polar_express=True) or pass newton_schulz_func");
+  if (kw.contains("newton_schulz_func") && !kw["newton_schulz_func"].is_none()) {
+    py::object fn = py::reinterpret_borrow<py::object>(kw["newton_schulz_func"]);
+    if (!PyCallable_Check(fn.ptr()))
+      throw dion::TypeError("newton_schulz_func must be a callable function, got " + type_name(fn));
+    ortho.custom = python_ortho(fn);
+  }
+  return ortho;
+}
+
+// ---------------------------------------------------------------------------- the optimizer
+
+class PyOptimizer {
+ public:
+  // kind: "muon" | "normuon" | "dion2" | "nordion2" | "dion" | "any" (dion::Optimizer);
+  // kwargs: the Python constructor's keywords (hyperparameters and orthogonalizer choice).
+  PyOptimizer(const std::string& kind, const py::dict& kwargs) : kind_(kind) {
+    dion::Options base = kind == "any" ? dion::Options() : defaults_of(kind);
+    if (kind == "dion") {
+      if (kwargs.contains("power_iters") && as_int(kwargs["power_iters"], 0, "power_iters") != 1)
+        throw dion::ValueError("Dion supports power_iters=1 only, got " +
+                               std::string(py::repr(kwargs["power_iters"])));
+      if (kwargs.contains("qr_method") && as_string(kwargs["qr_method"], 0, "qr_method") != "rcqr")
+        throw dion::ValueError("Dion supports qr_method='rcqr' only, got " +
+                               std::string(py::repr(kwargs["qr_method"])));
+    }
+    if (kwargs.contains("mixed_precision_config") && !kwargs["mixed_precision_config"].is_none()) {
+      py::handle mp = kwargs["mixed_precision_config"];
+      py::dict dtypes;
+      for (const char* name : {"momentum_dtype", "Q_dtype", "variance_dtype"})
+        if (py::hasattr(mp, name)) dtypes[name] = mp.attr(name);
+      base = options_from_dict(base, dtypes, 0);
+    }
+    defaults_ = options_from_dict(base, kwargs, 0);
+    opt_ = make(kind_, defaults_, ortho_from_kwargs(kwargs));
+  }
+
+  // Add a Python param group (a dict with every default filled in, as torch.optim makes it).
+  void add_param_group(const std::vector<at::Tensor>& params, const py::dict& group) {
+    const size_t g = opt_->param_groups().size();
+    dion::Options o = options_from_dict(defaults_, group, g);
+    opt_->add_param_group(dion::ParamGroup{params, override_of(o)});
+    opt_->options(g) = o;  // fields ParamGroup does not carry (dtypes, oversample, step)
+  }
+
+  // Push a Python group's (possibly edited) hyperparameters into C++ group g.
+  void set_group(size_t g, const py::dict& group) {
+    dion::Options& current = opt_->options(g);
+    dion::Options o = options_from_dict(current, group, g);
+    o.validate(g);
+    const bool layout_changed = o.algorithm() != current.algorithm() || o.num_heads() != current.num_heads() ||
+                                o.split_sizes() != current.split_sizes() || o.flatten() != current.flatten();
+    if (layout_changed) {
+      // Re-run the library's group checks (shapes vs num_heads / split_sizes, allowed
+      // algorithms) on a throwaway optimizer whose group g is this one.
+      std::unique_ptr<dion::Optimizer> probe = make(kind_, o, {});
+      for (size_t i = 0; i < g; ++i) probe->add_param_group(dion::ParamGroup{{}, {}});
+      probe->add_param_group(dion::ParamGroup{opt_->param_groups()[g].params(), {}});
+    }
+    current = o;
+  }
+
+  void step() {
+    py::gil_scoped_release no_gil;
+    opt_->step();
+  }
+
+  int64_t group_step(size_t g) const { return opt_->options(g).step(); }
+  void init_state() { opt_->init_state(); }
+
+  // The state of `param` as {key: tensor} (the live tensors), or None before it exists.
+  py::object state(const at::Tensor& param) {
+    const dion::ParamState* s = opt_->state_of(param);
+    if (!s) return py::none();
+    py::dict out;
+    if (s->momentum().defined()) out["momentum"] = s->momentum();
+    if (s->variance().defined()) out["variance"] = s->variance();
+    if (s->variance_neuron().defined()) out["variance_neuron"] = s->variance_neuron();
+    if (s->Q().defined()) out["Q"] = s->Q();
+    if (s->step_dev().defined()) out["step_dev"] = s->step_dev();
+    return out;
+  }
+
+  // Make `value` param's state `key` (used by load_state_dict); creates the state if needed.
+  void set_state(const at::Tensor& param, const std::string& key, const at::Tensor& value) {
+    bool owned = false;
+    for (const auto& group : opt_->param_groups())
+      for (const at::Tensor& p : group.params()) owned = owned || p.is_same(param);
+    if (!owned) throw dion::ValueError("set_state: the tensor is not a parameter of this optimizer");
+    auto& slot = opt_->state()[param.unsafeGetTensorImpl()];
+    if (!slot) slot = std::make_unique<dion::ParamState>();
+    auto& s = static_cast<dion::ParamState&>(*slot);
+    if (key == "momentum") s.momentum(value);
+    else if (key == "variance") s.variance(value);
+    else if (key == "variance_neuron") s.variance_neuron(value);
+    else if (key == "Q") s.Q(value);
+    else if (key == "step_dev") s.step_dev(value);
+    else
+      throw dion::ValueError("unknown optimizer state key '" + key +
+                             "' (known: momentum, variance, variance_neuron, Q, step_dev)");
+  }
+
+ private:
+  static dion::Options defaults_of(const std::string& kind) {
+    if (kind == "muon") return dion::Muon::defaults();
+    if (kind == "normuon") return dion::NorMuon::defaults();
+    if (kind == "dion2") return dion::Dion2::defaults();
+    if (kind == "nordion2") return dion::NorDion2::defaults();
+    if (kind == "dion") return dion::Dion::defaults();
+    throw dion::ValueError("unknown optimizer kind '" + kind +
+                           "' (valid: muon, normuon, dion2, nordion2, dion, any)");
+  }
+
+  static std::unique_ptr<dion::Optimizer> make(const std::string& kind, const dion::Options& d,
+                                               dion::math::OrthoConfig ortho) {
+    if (kind == "muon") return std::make_unique<dion::Muon>(std::vector<dion::ParamGroup>{}, d, ortho);
+    if (kind == "normuon") return std::make_unique<dion::NorMuon>(std::vector<dion::ParamGroup>{}, d, ortho);
+    if (kind == "dion2") return std::make_unique<dion::Dion2>(std::vector<dion::ParamGroup>{}, d, ortho);
+    if (kind == "nordion2") return std::make_unique<dion::NorDion2>(std::vector<dion::ParamGroup>{}, d, ortho);
+    if (kind == "dion") return std::make_unique<dion::Dion>(std::vector<dion::ParamGroup>{}, d);
+    return std::make_unique<dion::Optimizer>(std::vector<dion::ParamGroup>{}, d, ortho);
+  }
+
+  std::string kind_;
+  dion::Options defaults_;
+  std::unique_ptr<dion::Optimizer> opt_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- module
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "dion-cpp optimizers (use the classes in dion_cpp, not this module)";
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const dion::ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const dion::TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
+    } catch (const dion::NotImplementedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    }
+  });
+
+  py::class_<PyOptimizer>(m, "Optimizer")
+      .def(py::init<const std::string&, const py::dict&>(), py::arg("kind"), py::arg("kwargs"))
+      .def("add_param_group", &PyOptimizer::add_param_group, py::arg("params"), py::arg("group"))
+      .def("set_group", &PyOptimizer::set_group, py::arg("index"), py::arg("group"))
+      .def("step", &PyOptimizer::step)
+      .def("group_step", &PyOptimizer::group_step, py::arg("index"))
+      .def("init_state", &PyOptimizer::init_state)
+      .def("state", &PyOptimizer::state, py::arg("param"))
+      .def("set_state", &PyOptimizer::set_state, py::arg("param"), py::arg("key"), py::arg("value"));
+}
