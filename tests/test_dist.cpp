@@ -307,6 +307,52 @@ void scenario_tp(Child& c) {
   }
 }
 
+// Overlap: 3 lanes of megabatch tasks in flight give bit-identical results to 1 lane (each task
+// runs the same kernels; only the interleaving changes). Step times for both are printed, not
+// asserted (docs/distributed.md quotes them).
+void scenario_lanes(Child& c) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (int i = 0; i < 6; ++i) shapes.push_back({128 + 16 * i, 256});  // 6 megabatches
+  shapes.push_back({64});                                               // an adamw task
+  Problem prob = make_problem(shapes, 3, 17);
+  auto group = std::make_shared<Group>(c.world);
+  const int W = group->size(), r = group->rank();
+  for (const char* algo : {"muon", "nordion2"}) {
+    std::vector<std::vector<at::Tensor>> results;
+    for (int lanes : {1, 3}) {
+      auto dist = std::make_shared<Distributed>(group);
+      dist->lanes(lanes);
+      std::vector<at::Tensor> params;
+      for (size_t i = 0; i < prob.params.size(); ++i) {
+        const at::Tensor& full = prob.params[i];
+        if (full.dim() == 2) {
+          params.push_back(dion::dist::shard_tensor(full, 0, W, r));
+          dist->shard(params.back(), full.sizes().vec(), 0);
+        } else {
+          params.push_back(full.clone());
+        }
+      }
+      std::vector<dion::ParamGroup> groups = {{{params.begin(), params.end() - 1}},
+                                              {{params.back()}, {.algorithm = "adamw"}}};
+      dion::Optimizer opt(groups, options_for(algo));
+      opt.set_distribution(dist);
+      double seconds = 0;
+      for (const auto& gs : prob.grads) {
+        for (size_t i = 0; i < params.size(); ++i)
+          params[i].mutable_grad() = gs[i].dim() == 2 ? dion::dist::shard_tensor(gs[i], 0, W, r) : gs[i].clone();
+        const auto t0 = std::chrono::steady_clock::now();
+        opt.step();
+        seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+      if (r == 0) std::printf("[rank 0] %s FSDP %d ranks, %d lane(s): %.1f ms per step\n", algo, W, lanes,
+                              1e3 * seconds / static_cast<double>(prob.grads.size()));
+      results.push_back(params);
+    }
+    for (size_t i = 0; i < results[0].size(); ++i)
+      c.compare(std::string(algo) + " 3 lanes vs 1, p" + std::to_string(i), results[1][i], results[0][i], 0.0);
+  }
+}
+
 // Dion2 with fraction a moves about a of Muon's all_to_all bytes (local selection scope).
 void scenario_bytes(Child& c) {
   Problem prob = make_problem({{64, 64}, {64, 64}, {64, 64}, {64, 64}}, 1, 3);
@@ -436,7 +482,7 @@ int run_child(const std::string& scenario) {
       {"ddp", scenario_ddp},           {"fsdp_rows", scenario_fsdp_rows}, {"fsdp_cols", scenario_fsdp_cols},
       {"batch", scenario_batch_sharded}, {"hsdp", scenario_hsdp},       {"bytes", scenario_bytes},
       {"bad_spec", scenario_bad_spec},   {"dead_rank", scenario_dead_rank}, {"dion_ddp", scenario_dion_ddp},
-      {"tp", scenario_tp}};
+      {"tp", scenario_tp},               {"lanes", scenario_lanes}};
   auto it = scenarios.find(scenario);
   if (it == scenarios.end()) {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
@@ -464,6 +510,7 @@ TEST(Distributed, FsdpColumnSharded) { expect_all_ok("fsdp_cols", 2); }
 TEST(Distributed, BatchSharded3D) { expect_all_ok("batch", 2); }
 TEST(Distributed, Hsdp2x2) { expect_all_ok("hsdp", 4); }
 TEST(Distributed, FsdpTimesTp2x2) { expect_all_ok("tp", 4); }
+TEST(Distributed, OverlapLanesMatchOneLane) { expect_all_ok("lanes", 2); }
 TEST(Distributed, Dion2MovesFractionOfMuonBytes) { expect_all_ok("bytes", 2); }
 TEST(Distributed, DionDdpGradientAndCompressedSyncTwoRanks) { expect_all_ok("dion_ddp", 2); }
 TEST(Distributed, DionDdpGradientAndCompressedSyncFourRanks) { expect_all_ok("dion_ddp", 4); }

@@ -98,6 +98,39 @@ void Distributed::shard(const at::Tensor& local, std::vector<int64_t> global_sha
   verified_ = false;
 }
 
+namespace {
+thread_local int tls_lane = 0;
+}
+
+Distributed& Distributed::lanes(int k) {
+  if (k < 1) throw ValueError("Distributed::lanes: need at least 1 lane, got " + std::to_string(k));
+  if (!outer_lanes_.empty()) throw ValueError("Distributed::lanes: set before the first step");
+  lanes_ = k;
+  return *this;
+}
+
+void Distributed::prepare() {
+  verify();
+  if (lanes_ > 1 && outer_lanes_.empty() && group_->size() > 1) {
+    for (int j = 1; j < lanes_; ++j) {
+      outer_lanes_.push_back(group_->subgroup(group_->ranks(), "lane" + std::to_string(j)));
+      if (inner_) inner_lanes_.push_back(inner_->subgroup(inner_->ranks(), "lane" + std::to_string(j)));
+    }
+  }
+}
+
+void Distributed::use_lane(int lane) { tls_lane = lane; }
+
+Group& Distributed::outer() {
+  if (tls_lane == 0 || outer_lanes_.empty()) return *group_;
+  return *outer_lanes_.at(static_cast<size_t>(tls_lane - 1));
+}
+
+Group& Distributed::inner() {
+  if (tls_lane == 0 || inner_lanes_.empty()) return *inner_;
+  return *inner_lanes_.at(static_cast<size_t>(tls_lane - 1));
+}
+
 void Distributed::verify() const {
   if (verified_) return;
   at::Tensor bad = at::full({1}, local_error_.empty() ? 0 : 1, at::kInt);
@@ -119,17 +152,17 @@ Layout Distributed::layout(const at::Tensor& param) const {
 }
 
 void Distributed::sum_over_shards_(at::Tensor& x) {
-  group_->all_reduce_(x);
-  if (inner_) inner_->all_reduce_(x);
+  outer().all_reduce_(x);
+  if (inner_) inner().all_reduce_(x);
 }
 
 void Distributed::sum_over_inner_(at::Tensor& x) {
-  if (inner_) inner_->all_reduce_(x);
+  if (inner_) inner().all_reduce_(x);
 }
 
 void Distributed::average_over_replicas_(at::Tensor& x) {
   if (group_->size() == 1) return;
-  group_->all_reduce_(x);
+  outer().all_reduce_(x);
   x.div_(group_->size());
 }
 
@@ -143,11 +176,11 @@ at::Tensor Distributed::orthogonalize(std::vector<at::Tensor> U, const Layout& l
     inner.comm_dim = layout.inner_dim - nd;
     inner.global_size = layout.global_shape[layout.inner_dim];
     inner.apply = [this, &request](const at::Tensor& whole_inner) {
-      return orthogonalize_sharded(*group_, whole_inner.unbind(0), request);
+      return orthogonalize_sharded(outer(), whole_inner.unbind(0), request);
     };
-    return orthogonalize_sharded(*inner_, std::move(U), inner);
+    return orthogonalize_sharded(this->inner(), std::move(U), inner);
   }
-  if (layout.sharded()) return orthogonalize_sharded(*group_, std::move(U), request);
+  if (layout.sharded()) return orthogonalize_sharded(outer(), std::move(U), request);
   return orthogonalize_replicated(std::move(U), request);
 }
 
@@ -159,7 +192,7 @@ at::Tensor Distributed::orthogonalize_replicated(std::vector<at::Tensor> U, cons
   while (U.size() < per_rank * W) U.push_back(at::zeros_like(U[0]));
   std::vector<at::Tensor> mine(U.begin() + r * per_rank, U.begin() + (r + 1) * per_rank);
   at::Tensor out = request.apply(at::stack(mine, 0)).contiguous();  // [per_rank, ...]
-  at::Tensor all = group_->all_gather(out);                         // [W, per_rank, ...]
+  at::Tensor all = outer().all_gather(out);                         // [W, per_rank, ...]
   return all.flatten(0, 1).narrow(0, 0, static_cast<int64_t>(N));
 }
 

@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -17,8 +18,10 @@
 namespace dion::dist {
 
 struct Group::Impl {
-  c10::intrusive_ptr<c10d::Store> store;      // the world's TCPStore (shared by subgroups)
+  c10::intrusive_ptr<c10d::Store> store;      // the world's TCPStore (shared by subgroups); null
+                                              // for a wrapped torch ProcessGroup
   c10::intrusive_ptr<c10d::Backend> backend;  // this group's Gloo backend
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // the wrapped torch ProcessGroup (kept alive), or null
 };
 
 int64_t CommStats::bytes(const std::string& kind) const {
@@ -107,7 +110,45 @@ Group Group::create(const std::string& host, int port, int rank, int size, Group
   return g;
 }
 
+Group Group::from_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, std::vector<int> ranks,
+                                GroupOptions options) {
+  if (!pg) throw CommError("from_process_group: the ProcessGroup is null");
+  Group g;
+  g.rank_ = pg->getRank();
+  g.size_ = pg->getSize();
+  g.options_ = options;
+  std::string name;
+  try {
+    name = pg->getGroupName();
+  } catch (const std::exception&) {
+    // unnamed group: fall back below
+  }
+  g.name_ = name.empty() ? "torch" : name;
+  if (ranks.empty()) {
+    ranks.resize(g.size_);
+    for (int i = 0; i < g.size_; ++i) ranks[i] = i;
+  }
+  if (static_cast<int>(ranks.size()) != g.size_) {
+    std::ostringstream os;
+    os << "from_process_group: " << ranks.size() << " ranks given for a group of size " << g.size_;
+    throw CommError(os.str());
+  }
+  g.ranks_ = std::move(ranks);
+  if (g.size_ == 1) return g;
+  g.impl_ = std::make_shared<Impl>();
+  g.impl_->pg = pg;
+  try {
+    g.impl_->backend = pg->getBackend(c10::DeviceType::CPU);
+  } catch (const std::exception& e) {
+    throw CommError("from_process_group: group '" + g.name_ + "' has no CPU backend (create it with "
+                    "backend='gloo' or 'cpu:gloo,cuda:nccl'): " + e.what());
+  }
+  if (!g.impl_->backend) throw CommError("from_process_group: group '" + g.name_ + "' has no CPU backend");
+  return g;
+}
+
 std::shared_ptr<Group> Group::subgroup(const std::vector<int>& ranks, const std::string& name) const {
+  const int serial = (*subgroups_)++;  // every rank counts, member or not
   int my = -1;
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] < 0) throw CommError("subgroup '" + name + "': invalid rank " + std::to_string(ranks[i]));
@@ -118,14 +159,19 @@ std::shared_ptr<Group> Group::subgroup(const std::vector<int>& ranks, const std:
   g->rank_ = my;
   g->size_ = static_cast<int>(ranks.size());
   g->name_ = name_ + "/" + name;
+  g->stats_mutex_ = stats_mutex_;
   g->ranks_ = ranks;
   g->options_ = options_;
   g->stats_ = stats_;  // one ledger per process: the world's
   if (g->size_ > 1) {
     if (!impl_) throw CommError("subgroup '" + name + "' of a single-process group");
+    if (!impl_->store)
+      throw CommError("subgroup '" + name + "' of group '" + name_ +
+                      "', which wraps a torch ProcessGroup: create the sub-group in torch "
+                      "(torch.distributed.new_group) and wrap it with from_process_group");
     g->impl_ = std::make_shared<Impl>();
     g->impl_->store = impl_->store;
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(g->name_, impl_->store);
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(g->name_ + "#" + std::to_string(serial), impl_->store);
     try {
       g->impl_->backend = make_gloo(prefixed, my, g->size_, options_.timeout);
     } catch (const std::exception& e) {
@@ -138,6 +184,7 @@ std::shared_ptr<Group> Group::subgroup(const std::vector<int>& ranks, const std:
 // ---------------------------------------------------------------------------- collectives
 
 void Group::count(const std::string& kind, const at::Tensor& sent) {
+  std::lock_guard<std::mutex> lock(*stats_mutex_);
   auto& e = stats_->by_kind[kind];
   e.calls += 1;
   e.bytes += static_cast<int64_t>(sent.numel()) * static_cast<int64_t>(sent.element_size());

@@ -8,8 +8,13 @@
 #include <torch/optim/serialize.h>
 #include <torch/serialize/archive.h>
 
+#include <ATen/ThreadLocalState.h>
+
 #include <cmath>
+#include <exception>
+#include <functional>
 #include <limits>
+#include <thread>
 #include <map>
 #include <sstream>
 
@@ -203,8 +208,16 @@ at::Tensor Optimizer::step(LossClosure closure) {
     loss = closure();
   }
   at::NoGradGuard no_grad;
-  // Matrix groups first, then lion, then adamw: the reference's task order (it matters only
-  // for the random draws of legacy Dion).
+  if (dist_) dist_->prepare();  // collective, on every rank, before any task runs
+
+  // One task per megabatch of a matrix group and one per scalar group, in the reference's
+  // order: matrix groups first, then lion, then adamw. Every task's state is created here, on
+  // this thread, so the tasks below only read the state map.
+  struct Task {
+    std::function<void()> run;
+    bool draws_random = false;  // legacy Dion: keep its random draws in one ordered lane
+  };
+  std::vector<Task> tasks;
   for (const char* phase : {"matrix", "lion", "adamw"}) {
     for (auto& group : param_groups_) {
       auto& o = static_cast<Options&>(group.options());
@@ -216,15 +229,64 @@ at::Tensor Optimizer::step(LossClosure closure) {
       for (const at::Tensor& p : group.params())
         if (p.grad().defined()) live.push_back(p);
       if (live.empty()) continue;
+      for (const at::Tensor& p : live) state_for(p, o);
       const size_t index = static_cast<size_t>(&group - param_groups_.data());
-      if (algo == "muon" || algo == "normuon") step_muon_like(live, o, index);
-      else if (algo == "dion2" || algo == "nordion2") step_dion2_like(live, o, index);
-      else if (algo == "dion") step_dion(live, o);
-      else if (algo == "lion") step_lion(live, o);
-      else if (algo == "adamw") step_adamw(live, o);
+      const Options* opts = &o;
+      if (algo == "lion") {
+        tasks.push_back({[this, live, opts] { step_lion(live, *opts); }});
+      } else if (algo == "adamw") {
+        tasks.push_back({[this, live, opts] { step_adamw(live, *opts); }});
+      } else {
+        for (auto& batch : megabatches(live)) {
+          if (algo == "muon" || algo == "normuon")
+            tasks.push_back({[this, batch, opts, index] { step_muon_like(batch, *opts, index); }});
+          else if (algo == "dion2" || algo == "nordion2")
+            tasks.push_back({[this, batch, opts, index] { step_dion2_like(batch, *opts, index); }});
+          else
+            tasks.push_back({[this, batch, opts] { step_dion(batch, *opts); }, true});
+        }
+      }
     }
   }
+  run_tasks(tasks);
   return loss;
+}
+
+// Up to Distribution::lanes() tasks in flight. Lane j runs tasks j, j + K, j + 2K, ... on its
+// own thread and its own communication channel, so every rank issues the same collectives in the
+// same order per channel while one lane's collectives overlap another lane's computation.
+template <typename TaskList>
+void Optimizer::run_tasks(TaskList& tasks) {
+  const int lanes = dist_ ? std::max(1, dist_->lanes()) : 1;
+  if (lanes == 1 || tasks.size() <= 1) {
+    for (auto& t : tasks) t.run();
+    return;
+  }
+  // Tasks that draw random numbers all go to lane 0, in order, so the draws stay reproducible.
+  std::vector<std::vector<size_t>> lane_tasks(lanes);
+  size_t next = 0;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    if (tasks[i].draws_random) lane_tasks[0].push_back(i);
+    else lane_tasks[next++ % lanes].push_back(i);
+  }
+  std::vector<std::exception_ptr> errors(lanes);
+  const at::ThreadLocalState tls;  // grad mode and friends, for the worker threads
+  std::vector<std::thread> threads;
+  for (int j = 0; j < lanes; ++j) {
+    threads.emplace_back([&, j] {
+      at::ThreadLocalStateGuard guard(tls);
+      dist_->use_lane(j);
+      try {
+        for (size_t i : lane_tasks[j]) tasks[i].run();
+      } catch (...) {
+        errors[j] = std::current_exception();
+      }
+      dist_->use_lane(0);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 // ---------------------------------------------------------------------------- megabatch plan

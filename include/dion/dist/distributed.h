@@ -53,6 +53,10 @@ class Distributed : public Distribution {
   // a gradient all-reduce; legacy Dion then syncs only its compressed P and R).
   explicit Distributed(std::shared_ptr<Group> group, bool sync_gradients = false);
 
+  // Megabatch tasks in flight at once (the reference runs 3). Each lane gets its own copy of
+  // the group(s), created at the first step. 1: one task at a time.
+  Distributed& lanes(int k);
+
   // 2-D sharding (FSDP x TP): `outer` shards one matrix dim (mesh.axis("fs")), `inner` the other
   // (mesh.axis("tp")). Register parameters with shard(local, global_shape, dim, inner_dim).
   Distributed(std::shared_ptr<Group> outer, std::shared_ptr<Group> inner);
@@ -67,11 +71,14 @@ class Distributed : public Distribution {
                            const OrthoRequest& request) override;
   void sum_over_shards_(at::Tensor& x) override;
   void sum_over_inner_(at::Tensor& x) override;
-  at::Tensor gather_over_shards(const at::Tensor& x) override { return group_->all_gather(x); }
+  at::Tensor gather_over_shards(const at::Tensor& x) override { return outer().all_gather(x); }
   int rank() const override { return group_->rank(); }
   bool sync_gradients() const override { return sync_gradients_; }
   void average_over_replicas_(at::Tensor& x) override;
   int world_size() const override { return group_->size(); }
+  void prepare() override;
+  int lanes() const override { return lanes_; }
+  void use_lane(int lane) override;
 
   Group& group() { return *group_; }
 
@@ -80,8 +87,13 @@ class Distributed : public Distribution {
   at::Tensor orthogonalize_sharded(Group& group, std::vector<at::Tensor> U, const OrthoRequest& request);
   at::Tensor orthogonalize_replicated(std::vector<at::Tensor> U, const OrthoRequest& request);
 
+  Group& outer();  // this thread's lane of the outer group
+  Group& inner();  // ... of the inner (TP) group
+
   std::shared_ptr<Group> group_;
   std::shared_ptr<Group> inner_;  // TP group for 2-D sharding, or null
+  int lanes_ = 3;
+  std::vector<std::shared_ptr<Group>> outer_lanes_, inner_lanes_;  // lanes 1..K-1
   bool sync_gradients_ = false;
   std::unordered_map<const void*, Layout> layouts_;
   mutable std::string local_error_;

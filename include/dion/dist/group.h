@@ -6,6 +6,7 @@
 //   auto sub = world.subgroup({0, 2}, "dp0");         // every rank calls, members get a group
 //   sub->all_gather(x); sub->all_to_all(x); sub->all_reduce_(x); sub->broadcast_(x, 0);
 //   world.stats();                                     // bytes and calls per collective kind
+//   auto g = dion::dist::Group::from_process_group(pg, ranks); // wrap a torch ProcessGroup
 //
 // Backends: Gloo for CPU tensors. (NCCL for CUDA tensors is the GPU path; see docs/distributed.md.)
 // Rendezvous: a c10d TCPStore at MASTER_ADDR:MASTER_PORT, as torchrun sets up; rank 0 hosts it.
@@ -16,13 +17,19 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+namespace c10d {
+class ProcessGroup;
+}
 
 namespace dion::dist {
 
@@ -60,6 +67,14 @@ class Group {
   // Explicit rendezvous: rank 0 hosts the TCPStore at host:port.
   static Group create(const std::string& host, int port, int rank, int size, GroupOptions options = {});
 
+  // Wrap an existing c10d ProcessGroup (torch.distributed's, e.g. from Python): collectives go
+  // through its CPU backend (Gloo). `ranks`: the members' global ranks in group-rank order
+  // (torch.distributed.get_process_group_ranks); empty means 0..size-1. The name is the
+  // group's name, or "torch". subgroup() is not available on such a group: create sub-groups
+  // in torch (dist.new_group) and wrap them. Throws CommError when the group has no CPU backend.
+  static Group from_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
+                                  std::vector<int> ranks = {}, GroupOptions options = {});
+
   int rank() const { return rank_; }
   int size() const { return size_; }
   const std::string& name() const { return name_; }
@@ -67,8 +82,8 @@ class Group {
   // Global ranks of this group's members, in group-rank order.
   const std::vector<int>& ranks() const { return ranks_; }
 
-  // A sub-group of the given global ranks. Collective over this group: every member of this
-  // group must call it with the same arguments. Returns nullptr on ranks outside `ranks`.
+  // A sub-group of the given global ranks. Every rank of this group calls it, in the same order
+  // (members rendezvous; the others get nullptr).
   std::shared_ptr<Group> subgroup(const std::vector<int>& ranks, const std::string& name) const;
 
   // ------------------------------------------------------------------ collectives (blocking)
@@ -96,6 +111,10 @@ class Group {
   GroupOptions options_;
   std::shared_ptr<Impl> impl_;
   std::shared_ptr<CommStats> stats_ = std::make_shared<CommStats>();
+  std::shared_ptr<std::mutex> stats_mutex_ = std::make_shared<std::mutex>();  // lanes count concurrently
+  // Sub-groups created so far (identical on every rank): makes each sub-group's rendezvous
+  // prefix unique, so two meshes over one world never share a prefix.
+  std::shared_ptr<int> subgroups_ = std::make_shared<int>(0);
 };
 
 }  // namespace dion::dist

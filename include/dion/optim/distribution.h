@@ -66,6 +66,15 @@ class Distribution {
   // Average `x` over the replicas (in place).
   virtual void average_over_replicas_(at::Tensor& x) = 0;
   virtual int world_size() const = 0;
+
+  // Called by the optimizer at the start of every step, on every rank, before any task runs
+  // (one-time checks and set-up that are themselves collective).
+  virtual void prepare() {}
+  // Overlap: up to lanes() megabatch tasks run at once, each on its own thread and its own
+  // communication channel, so that one task's collectives overlap another's computation. The
+  // optimizer calls use_lane(j) on the thread running lane j.
+  virtual int lanes() const { return 1; }
+  virtual void use_lane(int lane) {}
 };
 
 }  // namespace dion

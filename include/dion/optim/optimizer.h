@@ -99,6 +99,8 @@ class Optimizer : public torch::optim::Optimizer {
 
  private:
   struct Plan;  // how one megabatch is laid out and communicated (optimizer.cpp)
+  template <typename TaskList>
+  void run_tasks(TaskList& tasks);
   Plan plan_for(const std::vector<at::Tensor>& batch, const Options& group, size_t group_index) const;
   at::Tensor orthogonalize(std::vector<at::Tensor> U, const Plan& plan, const Options& group,
                            const math::OrthoFn& fn, const std::vector<int64_t>& split_sizes,
