@@ -352,4 +352,45 @@ TEST(Checkpoint, LoadIntoDifferentGroupsFails) {
   expect_load_error(wider, "different size", "2 params vs 1 in group 0");
 }
 
+// Regression: a load that fails part-way used to leave the optimizer half-changed (earlier
+// groups' state and options replaced), and state tensors were never checked against the
+// parameters. Now a failed load restores everything, and a state tensor of the wrong shape
+// (a checkpoint of another model) is refused with a message naming group, parameter and key.
+TEST(Checkpoint, FailedLoadChangesNothing) {
+  std::vector<at::Tensor> p = {at::randn({16, 32}), at::randn({16})};
+  for (const at::Tensor& t : p) t.mutable_grad() = at::randn_like(t);
+  dion::Optimizer saved(Groups{{{p[0]}}, {{p[1]}, {.algorithm = "adamw"}}}, dion::Options(0.02));
+  saved.step();
+  std::stringstream buffer;
+  torch::save(saved, buffer);
+
+  // Same structure, other shapes: state shapes do not fit.
+  std::vector<at::Tensor> q = {at::randn({8, 32}), at::randn({16})};
+  for (const at::Tensor& t : q) t.mutable_grad() = at::randn_like(t);
+  dion::Optimizer target(Groups{{{q[0]}, {.lr = 0.5}}, {{q[1]}, {.algorithm = "adamw"}}}, dion::Options(0.02));
+  target.step();
+  const at::Tensor momentum_before = target.state_of(q[0])->momentum().clone();
+  try {
+    torch::load(target, buffer);
+    ADD_FAILURE() << "loading state of shape [16, 32] for a [8, 32] parameter succeeded";
+  } catch (const dion::ValueError& e) {
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "param group 0, parameter 0", e.what());
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "'momentum' has shape [16, 32]", e.what());
+  }
+  EXPECT_EQ(target.options(0).lr(), 0.5) << "options restored";
+  EXPECT_EQ(target.options(0).step(), 1) << "step count restored";
+  ASSERT_NE(target.state_of(q[0]), nullptr);
+  EXPECT_TRUE(at::equal(target.state_of(q[0])->momentum(), momentum_before)) << "state restored";
+}
+
+TEST(Checkpoint, AdamwVarianceDtypeMustMatchParameter) {
+  at::Tensor b = at::randn({16});
+  try {
+    dion::Optimizer opt(Groups{{{b}, {.algorithm = "adamw"}}}, dion::Options(0.02).variance_dtype(at::kBFloat16));
+    ADD_FAILURE() << "a bf16 variance for a float32 parameter was accepted";
+  } catch (const dion::ValueError& e) {
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "variance_dtype", e.what());
+  }
+}
+
 }  // namespace

@@ -130,6 +130,9 @@ void Optimizer::check_group(size_t g, const std::vector<at::Tensor>& params, con
       throw ValueError(what + ": '" + algo +
                        "' needs matrix parameters (ndim >= 2); put vectors and scalars in an "
                        "'adamw' or 'lion' group");
+    if (algo == "adamw" && o.variance_dtype() && *o.variance_dtype() != p.scalar_type())
+      throw ValueError(what + ": variance_dtype " + std::string(c10::toString(*o.variance_dtype())) +
+                       " must equal the parameter dtype for adamw (the fused AdamW kernel needs one dtype)");
     if (algo == "dion" && p.dim() != 2)
       throw NotImplementedError(what + ": legacy 'dion' supports 2-D parameters only");
     if (o.num_heads() > 1 && is_matrix_algorithm(algo)) {
@@ -671,8 +674,57 @@ void Optimizer::save(torch::serialize::OutputArchive& archive) const {
   torch::optim::serialize<ParamState, Options>(archive, *this);
 }
 
+// Loading is all or nothing: the current state and options are saved first and restored when
+// the archive does not fit (different groups, or state tensors of the wrong shape).
 void Optimizer::load(torch::serialize::InputArchive& archive) {
-  torch::optim::serialize<ParamState, Options>(archive, *this);
+  std::ostringstream backup;
+  {
+    torch::serialize::OutputArchive out;
+    save(out);
+    out.save_to(backup);
+  }
+  try {
+    torch::optim::serialize<ParamState, Options>(archive, *this);
+    check_loaded_state();
+  } catch (...) {
+    std::istringstream in(backup.str());
+    torch::serialize::InputArchive previous;
+    previous.load_from(in);
+    state_.clear();
+    torch::optim::serialize<ParamState, Options>(previous, *this);
+    throw;
+  }
+}
+
+void Optimizer::check_loaded_state() const {
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto it = state_.find(params[i].unsafeGetTensorImpl());
+      if (it == state_.end()) continue;
+      const auto& s = static_cast<const ParamState&>(*it->second);
+      const at::Tensor& p = params[i];
+      auto bad = [&](const char* key, const at::Tensor& t, const std::string& want) {
+        throw ValueError("loading optimizer state: param group " + std::to_string(g) + ", parameter " +
+                         std::to_string(i) + " of shape " + shape_str(p.sizes()) + ": '" + key + "' has shape " +
+                         shape_str(t.sizes()) + ", expected " + want + " (a checkpoint of another model?)");
+      };
+      for (const auto& [key, t] : {std::pair<const char*, const at::Tensor*>{"momentum", &s.momentum()},
+                                   {"variance", &s.variance()}}) {
+        if (t->defined() && t->sizes() != p.sizes()) bad(key, *t, shape_str(p.sizes()));
+      }
+      if (s.variance_neuron().defined()) {
+        std::vector<int64_t> want = p.sizes().vec();
+        want.back() = 1;
+        if (s.variance_neuron().sizes().vec() != want) bad("variance_neuron", s.variance_neuron(), shape_str(want));
+      }
+      if (s.Q().defined() && p.dim() == 2) {
+        const int64_t rows = math::dion_is_transposed(p.size(0), p.size(1)) ? p.size(0) : p.size(1);
+        if (s.Q().dim() != 2 || s.Q().size(0) != rows)
+          bad("Q", s.Q(), "[" + std::to_string(rows) + ", r]");
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------- named classes

@@ -120,6 +120,7 @@ class Optimizer : public torch::optim::Optimizer {
   void step_adamw(const std::vector<at::Tensor>& params, const Options& group);
   void step_lion(const std::vector<at::Tensor>& params, const Options& group);
   void check_group(size_t index, const std::vector<at::Tensor>& params, const Options& group) const;
+  void check_loaded_state() const;
 
   math::OrthoConfig ortho_;
   math::OrthoFn ortho_fn_;
