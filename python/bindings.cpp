@@ -13,7 +13,13 @@
 // What it is not: no math and no bookkeeping of its own. Hyperparameters live in the Python
 // param_groups and are pushed here before every step (set_group); state tensors live here and
 // are handed to Python as the same tensor objects (state / set_state).
+//
+// Distribution: set_distribution(process_group, ranks, store, sync_gradients) wraps a
+// torch.distributed ProcessGroup (Gloo) as a dion::dist::Group (Group::from_process_group) and
+// gives the optimizer a dion::dist::Distributed over it; shard(local, global_shape, dim)
+// registers a DTensor's local shard. Python (_optimizers.py) decides what is sharded.
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
 
 #include <memory>
@@ -21,6 +27,7 @@
 #include <vector>
 
 #include "dion/dion.h"
+#include "dion/dist/distributed.h"
 
 namespace py = pybind11;
 
@@ -241,6 +248,44 @@ class PyOptimizer {
     opt_->step();
   }
 
+  // DDP / FSDP over a torch.distributed ProcessGroup (its CPU backend: Gloo). `ranks`: the
+  // group's global ranks (dist.get_process_group_ranks); `store`: torch's default store (for the
+  // sub-groups of the overlapped megabatch lanes) or None (one lane). Call before the first step.
+  void set_distribution(const py::object& process_group, std::vector<int> ranks, const py::object& store,
+                        bool sync_gradients) {
+    c10::intrusive_ptr<c10d::ProcessGroup> pg;
+    c10::intrusive_ptr<c10d::Store> kv;
+    try {
+      pg = process_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+      if (!store.is_none()) kv = store.cast<c10::intrusive_ptr<c10d::Store>>();
+    } catch (const py::cast_error&) {
+      throw dion::TypeError("expected a torch.distributed.ProcessGroup and Store, got " + type_name(process_group) +
+                            " and " + type_name(store));
+    }
+    dion::dist::GroupOptions options;  // the torch group's timeout, where its backend tells it
+    try {
+      if (pg->getSize() > 1) options.timeout = pg->getBackend(c10::DeviceType::CPU)->getBackendOptions()->timeout;
+    } catch (const std::exception&) {
+      // a backend without getBackendOptions: keep the default
+    }
+    auto group = std::make_shared<dion::dist::Group>(
+        dion::dist::Group::from_process_group(pg, std::move(ranks), kv, options));
+    dist_ = std::make_shared<dion::dist::Distributed>(std::move(group), sync_gradients);
+    if (!kv) dist_->lanes(1);
+    opt_->set_distribution(dist_);
+  }
+
+  // `local` is this rank's chunk along `dim` of a parameter of `global_shape` (FSDP2 chunking).
+  void shard(const at::Tensor& local, std::vector<int64_t> global_shape, int64_t dim) {
+    if (!dist_) throw dion::ValueError("shard: no distribution (call set_distribution first)");
+    dist_->shard(local, std::move(global_shape), dim);
+  }
+
+  void synchronize_for_checkpoint() {
+    py::gil_scoped_release no_gil;
+    opt_->synchronize_for_checkpoint();
+  }
+
   int64_t group_step(size_t g) const { return opt_->options(g).step(); }
   void init_state() { opt_->init_state(); }
 
@@ -300,6 +345,7 @@ class PyOptimizer {
   std::string kind_;
   dion::Options defaults_;
   std::unique_ptr<dion::Optimizer> opt_;
+  std::shared_ptr<dion::dist::Distributed> dist_;  // null: single process
 };
 
 }  // namespace
@@ -329,6 +375,10 @@ PYBIND11_MODULE(_C, m) {
       .def("step", &PyOptimizer::step)
       .def("group_step", &PyOptimizer::group_step, py::arg("index"))
       .def("init_state", &PyOptimizer::init_state)
+      .def("set_distribution", &PyOptimizer::set_distribution, py::arg("process_group"), py::arg("ranks"),
+           py::arg("store"), py::arg("sync_gradients"))
+      .def("shard", &PyOptimizer::shard, py::arg("local"), py::arg("global_shape"), py::arg("dim"))
+      .def("synchronize_for_checkpoint", &PyOptimizer::synchronize_for_checkpoint)
       .def("state", &PyOptimizer::state, py::arg("param"))
       .def("set_state", &PyOptimizer::set_state, py::arg("param"), py::arg("key"), py::arg("value"));
 }

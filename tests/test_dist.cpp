@@ -27,6 +27,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -444,6 +445,83 @@ void scenario_dion_ddp(Child& c) {
   }
 }
 
+// Legacy Dion on shards (the reference's dion_update_fsdp / dion_update_fsdp_tp). Dion works on
+// M^T exactly when the FSDP-sharded dim is dim 0, so the shapes are chosen to give the same
+// orientation as the single process (wide for row sharding, tall for column sharding). The
+// randomized QR sketches differ from the single process's draws, which moves P only by column
+// signs and rounding (the update P Q^T is sign-invariant): tolerance 1e-5.
+struct DionShardCase {
+  std::string name;
+  std::vector<std::vector<int64_t>> shapes;
+  int64_t outer_dim;
+  bool tp = false;       // 2 x 2 mesh: outer over "fs", the other matrix dim over "tp"
+  bool hsdp = false;     // 2 x 2 mesh: outer over "fs", replicas over "dp" with compressed sync
+  double rank_fraction = 1.0;
+};
+
+void dion_shard_case(Child& c, const DionShardCase& k) {
+  Problem prob = make_problem(k.shapes, 3, 31);
+  std::shared_ptr<Group> outer, inner, replica;
+  std::optional<dion::dist::DeviceMesh> mesh;
+  if (k.tp || k.hsdp) {
+    mesh.emplace(c.world, std::vector<std::pair<std::string, int>>{{k.hsdp ? "dp" : "fs", 2}, {k.hsdp ? "fs" : "tp", 2}});
+    outer = mesh->axis(k.hsdp ? "fs" : "fs");
+    if (k.tp) inner = mesh->axis("tp");
+    if (k.hsdp) replica = mesh->axis("dp");
+  } else {
+    outer = std::make_shared<Group>(c.world);
+  }
+  const int64_t inner_dim = k.tp ? 1 - k.outer_dim : -1;
+  auto local_of = [&](const at::Tensor& full) {
+    at::Tensor t = dion::dist::shard_tensor(full, k.outer_dim, outer->size(), outer->rank());
+    return inner ? dion::dist::shard_tensor(t, inner_dim, inner->size(), inner->rank()) : t;
+  };
+  // HSDP: each replica sees its own gradient; their mean is prob.grads.
+  auto grad_of = [&](const at::Tensor& mean, int t, size_t i) {
+    if (!replica) return mean;
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(500 + 100 * t + 10 * i);
+    at::Tensor a = at::randn(mean.sizes(), gen), b = at::randn(mean.sizes(), gen);
+    at::Tensor centered = (replica->rank() == 0 ? a : b) - (a + b) / 2;
+    return (mean + centered).contiguous();
+  };
+  dion::Options opts = dion::Dion::defaults().lr(0.02).rank_fraction(k.rank_fraction);
+  at::manual_seed(9);
+  auto expected = single(prob, opts);
+  at::manual_seed(9);
+  auto dist = inner ? std::make_shared<Distributed>(outer, inner) : std::make_shared<Distributed>(outer);
+  if (replica) dist->replicate(replica, /*sync_gradients=*/true);
+  std::vector<at::Tensor> params;
+  for (const auto& full : prob.params) {
+    params.push_back(local_of(full));
+    dist->shard(params.back(), full.sizes().vec(), k.outer_dim, inner_dim);
+  }
+  dion::Dion opt({{params}}, opts);
+  opt.set_distribution(dist);
+  opt.init_state();
+  for (int t = 0; t < static_cast<int>(prob.grads.size()); ++t) {
+    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = local_of(grad_of(prob.grads[t][i], t, i));
+    opt.step();
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor full = params[i];
+    if (inner) full = dion::dist::gather_tensor(*inner, full, inner_dim, prob.params[i].size(inner_dim));
+    full = dion::dist::gather_tensor(*outer, full, k.outer_dim, prob.params[i].size(k.outer_dim));
+    c.compare("dion " + k.name + " p" + std::to_string(i), full, expected[i], 1e-5);
+  }
+}
+
+void scenario_dion_fsdp(Child& c) {
+  dion_shard_case(c, {"fsdp rows", {{32, 64}, {32, 64}, {24, 40}, {18, 30}, {3, 16}}, 0});
+  dion_shard_case(c, {"fsdp cols", {{64, 32}, {48, 32}, {40, 40}, {30, 18}}, 1});
+  dion_shard_case(c, {"fsdp rows low rank", {{32, 64}, {24, 40}}, 0, false, false, 0.5});
+}
+
+void scenario_dion_2d(Child& c) {
+  dion_shard_case(c, {"fsdp x tp", {{32, 64}, {32, 64}, {24, 40}, {18, 30}}, 0, true});
+  dion_shard_case(c, {"fsdp x tp low rank", {{32, 64}, {24, 40}}, 0, true, false, 0.5});
+  dion_shard_case(c, {"hsdp compressed", {{32, 64}, {32, 64}, {24, 40}}, 0, false, true, 0.25});
+}
+
 // A shard of the wrong size on one rank: every rank raises ValueError (none waits forever).
 void scenario_bad_spec(Child& c) {
   auto group = std::make_shared<Group>(c.world);
@@ -482,7 +560,8 @@ int run_child(const std::string& scenario) {
       {"ddp", scenario_ddp},           {"fsdp_rows", scenario_fsdp_rows}, {"fsdp_cols", scenario_fsdp_cols},
       {"batch", scenario_batch_sharded}, {"hsdp", scenario_hsdp},       {"bytes", scenario_bytes},
       {"bad_spec", scenario_bad_spec},   {"dead_rank", scenario_dead_rank}, {"dion_ddp", scenario_dion_ddp},
-      {"tp", scenario_tp},               {"lanes", scenario_lanes}};
+      {"tp", scenario_tp},               {"lanes", scenario_lanes},
+      {"dion_fsdp", scenario_dion_fsdp}, {"dion_2d", scenario_dion_2d}};
   auto it = scenarios.find(scenario);
   if (it == scenarios.end()) {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
@@ -514,6 +593,9 @@ TEST(Distributed, OverlapLanesMatchOneLane) { expect_all_ok("lanes", 2); }
 TEST(Distributed, Dion2MovesFractionOfMuonBytes) { expect_all_ok("bytes", 2); }
 TEST(Distributed, DionDdpGradientAndCompressedSyncTwoRanks) { expect_all_ok("dion_ddp", 2); }
 TEST(Distributed, DionDdpGradientAndCompressedSyncFourRanks) { expect_all_ok("dion_ddp", 4); }
+TEST(Distributed, DionFsdpTwoRanks) { expect_all_ok("dion_fsdp", 2); }
+TEST(Distributed, DionFsdpUnevenAndEmptyFourRanks) { expect_all_ok("dion_fsdp", 4); }
+TEST(Distributed, DionFsdpTimesTpAndHsdpCompressed2x2) { expect_all_ok("dion_2d", 4); }
 TEST(Distributed, BadShardSpecRaisesOnEveryRank) { expect_all_ok("bad_spec", 2); }
 
 TEST(Distributed, DeadRankFailsTheOthersWithinTimeout) {

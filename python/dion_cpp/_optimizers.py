@@ -12,6 +12,15 @@ NorDion2 = Dion3, Dion). Every step:
 state_dict() / load_state_dict() are torch.optim's, with the reference's state keys
 (momentum, variance, variance_neuron, Q, step_dev); load_state_dict writes into the C++ state.
 
+Distributed (the reference's conventions, megabatch_base.py): `distributed_mesh` is a
+torch.distributed ProcessGroup (DDP: parameters replicated, gradients already averaged) or a 1-D
+DeviceMesh (its group). DTensor parameters (FSDP2 fully_shard, distribute_tensor) with one
+Shard(dim) placement over that group are sharded: the C++ optimizer works on their local
+tensors (`_local_tensor`, the same storage), registered with the global shape and dim, and
+receives their local gradients before each step; Replicate() placements are replicated. The
+C++ step then runs its DDP / FSDP layouts (docs/distributed.md) over the group's Gloo backend.
+State tensors of DTensor parameters are handed back as DTensors over the same local storage.
+
 What it is not: no math, no validation. Errors come from C++ as ValueError, TypeError or
 NotImplementedError carrying the library's message (which names the group and the option).
 """
@@ -27,6 +36,12 @@ from torch.optim.optimizer import Optimizer, ParamsT
 
 from . import _C
 
+if dist.is_available():
+    from torch.distributed.device_mesh import DeviceMesh as _DeviceMesh
+    from torch.distributed.tensor import DTensor as _DTensor
+else:  # a torch build without distributed: no meshes, no DTensors
+    _DeviceMesh = _DTensor = None
+
 
 @dataclass
 class DionMixedPrecisionConfig:
@@ -37,20 +52,45 @@ class DionMixedPrecisionConfig:
     variance_dtype: Optional[torch.dtype] = None
 
 
+def _is_dtensor(t) -> bool:
+    return _DTensor is not None and isinstance(t, _DTensor)
+
+
+def _group_of(mesh, name: str):
+    """The ProcessGroup of a distributed_mesh (None, a ProcessGroup or a 1-D DeviceMesh), or
+    None when there is nothing to distribute over (no mesh, or one rank)."""
+    if mesh is None:
+        return None
+    if not dist.is_available():
+        raise TypeError(f"{name}: torch.distributed is not available in this torch build")
+    if isinstance(mesh, _DeviceMesh):
+        if mesh.ndim != 1:
+            raise ValueError(
+                f"{name}: Only 1D DeviceMesh supported, but got {mesh.ndim}D. "
+                "For HSDP, provide the 1D sharded sub-mesh.")
+        group = mesh.get_group()
+    elif isinstance(mesh, dist.ProcessGroup):
+        group = mesh
+    else:
+        raise TypeError(f"Invalid {name} type: {type(mesh)}. Expected DeviceMesh or ProcessGroup.")
+    return group if dist.get_world_size(group) > 1 else None
+
+
 def _single_process(mesh, name: str) -> None:
     """Accept no mesh, or a process group / device mesh of one rank; refuse the rest."""
-    if mesh is None:
-        return
-    if isinstance(mesh, dist.ProcessGroup):
-        size = dist.get_world_size(mesh)
-    elif hasattr(mesh, "size") and hasattr(mesh, "get_group"):  # DeviceMesh
-        size = mesh.size()
-    else:
-        raise TypeError(f"{name} must be a DeviceMesh or ProcessGroup, got {type(mesh)}")
-    if size != 1:
+    if _group_of(mesh, name) is not None:
         raise NotImplementedError(
-            f"{name} with {size} ranks: dion_cpp's Python classes run single-process for now; "
-            "use the C++ API (dion::dist::Distributed) for DDP / FSDP")
+            f"{name} with more than one rank: not supported by dion_cpp's legacy Dion (its C++ "
+            "distributed paths cover replicate_mesh only)")
+
+
+def _default_store():
+    """torch's world store (the rendezvous of the C++ overlap lanes' Gloo sub-groups), or None:
+    then the C++ step runs one megabatch task at a time."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
 
 
 class _CppOptimizer(Optimizer):
@@ -62,10 +102,17 @@ class _CppOptimizer(Optimizer):
     algorithm: str = "muon"
     eager_state: bool = True
 
-    def __init__(self, params: ParamsT, hyper: dict, extra: dict):
+    def __init__(self, params: ParamsT, hyper: dict, extra: dict, group=None,
+                 sync_gradients: bool = False):
         # C++ first: it validates the constructor's hyperparameters (betas included) and then
         # receives every group through add_param_group, which Optimizer.__init__ calls.
+        # `group`: the ProcessGroup to distribute over (None: single process).
         self._cpp = _C.Optimizer(self.kind, {**hyper, **extra})
+        self._group = group
+        self._local = {}  # DTensor parameter -> its local tensor (what C++ holds)
+        if group is not None:
+            self._cpp.set_distribution(group, dist.get_process_group_ranks(group), _default_store(),
+                                       sync_gradients)
         hyper = dict(hyper)
         beta1, beta2 = hyper.pop("betas")
         defaults = dict(hyper, beta1=beta1, beta2=beta2, algorithm=self.algorithm, step=0)
@@ -78,7 +125,7 @@ class _CppOptimizer(Optimizer):
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:
-            self._cpp.add_param_group(group["params"], group)
+            self._cpp.add_param_group([self._register(p) for p in group["params"]], group)
         except BaseException:
             self.param_groups.pop()
             raise
@@ -89,14 +136,79 @@ class _CppOptimizer(Optimizer):
         for i, group in enumerate(self.param_groups):
             self._cpp.set_group(i, group)
 
+    # ------------------------------------------------------------------ DTensor parameters
+    def _register(self, p: torch.Tensor) -> torch.Tensor:
+        """The tensor C++ holds for `p`: p itself, or a DTensor's local tensor (registered as a
+        shard of p's global shape when p is sharded over the optimizer's group)."""
+        if not _is_dtensor(p):
+            return p
+        if any(pl.is_partial() for pl in p.placements):
+            raise ValueError(f"DTensor parameter with placements {p.placements}: Partial() "
+                             "parameters are not supported (Shard or Replicate only)")
+        mesh = p.device_mesh
+        sharded = [(i, pl) for i, pl in enumerate(p.placements) if pl.is_shard() and mesh.size(i) > 1]
+        if len(sharded) > 1:
+            raise NotImplementedError(
+                f"{type(self).__name__} does not support parameters with multiple sharded "
+                f"dimensions (placements {p.placements})")
+        local = p._local_tensor  # the storage the DTensor reads (to_local() may return a view)
+        if sharded:
+            axis, placement = sharded[0]
+            if self._group is None or mesh.get_group(axis) != self._group:
+                raise RuntimeError(
+                    f"Got a DTensor sharded over mesh dimension {axis} of {mesh} that is not the "
+                    f"optimizer's distributed_mesh: create the optimizer with that (1-D) mesh")
+            self._cpp.shard(local, list(p.shape), placement.dim % p.dim())
+        self._local[p] = local
+        return local
+
+    def _cpp_param(self, p: torch.Tensor) -> torch.Tensor:
+        return self._local.get(p, p)
+
+    def _push_grads(self) -> None:
+        """Give each DTensor parameter's local tensor its local gradient (same placements as
+        the parameter: a gradient of other placements is redistributed first)."""
+        for p, local in self._local.items():
+            g = p.grad
+            if g is not None and _is_dtensor(g):
+                if tuple(g.placements) != tuple(p.placements):
+                    g = g.redistribute(p.device_mesh, p.placements)
+                g = g._local_tensor
+            local.grad = g
+
+    def _as_state(self, p: torch.Tensor, t: torch.Tensor, old) -> torch.Tensor:
+        """C++ state tensor `t` of parameter `p`, as Python sees it: for a DTensor parameter a
+        DTensor over the same storage (kept from `old` when it already is one), when `t` has
+        the local shape along every sharded dim; otherwise `t` itself."""
+        if not _is_dtensor(p) or t.dim() != p.dim():
+            return t
+        if (_is_dtensor(old) and old._local_tensor.data_ptr() == t.data_ptr()
+                and old._local_tensor.shape == t.shape):
+            return old
+        local = self._local[p]
+        shape = list(t.shape)
+        for pl in p.placements:
+            if pl.is_shard():
+                d = pl.dim % p.dim()
+                if t.size(d) != local.size(d):
+                    return t
+                shape[d] = p.size(d)
+        wrapped = _DTensor.from_local(t, p.device_mesh, p.placements, run_check=False,
+                                      shape=torch.Size(shape),
+                                      stride=torch.empty(shape, device="meta").stride())
+        # from_local views `t`: the DTensor reads the live C++ state (else: hand out `t`).
+        return wrapped if wrapped._local_tensor.data_ptr() == t.data_ptr() else t
+
     # ------------------------------------------------------------------ state
     def _pull_state(self) -> None:
         """Point self.state at the C++ state tensors (the same tensor objects)."""
         for group in self.param_groups:
             for p in group["params"]:
-                st = self._cpp.state(p)
+                st = self._cpp.state(self._cpp_param(p))
                 if st is not None:
-                    self.state[p].update(st)
+                    mine = self.state[p]
+                    for key, t in st.items():
+                        mine[key] = self._as_state(p, t, mine.get(key))
 
     def init_state(self) -> None:
         """Create every parameter's state now (legacy Dion otherwise does it at step 1)."""
@@ -112,7 +224,12 @@ class _CppOptimizer(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._push_groups()
-        self._cpp.step()
+        self._push_grads()
+        try:
+            self._cpp.step()
+        finally:
+            for local in self._local.values():
+                local.grad = None  # the gradient belongs to the DTensor
         for i, group in enumerate(self.param_groups):
             group["step"] = self._cpp.group_step(i)
         self._pull_state()
@@ -140,7 +257,8 @@ class _CppOptimizer(Optimizer):
                 # A copy: the optimizer updates its state in place and must not write into
                 # the caller's state_dict (torch.optim's load keeps same-dtype tensors as is).
                 value = value.to(dtype=saved_dtypes[(pid, key)], copy=True).contiguous()
-                self._cpp.set_state(p, key, value)
+                local = value._local_tensor if _is_dtensor(value) else value
+                self._cpp.set_state(self._cpp_param(p), key, local)
                 self.state[p][key] = value
         # A checkpoint without AdamW's device step counter (legacy Dion's, or one written
         # before the reference had it) resumes from the group's step, as the reference does.
@@ -149,8 +267,9 @@ class _CppOptimizer(Optimizer):
                 continue
             for p in group["params"]:
                 if self.state.get(p) and "step_dev" not in self.state[p]:
-                    step = torch.full((), float(group["step"]), dtype=torch.float32, device=p.device)
-                    self._cpp.set_state(p, "step_dev", step)
+                    step = torch.full((), float(group["step"]), dtype=torch.float32,
+                                      device=self._cpp_param(p).device)
+                    self._cpp.set_state(self._cpp_param(p), "step_dev", step)
                     self.state[p]["step_dev"] = step
         self._push_groups()
 
@@ -176,11 +295,11 @@ class Muon(_CppOptimizer):
                  adjust_lr: Optional[str] = "spectral_norm", flatten: bool = False,
                  use_gram_newton_schulz: bool = False, use_triton: bool = False,
                  use_polar_express: bool = True, newton_schulz_func: Optional[Callable] = None):
-        _single_process(distributed_mesh, "distributed_mesh")
         hyper = dict(lr=lr, mu=mu, betas=betas, weight_decay=weight_decay, cautious_wd=cautious_wd,
                      epsilon=epsilon, nesterov=nesterov, flatten=flatten, adjust_lr=adjust_lr)
         super().__init__(params, hyper, _ortho(use_gram_newton_schulz, use_triton,
-                                               use_polar_express, newton_schulz_func))
+                                               use_polar_express, newton_schulz_func),
+                         _group_of(distributed_mesh, "distributed_mesh"))
 
 
 class NorMuon(_CppOptimizer):
@@ -195,12 +314,12 @@ class NorMuon(_CppOptimizer):
                  flatten: bool = False, use_gram_newton_schulz: bool = False,
                  use_triton: bool = False, use_polar_express: bool = True,
                  newton_schulz_func: Optional[Callable] = None):
-        _single_process(distributed_mesh, "distributed_mesh")
         hyper = dict(lr=lr, mu=mu, muon_beta2=muon_beta2, betas=betas, weight_decay=weight_decay,
                      cautious_wd=cautious_wd, epsilon=epsilon, nesterov=nesterov, flatten=flatten,
                      adjust_lr=adjust_lr)
         super().__init__(params, hyper, _ortho(use_gram_newton_schulz, use_triton,
-                                               use_polar_express, newton_schulz_func))
+                                               use_polar_express, newton_schulz_func),
+                         _group_of(distributed_mesh, "distributed_mesh"))
 
 
 class Dion2(_CppOptimizer):
@@ -216,12 +335,12 @@ class Dion2(_CppOptimizer):
                  use_gram_newton_schulz: bool = False, newton_schulz_func: Optional[Callable] = None,
                  verbose: bool = False, triton_post_ortho: bool = False,
                  selection_scope: str = "local"):
-        _single_process(distributed_mesh, "distributed_mesh")
         hyper = dict(lr=lr, ef_decay=ef_decay, fraction=float(fraction), betas=betas,
                      weight_decay=weight_decay, epsilon=epsilon, flatten=flatten,
                      adjust_lr=adjust_lr, selection_scope=selection_scope)
         super().__init__(params, hyper, _ortho(use_gram_newton_schulz, use_triton,
-                                               use_polar_express, newton_schulz_func))
+                                               use_polar_express, newton_schulz_func),
+                         _group_of(distributed_mesh, "distributed_mesh"))
         self.verbose = verbose
 
 
@@ -238,12 +357,12 @@ class NorDion2(_CppOptimizer):
                  flatten: bool = False, use_triton: bool = False, use_polar_express: bool = True,
                  use_gram_newton_schulz: bool = False, newton_schulz_func: Optional[Callable] = None,
                  triton_post_ortho: bool = False, selection_scope: str = "local"):
-        _single_process(distributed_mesh, "distributed_mesh")
         hyper = dict(lr=lr, fraction=float(fraction), mu=mu, muon_beta2=muon_beta2, betas=betas,
                      weight_decay=weight_decay, epsilon=epsilon, flatten=flatten,
                      adjust_lr=adjust_lr, selection_scope=selection_scope)
         super().__init__(params, hyper, _ortho(use_gram_newton_schulz, use_triton,
-                                               use_polar_express, newton_schulz_func))
+                                               use_polar_express, newton_schulz_func),
+                         _group_of(distributed_mesh, "distributed_mesh"))
 
 
 # Dion3 is NorDion2 under its third-generation name: an alias, not a subclass.
@@ -252,7 +371,9 @@ Dion3 = NorDion2
 
 class Dion(_CppOptimizer):
     """Legacy Dion: low-rank power iteration (reference: dion/dion.py). 2-D matrices only.
-    replicate_mesh_grad_sync and cqr_warmup_steps are accepted and ignored (single process);
+    replicate_mesh (DDP; replicate_mesh_grad_sync: the optimizer averages the gradients, or
+    only its compressed P and R) is supported; sharding meshes of more than one rank are not.
+    cqr_warmup_steps is accepted and ignored;
     power_iters must be 1 and qr_method 'rcqr', as in the reference."""
 
     kind = algorithm = "dion"
@@ -266,11 +387,16 @@ class Dion(_CppOptimizer):
                  qr_method: str = "rcqr", cqr_warmup_steps: int = 150,
                  rcqr_oversample: float = 1.25,
                  mixed_precision_config: Optional[DionMixedPrecisionConfig] = None):
-        _single_process(replicate_mesh, "replicate_mesh")
         _single_process(outer_shard_mesh, "outer_shard_mesh")
         _single_process(inner_shard_mesh, "inner_shard_mesh")
         hyper = dict(rank_fraction=rank_fraction, rank_multiple_of=rank_multiple_of, lr=lr, mu=mu,
                      betas=betas, weight_decay=weight_decay, epsilon=epsilon,
                      oversample=rcqr_oversample)
         super().__init__(params, hyper, dict(power_iters=power_iters, qr_method=qr_method,
-                                             mixed_precision_config=mixed_precision_config))
+                                             mixed_precision_config=mixed_precision_config),
+                         _group_of(replicate_mesh, "replicate_mesh"), replicate_mesh_grad_sync)
+
+    def synchronize_for_checkpoint(self) -> None:
+        """Average the state over replicate_mesh before saving a checkpoint (with
+        replicate_mesh_grad_sync the momenta drift apart across replicas); else a no-op."""
+        self._cpp.synchronize_for_checkpoint()

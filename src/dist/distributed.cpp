@@ -115,11 +115,67 @@ void Distributed::prepare() {
     for (int j = 1; j < lanes_; ++j) {
       outer_lanes_.push_back(group_->subgroup(group_->ranks(), "lane" + std::to_string(j)));
       if (inner_) inner_lanes_.push_back(inner_->subgroup(inner_->ranks(), "lane" + std::to_string(j)));
+      if (replicate_ && replicate_->size() > 1)
+        replicate_lanes_.push_back(replicate_->subgroup(replicate_->ranks(), "lane" + std::to_string(j)));
     }
   }
 }
 
 void Distributed::use_lane(int lane) { tls_lane = lane; }
+
+Distributed& Distributed::replicate(std::shared_ptr<Group> replicate, bool sync_gradients) {
+  if (!replicate) throw ValueError("Distributed::replicate: the group is null (this rank is not a member?)");
+  replicate_ = std::move(replicate);
+  sync_gradients_ = sync_gradients;
+  return *this;
+}
+
+Group* Distributed::axis_group(Axis axis) {
+  switch (axis) {
+    case Axis::OUTER: return &outer();
+    case Axis::INNER: return inner_ ? &inner() : nullptr;
+    case Axis::REPLICA: return replicate_ ? &replica() : nullptr;
+  }
+  return nullptr;
+}
+
+Group& Distributed::replica() {
+  if (tls_lane == 0 || replicate_lanes_.empty()) return *replicate_;
+  return *replicate_lanes_.at(static_cast<size_t>(tls_lane - 1));
+}
+
+const Group* Distributed::axis_group(Axis axis) const {
+  switch (axis) {
+    case Axis::OUTER: return group_.get();
+    case Axis::INNER: return inner_.get();
+    case Axis::REPLICA: return replicate_.get();
+  }
+  return nullptr;
+}
+
+int Distributed::axis_size(Axis axis) const {
+  const Group* g = axis_group(axis);
+  return g ? g->size() : 1;
+}
+
+int Distributed::axis_rank(Axis axis) const {
+  const Group* g = axis_group(axis);
+  return g ? g->rank() : 0;
+}
+
+void Distributed::all_reduce_(at::Tensor& x, Axis axis) {
+  if (Group* g = axis_group(axis)) g->all_reduce_(x);
+}
+
+at::Tensor Distributed::all_gather(const at::Tensor& x, Axis axis) {
+  if (Group* g = axis_group(axis)) return g->all_gather(x);
+  return x.unsqueeze(0);
+}
+
+at::Tensor Distributed::all_to_all(const at::Tensor& x, Axis axis) {
+  if (Group* g = axis_group(axis)) return g->all_to_all(x);
+  return x;
+}
 
 Group& Distributed::outer() {
   if (tls_lane == 0 || outer_lanes_.empty()) return *group_;
@@ -161,9 +217,10 @@ void Distributed::sum_over_inner_(at::Tensor& x) {
 }
 
 void Distributed::average_over_replicas_(at::Tensor& x) {
-  if (group_->size() == 1) return;
-  outer().all_reduce_(x);
-  x.div_(group_->size());
+  Group& g = replicate_ ? replica() : outer();
+  if (g.size() == 1) return;
+  g.all_reduce_(x);
+  x.div_(g.size());
 }
 
 at::Tensor Distributed::orthogonalize(std::vector<at::Tensor> U, const Layout& layout,

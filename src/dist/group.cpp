@@ -18,8 +18,8 @@
 namespace dion::dist {
 
 struct Group::Impl {
-  c10::intrusive_ptr<c10d::Store> store;      // the world's TCPStore (shared by subgroups); null
-                                              // for a wrapped torch ProcessGroup
+  c10::intrusive_ptr<c10d::Store> store;      // the world's TCPStore (shared by subgroups); for a
+                                              // wrapped torch ProcessGroup, torch's store or null
   c10::intrusive_ptr<c10d::Backend> backend;  // this group's Gloo backend
   c10::intrusive_ptr<c10d::ProcessGroup> pg;  // the wrapped torch ProcessGroup (kept alive), or null
 };
@@ -111,7 +111,7 @@ Group Group::create(const std::string& host, int port, int rank, int size, Group
 }
 
 Group Group::from_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, std::vector<int> ranks,
-                                GroupOptions options) {
+                                const c10::intrusive_ptr<c10d::Store>& store, GroupOptions options) {
   if (!pg) throw CommError("from_process_group: the ProcessGroup is null");
   Group g;
   g.rank_ = pg->getRank();
@@ -121,9 +121,9 @@ Group Group::from_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& pg
   try {
     name = pg->getGroupName();
   } catch (const std::exception&) {
-    // unnamed group: fall back below
+    // unnamed group: "torch:" alone
   }
-  g.name_ = name.empty() ? "torch" : name;
+  g.name_ = "torch:" + name;  // also the prefix of subgroup() rendezvous keys: apart from torch's
   if (ranks.empty()) {
     ranks.resize(g.size_);
     for (int i = 0; i < g.size_; ++i) ranks[i] = i;
@@ -137,6 +137,17 @@ Group Group::from_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& pg
   if (g.size_ == 1) return g;
   g.impl_ = std::make_shared<Impl>();
   g.impl_->pg = pg;
+  g.impl_->store = store;
+  {
+    // Every wrapper of one torch group shares its sub-group count, so a second wrapper's
+    // sub-groups get fresh rendezvous prefixes (ranks wrap groups in the same order).
+    static std::mutex mutex;
+    static std::map<std::string, std::shared_ptr<int>> counts;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& count = counts[g.name_];
+    if (!count) count = std::make_shared<int>(0);
+    g.subgroups_ = count;
+  }
   try {
     g.impl_->backend = pg->getBackend(c10::DeviceType::CPU);
   } catch (const std::exception& e) {
@@ -158,7 +169,9 @@ std::shared_ptr<Group> Group::subgroup(const std::vector<int>& ranks, const std:
   auto g = std::make_shared<Group>();
   g->rank_ = my;
   g->size_ = static_cast<int>(ranks.size());
-  g->name_ = name_ + "/" + name;
+  // The serial makes the name (and so every rendezvous prefix below it) unique, also for a
+  // second mesh or lane set built over the same parent.
+  g->name_ = name_ + "/" + name + "#" + std::to_string(serial);
   g->stats_mutex_ = stats_mutex_;
   g->ranks_ = ranks;
   g->options_ = options_;
@@ -167,11 +180,11 @@ std::shared_ptr<Group> Group::subgroup(const std::vector<int>& ranks, const std:
     if (!impl_) throw CommError("subgroup '" + name + "' of a single-process group");
     if (!impl_->store)
       throw CommError("subgroup '" + name + "' of group '" + name_ +
-                      "', which wraps a torch ProcessGroup: create the sub-group in torch "
-                      "(torch.distributed.new_group) and wrap it with from_process_group");
+                      "', which wraps a torch ProcessGroup without a store: pass the world's store "
+                      "to from_process_group, or create the sub-group in torch (dist.new_group) and wrap it");
     g->impl_ = std::make_shared<Impl>();
     g->impl_->store = impl_->store;
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(g->name_ + "#" + std::to_string(serial), impl_->store);
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(g->name_, impl_->store);
     try {
       g->impl_->backend = make_gloo(prefixed, my, g->size_, options_.timeout);
     } catch (const std::exception& e) {

@@ -18,7 +18,13 @@ int64_t dion_rank(int64_t m, int64_t n, double rank_fraction, int64_t rank_multi
   return std::min({rounded, m, n});
 }
 
-at::Tensor dion_orthonormalize(const at::Tensor& P, float oversample) {
+bool dion_is_transposed_sharded(int64_t m, int64_t n, int64_t outer_dim, int64_t inner_dim) {
+  if (inner_dim == 0 || outer_dim == 1) return false;  // orthogonalize over the inner (TP) dim
+  if (outer_dim == 0 || inner_dim == 1) return true;
+  return dion_is_transposed(m, n);
+}
+
+at::Tensor dion_orthonormalize(const at::Tensor& P, float oversample, std::optional<at::Generator> generator) {
   TORCH_CHECK(P.dim() >= 3, "dion_orthonormalize expects a batch [B, rows, r], got ", P.sizes());
   const auto dtype = P.scalar_type();
   const int64_t rows = P.size(-2), r = P.size(-1);
@@ -31,7 +37,7 @@ at::Tensor dion_orthonormalize(const at::Tensor& P, float oversample) {
   std::vector<int64_t> s_shape(P.sizes().begin(), P.sizes().end() - 2);
   s_shape.push_back(k);
   s_shape.push_back(rows);
-  at::Tensor S = at::empty(s_shape, P.options()).normal_(0.0, std::sqrt(1.0 / static_cast<double>(k)));
+  at::Tensor S = at::empty(s_shape, P.options()).normal_(0.0, std::sqrt(1.0 / static_cast<double>(k)), generator);
   at::Tensor SP = at::matmul(S, P);
   at::Tensor R = std::get<1>(at::linalg_qr(SP.to(at::kFloat), "r"));
   // linalg_solve_triangular(A, B, upper, left=false) solves X A = B, i.e. X = B A^-1.
@@ -56,9 +62,9 @@ void foreach_baddbmm(at::TensorList X, const at::Tensor& A, const at::Tensor& B,
 }
 }  // namespace
 
-DionBatch dion_power(at::TensorList G, at::TensorList M, at::TensorList Q) {
+DionBatch dion_power(at::TensorList G, at::TensorList M, at::TensorList Q, int transposed) {
   DionBatch b;
-  b.transposed = dion_is_transposed(M[0].size(0), M[0].size(1));
+  b.transposed = transposed < 0 ? dion_is_transposed(M[0].size(0), M[0].size(1)) : transposed == 1;
   for (size_t i = 0; i < M.size(); ++i) M[i].add_(G[i]);  // M += G
   std::vector<at::Tensor> Ms;
   for (const at::Tensor& mm : M) Ms.push_back(b.transposed ? mm.mT() : mm);
@@ -79,8 +85,9 @@ void dion_step(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorL
 }
 
 void dion_finish(at::TensorList X, at::TensorList M, at::TensorList Q, const DionBatch& b, at::Tensor P,
-                 at::Tensor R, float lr, float mu, float weight_decay, float epsilon) {
-  const int64_t m = X[0].size(0), n = X[0].size(1);
+                 at::Tensor R, float lr, float mu, float weight_decay, float epsilon, c10::IntArrayRef shape,
+                 const std::function<void(at::Tensor&)>& sum_columns) {
+  const int64_t m = shape.empty() ? X[0].size(0) : shape[0], n = shape.empty() ? X[0].size(1) : shape[1];
   const bool transposed = b.transposed;
   const at::Tensor& M_batch = b.M_batch;
   const at::Tensor& Q_batch = b.Q_batch;
@@ -95,7 +102,12 @@ void dion_finish(at::TensorList X, at::TensorList M, at::TensorList Q, const Dio
 
   // Column-normalize R in fp32 to get the new Q.
   at::Tensor Rf = R.to(at::kFloat);
-  at::Tensor col_norm = Rf.square().sum(-2, /*keepdim=*/true).sqrt();
+  at::Tensor col_sq = Rf.square().sum(-2, /*keepdim=*/true);
+  if (sum_columns) {  // R's rows are sharded: add the other shards' column sums
+    col_sq = col_sq.contiguous();
+    sum_columns(col_sq);
+  }
+  at::Tensor col_norm = col_sq.sqrt();
   at::Tensor Q_new = (Rf / (col_norm + f32(epsilon))).to(R.scalar_type());
 
   const float scaled_lr = static_cast<float>(std::sqrt(static_cast<double>(m) / static_cast<double>(n))) * lr;

@@ -8,6 +8,7 @@
 #include <torch/optim/serialize.h>
 #include <torch/serialize/archive.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ThreadLocalState.h>
 
 #include <cmath>
@@ -185,10 +186,21 @@ ParamState& Optimizer::state_for(const at::Tensor& p, const Options& o) {
       s->variance_neuron(at::zeros_like(p.narrow(-1, 0, 1)));  // [.., m, 1], param dtype
     }
     if (algo == "dion") {
-      const int64_t m = p.size(0), n = p.size(1);
+      // Q [n', r] for the whole matrix; a sharded parameter keeps the rows of its outer chunk
+      // (every rank draws the same whole Q from an identically seeded generator).
+      const Layout L = dist_ ? dist_->layout(p) : Layout{p.sizes().vec(), -1, false};
+      const int64_t m = L.global_shape[0], n = L.global_shape[1];
       const int64_t r = math::dion_rank(m, n, o.rank_fraction(), o.rank_multiple_of());
-      const int64_t rows = math::dion_is_transposed(m, n) ? m : n;
-      s->Q(at::randn({rows, r}, p.options().dtype(o.Q_dtype().value_or(p.scalar_type()))));
+      const bool t = L.sharded() ? math::dion_is_transposed_sharded(m, n, L.shard_dim, L.inner_dim)
+                                 : math::dion_is_transposed(m, n);
+      const int64_t rows = t ? m : n;
+      at::Tensor Q = at::randn({rows, r}, p.options().dtype(o.Q_dtype().value_or(p.scalar_type())));
+      if (L.sharded()) {
+        const int64_t W = dist_->axis_size(Axis::OUTER), chunk = (rows + W - 1) / W;
+        const int64_t start = std::min(rows, chunk * dist_->axis_rank(Axis::OUTER));
+        Q = Q.narrow(0, start, std::min(rows, start + chunk) - start).clone();
+      }
+      s->Q(Q);
     }
     slot = std::move(s);
   }
@@ -574,10 +586,10 @@ void Optimizer::step_dion(const std::vector<at::Tensor>& params, const Options& 
       Q.push_back(s.Q());
     }
     const Layout layout = dist_ ? dist_->layout(batch[0]) : Layout{batch[0].sizes().vec(), -1, false};
-    if (layout.sharded())
-      throw NotImplementedError("param group (dion), shape " + shape_str(layout.global_shape) +
-                                ": legacy Dion on sharded parameters is not implemented yet; use replicated "
-                                "parameters (DDP) or dion2 / muon for FSDP");
+    if (layout.sharded()) {
+      step_dion_sharded(batch, G, M, Q, layout, o);
+      continue;
+    }
     if (!dist_ || !layout.replicated) {
       math::dion_step(batch, G, M, Q, f32(o.lr()), f32(o.mu()), f32(o.weight_decay()), f32(o.epsilon()),
                       f32(o.oversample()));
@@ -622,11 +634,69 @@ std::vector<at::Tensor> Optimizer::gradients(const std::vector<at::Tensor>& para
   std::vector<at::Tensor> G = grads_of(params);
   if (!dist_ || !dist_->sync_gradients()) return G;
   for (size_t i = 0; i < G.size(); ++i) {
-    if (dist_->layout(params[i]).sharded()) continue;  // FSDP gradients arrive reduce-scattered
+    // FSDP gradients arrive reduce-scattered over the shard group; HSDP averages them over the
+    // replicate group.
+    if (dist_->layout(params[i]).sharded() && dist_->axis_size(Axis::REPLICA) <= 1) continue;
     G[i] = G[i].clone(at::MemoryFormat::Contiguous);
     dist_->average_over_replicas_(G[i]);
   }
   return G;
+}
+
+// Legacy Dion on FSDP (outer) or FSDP x TP (outer x inner) shards, after the reference's
+// dion_update_fsdp / dion_update_fsdp_tp. M_batch [a, b] is M or M^T with the outer-sharded dim
+// as b (so Q [b, r] is sharded like it) and the inner-sharded dim, if any, as a.
+//   P = M Q: partial over outer -> summed (reduce-scatter in 1-D, all_reduce in 2-D)
+//   orthonormalize P: 1-D: each outer rank ~N/W matrices, then all_gather; 2-D: P's rows are
+//     gathered over inner and every rank orthonormalizes all of them with a sketch generator
+//     seeded identically everywhere (no further communication; every rank gets the same P)
+//   R = M^T P: partial over inner -> all_reduce; column norms of R summed over outer.
+// With a replicate group and optimizer-side sync: P and R are averaged over it when compressed
+// ((m + n) r < m n), otherwise the gradients are.
+void Optimizer::step_dion_sharded(const std::vector<at::Tensor>& X, std::vector<at::Tensor> G,
+                                  const std::vector<at::Tensor>& M, const std::vector<at::Tensor>& Q,
+                                  const Layout& L, const Options& o) {
+  const int64_t m = L.global_shape[0], n = L.global_shape[1];
+  const bool transposed = math::dion_is_transposed_sharded(m, n, L.shard_dim, L.inner_dim);
+  const int64_t r = Q[0].size(1);
+  const bool sync = dist_->sync_gradients() && dist_->axis_size(Axis::REPLICA) > 1;
+  const bool compressed = sync && o.rank_fraction() < 1.0 && (m + n) * r < m * n;
+  if (sync && !compressed)
+    for (at::Tensor& g : G) {
+      g = g.clone(at::MemoryFormat::Contiguous);
+      dist_->average_over_replicas_(g);
+    }
+  math::DionBatch b = math::dion_power(G, M, Q, transposed ? 1 : 0);
+  at::Tensor P = b.P.contiguous();  // [N, a_local, r], partial over outer
+  const int64_t N = P.size(0), W = dist_->axis_size(Axis::OUTER);
+  const float oversample = f32(o.oversample());
+  if (!L.two_d()) {
+    // Reduce-scatter over outer (one all_to_all + a local sum), orthonormalize my share, gather.
+    const int64_t per = (N + W - 1) / W;
+    at::Tensor padded = N == per * W ? P : at::cat({P, at::zeros({per * W - N, P.size(1), r}, P.options())});
+    at::Tensor mine = dist_->all_to_all(padded, Axis::OUTER).view({W, per, P.size(1), r}).sum(0);
+    if (compressed) dist_->average_over_replicas_(mine);
+    mine = math::dion_orthonormalize(mine, oversample);
+    P = dist_->all_gather(mine.contiguous(), Axis::OUTER).flatten(0, 1).narrow(0, 0, N);
+  } else {
+    dist_->all_reduce_(P, Axis::OUTER);
+    if (compressed) dist_->average_over_replicas_(P);
+    const int64_t T = dist_->axis_size(Axis::INNER), a = transposed ? n : m;
+    const int64_t chunk = (a + T - 1) / T, a_local = P.size(1);
+    at::Tensor pad = a_local == chunk ? P : at::cat({P, at::zeros({N, chunk - a_local, r}, P.options())}, 1);
+    at::Tensor all = dist_->all_gather(pad.contiguous(), Axis::INNER);          // [T, N, chunk, r]
+    at::Tensor full = all.permute({1, 0, 2, 3}).reshape({N, T * chunk, r}).narrow(1, 0, a);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.step()) * 1000003ULL +
+                                                        static_cast<uint64_t>(a) * 131ULL + static_cast<uint64_t>(r));
+    full = math::dion_orthonormalize(full.contiguous(), oversample, gen);
+    const int64_t t = dist_->axis_rank(Axis::INNER), start = std::min(a, chunk * t);
+    P = full.narrow(1, start, a_local).contiguous();
+  }
+  at::Tensor R = math::dion_R(b, P).contiguous();  // [N, b_local, r]
+  if (L.two_d()) dist_->all_reduce_(R, Axis::INNER);
+  if (compressed) dist_->average_over_replicas_(R);
+  math::dion_finish(X, M, Q, b, P, R, f32(o.lr()), f32(o.mu()), f32(o.weight_decay()), f32(o.epsilon()),
+                    L.global_shape, [this](at::Tensor& t) { dist_->all_reduce_(t, Axis::OUTER); });
 }
 
 void Optimizer::synchronize_for_checkpoint() {

@@ -61,6 +61,16 @@ class Distributed : public Distribution {
   // (mesh.axis("tp")). Register parameters with shard(local, global_shape, dim, inner_dim).
   Distributed(std::shared_ptr<Group> outer, std::shared_ptr<Group> inner);
 
+  // HSDP / legacy Dion's replicate mesh: average over `replicate` (the optimizer averages the
+  // gradients, or only Dion's compressed P and R, when `sync_gradients`).
+  Distributed& replicate(std::shared_ptr<Group> replicate, bool sync_gradients);
+
+  int axis_size(Axis axis) const override;
+  int axis_rank(Axis axis) const override;
+  void all_reduce_(at::Tensor& x, Axis axis) override;
+  at::Tensor all_gather(const at::Tensor& x, Axis axis) override;
+  at::Tensor all_to_all(const at::Tensor& x, Axis axis) override;
+
   // Register a sharded parameter: `local` holds this rank's chunk of a tensor of `global_shape`
   // along `dim`. Unregistered parameters are replicated across the group.
   void shard(const at::Tensor& local, std::vector<int64_t> global_shape, int64_t dim,
@@ -89,11 +99,15 @@ class Distributed : public Distribution {
 
   Group& outer();  // this thread's lane of the outer group
   Group& inner();  // ... of the inner (TP) group
+  Group& replica();  // ... of the replicate group
+  Group* axis_group(Axis axis);  // this thread's lane of that axis, or null when absent
+  const Group* axis_group(Axis axis) const;
 
   std::shared_ptr<Group> group_;
   std::shared_ptr<Group> inner_;  // TP group for 2-D sharding, or null
+  std::shared_ptr<Group> replicate_;  // HSDP replicate group, or null (DDP: the outer group)
   int lanes_ = 3;
-  std::vector<std::shared_ptr<Group>> outer_lanes_, inner_lanes_;  // lanes 1..K-1
+  std::vector<std::shared_ptr<Group>> outer_lanes_, inner_lanes_, replicate_lanes_;  // lanes 1..K-1
   bool sync_gradients_ = false;
   std::unordered_map<const void*, Layout> layouts_;
   mutable std::string local_error_;

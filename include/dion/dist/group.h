@@ -29,7 +29,8 @@
 
 namespace c10d {
 class ProcessGroup;
-}
+class Store;
+}  // namespace c10d
 
 namespace dion::dist {
 
@@ -69,11 +70,14 @@ class Group {
 
   // Wrap an existing c10d ProcessGroup (torch.distributed's, e.g. from Python): collectives go
   // through its CPU backend (Gloo). `ranks`: the members' global ranks in group-rank order
-  // (torch.distributed.get_process_group_ranks); empty means 0..size-1. The name is the
-  // group's name, or "torch". subgroup() is not available on such a group: create sub-groups
-  // in torch (dist.new_group) and wrap them. Throws CommError when the group has no CPU backend.
+  // (torch.distributed.get_process_group_ranks); empty means 0..size-1. `store`: the world's
+  // store (torch.distributed.distributed_c10d._get_default_store()), which subgroup() needs for
+  // its rendezvous; without it subgroup() throws CommError. The name is "torch:" + the group's
+  // name. Throws CommError when the group has no CPU backend.
   static Group from_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
-                                  std::vector<int> ranks = {}, GroupOptions options = {});
+                                  std::vector<int> ranks = {},
+                                  const c10::intrusive_ptr<c10d::Store>& store = {},
+                                  GroupOptions options = {});
 
   int rank() const { return rank_; }
   int size() const { return size_; }

@@ -14,7 +14,11 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <ATen/core/Generator.h>
+
 #include <cstdint>
+#include <functional>
+#include <optional>
 
 namespace dion::math {
 
@@ -28,7 +32,14 @@ inline bool dion_is_transposed(int64_t m, int64_t n) { return m < n; }
 // Orthonormalize the columns of a batch P [B, rows, r]: QR in fp32 when rows <= r, otherwise
 // randomized Cholesky QR with a Gaussian sketch of ceil(oversample * r / 128) * 128 rows drawn
 // from the default generator. Returns P's dtype.
-at::Tensor dion_orthonormalize(const at::Tensor& P, float oversample);
+// `generator`: where the sketch comes from (default: the global generator). Sharded callers
+// pass one seeded identically on every rank, so that every rank computes the same P.
+at::Tensor dion_orthonormalize(const at::Tensor& P, float oversample,
+                               std::optional<at::Generator> generator = std::nullopt);
+
+// Whether Dion works on M^T for a parameter sharded on `outer_dim` (FSDP; -1 none) and
+// `inner_dim` (TP; -1 none): the outer-sharded dim becomes the Q side, as in the reference.
+bool dion_is_transposed_sharded(int64_t m, int64_t n, int64_t outer_dim, int64_t inner_dim);
 
 // The step in two halves, so that a distributed caller can move P and R between them.
 struct DionBatch {
@@ -37,13 +48,16 @@ struct DionBatch {
   at::Tensor P;        // [B, m', r] = M_batch Q_batch, before orthonormalization
   bool transposed = false;
 };
-// M += G; one power-iteration step P = M Q.
-DionBatch dion_power(at::TensorList G, at::TensorList M, at::TensorList Q);
+// M += G; one power-iteration step P = M Q. `transposed`: -1 decides from M's shape.
+DionBatch dion_power(at::TensorList G, at::TensorList M, at::TensorList Q, int transposed = -1);
 // R = M^T P for the orthonormalized P.
 at::Tensor dion_R(const DionBatch& b, const at::Tensor& P);
 // Zero/NaN guard, error feedback M -= (1 - mu) P R^T, Q = column-normalized R, the weight update.
+// `shape`: the parameter's global [m, n] (for the lr scale). When R's rows are sharded,
+// `sum_columns` sums the per-column squared norms over the shards (in place).
 void dion_finish(at::TensorList X, at::TensorList M, at::TensorList Q, const DionBatch& b, at::Tensor P,
-                 at::Tensor R, float lr, float mu, float weight_decay, float epsilon);
+                 at::Tensor R, float lr, float mu, float weight_decay, float epsilon,
+                 c10::IntArrayRef shape = {}, const std::function<void(at::Tensor&)>& sum_columns = nullptr);
 
 // One Dion step for a batch of same-shape matrices. X, G, M [m, n]; Q [n, r] ([m, r] when
 // transposed), updated in place.

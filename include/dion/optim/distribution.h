@@ -41,9 +41,22 @@ struct OrthoRequest {
   int64_t local_size = 0;
 };
 
+// The groups a Distribution spans: OUTER shards (FSDP, or the DDP group), INNER shards (TP),
+// REPLICA (HSDP's replicate axis, when there is one; average_over_replicas_ falls back to OUTER
+// for DDP).
+enum class Axis { OUTER, INNER, REPLICA };
+
 class Distribution {
  public:
   virtual ~Distribution() = default;
+
+  // Plain collectives over one axis, for algorithms that orchestrate their own communication
+  // (legacy Dion). An axis this Distribution lacks has size 1 and local no-op collectives.
+  virtual int axis_size(Axis axis) const = 0;
+  virtual int axis_rank(Axis axis) const = 0;
+  virtual void all_reduce_(at::Tensor& x, Axis axis) = 0;            // sum, in place
+  virtual at::Tensor all_gather(const at::Tensor& x, Axis axis) = 0;  // [size, ...]
+  virtual at::Tensor all_to_all(const at::Tensor& x, Axis axis) = 0;  // dim-0 chunks
   virtual Layout layout(const at::Tensor& param) const = 0;
   // U: N same-shape local matrices. Returns the N orthogonalized local parts, stacked [N, ...].
   virtual at::Tensor orthogonalize(std::vector<at::Tensor> U, const Layout& layout,

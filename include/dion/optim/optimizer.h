@@ -117,6 +117,9 @@ class Optimizer : public torch::optim::Optimizer {
                           const std::vector<at::Tensor>& M, const std::vector<at::Tensor>& V, const Plan& plan,
                           const Options& group, int64_t select_dim, float adjusted_lr);
   void step_dion(const std::vector<at::Tensor>& params, const Options& group);
+  void step_dion_sharded(const std::vector<at::Tensor>& X, std::vector<at::Tensor> G,
+                         const std::vector<at::Tensor>& M, const std::vector<at::Tensor>& Q, const Layout& layout,
+                         const Options& group);
   void step_adamw(const std::vector<at::Tensor>& params, const Options& group);
   void step_lion(const std::vector<at::Tensor>& params, const Options& group);
   void check_group(size_t index, const std::vector<at::Tensor>& params, const Options& group) const;
