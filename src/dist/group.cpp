@@ -11,6 +11,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef DION_HAVE_CUDA
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <cstdlib>
 #include <sstream>
@@ -22,6 +25,31 @@ struct Group::Impl {
                                               // wrapped torch ProcessGroup, torch's store or null
   c10::intrusive_ptr<c10d::Backend> backend;  // this group's Gloo backend
   c10::intrusive_ptr<c10d::ProcessGroup> pg;  // the wrapped torch ProcessGroup (kept alive), or null
+  c10::intrusive_ptr<c10d::Backend> nccl;     // NCCL backend for CUDA tensors, created on first use
+  std::string prefix;                         // rendezvous prefix of this group
+  int rank = 0, size = 1;
+  std::chrono::milliseconds timeout{0};
+
+  // Gloo for CPU tensors, NCCL for CUDA tensors. The NCCL backend is created by the first
+  // collective on a CUDA tensor, which every rank reaches at the same point.
+  c10d::Backend& backend_for(const at::Tensor& t, const std::string& group_name) {
+    if (!t.is_cuda()) return *backend;
+#ifdef DION_HAVE_CUDA
+    if (!nccl) {
+      if (pg) {
+        nccl = pg->getBackend(c10::DeviceType::CUDA);
+      } else {
+        auto opts = c10d::ProcessGroupNCCL::Options::create();
+        opts->timeout = timeout;
+        auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix + "/nccl", store);
+        nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, size, opts);
+      }
+    }
+    return *nccl;
+#else
+    throw CommError("group '" + group_name + "': a CUDA tensor, but dion-cpp was built without CUDA (no NCCL backend)");
+#endif
+  }
 };
 
 int64_t CommStats::bytes(const std::string& kind) const {
@@ -101,6 +129,10 @@ Group Group::create(const std::string& host, int port, int rank, int size, Group
     g.impl_->store = c10::make_intrusive<c10d::TCPStore>(host, so);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("world", g.impl_->store);
     g.impl_->backend = make_gloo(prefixed, rank, size, options.timeout);
+    g.impl_->prefix = "world";
+    g.impl_->rank = rank;
+    g.impl_->size = size;
+    g.impl_->timeout = options.timeout;
   } catch (const std::exception& e) {
     std::ostringstream os;
     os << "rank " << rank << " of " << size << ": rendezvous at " << host << ":" << port
@@ -185,6 +217,10 @@ std::shared_ptr<Group> Group::subgroup(const std::vector<int>& ranks, const std:
     g->impl_ = std::make_shared<Impl>();
     g->impl_->store = impl_->store;
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(g->name_, impl_->store);
+    g->impl_->prefix = g->name_;
+    g->impl_->rank = my;
+    g->impl_->size = g->size_;
+    g->impl_->timeout = options_.timeout;
     try {
       g->impl_->backend = make_gloo(prefixed, my, g->size_, options_.timeout);
     } catch (const std::exception& e) {
@@ -220,7 +256,7 @@ at::Tensor Group::all_gather(const at::Tensor& x) {
   at::Tensor out = at::empty(shape, in.options());
   std::vector<std::vector<at::Tensor>> outputs(1, out.unbind(0));
   try {
-    impl_->backend->allgather(outputs, inputs)->wait(options_.timeout);
+    impl_->backend_for(in, name_).allgather(outputs, inputs)->wait(options_.timeout);
   } catch (const std::exception& e) {
     fail("all_gather", e);
   }
@@ -236,7 +272,7 @@ at::Tensor Group::all_to_all(const at::Tensor& x) {
   at::Tensor out = at::empty_like(in);
   std::vector<int64_t> splits;  // empty: equal splits
   try {
-    impl_->backend->alltoall_base(out, in, splits, splits)->wait(options_.timeout);
+    impl_->backend_for(in, name_).alltoall_base(out, in, splits, splits)->wait(options_.timeout);
   } catch (const std::exception& e) {
     fail("all_to_all", e);
   }
@@ -249,7 +285,7 @@ void Group::all_reduce_(at::Tensor& x) {
   count("all_reduce", x);
   std::vector<at::Tensor> ts = {x};
   try {
-    impl_->backend->allreduce(ts)->wait(options_.timeout);
+    impl_->backend_for(x, name_).allreduce(ts)->wait(options_.timeout);
   } catch (const std::exception& e) {
     fail("all_reduce", e);
   }
@@ -263,7 +299,7 @@ void Group::broadcast_(at::Tensor& x, int root) {
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   try {
-    impl_->backend->broadcast(ts, opts)->wait(options_.timeout);
+    impl_->backend_for(x, name_).broadcast(ts, opts)->wait(options_.timeout);
   } catch (const std::exception& e) {
     fail("broadcast", e);
   }

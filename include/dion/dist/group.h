@@ -8,7 +8,8 @@
 //   world.stats();                                     // bytes and calls per collective kind
 //   auto g = dion::dist::Group::from_process_group(pg, ranks); // wrap a torch ProcessGroup
 //
-// Backends: Gloo for CPU tensors. (NCCL for CUDA tensors is the GPU path; see docs/distributed.md.)
+// Backends: Gloo for CPU tensors; NCCL for CUDA tensors (built with CUDA; the NCCL backend is
+// created by the first collective on a CUDA tensor).
 // Rendezvous: a c10d TCPStore at MASTER_ADDR:MASTER_PORT, as torchrun sets up; rank 0 hosts it.
 // Every collective waits at most the group's timeout; a rank that died makes the others throw
 // dion::dist::CommError naming the collective, the group and the timeout, never hang.
