@@ -399,27 +399,37 @@ at::Tensor Optimizer::orthogonalize(std::vector<at::Tensor> U, const Plan& plan,
 
 // ---------------------------------------------------------------------------- the algorithms
 
+// A megabatch's tensors as the math sees them — per-head views [H, hd, n] when num_heads is
+// set — and the shape its learning rate is adjusted for (the global shape, or one head).
+Optimizer::Operands Optimizer::operands(const std::vector<at::Tensor>& batch, const Options& o, const Plan& plan,
+                                        bool with_variance) {
+  Operands ops;
+  ops.X = batch;
+  ops.G = gradients(batch);
+  for (const at::Tensor& p : batch) {
+    ParamState& s = state_for(p, o);
+    ops.M.push_back(s.momentum());
+    if (with_variance) ops.V.push_back(s.variance_neuron());
+  }
+  ops.adjust_shape = plan.layout.global_shape;
+  if (plan.heads) {
+    ops.X = head_views(ops.X, plan.heads);
+    ops.G = head_views(ops.G, plan.heads);
+    ops.M = head_views(ops.M, plan.heads);
+    if (with_variance) ops.V = head_views(ops.V, plan.heads);
+    ops.adjust_shape = ops.X[0].sizes().vec();
+  }
+  return ops;
+}
+
 void Optimizer::step_muon_like(const std::vector<at::Tensor>& params, const Options& o, size_t g) {
   const bool nor = o.algorithm() == "normuon";
   for (const auto& batch : megabatches(params)) {
     const Plan plan = plan_for(batch, o, g);
-    std::vector<at::Tensor> X = batch, G = gradients(batch), M, V;
-    for (const at::Tensor& p : batch) {
-      ParamState& s = state_for(p, o);
-      M.push_back(s.momentum());
-      if (nor) V.push_back(s.variance_neuron());
-    }
-    std::vector<int64_t> adjust_shape = plan.layout.global_shape;
-    std::vector<double> scales;
+    auto [X, G, M, V, adjust_shape] = operands(batch, o, plan, nor);
+    std::vector<double> scales;  // split_sizes excludes num_heads: adjust_shape is the global shape
     if (!o.split_sizes().empty())
       scales = math::split_lr_scales(o.split_sizes(), adjust_shape, o.adjust_lr());
-    if (plan.heads) {
-      X = head_views(X, plan.heads);
-      G = head_views(G, plan.heads);
-      M = head_views(M, plan.heads);
-      if (nor) V = head_views(V, plan.heads);
-      adjust_shape = X[0].sizes().vec();
-    }
     std::vector<at::Tensor> U = math::muon_pre(G, M, f32(o.mu()), o.nesterov(), ortho_.dtype);
     at::Tensor O = orthogonalize(std::move(U), plan, o, ortho_fn_, o.split_sizes(), scales);
     if (nor) {
@@ -444,20 +454,7 @@ void Optimizer::step_dion2_like(const std::vector<at::Tensor>& params, const Opt
   const bool nor = o.algorithm() == "nordion2";
   for (const auto& batch : megabatches(params)) {
     const Plan plan = plan_for(batch, o, g);
-    std::vector<at::Tensor> X = batch, G = gradients(batch), M, V;
-    for (const at::Tensor& p : batch) {
-      ParamState& s = state_for(p, o);
-      M.push_back(s.momentum());
-      if (nor) V.push_back(s.variance_neuron());
-    }
-    std::vector<int64_t> adjust_shape = plan.layout.global_shape;
-    if (plan.heads) {
-      X = head_views(X, plan.heads);
-      G = head_views(G, plan.heads);
-      M = head_views(M, plan.heads);
-      if (nor) V = head_views(V, plan.heads);
-      adjust_shape = X[0].sizes().vec();
-    }
+    auto [X, G, M, V, adjust_shape] = operands(batch, o, plan, nor);
     const bool matrix_sharded = plan.communicate && plan.layout.sharded();
     // NorDion2 selects rows (per-neuron statistics need whole rows). Dion2 selects along the
     // sharded dim when a matrix dim is sharded, else along the shorter dim.

@@ -101,6 +101,12 @@ class Optimizer : public torch::optim::Optimizer {
   struct Plan;  // how one megabatch is laid out and communicated (optimizer.cpp)
   template <typename TaskList>
   void run_tasks(TaskList& tasks);
+  struct Operands {
+    std::vector<at::Tensor> X, G, M, V;
+    std::vector<int64_t> adjust_shape;
+  };
+  Operands operands(const std::vector<at::Tensor>& batch, const Options& group, const Plan& plan,
+                    bool with_variance);
   Plan plan_for(const std::vector<at::Tensor>& batch, const Options& group, size_t group_index) const;
   at::Tensor orthogonalize(std::vector<at::Tensor> U, const Plan& plan, const Options& group,
                            const math::OrthoFn& fn, const std::vector<int64_t>& split_sizes,
