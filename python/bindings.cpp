@@ -16,8 +16,10 @@
 //
 // Distribution: set_distribution(process_group, ranks, store, sync_gradients) wraps a
 // torch.distributed ProcessGroup (Gloo) as a dion::dist::Group (Group::from_process_group) and
-// gives the optimizer a dion::dist::Distributed over it; shard(local, global_shape, dim)
-// registers a DTensor's local shard. Python (_optimizers.py) decides what is sharded.
+// gives the optimizer a dion::dist::Distributed over it; set_sharded_distribution(outer, ...,
+// inner, ..., replicate, ...) does the same for legacy Dion's outer / inner shard meshes and
+// replicate mesh (Distributed(outer, inner).replicate(...)); shard(local, global_shape, dim,
+// inner_dim) registers a DTensor's local shard. Python (_optimizers.py) decides what is sharded.
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
@@ -253,32 +255,34 @@ class PyOptimizer {
   // sub-groups of the overlapped megabatch lanes) or None (one lane). Call before the first step.
   void set_distribution(const py::object& process_group, std::vector<int> ranks, const py::object& store,
                         bool sync_gradients) {
-    c10::intrusive_ptr<c10d::ProcessGroup> pg;
-    c10::intrusive_ptr<c10d::Store> kv;
-    try {
-      pg = process_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
-      if (!store.is_none()) kv = store.cast<c10::intrusive_ptr<c10d::Store>>();
-    } catch (const py::cast_error&) {
-      throw dion::TypeError("expected a torch.distributed.ProcessGroup and Store, got " + type_name(process_group) +
-                            " and " + type_name(store));
-    }
-    dion::dist::GroupOptions options;  // the torch group's timeout, where its backend tells it
-    try {
-      if (pg->getSize() > 1) options.timeout = pg->getBackend(c10::DeviceType::CPU)->getBackendOptions()->timeout;
-    } catch (const std::exception&) {
-      // a backend without getBackendOptions: keep the default
-    }
-    auto group = std::make_shared<dion::dist::Group>(
-        dion::dist::Group::from_process_group(pg, std::move(ranks), kv, options));
-    dist_ = std::make_shared<dion::dist::Distributed>(std::move(group), sync_gradients);
+    const c10::intrusive_ptr<c10d::Store> kv = store_of(store);
+    dist_ = std::make_shared<dion::dist::Distributed>(wrap(process_group, std::move(ranks), kv), sync_gradients);
     if (!kv) dist_->lanes(1);
     opt_->set_distribution(dist_);
   }
 
-  // `local` is this rank's chunk along `dim` of a parameter of `global_shape` (FSDP2 chunking).
-  void shard(const at::Tensor& local, std::vector<int64_t> global_shape, int64_t dim) {
+  // Legacy Dion's sharding meshes: Distributed(outer) or Distributed(outer, inner) (FSDP,
+  // FSDP x TP), plus .replicate(replicate, sync_gradients) (HSDP) when `replicate` is not None.
+  // Each group comes with its global ranks, as in set_distribution. Call before the first step.
+  void set_sharded_distribution(const py::object& outer, std::vector<int> outer_ranks, const py::object& inner,
+                                std::vector<int> inner_ranks, const py::object& replicate,
+                                std::vector<int> replicate_ranks, const py::object& store, bool sync_gradients) {
+    const c10::intrusive_ptr<c10d::Store> kv = store_of(store);
+    auto outer_group = wrap(outer, std::move(outer_ranks), kv);
+    dist_ = inner.is_none()
+                ? std::make_shared<dion::dist::Distributed>(std::move(outer_group))
+                : std::make_shared<dion::dist::Distributed>(std::move(outer_group),
+                                                            wrap(inner, std::move(inner_ranks), kv));
+    if (!replicate.is_none()) dist_->replicate(wrap(replicate, std::move(replicate_ranks), kv), sync_gradients);
+    if (!kv) dist_->lanes(1);
+    opt_->set_distribution(dist_);
+  }
+
+  // `local` is this rank's chunk along `dim` of a parameter of `global_shape` (FSDP2 chunking),
+  // and along `inner_dim` over the inner group when it is >= 0 (FSDP x TP).
+  void shard(const at::Tensor& local, std::vector<int64_t> global_shape, int64_t dim, int64_t inner_dim) {
     if (!dist_) throw dion::ValueError("shard: no distribution (call set_distribution first)");
-    dist_->shard(local, std::move(global_shape), dim);
+    dist_->shard(local, std::move(global_shape), dim, inner_dim);
   }
 
   void synchronize_for_checkpoint() {
@@ -322,6 +326,35 @@ class PyOptimizer {
   }
 
  private:
+  static c10::intrusive_ptr<c10d::Store> store_of(const py::object& store) {
+    if (store.is_none()) return {};
+    try {
+      return store.cast<c10::intrusive_ptr<c10d::Store>>();
+    } catch (const py::cast_error&) {
+      throw dion::TypeError("expected a torch.distributed.Store or None, got " + type_name(store));
+    }
+  }
+
+  // A torch ProcessGroup as a dion::dist::Group (Group::from_process_group), with the torch
+  // group's timeout where its backend tells it.
+  static std::shared_ptr<dion::dist::Group> wrap(const py::object& process_group, std::vector<int> ranks,
+                                                 const c10::intrusive_ptr<c10d::Store>& store) {
+    c10::intrusive_ptr<c10d::ProcessGroup> pg;
+    try {
+      pg = process_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+    } catch (const py::cast_error&) {
+      throw dion::TypeError("expected a torch.distributed.ProcessGroup, got " + type_name(process_group));
+    }
+    dion::dist::GroupOptions options;  // the torch group's timeout, where its backend tells it
+    try {
+      if (pg->getSize() > 1) options.timeout = pg->getBackend(c10::DeviceType::CPU)->getBackendOptions()->timeout;
+    } catch (const std::exception&) {
+      // a backend without getBackendOptions: keep the default
+    }
+    return std::make_shared<dion::dist::Group>(
+        dion::dist::Group::from_process_group(pg, std::move(ranks), store, options));
+  }
+
   static dion::Options defaults_of(const std::string& kind) {
     if (kind == "muon") return dion::Muon::defaults();
     if (kind == "normuon") return dion::NorMuon::defaults();
@@ -377,7 +410,11 @@ PYBIND11_MODULE(_C, m) {
       .def("init_state", &PyOptimizer::init_state)
       .def("set_distribution", &PyOptimizer::set_distribution, py::arg("process_group"), py::arg("ranks"),
            py::arg("store"), py::arg("sync_gradients"))
-      .def("shard", &PyOptimizer::shard, py::arg("local"), py::arg("global_shape"), py::arg("dim"))
+      .def("set_sharded_distribution", &PyOptimizer::set_sharded_distribution, py::arg("outer"),
+           py::arg("outer_ranks"), py::arg("inner"), py::arg("inner_ranks"), py::arg("replicate"),
+           py::arg("replicate_ranks"), py::arg("store"), py::arg("sync_gradients"))
+      .def("shard", &PyOptimizer::shard, py::arg("local"), py::arg("global_shape"), py::arg("dim"),
+           py::arg("inner_dim") = -1)
       .def("synchronize_for_checkpoint", &PyOptimizer::synchronize_for_checkpoint)
       .def("state", &PyOptimizer::state, py::arg("param"))
       .def("set_state", &PyOptimizer::set_state, py::arg("param"), py::arg("key"), py::arg("value"));

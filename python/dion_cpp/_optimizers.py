@@ -20,6 +20,9 @@ tensors (`_local_tensor`, the same storage), registered with the global shape an
 receives their local gradients before each step; Replicate() placements are replicated. The
 C++ step then runs its DDP / FSDP layouts (docs/distributed.md) over the group's Gloo backend.
 State tensors of DTensor parameters are handed back as DTensors over the same local storage.
+Legacy Dion takes the reference's replicate_mesh / outer_shard_mesh / inner_shard_mesh instead:
+DTensor parameters on a mesh whose dims are those 1-D sub-meshes are registered with their
+outer- (FSDP) and inner- (TP) sharded tensor dims; replicate_mesh adds HSDP's replicas.
 
 What it is not: no math, no validation. Errors come from C++ as ValueError, TypeError or
 NotImplementedError carrying the library's message (which names the group and the option).
@@ -39,8 +42,12 @@ from . import _C
 if dist.is_available():
     from torch.distributed.device_mesh import DeviceMesh as _DeviceMesh
     from torch.distributed.tensor import DTensor as _DTensor
+    try:
+        from torch.distributed.tensor.placement_types import _StridedShard
+    except ImportError:  # older torch: no strided shards
+        _StridedShard = None
 else:  # a torch build without distributed: no meshes, no DTensors
-    _DeviceMesh = _DTensor = None
+    _DeviceMesh = _DTensor = _StridedShard = None
 
 
 @dataclass
@@ -76,12 +83,20 @@ def _group_of(mesh, name: str):
     return group if dist.get_world_size(group) > 1 else None
 
 
-def _single_process(mesh, name: str) -> None:
-    """Accept no mesh, or a process group / device mesh of one rank; refuse the rest."""
-    if _group_of(mesh, name) is not None:
-        raise NotImplementedError(
-            f"{name} with more than one rank: not supported by dion_cpp's legacy Dion (its C++ "
-            "distributed paths cover replicate_mesh only)")
+def _shard_mesh_group(mesh, name: str, replicate_mesh):
+    """Legacy Dion's outer_shard_mesh / inner_shard_mesh (None or a 1-D DeviceMesh, checked as
+    the reference does): its ProcessGroup, or None when it is absent or has one rank."""
+    if mesh is None:
+        return None
+    label = name.split("_")[0].capitalize()
+    if _DeviceMesh is None or not isinstance(mesh, _DeviceMesh):
+        raise TypeError(f"{label} shard mesh must be a DeviceMesh, but got {type(mesh)}.")
+    if mesh.ndim != 1:
+        raise ValueError(f"{label} shard mesh must be 1D, but got {mesh.ndim}D. Try using a 1D sub-mesh.")
+    if mesh == replicate_mesh:
+        raise ValueError(f"{label} shard mesh must be different from replicate mesh.")
+    group = mesh.get_group()
+    return group if dist.get_world_size(group) > 1 else None
 
 
 def _default_store():
@@ -110,15 +125,19 @@ class _CppOptimizer(Optimizer):
         self._cpp = _C.Optimizer(self.kind, {**hyper, **extra})
         self._group = group
         self._local = {}  # DTensor parameter -> its local tensor (what C++ holds)
-        if group is not None:
-            self._cpp.set_distribution(group, dist.get_process_group_ranks(group), _default_store(),
-                                       sync_gradients)
+        self._distribute(group, sync_gradients)
         hyper = dict(hyper)
         beta1, beta2 = hyper.pop("betas")
         defaults = dict(hyper, beta1=beta1, beta2=beta2, algorithm=self.algorithm, step=0)
         super().__init__(params, defaults)
         if self.eager_state:
             self.init_state()
+
+    def _distribute(self, group, sync_gradients: bool) -> None:
+        """Give the C++ optimizer its distribution (DDP / FSDP over `group`), if any."""
+        if group is not None:
+            self._cpp.set_distribution(group, dist.get_process_group_ranks(group), _default_store(),
+                                       sync_gradients)
 
     # ------------------------------------------------------------------ groups
     def add_param_group(self, param_group: dict) -> None:
@@ -159,6 +178,12 @@ class _CppOptimizer(Optimizer):
                     f"Got a DTensor sharded over mesh dimension {axis} of {mesh} that is not the "
                     f"optimizer's distributed_mesh: create the optimizer with that (1-D) mesh")
             self._cpp.shard(local, list(p.shape), placement.dim % p.dim())
+        self._local[p] = local
+        return local
+
+    def _local_of(self, p: torch.Tensor) -> torch.Tensor:
+        """A DTensor parameter's local tensor, remembered as what C++ holds for `p`."""
+        local = p._local_tensor  # the storage the DTensor reads (to_local() may return a view)
         self._local[p] = local
         return local
 
@@ -371,10 +396,14 @@ Dion3 = NorDion2
 
 class Dion(_CppOptimizer):
     """Legacy Dion: low-rank power iteration (reference: dion/dion.py). 2-D matrices only.
-    replicate_mesh (DDP; replicate_mesh_grad_sync: the optimizer averages the gradients, or
-    only its compressed P and R) is supported; sharding meshes of more than one rank are not.
-    cqr_warmup_steps is accepted and ignored;
-    power_iters must be 1 and qr_method 'rcqr', as in the reference."""
+    Meshes as in the reference: replicate_mesh (DDP, or HSDP's replicate dim;
+    replicate_mesh_grad_sync: the optimizer averages the gradients, or only its compressed P
+    and R), outer_shard_mesh (FSDP) and inner_shard_mesh (TP), the latter two 1-D sub-meshes of
+    the DTensor parameters' mesh. A parameter's tensor dim that is Shard over the outer mesh's
+    dim is the outer-sharded dim, likewise inner (C++: Distributed(outer, inner).replicate(...),
+    shard(local, global_shape, dim, inner_dim)). Not supported: inner sharding without an outer
+    shard mesh of more than one rank (NotImplementedError). cqr_warmup_steps is accepted and
+    ignored; power_iters must be 1 and qr_method 'rcqr', as in the reference."""
 
     kind = algorithm = "dion"
     eager_state = False  # the reference creates state (and draws Q) at the first step
@@ -387,14 +416,84 @@ class Dion(_CppOptimizer):
                  qr_method: str = "rcqr", cqr_warmup_steps: int = 150,
                  rcqr_oversample: float = 1.25,
                  mixed_precision_config: Optional[DionMixedPrecisionConfig] = None):
-        _single_process(outer_shard_mesh, "outer_shard_mesh")
-        _single_process(inner_shard_mesh, "inner_shard_mesh")
+        replicate = _group_of(replicate_mesh, "replicate_mesh")
+        outer = _shard_mesh_group(outer_shard_mesh, "outer_shard_mesh", replicate_mesh)
+        inner = _shard_mesh_group(inner_shard_mesh, "inner_shard_mesh", replicate_mesh)
+        if inner_shard_mesh is not None and inner_shard_mesh == outer_shard_mesh:
+            raise ValueError("Outer and inner shard meshes must be different.")
+        if inner is not None and outer is None:
+            raise NotImplementedError(
+                "inner_shard_mesh with more than one rank needs an outer_shard_mesh of more than one "
+                "rank in dion_cpp's legacy Dion (its C++ layouts are FSDP and FSDP x TP)")
+        # Sharded (outer, inner, replicate) groups, or None: DDP over replicate_mesh as before.
+        self._sharding = (outer, inner, replicate) if outer is not None else None
+        self._outer_ranks = dist.get_process_group_ranks(outer) if outer is not None else None
+        self._inner_ranks = dist.get_process_group_ranks(inner) if inner is not None else None
         hyper = dict(rank_fraction=rank_fraction, rank_multiple_of=rank_multiple_of, lr=lr, mu=mu,
                      betas=betas, weight_decay=weight_decay, epsilon=epsilon,
                      oversample=rcqr_oversample)
         super().__init__(params, hyper, dict(power_iters=power_iters, qr_method=qr_method,
                                              mixed_precision_config=mixed_precision_config),
-                         _group_of(replicate_mesh, "replicate_mesh"), replicate_mesh_grad_sync)
+                         replicate, replicate_mesh_grad_sync)
+
+    def _distribute(self, group, sync_gradients: bool) -> None:
+        if self._sharding is None:
+            return super()._distribute(group, sync_gradients)
+        outer, inner, replicate = self._sharding
+
+        def ranks(g):
+            return dist.get_process_group_ranks(g) if g is not None else []
+
+        self._cpp.set_sharded_distribution(outer, ranks(outer), inner, ranks(inner), replicate,
+                                           ranks(replicate), _default_store(), sync_gradients)
+
+    def _register(self, p: torch.Tensor) -> torch.Tensor:
+        """With sharding meshes: find the tensor dims that are Shard over the outer and the inner
+        shard mesh's dim of p's mesh (as the reference's _get_dion_param_config) and register
+        p's local tensor with them."""
+        if self._sharding is None:
+            return super()._register(p)
+        if not _is_dtensor(p):
+            raise TypeError("When using DeviceMesh, all parameters must be DTensor.")
+        if any(pl.is_partial() for pl in p.placements):
+            raise ValueError(f"DTensor parameter with placements {p.placements}: Partial() "
+                             "parameters are not supported (Shard or Replicate only)")
+        mesh = p.device_mesh
+        outer_dim = inner_dim = None
+        seen = set()
+        for mesh_dim, placement in enumerate(p.placements):
+            if _StridedShard is not None and isinstance(placement, _StridedShard):
+                raise NotImplementedError(
+                    "StridedShard is not supported. Ensure that FSDP and TP shard different "
+                    "dimensions of each matrix.")
+            if not placement.is_shard():
+                continue
+            tensor_dim = placement.dim % p.dim()
+            if tensor_dim in seen:
+                raise RuntimeError(f"Got double-sharded DTensor for tensor dimension {tensor_dim}.")
+            seen.add(tensor_dim)
+            mesh_dim_ranks = dist.get_process_group_ranks(mesh.get_group(mesh_dim))
+            is_outer = mesh_dim_ranks == self._outer_ranks
+            is_inner = mesh_dim_ranks == self._inner_ranks
+            if is_outer and is_inner:
+                raise RuntimeError(
+                    "Cannot have outer and inner sharding over the same process group.")
+            if mesh.size(mesh_dim) > 1 and not is_outer and not is_inner:
+                raise RuntimeError(
+                    f"Got DTensor sharded on unrecognized mesh_dim={mesh_dim}, which does not "
+                    "match outer_shard_mesh or inner_shard_mesh.")
+            if is_outer:
+                outer_dim = tensor_dim
+            if is_inner:
+                inner_dim = tensor_dim
+        if inner_dim is not None and outer_dim is None:
+            raise NotImplementedError(
+                f"DTensor parameter with placements {p.placements}: sharded over inner_shard_mesh "
+                "only; dion_cpp's legacy Dion needs the outer_shard_mesh sharding too (FSDP x TP)")
+        local = self._local_of(p)
+        if outer_dim is not None:
+            self._cpp.shard(local, list(p.shape), outer_dim, -1 if inner_dim is None else inner_dim)
+        return local
 
     def synchronize_for_checkpoint(self) -> None:
         """Average the state over replicate_mesh before saving a checkpoint (with

@@ -13,9 +13,12 @@ single-process optimizer over full copies — and compares the full parameters a
 Dion2 / NorDion2 use selection_scope="global" under FSDP: the "local" scope selects within each
 shard by design (the reference's semantics) and is not the single-process result.
 
+Legacy Dion on shard meshes runs in a 4-process job (FSDP, FSDP x TP, HSDP with compressed
+sync; see CASES4), against one process within 1e-5.
+
 How: one 2-process job (torch.multiprocessing, spawn) runs every case and reports
-{case: (ok, detail)} per rank through a queue; the pytest cases read that report. The job is
-killed and the tests fail if it takes longer than JOB_TIMEOUT_S; collectives time out after
+{case: (ok, detail)} per rank through a queue; the pytest cases read that report (likewise
+the 4-process job). A job is killed and the tests fail if it takes longer than JOB_TIMEOUT_S; collectives time out after
 GROUP_TIMEOUT_S, so a failing rank cannot leave its peer waiting forever.
 """
 import datetime
@@ -141,23 +144,36 @@ def case_fsdp(kind, specs):
             f"(a DTensor: {state_ok}); tolerance {FSDP_RTOL}")
 
 
+def expect_error(make, error, text):
+    """None when make() raises `error` whose message contains `text`, else what went wrong."""
+    try:
+        make()
+    except error as e:
+        return None if text in str(e) else f"unexpected message: {e}"
+    except Exception as e:  # noqa: BLE001
+        return f"raised {type(e).__name__} instead of {error.__name__}: {e}"
+    return f"no {error.__name__} raised"
+
+
 def case_errors():
-    """A 2-D mesh is refused as the reference does; legacy Dion refuses sharding meshes."""
+    """A 2-D mesh is refused as the reference does; legacy Dion's shard meshes must be 1-D
+    DeviceMeshes and, with them, every parameter a DTensor (the reference's errors)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh2d = init_device_mesh("cpu", (1, WORLD), mesh_dim_names=("dp", "fs"))
-    try:
-        dion_cpp.Muon([torch.randn(4, 4)], distributed_mesh=mesh2d)
-        return False, "2-D mesh accepted"
-    except ValueError as e:
-        if "Only 1D DeviceMesh supported" not in str(e):
-            return False, f"2-D mesh: unexpected message {e}"
-    try:
-        dion_cpp.Dion([torch.randn(4, 4)], outer_shard_mesh=mesh2d["fs"])
-        return False, "legacy Dion accepted an outer_shard_mesh of 2 ranks"
-    except NotImplementedError:
-        pass
-    return True, "ok"
+    checks = {
+        "2-D distributed_mesh": expect_error(
+            lambda: dion_cpp.Muon([torch.randn(4, 4)], distributed_mesh=mesh2d), ValueError,
+            "Only 1D DeviceMesh supported"),
+        "2-D outer_shard_mesh": expect_error(
+            lambda: dion_cpp.Dion([torch.randn(4, 4)], outer_shard_mesh=mesh2d), ValueError,
+            "Outer shard mesh must be 1D"),
+        "plain tensor with outer_shard_mesh": expect_error(
+            lambda: dion_cpp.Dion([torch.randn(4, 4)], outer_shard_mesh=mesh2d["fs"]), TypeError,
+            "all parameters must be DTensor"),
+    }
+    bad = {k: v for k, v in checks.items() if v is not None}
+    return not bad, str(bad) if bad else "ok"
 
 
 # Wide matrices sharded on rows: 8 rows / 2 ranks, 7 rows (4 + 3), 3 rows (2 + 1).
@@ -173,15 +189,135 @@ CASES = {
 }
 
 
-def _worker(rank, port, report):
+# ---------------------------------------------------------------------------- legacy Dion, 4 ranks
+# The C++ tests' dion_shard_case (tests/test_dist.cpp) from Python: FSDP (outer_shard_mesh of 2
+# ranks), FSDP x TP (2 x 2: outer "fs" x inner "tp") and HSDP (2 x 2: replicate_mesh "dp" with
+# replicate_mesh_grad_sync, outer "fs", rank_fraction 0.25), each against one process. Dion
+# works on M^T exactly when the outer-sharded dim is 0, so row-sharded matrices are wide (the
+# single process transposes those too) and column-sharded ones tall. Both runs seed torch the
+# same way and create their state (Q) up front. Randomized QR sketches differ per rank, which
+# moves P by column signs and rounding only: tolerance 1e-5 (FSDP_RTOL).
+
+WORLD4 = 4
+DION_ROWS = [(8, 16), (8, 16), (12, 20), (3, 16)]  # wide; 3 rows: shards of 2 + 1
+DION_COLS = [(16, 8), (20, 12), (16, 3)]  # tall; 3 columns: 2 + 1
+
+
+def dion_run(params, grads_of, rank_fraction, **meshes):
+    """Legacy Dion over `params` (matrices, then the AdamW vectors), state created up front."""
+    n = len(params) - len(VECTOR_SHAPES)
+    torch.manual_seed(9)  # the same initial Q everywhere
+    opt = dion_cpp.Dion([{"params": params[:n]}, {"params": params[n:], "algorithm": "adamw"}],
+                        lr=0.02, rank_fraction=rank_fraction, **meshes)
+    opt.init_state()
+    for step in range(STEPS):
+        for p, g in zip(params, grads_of(step)):
+            p.grad = g
+        opt.step()
+    return opt
+
+
+def case_dion_sharded(layout, shapes, shard_dim, rank_fraction=1.0):
+    """layout: "fsdp" (a 1-D "fs" sub-mesh of 2 ranks), "tp" ("fs" x "tp": the other matrix dim
+    over "tp") or "hsdp" ("dp" x "fs", a gradient per replica whose mean is the single process's)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    want_params = full_params(shapes)
+    dion_run(want_params, lambda step: full_grads(shapes, step), rank_fraction)
+
+    names = ("fs", "tp") if layout == "tp" else ("dp", "fs")
+    mesh2d = init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
+    n = len(shapes)
+    if layout == "fsdp":
+        mesh, meshes = mesh2d["fs"], {"outer_shard_mesh": mesh2d["fs"]}
+        placements = [[Shard(shard_dim)]] * n + [[Shard(0)]]
+    elif layout == "tp":
+        mesh = mesh2d
+        meshes = {"outer_shard_mesh": mesh2d["fs"], "inner_shard_mesh": mesh2d["tp"]}
+        placements = [[Shard(shard_dim), Shard(1 - shard_dim)]] * n + [[Shard(0), Replicate()]]
+    else:
+        mesh = mesh2d
+        meshes = {"replicate_mesh": mesh2d["dp"], "outer_shard_mesh": mesh2d["fs"],
+                  "replicate_mesh_grad_sync": True}
+        placements = [[Replicate(), Shard(shard_dim)]] * n + [[Replicate(), Shard(0)]]
+    replica = mesh2d.get_local_rank("dp") if layout == "hsdp" else 0
+
+    def per_replica(mean, step, i):
+        if layout != "hsdp":
+            return mean
+        g = torch.Generator().manual_seed(500 + 100 * step + 10 * i)
+        a, b = torch.randn(mean.shape, generator=g), torch.randn(mean.shape, generator=g)
+        return mean + ((a if replica == 0 else b) - (a + b) / 2)
+
+    def dtensors(tensors):  # each rank's own chunk of its own full tensor: no communication
+        return [distribute_tensor(t, mesh, pl, src_data_rank=None) for t, pl in zip(tensors, placements)]
+
+    params = [torch.nn.Parameter(t) for t in dtensors(full_params(shapes))]
+    dion_run(params, lambda step: dtensors([per_replica(g, step, i)
+                                            for i, g in enumerate(full_grads(shapes, step))]),
+             rank_fraction, **meshes)
+    rel = max_rel([p.full_tensor() for p in params], want_params)
+    return rel <= FSDP_RTOL, f"max relative difference {rel:.3g} (tolerance {FSDP_RTOL})"
+
+
+def case_dion_errors():
+    """The reference's errors for DTensors the shard meshes do not explain."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    fs_tp = init_device_mesh("cpu", (2, 2), mesh_dim_names=("fs", "tp"))
+    dp_fs = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "fs"))
+
+    def dion(mesh, placements, **meshes):
+        p = distribute_tensor(torch.randn(8, 16), mesh, placements, src_data_rank=None)
+        return dion_cpp.Dion([torch.nn.Parameter(p)], **meshes)
+
+    checks = {
+        "sharded over the replicate dim": expect_error(
+            lambda: dion(dp_fs, [Shard(0), Replicate()], outer_shard_mesh=dp_fs["fs"]),
+            RuntimeError, "unrecognized mesh_dim=0"),
+        "double-sharded tensor dim": expect_error(
+            lambda: dion(fs_tp, [Shard(0), Shard(0)], outer_shard_mesh=fs_tp["fs"],
+                         inner_shard_mesh=fs_tp["tp"]),
+            RuntimeError, "double-sharded DTensor for tensor dimension 0"),
+        "inner sharding only": expect_error(
+            lambda: dion(fs_tp, [Replicate(), Shard(1)], outer_shard_mesh=fs_tp["fs"],
+                         inner_shard_mesh=fs_tp["tp"]),
+            NotImplementedError, "inner_shard_mesh only"),
+        "same outer and inner mesh": expect_error(
+            lambda: dion(fs_tp, [Shard(0), Shard(1)], outer_shard_mesh=fs_tp["fs"],
+                         inner_shard_mesh=fs_tp["fs"]),
+            ValueError, "must be different"),
+    }
+    bad = {k: v for k, v in checks.items() if v is not None}
+    return not bad, str(bad) if bad else "ok"
+
+
+CASES4 = {
+    "dion_fsdp_rows": lambda: case_dion_sharded("fsdp", DION_ROWS, 0),
+    "dion_fsdp_cols": lambda: case_dion_sharded("fsdp", DION_COLS, 1),
+    "dion_fsdp_x_tp": lambda: case_dion_sharded("tp", DION_ROWS, 0),
+    "dion_hsdp_compressed": lambda: case_dion_sharded("hsdp", DION_ROWS, 0, rank_fraction=0.25),
+    "dion_errors": case_dion_errors,
+}
+JOBS = {WORLD: CASES, WORLD4: CASES4}
+
+
+# ---------------------------------------------------------------------------- the jobs
+
+
+def _worker(rank, world, port, report):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
+    if world > 2:
+        torch.set_num_threads(1)  # more ranks than the test machine has cores
     torch.manual_seed(0)
     results = {}
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=WORLD,
+        dist.init_process_group("gloo", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
-        for name, run in CASES.items():
+        for name, run in JOBS[world].items():
             try:
                 results[name] = run()
             except Exception:  # noqa: BLE001  (reported per case)
@@ -198,18 +334,17 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def report():
-    """{rank: {case: (ok, detail)}} from one 2-process job."""
+def _run_job(world):
+    """{rank: {case: (ok, detail)}} from one `world`-process job running JOBS[world]."""
     ctx = torch.multiprocessing.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, q), daemon=True) for r in range(WORLD)]
+    procs = [ctx.Process(target=_worker, args=(r, world, port, q), daemon=True) for r in range(world)]
     for p in procs:
         p.start()
     out = {}
     try:
-        for _ in range(WORLD):
+        for _ in range(world):
             rank, results = q.get(timeout=JOB_TIMEOUT_S)
             out[rank] = results
     except queue_mod.Empty:
@@ -220,16 +355,35 @@ def report():
             if p.is_alive():
                 p.kill()
                 p.join()
-    if len(out) < WORLD:
-        pytest.fail(f"the {WORLD}-process job did not report within {JOB_TIMEOUT_S} s "
+    if len(out) < world:
+        pytest.fail(f"the {world}-process job did not report within {JOB_TIMEOUT_S} s "
                     f"(ranks that did: {sorted(out)}; exit codes {[p.exitcode for p in procs]})")
     return out
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_two_processes_match_one(report, case):
-    for rank in range(WORLD):
+@pytest.fixture(scope="module")
+def report():
+    return _run_job(WORLD)
+
+
+@pytest.fixture(scope="module")
+def report4():
+    return _run_job(WORLD4)
+
+
+def check(report, world, case):
+    for rank in range(world):
         if "setup" in report[rank]:
             pytest.fail(f"rank {rank}: {report[rank]['setup'][1]}")
         ok, detail = report[rank][case]
         assert ok, f"rank {rank}, {case}: {detail}"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_processes_match_one(report, case):
+    check(report, WORLD, case)
+
+
+@pytest.mark.parametrize("case", list(CASES4))
+def test_four_processes_match_one(report4, case):
+    check(report4, WORLD4, case)

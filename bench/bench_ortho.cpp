@@ -1,0 +1,316 @@
+// bench/bench_ortho.cpp — orthogonalization throughput (Google Benchmark), CPU.
+//
+//   bench_ortho [--sizes=256,512,1024] [--batches=1,4,16] [--shapes=square,wide]
+//               [--dtypes=fp32,bf16] [--methods=newton_schulz,polar_express] [--threads=N]
+//               [--clock=wall|cpu]
+//               [benchmark flags: --benchmark_filter=..., --benchmark_repetitions=..., ...]
+//
+// What it measures: one call of dion::math::newton_schulz / polar_express (5 steps) on a batch
+// G [B, m, n] already in the compute dtype, next to a plain matmul baseline of the same size
+// registered just before it and run in the same process:
+//   matmul/<dtype>/<m>x<n>/b<B>         the Gram product X X^T ([B, m, n] x [B, n, m]) for
+//                                       m <= n, X^T X for tall inputs: the orthogonalizer's
+//                                       first matmul, 2 r^2 c flops (r = min(m, n), c = max).
+//   <method>/<dtype>/<m>x<n>/b<B>       the orthogonalizer, with counters
+//     GFLOP/s   flops of 5 iterations / time; per iteration X X^T 2 r^2 c, A A 2 r^3,
+//               B X 2 r^2 c, elementwise 3 r^2 + 2 r c (normalization not counted);
+//     x_matmul  its time / the baseline's time (absent when the baseline was filtered out).
+// Shapes for a size s: square s x s, wide (1:4) s/4 x s, tall (4:1) s x s/4.
+// LibTorch runs on --threads intra-op threads (default: the hardware threads). Time is
+// wall-clock (UseRealTime) unless --clock=cpu: the process's CPU time, allowed only with
+// --threads=1, where it is the work's own time even when other processes share the cores.
+// Each configuration under 20 GFLOP per call gets one untimed warm-up call.
+//
+// What it is not: no GPU path, no accuracy check (tests/ covers the math). bench/run_ortho.sh
+// builds this, runs it and prints the markdown table of docs/benchmarks.md.
+#include <benchmark/benchmark.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dion/math/ortho.h"
+
+namespace {
+
+// ---------------------------------------------------------------------------- grid and flags
+
+enum class BenchShape { SQUARE, WIDE, TALL };
+enum class BenchMethod { MATMUL, NEWTON_SCHULZ, POLAR_EXPRESS };
+
+struct BenchGrid {
+  std::vector<int64_t> sizes = {256, 512, 1024};
+  std::vector<int64_t> batches = {1, 4, 16};
+  std::vector<BenchShape> shapes = {BenchShape::SQUARE, BenchShape::WIDE};
+  std::vector<at::ScalarType> dtypes = {at::kFloat, at::kBFloat16};
+  std::vector<BenchMethod> methods = {BenchMethod::NEWTON_SCHULZ, BenchMethod::POLAR_EXPRESS};
+  int threads = 0;         // 0: hardware threads
+  bool cpu_clock = false;  // --clock=cpu
+};
+
+const char* kUsage =
+    "bench_ortho [--sizes=256,512,1024] [--batches=1,4,16] [--shapes=square,wide]\n"
+    "            [--dtypes=fp32,bf16] [--methods=newton_schulz,polar_express] [--threads=N]\n"
+    "            [--clock=wall|cpu]\n"
+    "            [Google Benchmark flags, e.g. --benchmark_filter=REGEX]\n"
+    "  shapes: square (s x s), wide (s/4 x s, 1:4), tall (s x s/4, 4:1)\n"
+    "  every orthogonalizer row is preceded by its matmul baseline row\n"
+    "  --clock=cpu (process CPU time, needs --threads=1) for a machine shared with other work\n";
+
+std::vector<std::string> split_commas(const std::string& list) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    if (end > start) items.push_back(list.substr(start, end - start));
+    start = end + 1;
+  }
+  return items;
+}
+
+int64_t parse_positive(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || value <= 0)
+    throw std::invalid_argument(flag + ": expected a positive integer, got '" + text + "'");
+  return value;
+}
+
+std::vector<int64_t> parse_positive_list(const std::string& flag, const std::string& list) {
+  std::vector<int64_t> values;
+  for (const std::string& item : split_commas(list)) values.push_back(parse_positive(flag, item));
+  if (values.empty()) throw std::invalid_argument(flag + ": empty list");
+  return values;
+}
+
+BenchShape shape_from_string(const std::string& name) {
+  if (name == "square") return BenchShape::SQUARE;
+  if (name == "wide") return BenchShape::WIDE;
+  if (name == "tall") return BenchShape::TALL;
+  throw std::invalid_argument("--shapes: unknown shape '" + name +
+                              "': valid values are square, wide, tall");
+}
+
+at::ScalarType dtype_from_string(const std::string& name) {
+  if (name == "fp32") return at::kFloat;
+  if (name == "bf16") return at::kBFloat16;
+  throw std::invalid_argument("--dtypes: unknown dtype '" + name +
+                              "': valid values are fp32, bf16");
+}
+
+const char* dtype_name(at::ScalarType dtype) { return dtype == at::kFloat ? "fp32" : "bf16"; }
+
+const char* method_name(BenchMethod method) {
+  switch (method) {
+    case BenchMethod::MATMUL: return "matmul";
+    case BenchMethod::NEWTON_SCHULZ: return "newton_schulz";
+    case BenchMethod::POLAR_EXPRESS: return "polar_express";
+  }
+  return "?";
+}
+
+// Removes the flags above from argv (the rest goes to benchmark::Initialize).
+BenchGrid grid_from_args(int* argc, char** argv) {
+  BenchGrid grid;
+  int kept = 1;
+  for (int i = 1; i < *argc; ++i) {
+    const std::string arg = argv[i];
+    const size_t eq = arg.find('=');
+    const std::string key = arg.substr(0, eq);
+    const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
+    if (key == "--help" || key == "-h") {
+      std::fputs(kUsage, stdout);
+      argv[kept++] = argv[i];  // Google Benchmark prints its own flags too
+    } else if (key == "--sizes") {
+      grid.sizes = parse_positive_list(key, value);
+    } else if (key == "--batches") {
+      grid.batches = parse_positive_list(key, value);
+    } else if (key == "--shapes") {
+      grid.shapes.clear();
+      for (const std::string& s : split_commas(value)) grid.shapes.push_back(shape_from_string(s));
+    } else if (key == "--dtypes") {
+      grid.dtypes.clear();
+      for (const std::string& s : split_commas(value)) grid.dtypes.push_back(dtype_from_string(s));
+    } else if (key == "--methods") {
+      grid.methods.clear();
+      for (const std::string& s : split_commas(value)) {
+        dion::math::OrthoMethod m = dion::math::ortho_method_from_string(s);
+        grid.methods.push_back(m == dion::math::OrthoMethod::NEWTON_SCHULZ
+                                   ? BenchMethod::NEWTON_SCHULZ
+                                   : BenchMethod::POLAR_EXPRESS);
+      }
+    } else if (key == "--threads") {
+      grid.threads = static_cast<int>(parse_positive(key, value));
+    } else if (key == "--clock") {
+      if (value != "wall" && value != "cpu")
+        throw std::invalid_argument("--clock: unknown clock '" + value +
+                                    "': valid values are wall, cpu");
+      grid.cpu_clock = value == "cpu";
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  *argc = kept;
+  if (grid.shapes.empty() || grid.dtypes.empty() || grid.methods.empty())
+    throw std::invalid_argument("--shapes, --dtypes and --methods need at least one value");
+  if (grid.cpu_clock && grid.threads != 1)
+    throw std::invalid_argument("--clock=cpu sums the CPU time of all threads: pass --threads=1");
+  for (int64_t s : grid.sizes)
+    for (BenchShape shape : grid.shapes)
+      if (shape != BenchShape::SQUARE && s % 4 != 0)
+        throw std::invalid_argument("--sizes: " + std::to_string(s) +
+                                    " is not a multiple of 4, needed by the wide and tall shapes");
+  return grid;
+}
+
+// ---------------------------------------------------------------------------- flop model
+
+// Flops of the 5-step iteration on one [m, n] matrix (r = min(m, n), c = max(m, n)).
+double ortho_flops(int64_t m, int64_t n) {
+  const double r = static_cast<double>(std::min(m, n)), c = static_cast<double>(std::max(m, n));
+  const double per_step = 2 * r * r * c      // Gram: X X^T
+                          + 2 * r * r * r    // A A
+                          + 2 * r * r * c    // B X
+                          + 3 * r * r        // b A + c A^2
+                          + 2 * r * c;       // a X + B X
+  return 5 * per_step;
+}
+
+// Flops of the baseline Gram matmul on one [m, n] matrix.
+double matmul_flops(int64_t m, int64_t n) {
+  const double r = static_cast<double>(std::min(m, n)), c = static_cast<double>(std::max(m, n));
+  return 2 * r * r * c;
+}
+
+// ---------------------------------------------------------------------------- benchmarks
+
+struct BenchCase {
+  BenchMethod method;
+  at::ScalarType dtype;
+  int64_t m, n, batch;
+};
+
+std::string case_key(const BenchCase& c) {  // shared by a case and its matmul baseline
+  return std::string(dtype_name(c.dtype)) + "/" + std::to_string(c.m) + "x" +
+         std::to_string(c.n) + "/b" + std::to_string(c.batch);
+}
+
+// Seconds per call of the latest run of each matmul baseline, by case_key.
+std::map<std::string, double> g_matmul_seconds;
+std::set<std::string> g_warmed;  // method/case_key configurations already warmed up
+bool g_cpu_clock = false;        // time with the process CPU clock instead of the wall clock
+
+// Calls above this many flops (seconds on a CPU) skip the warm-up: their first-call costs
+// (allocation, oneDNN primitive creation) are small next to the call, and a 4096 x 4096
+// warm-up would double the run.
+constexpr double kWarmupMaxFlops = 2e10;
+
+// Seconds on the benchmark's clock: monotonic wall time, or with --clock=cpu the process CPU
+// time (Google Benchmark's own CPU column is the main thread's; with one thread they agree).
+double clock_seconds() {
+  timespec ts{};
+  clock_gettime(g_cpu_clock ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+at::Tensor run_case(const BenchCase& c, const at::Tensor& G) {  // G [B, m, n]
+  switch (c.method) {
+    case BenchMethod::MATMUL:
+      return c.m <= c.n ? at::matmul(G, G.mT()) : at::matmul(G.mT(), G);  // [B, r, r]
+    case BenchMethod::NEWTON_SCHULZ: return dion::math::newton_schulz(G, 1e-7, c.dtype);
+    case BenchMethod::POLAR_EXPRESS: return dion::math::polar_express(G, 1e-6, c.dtype);
+  }
+  return {};
+}
+
+void bench_case(benchmark::State& state, const BenchCase& c) {
+  at::manual_seed(0);
+  const at::Tensor G = at::randn({c.batch, c.m, c.n}, at::TensorOptions().dtype(c.dtype));
+  const std::string key = case_key(c);
+  const double flops = static_cast<double>(c.batch) * (c.method == BenchMethod::MATMUL
+                                                           ? matmul_flops(c.m, c.n)
+                                                           : ortho_flops(c.m, c.n));
+  const std::string warm_key = std::string(method_name(c.method)) + "/" + key;
+  if (flops < kWarmupMaxFlops && g_warmed.insert(warm_key).second)
+    benchmark::DoNotOptimize(run_case(c, G));
+
+  const double start = clock_seconds();
+  for (auto _ : state) {
+    at::Tensor U = run_case(c, G);
+    benchmark::DoNotOptimize(U);
+  }
+  const double seconds = (clock_seconds() - start) / static_cast<double>(state.iterations());
+
+  state.counters["GFLOP/s"] = flops / seconds * 1e-9;
+  if (c.method == BenchMethod::MATMUL) {
+    g_matmul_seconds[key] = seconds;
+  } else if (auto it = g_matmul_seconds.find(key); it != g_matmul_seconds.end()) {
+    state.counters["x_matmul"] = seconds / it->second;
+  }
+}
+
+void register_grid(const BenchGrid& grid) {
+  for (at::ScalarType dtype : grid.dtypes)
+    for (BenchShape shape : grid.shapes)
+      for (int64_t s : grid.sizes)
+        for (int64_t batch : grid.batches) {
+          const int64_t m = shape == BenchShape::WIDE ? s / 4 : s;
+          const int64_t n = shape == BenchShape::TALL ? s / 4 : s;
+          std::vector<BenchMethod> methods = {BenchMethod::MATMUL};  // baseline first
+          methods.insert(methods.end(), grid.methods.begin(), grid.methods.end());
+          for (BenchMethod method : methods) {
+            const BenchCase c{method, dtype, m, n, batch};
+            const std::string name = std::string(method_name(method)) + "/" + case_key(c);
+            benchmark::internal::Benchmark* b = benchmark::RegisterBenchmark(
+                name.c_str(), [c](benchmark::State& st) { bench_case(st, c); });
+            b->Unit(benchmark::kMillisecond);
+            if (!grid.cpu_clock) b->UseRealTime();
+          }
+        }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- main
+
+int main(int argc, char** argv) {
+  BenchGrid grid;
+  try {
+    grid = grid_from_args(&argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_ortho: %s\n%s", e.what(), kUsage);
+    return 2;
+  }
+  const unsigned hw = std::thread::hardware_concurrency();
+  at::set_num_threads(grid.threads > 0 ? grid.threads : static_cast<int>(hw > 0 ? hw : 1));
+  g_cpu_clock = grid.cpu_clock;
+  register_grid(grid);
+
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("torch_version", TORCH_VERSION);
+  benchmark::AddCustomContext("torch_threads", std::to_string(at::get_num_threads()));
+  benchmark::AddCustomContext("bench_clock", grid.cpu_clock ? "cpu" : "wall");
+  benchmark::AddCustomContext("torch_mkl", at::hasMKL() ? "yes" : "no");
+  benchmark::AddCustomContext("torch_mkldnn", at::hasMKLDNN() ? "yes" : "no");
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
