@@ -60,6 +60,11 @@ int file_create_temp(const std::filesystem::path& final_path, std::filesystem::p
                     "there and writable?)",
                     final_path, errno_text(errno)));
   }
+  // mkostemp creates 0600; a finished shard should be readable like any file the user writes
+  // (0666 less the umask), e.g. by a training job running as another user.
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  ::fchmod(fd, 0666 & ~mask);
   tmp_path = templ;
   return fd;
 }
