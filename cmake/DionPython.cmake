@@ -47,4 +47,6 @@ add_test(NAME python_tests
          COMMAND ${Python3_EXECUTABLE} -m pytest -q ${PROJECT_SOURCE_DIR}/tests/python)
 set_tests_properties(python_tests PROPERTIES
   ENVIRONMENT "PYTHONPATH=${CMAKE_BINARY_DIR}/python;TORCH_COMPILE_DISABLE=1"
-  TIMEOUT 600)
+  TIMEOUT 600
+  # Its multi-process jobs never run beside test_dist's: 2 cores, up to 4 processes each.
+  RESOURCE_LOCK multiprocess)

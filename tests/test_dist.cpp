@@ -417,7 +417,7 @@ void scenario_dion_ddp(Child& c) {
     opt.init_state();
     auto dist = std::make_shared<Distributed>(group, /*sync_gradients=*/true);
     opt.set_distribution(dist);
-    dist->layout(params[0]);  // the one-time shard-spec check (a 4-byte all_reduce), before counting
+    dist->prepare();  // the one-time shard-spec check (a 4-byte all_reduce) and lanes, before counting
     group->stats().clear();
     for (int t = 0; t < static_cast<int>(prob.grads.size()); ++t) {
       for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = rank_grad(prob.grads[t][i], r, t, i);
@@ -522,6 +522,85 @@ void scenario_dion_2d(Child& c) {
   dion_shard_case(c, {"hsdp compressed", {{32, 64}, {32, 64}, {24, 40}}, 0, false, true, 0.25});
 }
 
+// num_heads and split_sizes on row shards, and the layout errors every rank must raise alike.
+void scenario_heads_splits_errors(Child& c) {
+  auto group = std::make_shared<Group>(c.world);
+  const int W = group->size(), r = group->rank();
+  auto sharded_run = [&](const Problem& prob, const dion::Options& opts) {
+    auto dist = std::make_shared<Distributed>(group);
+    std::vector<at::Tensor> params;
+    for (const auto& full : prob.params) {
+      params.push_back(dion::dist::shard_tensor(full, 0, W, r));
+      dist->shard(params.back(), full.sizes().vec(), 0);
+    }
+    // The distribution goes to the constructor: the num_heads / split_sizes checks must see the
+    // global shapes, not the shards'.
+    dion::Optimizer opt(params, opts, {}, dist);
+    for (const auto& gs : prob.grads) {
+      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = dion::dist::shard_tensor(gs[i], 0, W, r);
+      opt.step();
+    }
+    return params;
+  };
+  auto compare_all = [&](const std::string& what, const Problem& prob, const dion::Options& opts) {
+    auto expected = single(prob, opts);
+    auto got = sharded_run(prob, opts);
+    for (size_t i = 0; i < got.size(); ++i)
+      c.compare(what + " p" + std::to_string(i), dion::dist::gather_tensor(*group, got[i], 0, prob.params[i].size(0)),
+                expected[i], 1e-5);
+  };
+  // num_heads: 8 heads of 4 rows; every rank holds whole heads, orthogonalized where they are.
+  Problem heads = make_problem({{32, 24}, {32, 24}}, 2, 41);
+  for (const char* algo : {"muon", "normuon", "dion2", "nordion2"})
+    compare_all(std::string(algo) + " num_heads 8", heads, options_for(algo).num_heads(8));
+  // split_sizes on a fused QKV-like weight whose rows divide evenly over the ranks.
+  Problem qkv = make_problem({{32, 16}}, 2, 43);
+  compare_all("muon split_sizes", qkv, options_for("muon").split_sizes({16, 8, 8}));
+
+  auto expect_error = [&](const std::string& what, const Problem& prob, const dion::Options& opts, const char* type) {
+    try {
+      sharded_run(prob, opts);
+      std::printf("[rank %d] %s: no error\n", r, what.c_str());
+      ++c.failures;
+    } catch (const dion::NotImplementedError& e) {
+      if (std::string(type) != "NotImplementedError") ++c.failures;
+      if (r == 0) std::printf("[rank 0] %s: NotImplementedError: %.140s\n", what.c_str(), e.what());
+    } catch (const dion::ValueError& e) {
+      if (std::string(type) != "ValueError") ++c.failures;
+      if (r == 0) std::printf("[rank 0] %s: ValueError: %.140s\n", what.c_str(), e.what());
+    }
+  };
+  // 3 heads cannot be split over the ranks; 30 rows break split_sizes over 4 ranks (not over 2);
+  // NorMuon needs whole rows.
+  expect_error("num_heads not divisible by the world", make_problem({{12, 8}}, 1, 1), options_for("muon").num_heads(3),
+               "ValueError");
+  if (W == 4)
+    expect_error("split_sizes with interleaved padding", make_problem({{30, 8}}, 1, 1),
+                 options_for("muon").split_sizes({10, 10, 10}), "NotImplementedError");
+  {
+    auto dist = std::make_shared<Distributed>(group);
+    at::Tensor full = at::randn({16, 32});
+    at::Tensor local = dion::dist::shard_tensor(full, 1, W, r);
+    dist->shard(local, {16, 32}, 1);
+    dion::Optimizer opt({local}, options_for("normuon"));
+    opt.set_distribution(dist);
+    local.mutable_grad() = at::randn_like(local);
+    try {
+      opt.step();
+      ++c.failures;
+    } catch (const dion::NotImplementedError& e) {
+      if (r == 0) std::printf("[rank 0] normuon column-sharded: NotImplementedError: %.120s\n", e.what());
+    }
+  }
+  // A mesh that does not multiply to the world size.
+  try {
+    dion::dist::DeviceMesh mesh(c.world, {{"dp", 3}, {"fs", 2}});
+    ++c.failures;
+  } catch (const dion::ValueError& e) {
+    if (r == 0) std::printf("[rank 0] mesh 3 x 2: ValueError: %s\n", e.what());
+  }
+}
+
 // A shard of the wrong size on one rank: every rank raises ValueError (none waits forever).
 void scenario_bad_spec(Child& c) {
   auto group = std::make_shared<Group>(c.world);
@@ -561,7 +640,8 @@ int run_child(const std::string& scenario) {
       {"batch", scenario_batch_sharded}, {"hsdp", scenario_hsdp},       {"bytes", scenario_bytes},
       {"bad_spec", scenario_bad_spec},   {"dead_rank", scenario_dead_rank}, {"dion_ddp", scenario_dion_ddp},
       {"tp", scenario_tp},               {"lanes", scenario_lanes},
-      {"dion_fsdp", scenario_dion_fsdp}, {"dion_2d", scenario_dion_2d}};
+      {"dion_fsdp", scenario_dion_fsdp}, {"dion_2d", scenario_dion_2d},
+      {"heads_splits_errors", scenario_heads_splits_errors}};
   auto it = scenarios.find(scenario);
   if (it == scenarios.end()) {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
@@ -596,6 +676,8 @@ TEST(Distributed, DionDdpGradientAndCompressedSyncFourRanks) { expect_all_ok("di
 TEST(Distributed, DionFsdpTwoRanks) { expect_all_ok("dion_fsdp", 2); }
 TEST(Distributed, DionFsdpUnevenAndEmptyFourRanks) { expect_all_ok("dion_fsdp", 4); }
 TEST(Distributed, DionFsdpTimesTpAndHsdpCompressed2x2) { expect_all_ok("dion_2d", 4); }
+TEST(Distributed, HeadsSplitsAndLayoutErrorsTwoRanks) { expect_all_ok("heads_splits_errors", 2); }
+TEST(Distributed, HeadsSplitsAndLayoutErrorsFourRanks) { expect_all_ok("heads_splits_errors", 4); }
 TEST(Distributed, BadShardSpecRaisesOnEveryRank) { expect_all_ok("bad_spec", 2); }
 
 TEST(Distributed, DeadRankFailsTheOthersWithinTimeout) {

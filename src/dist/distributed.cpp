@@ -201,7 +201,7 @@ void Distributed::verify() const {
 }
 
 Layout Distributed::layout(const at::Tensor& param) const {
-  verify();
+  // Not collective: the shard specs are checked across ranks in prepare().
   auto it = layouts_.find(param.unsafeGetTensorImpl());
   if (it != layouts_.end()) return it->second;
   return Layout{param.sizes().vec(), -1, group_->size() > 1};

@@ -57,12 +57,15 @@ std::vector<std::vector<at::Tensor>> megabatches(const std::vector<at::Tensor>& 
   return out;
 }
 
-// View 2-D tensors [H * hd, n] as [H, hd, n] (per-head orthogonalization). In-place updates on
-// the views land in the parameters and state.
-std::vector<at::Tensor> head_views(const std::vector<at::Tensor>& ts, int64_t heads) {
+// Per-head orthogonalization: in-place updates on the views land in the parameters and state.
+// View 2-D tensors [rows, n] (a whole [H * hd, n] parameter, or a row shard of one holding whole
+// heads) as [rows / hd, hd, n].
+std::vector<at::Tensor> head_views(const std::vector<at::Tensor>& ts, int64_t head_dim) {
   std::vector<at::Tensor> out;
   for (const at::Tensor& t : ts) {
-    std::vector<int64_t> shape = {heads, t.size(0) / heads};
+    TORCH_CHECK(t.size(0) % head_dim == 0, "a shard of ", t.size(0), " rows does not hold whole heads of ", head_dim,
+                " rows; shard boundaries must fall on heads");
+    std::vector<int64_t> shape = {t.size(0) / head_dim, head_dim};
     for (int64_t d = 1; d < t.dim(); ++d) shape.push_back(t.size(d));
     out.push_back(t.view(shape));
   }
@@ -84,23 +87,26 @@ at::Tensor scalar32(float v) { return at::scalar_tensor(v, at::kFloat); }
 
 // ---------------------------------------------------------------------------- construction
 
-Optimizer::Optimizer(math::OrthoConfig ortho, const Options& defaults, std::string only_algorithm)
+Optimizer::Optimizer(math::OrthoConfig ortho, const Options& defaults, std::string only_algorithm,
+                     std::shared_ptr<Distribution> distribution)
     : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
                               std::make_unique<Options>(defaults)),
       ortho_(std::move(ortho)),
       ortho_fn_(ortho_.function()),
-      only_algorithm_(std::move(only_algorithm)) {
+      only_algorithm_(std::move(only_algorithm)),
+      dist_(std::move(distribution)) {
   defaults.validate(0);
 }
 
 Optimizer::Optimizer(const std::vector<ParamGroup>& groups, const Options& defaults,
-                     math::OrthoConfig ortho)
-    : Optimizer(std::move(ortho), defaults, "*") {
+                     math::OrthoConfig ortho, std::shared_ptr<Distribution> distribution)
+    : Optimizer(std::move(ortho), defaults, "*", std::move(distribution)) {
   for (const ParamGroup& g : groups) add_param_group(g);
 }
 
-Optimizer::Optimizer(std::vector<at::Tensor> params, const Options& defaults, math::OrthoConfig ortho)
-    : Optimizer(std::move(ortho), defaults, "*") {
+Optimizer::Optimizer(std::vector<at::Tensor> params, const Options& defaults, math::OrthoConfig ortho,
+                     std::shared_ptr<Distribution> distribution)
+    : Optimizer(std::move(ortho), defaults, "*", std::move(distribution)) {
   add_group_checked(std::move(params), defaults);
 }
 
@@ -125,7 +131,9 @@ void Optimizer::check_group(size_t g, const std::vector<at::Tensor>& params, con
                      "matrix algorithms");
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
-    const std::string what = where + ", parameter " + std::to_string(i) + " of shape " + shape_str(p.sizes());
+    // A shard is checked as the whole parameter it is part of.
+    const std::vector<int64_t> shape = dist_ ? dist_->layout(p).global_shape : p.sizes().vec();
+    const std::string what = where + ", parameter " + std::to_string(i) + " of shape " + shape_str(shape);
     if (!p.is_floating_point()) throw TypeError(what + ": parameters must be floating point");
     if (is_matrix_algorithm(algo) && p.dim() < 2)
       throw ValueError(what + ": '" + algo +
@@ -139,17 +147,17 @@ void Optimizer::check_group(size_t g, const std::vector<at::Tensor>& params, con
     if (o.num_heads() > 1 && is_matrix_algorithm(algo)) {
       if (p.dim() != 2)
         throw ValueError(what + ": num_heads is only supported for 2-D parameters");
-      if (p.size(0) % o.num_heads() != 0)
+      if (shape[0] % o.num_heads() != 0)
         throw ValueError(what + ": num_heads (" + std::to_string(o.num_heads()) +
-                         ") must divide dim 0 (" + std::to_string(p.size(0)) + ")");
+                         ") must divide dim 0 (" + std::to_string(shape[0]) + ")");
     }
     if (!o.split_sizes().empty() && is_matrix_algorithm(algo)) {
       if (p.dim() != 2) throw ValueError(what + ": split_sizes is only supported for 2-D parameters");
       int64_t total = 0;
       for (int64_t s : o.split_sizes()) total += s;
-      if (total != p.size(0))
+      if (total != shape[0])
         throw ValueError(what + ": split_sizes sum to " + std::to_string(total) +
-                         " but must sum to dim 0 (" + std::to_string(p.size(0)) + ")");
+                         " but must sum to dim 0 (" + std::to_string(shape[0]) + ")");
     }
   }
 }
@@ -208,6 +216,7 @@ ParamState& Optimizer::state_for(const at::Tensor& p, const Options& o) {
 }
 
 void Optimizer::init_state() {
+  if (dist_) dist_->prepare();  // collective: every rank calls init_state
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const Options&>(group.options());
     for (const at::Tensor& p : group.params()) state_for(p, o);
@@ -319,6 +328,8 @@ struct Optimizer::Plan {
 
 void Optimizer::set_distribution(std::shared_ptr<Distribution> distribution) {
   dist_ = std::move(distribution);
+  for (size_t g = 0; g < param_groups_.size(); ++g)
+    check_group(g, param_groups_[g].params(), static_cast<const Options&>(param_groups_[g].options()));
 }
 
 Optimizer::Plan Optimizer::plan_for(const std::vector<at::Tensor>& batch, const Options& o,
@@ -413,10 +424,11 @@ Optimizer::Operands Optimizer::operands(const std::vector<at::Tensor>& batch, co
   }
   ops.adjust_shape = plan.layout.global_shape;
   if (plan.heads) {
-    ops.X = head_views(ops.X, plan.heads);
-    ops.G = head_views(ops.G, plan.heads);
-    ops.M = head_views(ops.M, plan.heads);
-    if (with_variance) ops.V = head_views(ops.V, plan.heads);
+    const int64_t head_dim = plan.layout.global_shape[0] / plan.heads;
+    ops.X = head_views(ops.X, head_dim);
+    ops.G = head_views(ops.G, head_dim);
+    ops.M = head_views(ops.M, head_dim);
+    if (with_variance) ops.V = head_views(ops.V, head_dim);
     ops.adjust_shape = ops.X[0].sizes().vec();
   }
   return ops;
@@ -797,32 +809,36 @@ void Optimizer::check_loaded_state() const {
 // ---------------------------------------------------------------------------- named classes
 
 Options Muon::defaults() { return Options(0.01).algorithm("muon"); }
-Muon::Muon(const std::vector<ParamGroup>& groups, const Options& d, math::OrthoConfig ortho)
-    : Optimizer(std::move(ortho), d, "muon") {
+Muon::Muon(const std::vector<ParamGroup>& groups, const Options& d, math::OrthoConfig ortho,
+            std::shared_ptr<Distribution> distribution)
+    : Optimizer(std::move(ortho), d, "muon", std::move(distribution)) {
   for (const ParamGroup& g : groups) add_param_group(g);
 }
 
 Options NorMuon::defaults() { return Options(0.01).algorithm("normuon"); }
-NorMuon::NorMuon(const std::vector<ParamGroup>& groups, const Options& d, math::OrthoConfig ortho)
-    : Optimizer(std::move(ortho), d, "normuon") {
+NorMuon::NorMuon(const std::vector<ParamGroup>& groups, const Options& d, math::OrthoConfig ortho,
+                  std::shared_ptr<Distribution> distribution)
+    : Optimizer(std::move(ortho), d, "normuon", std::move(distribution)) {
   for (const ParamGroup& g : groups) add_param_group(g);
 }
 
 Options Dion2::defaults() { return Options(0.01).algorithm("dion2"); }
-Dion2::Dion2(const std::vector<ParamGroup>& groups, const Options& d, math::OrthoConfig ortho)
-    : Optimizer(std::move(ortho), d, "dion2") {
+Dion2::Dion2(const std::vector<ParamGroup>& groups, const Options& d, math::OrthoConfig ortho,
+              std::shared_ptr<Distribution> distribution)
+    : Optimizer(std::move(ortho), d, "dion2", std::move(distribution)) {
   for (const ParamGroup& g : groups) add_param_group(g);
 }
 
 Options NorDion2::defaults() { return Options(0.01).algorithm("nordion2"); }
-NorDion2::NorDion2(const std::vector<ParamGroup>& groups, const Options& d, math::OrthoConfig ortho)
-    : Optimizer(std::move(ortho), d, "nordion2") {
+NorDion2::NorDion2(const std::vector<ParamGroup>& groups, const Options& d, math::OrthoConfig ortho,
+                    std::shared_ptr<Distribution> distribution)
+    : Optimizer(std::move(ortho), d, "nordion2", std::move(distribution)) {
   for (const ParamGroup& g : groups) add_param_group(g);
 }
 
 Options Dion::defaults() { return Options(0.01).algorithm("dion"); }
-Dion::Dion(const std::vector<ParamGroup>& groups, const Options& d)
-    : Optimizer(math::OrthoConfig{}, d, "dion") {
+Dion::Dion(const std::vector<ParamGroup>& groups, const Options& d, std::shared_ptr<Distribution> distribution)
+    : Optimizer(math::OrthoConfig{}, d, "dion", std::move(distribution)) {
   for (const ParamGroup& g : groups) add_param_group(g);
 }
 

@@ -35,8 +35,8 @@ import dion_cpp
 
 WORLD = 2
 STEPS = 3
-JOB_TIMEOUT_S = 50
-GROUP_TIMEOUT_S = 20
+JOB_TIMEOUT_S = 150
+GROUP_TIMEOUT_S = 60
 FSDP_RTOL = 1e-5
 
 pytestmark = pytest.mark.skipif(

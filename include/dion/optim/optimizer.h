@@ -62,9 +62,13 @@ double lm_head_lr_scale(const std::string& scalar_opt, int64_t model_dim);
 
 class Optimizer : public torch::optim::Optimizer {
  public:
+  // `distribution`: where the parameters live (dion/optim/distribution.h), if not all whole and
+  // local. Given here, the shape checks (num_heads, split_sizes) see global shapes; it can also
+  // be set later with set_distribution().
   Optimizer(const std::vector<ParamGroup>& groups, const Options& defaults,
-            math::OrthoConfig ortho = {});
-  Optimizer(std::vector<at::Tensor> params, const Options& defaults, math::OrthoConfig ortho = {});
+            math::OrthoConfig ortho = {}, std::shared_ptr<Distribution> distribution = nullptr);
+  Optimizer(std::vector<at::Tensor> params, const Options& defaults, math::OrthoConfig ortho = {},
+            std::shared_ptr<Distribution> distribution = nullptr);
 
   at::Tensor step(LossClosure closure = nullptr) override;
   void save(torch::serialize::OutputArchive& archive) const override;
@@ -87,13 +91,15 @@ class Optimizer : public torch::optim::Optimizer {
   const math::OrthoConfig& ortho() const { return ortho_; }
 
   // Replicated (DDP) or sharded (FSDP) parameters: see dion/optim/distribution.h and
-  // dion/dist/distributed.h. Call before the first step; nullptr = single process.
+  // dion/dist/distributed.h. Call before the first step; nullptr = single process. The groups'
+  // shape checks run again against the global shapes.
   void set_distribution(std::shared_ptr<Distribution> distribution);
   const std::shared_ptr<Distribution>& distribution() const { return dist_; }
 
  protected:
   // The algorithms a matrix group of this optimizer may use ("*" = any).
-  explicit Optimizer(math::OrthoConfig ortho, const Options& defaults, std::string only_algorithm);
+  Optimizer(math::OrthoConfig ortho, const Options& defaults, std::string only_algorithm,
+            std::shared_ptr<Distribution> distribution);
   void add_group_checked(std::vector<at::Tensor> params, Options options);
 
 
@@ -142,28 +148,28 @@ class Muon : public Optimizer {
  public:
   static Options defaults();
   Muon(const std::vector<ParamGroup>& groups, const Options& defaults = Muon::defaults(),
-       math::OrthoConfig ortho = {});
+       math::OrthoConfig ortho = {}, std::shared_ptr<Distribution> distribution = nullptr);
 };
 
 class NorMuon : public Optimizer {
  public:
   static Options defaults();
   NorMuon(const std::vector<ParamGroup>& groups, const Options& defaults = NorMuon::defaults(),
-          math::OrthoConfig ortho = {});
+          math::OrthoConfig ortho = {}, std::shared_ptr<Distribution> distribution = nullptr);
 };
 
 class Dion2 : public Optimizer {
  public:
   static Options defaults();
   Dion2(const std::vector<ParamGroup>& groups, const Options& defaults = Dion2::defaults(),
-        math::OrthoConfig ortho = {});
+        math::OrthoConfig ortho = {}, std::shared_ptr<Distribution> distribution = nullptr);
 };
 
 class NorDion2 : public Optimizer {
  public:
   static Options defaults();
   NorDion2(const std::vector<ParamGroup>& groups, const Options& defaults = NorDion2::defaults(),
-           math::OrthoConfig ortho = {});
+           math::OrthoConfig ortho = {}, std::shared_ptr<Distribution> distribution = nullptr);
 };
 
 // Dion3 is NorDion2 under its third-generation name: the same class, algorithm "nordion2".
@@ -173,7 +179,8 @@ using Dion3 = NorDion2;
 class Dion : public Optimizer {
  public:
   static Options defaults();
-  Dion(const std::vector<ParamGroup>& groups, const Options& defaults = Dion::defaults());
+  Dion(const std::vector<ParamGroup>& groups, const Options& defaults = Dion::defaults(),
+       std::shared_ptr<Distribution> distribution = nullptr);
 };
 
 }  // namespace dion
