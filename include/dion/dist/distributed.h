@@ -19,8 +19,9 @@
 // Sharding follows FSDP2: contiguous chunks of ceil(size / world) along one dim; rank r holds
 // [r * chunk, min((r + 1) * chunk, size)), possibly empty.
 //
-// Errors: shard specs are checked on first use with one all_reduce, so a bad spec on any rank
-// raises dion::ValueError on every rank (never one rank throwing while the others wait).
+// Errors: shard specs are checked at the first step (prepare(), also run by init_state()) with
+// one all_reduce, so a bad spec on any rank raises dion::ValueError on every rank (never one rank
+// throwing while the others wait).
 #pragma once
 
 #include <ATen/core/Tensor.h>
