@@ -238,7 +238,7 @@ class PyOptimizer {
     if (layout_changed) {
       // Re-run the library's group checks (shapes vs num_heads / split_sizes, allowed
       // algorithms) on a throwaway optimizer whose group g is this one.
-      std::unique_ptr<dion::Optimizer> probe = make(kind_, o, {});
+      std::unique_ptr<dion::Optimizer> probe = make(kind_, o, {}, dist_);
       for (size_t i = 0; i < g; ++i) probe->add_param_group(dion::ParamGroup{{}, {}});
       probe->add_param_group(dion::ParamGroup{opt_->param_groups()[g].params(), {}});
     }
@@ -365,14 +365,17 @@ class PyOptimizer {
                            "' (valid: muon, normuon, dion2, nordion2, dion, any)");
   }
 
+  // `dist`: checks see the shards' global shapes (the probe in set_group needs the optimizer's).
   static std::unique_ptr<dion::Optimizer> make(const std::string& kind, const dion::Options& d,
-                                               dion::math::OrthoConfig ortho) {
-    if (kind == "muon") return std::make_unique<dion::Muon>(std::vector<dion::ParamGroup>{}, d, ortho);
-    if (kind == "normuon") return std::make_unique<dion::NorMuon>(std::vector<dion::ParamGroup>{}, d, ortho);
-    if (kind == "dion2") return std::make_unique<dion::Dion2>(std::vector<dion::ParamGroup>{}, d, ortho);
-    if (kind == "nordion2") return std::make_unique<dion::NorDion2>(std::vector<dion::ParamGroup>{}, d, ortho);
-    if (kind == "dion") return std::make_unique<dion::Dion>(std::vector<dion::ParamGroup>{}, d);
-    return std::make_unique<dion::Optimizer>(std::vector<dion::ParamGroup>{}, d, ortho);
+                                               dion::math::OrthoConfig ortho,
+                                               std::shared_ptr<dion::Distribution> dist = nullptr) {
+    const std::vector<dion::ParamGroup> none;
+    if (kind == "muon") return std::make_unique<dion::Muon>(none, d, ortho, dist);
+    if (kind == "normuon") return std::make_unique<dion::NorMuon>(none, d, ortho, dist);
+    if (kind == "dion2") return std::make_unique<dion::Dion2>(none, d, ortho, dist);
+    if (kind == "nordion2") return std::make_unique<dion::NorDion2>(none, d, ortho, dist);
+    if (kind == "dion") return std::make_unique<dion::Dion>(none, d, dist);
+    return std::make_unique<dion::Optimizer>(none, d, ortho, dist);
   }
 
   std::string kind_;
