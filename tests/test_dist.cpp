@@ -455,8 +455,10 @@ struct DionShardCase {
   std::vector<std::vector<int64_t>> shapes;
   int64_t outer_dim;
   bool tp = false;       // 2 x 2 mesh: outer over "fs", the other matrix dim over "tp"
-  bool hsdp = false;     // 2 x 2 mesh: outer over "fs", replicas over "dp" with compressed sync
+  bool hsdp = false;     // outer over "fs", replicas over "dp" with optimizer-side sync
   double rank_fraction = 1.0;
+  // hsdp + tp: the 2 x 2 x 2 mesh dp x fs x tp. With replicas, synchronize_for_checkpoint() must
+  // also bring every replica's (decoupled) momentum to the single-process momentum.
 };
 
 void dion_shard_case(Child& c, const DionShardCase& k) {
@@ -464,8 +466,12 @@ void dion_shard_case(Child& c, const DionShardCase& k) {
   std::shared_ptr<Group> outer, inner, replica;
   std::optional<dion::dist::DeviceMesh> mesh;
   if (k.tp || k.hsdp) {
-    mesh.emplace(c.world, std::vector<std::pair<std::string, int>>{{k.hsdp ? "dp" : "fs", 2}, {k.hsdp ? "fs" : "tp", 2}});
-    outer = mesh->axis(k.hsdp ? "fs" : "fs");
+    std::vector<std::pair<std::string, int>> axes;
+    if (k.hsdp) axes.push_back({"dp", 2});
+    axes.push_back({"fs", 2});
+    if (k.tp) axes.push_back({"tp", 2});
+    mesh.emplace(c.world, axes);
+    outer = mesh->axis("fs");
     if (k.tp) inner = mesh->axis("tp");
     if (k.hsdp) replica = mesh->axis("dp");
   } else {
@@ -486,7 +492,17 @@ void dion_shard_case(Child& c, const DionShardCase& k) {
   };
   dion::Options opts = dion::Dion::defaults().lr(0.02).rank_fraction(k.rank_fraction);
   at::manual_seed(9);
-  auto expected = single(prob, opts);
+  std::vector<at::Tensor> expected, expected_momentum;
+  {
+    for (const auto& full : prob.params) expected.push_back(full.clone());
+    dion::Dion single_opt({{expected}}, opts);
+    single_opt.init_state();
+    for (const auto& gs : prob.grads) {
+      for (size_t i = 0; i < expected.size(); ++i) expected[i].mutable_grad() = gs[i].clone();
+      single_opt.step();
+    }
+    for (const auto& p : expected) expected_momentum.push_back(single_opt.state_of(p)->momentum().clone());
+  }
   at::manual_seed(9);
   auto dist = inner ? std::make_shared<Distributed>(outer, inner) : std::make_shared<Distributed>(outer);
   if (replica) dist->replicate(replica, /*sync_gradients=*/true);
@@ -502,11 +518,18 @@ void dion_shard_case(Child& c, const DionShardCase& k) {
     for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = local_of(grad_of(prob.grads[t][i], t, i));
     opt.step();
   }
-  for (size_t i = 0; i < params.size(); ++i) {
-    at::Tensor full = params[i];
+  auto gather = [&](const at::Tensor& local, size_t i) {
+    at::Tensor full = local.contiguous();
     if (inner) full = dion::dist::gather_tensor(*inner, full, inner_dim, prob.params[i].size(inner_dim));
-    full = dion::dist::gather_tensor(*outer, full, k.outer_dim, prob.params[i].size(k.outer_dim));
-    c.compare("dion " + k.name + " p" + std::to_string(i), full, expected[i], 1e-5);
+    return dion::dist::gather_tensor(*outer, full, k.outer_dim, prob.params[i].size(k.outer_dim));
+  };
+  for (size_t i = 0; i < params.size(); ++i)
+    c.compare("dion " + k.name + " p" + std::to_string(i), gather(params[i], i), expected[i], 1e-5);
+  if (replica) {
+    opt.synchronize_for_checkpoint();
+    for (size_t i = 0; i < params.size(); ++i)
+      c.compare("dion " + k.name + " synchronized momentum " + std::to_string(i),
+                gather(opt.state_of(params[i])->momentum(), i), expected_momentum[i], 1e-5);
   }
 }
 
@@ -514,6 +537,12 @@ void scenario_dion_fsdp(Child& c) {
   dion_shard_case(c, {"fsdp rows", {{32, 64}, {32, 64}, {24, 40}, {18, 30}, {3, 16}}, 0});
   dion_shard_case(c, {"fsdp cols", {{64, 32}, {48, 32}, {40, 40}, {30, 18}}, 1});
   dion_shard_case(c, {"fsdp rows low rank", {{32, 64}, {24, 40}}, 0, false, false, 0.5});
+}
+
+// DP x FSDP x TP = 2 x 2 x 2 (8 processes), with and without compressed sync.
+void scenario_dion_3d(Child& c) {
+  dion_shard_case(c, {"dp x fs x tp compressed", {{32, 64}, {24, 40}}, 0, true, true, 0.25});
+  dion_shard_case(c, {"dp x fs x tp gradient sync", {{32, 64}, {24, 40}}, 0, true, true, 1.0});
 }
 
 void scenario_dion_2d(Child& c) {
@@ -641,7 +670,7 @@ int run_child(const std::string& scenario) {
       {"bad_spec", scenario_bad_spec},   {"dead_rank", scenario_dead_rank}, {"dion_ddp", scenario_dion_ddp},
       {"tp", scenario_tp},               {"lanes", scenario_lanes},
       {"dion_fsdp", scenario_dion_fsdp}, {"dion_2d", scenario_dion_2d},
-      {"heads_splits_errors", scenario_heads_splits_errors}};
+      {"heads_splits_errors", scenario_heads_splits_errors}, {"dion_3d", scenario_dion_3d}};
   auto it = scenarios.find(scenario);
   if (it == scenarios.end()) {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
@@ -678,6 +707,7 @@ TEST(Distributed, DionFsdpUnevenAndEmptyFourRanks) { expect_all_ok("dion_fsdp", 
 TEST(Distributed, DionFsdpTimesTpAndHsdpCompressed2x2) { expect_all_ok("dion_2d", 4); }
 TEST(Distributed, HeadsSplitsAndLayoutErrorsTwoRanks) { expect_all_ok("heads_splits_errors", 2); }
 TEST(Distributed, HeadsSplitsAndLayoutErrorsFourRanks) { expect_all_ok("heads_splits_errors", 4); }
+TEST(Distributed, DionDpTimesFsdpTimesTp2x2x2) { expect_all_ok("dion_3d", 8); }
 TEST(Distributed, BadShardSpecRaisesOnEveryRank) { expect_all_ok("bad_spec", 2); }
 
 TEST(Distributed, DeadRankFailsTheOthersWithinTimeout) {
