@@ -250,6 +250,10 @@ class PyOptimizer {
     opt_->step();
   }
 
+  // Megabatch tasks in flight (the reference's 3). Without torch's store (no private
+  // connections, see wrap) the optimizer runs one task at a time.
+  static constexpr int kLanes = 3;
+
   // DDP / FSDP over a torch.distributed ProcessGroup (its CPU backend: Gloo). `ranks`: the
   // group's global ranks (dist.get_process_group_ranks); `store`: torch's default store (for the
   // sub-groups of the overlapped megabatch lanes) or None (one lane). Call before the first step.
@@ -257,7 +261,7 @@ class PyOptimizer {
                         bool sync_gradients) {
     const c10::intrusive_ptr<c10d::Store> kv = store_of(store);
     dist_ = std::make_shared<dion::dist::Distributed>(wrap(process_group, std::move(ranks), kv), sync_gradients);
-    if (!kv) dist_->lanes(1);
+    dist_->lanes(kv ? kLanes : 1);
     opt_->set_distribution(dist_);
   }
 
@@ -274,7 +278,7 @@ class PyOptimizer {
                 : std::make_shared<dion::dist::Distributed>(std::move(outer_group),
                                                             wrap(inner, std::move(inner_ranks), kv));
     if (!replicate.is_none()) dist_->replicate(wrap(replicate, std::move(replicate_ranks), kv), sync_gradients);
-    if (!kv) dist_->lanes(1);
+    dist_->lanes(kv ? kLanes : 1);
     opt_->set_distribution(dist_);
   }
 
@@ -351,8 +355,13 @@ class PyOptimizer {
     } catch (const std::exception&) {
       // a backend without getBackendOptions: keep the default
     }
-    return std::make_shared<dion::dist::Group>(
+    auto wrapped = std::make_shared<dion::dist::Group>(
         dion::dist::Group::from_process_group(pg, std::move(ranks), store, options));
+    // With a store, the optimizer talks over its own Gloo connections between the same ranks
+    // rather than torch's backend: sharing one backend with torch's own (DTensor) collectives
+    // hung intermittently in tests/python/test_distributed.py.
+    if (store && wrapped->size() > 1) return wrapped->subgroup(wrapped->ranks(), "dion");
+    return wrapped;
   }
 
   static dion::Options defaults_of(const std::string& kind) {

@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
@@ -237,6 +238,9 @@ void Group::count(const std::string& kind, const at::Tensor& sent) {
   auto& e = stats_->by_kind[kind];
   e.calls += 1;
   e.bytes += static_cast<int64_t>(sent.numel()) * static_cast<int64_t>(sent.element_size());
+  if (std::getenv("DION_TRACE_COLLECTIVES"))
+    std::fprintf(stderr, "[dion %s rank %d] %s %s\n", name_.c_str(), rank_, kind.c_str(),
+                 c10::str(sent.sizes()).c_str());
 }
 
 void Group::fail(const std::string& kind, const std::exception& e) const {
