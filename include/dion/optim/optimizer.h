@@ -15,12 +15,14 @@
 //
 // Groups:
 //   std::vector<dion::ParamGroup> groups = {
-//       {block_matrices},                                          // defaults (e.g. "dion2")
-//       {qkv_weights, {.split_sizes = std::vector<int64_t>{512, 128, 128}}},
+//       {block_matrices},                                          // the defaults ("muon")
+//       {qkv_weights, {.split_sizes = std::vector<int64_t>{512, 128, 128}}},  // muon, normuon
 //       {embeddings_and_norms, {.algorithm = "adamw", .lr = 3e-3}},
 //       {{lm_head}, {.algorithm = "lion", .lr = 3e-3 * dion::lm_head_lr_scale("lion", 768)}},
 //   };
-//   dion::Dion2 opt(groups, dion::Dion2::defaults().lr(0.02).fraction(0.25));
+//   dion::Muon opt(groups, dion::Muon::defaults().lr(0.02));
+//   opt.set_distribution(dist);        // DDP / FSDP / TP: dion/dist/distributed.h (or pass it
+//                                      // as the constructor's last argument)
 //
 // What happens in step(), per matrix group: parameters with a gradient are bucketed by
 // (shape, dtype) in order of first appearance ("megabatches"); each megabatch runs the
