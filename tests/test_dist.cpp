@@ -198,27 +198,36 @@ void scenario_ddp(Child& c) {
 }
 
 // FSDP: every parameter sharded along `dim` (uneven and empty shards included by the shapes).
+// Every parameter of `prob` sharded along `dim` over `group` (FSDP2 chunks), the optimizer built
+// with the Distribution (so shape checks see global shapes), and all of prob's steps taken on the
+// shards. `before_steps` runs once, after construction (e.g. to clear the byte counters).
+std::vector<at::Tensor> run_sharded(const Problem& prob, const dion::Options& opts, const std::shared_ptr<Group>& group,
+                                    int64_t dim, const std::function<void()>& before_steps = nullptr) {
+  const int W = group->size(), r = group->rank();
+  auto dist = std::make_shared<Distributed>(group);
+  std::vector<at::Tensor> params;
+  for (const auto& full : prob.params) {
+    params.push_back(dion::dist::shard_tensor(full, dim, W, r));
+    dist->shard(params.back(), full.sizes().vec(), dim);
+  }
+  dion::Optimizer opt(params, opts, {}, dist);
+  if (before_steps) before_steps();
+  for (const auto& gs : prob.grads) {
+    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = dion::dist::shard_tensor(gs[i], dim, W, r);
+    opt.step();
+  }
+  return params;
+}
+
 void fsdp_case(Child& c, const std::vector<std::vector<int64_t>>& shapes, int64_t dim,
                const std::vector<std::string>& algos, const std::string& scope, double tol) {
   Problem prob = make_problem(shapes, 3, 11);
   auto group = std::make_shared<Group>(c.world);
-  const int W = group->size(), r = group->rank();
   for (const auto& algo : algos) {
     dion::Options opts = options_for(algo).selection_scope(scope);
     if (scope == "local") opts.fraction(1.0);  // local selection equals whole-matrix selection at 1
     auto expected = single(prob, opts);
-    auto dist = std::make_shared<Distributed>(group);
-    std::vector<at::Tensor> params;
-    for (const auto& full : prob.params) {
-      params.push_back(dion::dist::shard_tensor(full, dim, W, r));
-      dist->shard(params.back(), full.sizes().vec(), dim);
-    }
-    dion::Optimizer opt(params, opts);
-    opt.set_distribution(dist);
-    for (const auto& gs : prob.grads) {
-      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = dion::dist::shard_tensor(gs[i], dim, W, r);
-      opt.step();
-    }
+    auto params = run_sharded(prob, opts, group, dim);
     for (size_t i = 0; i < params.size(); ++i) {
       at::Tensor full = dion::dist::gather_tensor(*group, params[i], dim, prob.params[i].size(dim));
       c.compare(algo + " fsdp dim" + std::to_string(dim) + " " + scope + " p" + std::to_string(i), full, expected[i], tol);
@@ -252,19 +261,7 @@ void scenario_hsdp(Child& c) {
   for (const auto& algo : kAlgorithms) {
     dion::Options opts = options_for(algo).selection_scope("global");
     auto expected = single(prob, opts);
-    auto dist = std::make_shared<Distributed>(fs);
-    std::vector<at::Tensor> params;
-    for (const auto& full : prob.params) {
-      params.push_back(dion::dist::shard_tensor(full, 0, fs->size(), fs->rank()));
-      dist->shard(params.back(), full.sizes().vec(), 0);
-    }
-    dion::Optimizer opt(params, opts);
-    opt.set_distribution(dist);
-    for (const auto& gs : prob.grads) {
-      for (size_t i = 0; i < params.size(); ++i)
-        params[i].mutable_grad() = dion::dist::shard_tensor(gs[i], 0, fs->size(), fs->rank());
-      opt.step();
-    }
+    auto params = run_sharded(prob, opts, fs, 0);
     for (size_t i = 0; i < params.size(); ++i) {
       at::Tensor full = dion::dist::gather_tensor(*fs, params[i], 0, prob.params[i].size(0));
       c.compare(algo + " hsdp dp" + std::to_string(mesh.coordinate("dp")) + " p" + std::to_string(i), full,
@@ -358,19 +355,8 @@ void scenario_lanes(Child& c) {
 void scenario_bytes(Child& c) {
   Problem prob = make_problem({{64, 64}, {64, 64}, {64, 64}, {64, 64}}, 1, 3);
   auto group = std::make_shared<Group>(c.world);
-  auto bytes_for = [&](const dion::Options& opts) {
-    auto dist = std::make_shared<Distributed>(group);
-    std::vector<at::Tensor> params;
-    for (const auto& full : prob.params) {
-      params.push_back(dion::dist::shard_tensor(full, 0, group->size(), group->rank()));
-      dist->shard(params.back(), full.sizes().vec(), 0);
-    }
-    dion::Optimizer opt(params, opts);
-    opt.set_distribution(dist);
-    for (size_t i = 0; i < params.size(); ++i)
-      params[i].mutable_grad() = dion::dist::shard_tensor(prob.grads[0][i], 0, group->size(), group->rank());
-    group->stats().clear();
-    opt.step();
+  auto bytes_for = [&](const dion::Options& opts) {  // prob has one step: the counters hold it alone
+    run_sharded(prob, opts, group, 0, [&] { group->stats().clear(); });
     return group->stats().bytes("all_to_all");
   };
   const double muon = static_cast<double>(bytes_for(options_for("muon")));
@@ -555,22 +541,9 @@ void scenario_dion_2d(Child& c) {
 void scenario_heads_splits_errors(Child& c) {
   auto group = std::make_shared<Group>(c.world);
   const int W = group->size(), r = group->rank();
-  auto sharded_run = [&](const Problem& prob, const dion::Options& opts) {
-    auto dist = std::make_shared<Distributed>(group);
-    std::vector<at::Tensor> params;
-    for (const auto& full : prob.params) {
-      params.push_back(dion::dist::shard_tensor(full, 0, W, r));
-      dist->shard(params.back(), full.sizes().vec(), 0);
-    }
-    // The distribution goes to the constructor: the num_heads / split_sizes checks must see the
-    // global shapes, not the shards'.
-    dion::Optimizer opt(params, opts, {}, dist);
-    for (const auto& gs : prob.grads) {
-      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = dion::dist::shard_tensor(gs[i], 0, W, r);
-      opt.step();
-    }
-    return params;
-  };
+  // run_sharded gives the distribution to the constructor: the num_heads / split_sizes checks
+  // must see the global shapes, not the shards'.
+  auto sharded_run = [&](const Problem& prob, const dion::Options& opts) { return run_sharded(prob, opts, group, 0); };
   auto compare_all = [&](const std::string& what, const Problem& prob, const dion::Options& opts) {
     auto expected = single(prob, opts);
     auto got = sharded_run(prob, opts);
