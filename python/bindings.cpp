@@ -254,6 +254,16 @@ class PyOptimizer {
   // connections, see wrap) the optimizer runs one task at a time.
   static constexpr int kLanes = 3;
 
+  // With torch's store, the optimizer talks over its own Gloo connections between the same ranks
+  // (made at the first step) rather than torch's backend: sharing one backend with torch's own
+  // (DTensor) collectives hung intermittently, and connections made while the constructor can
+  // still fail on some rank were torn down under their peers. Without a store: torch's backend,
+  // one task at a time.
+  void own_connections(const c10::intrusive_ptr<c10d::Store>& kv) {
+    if (kv) dist_->own_connections().lanes(kLanes);
+    else dist_->lanes(1);
+  }
+
   // DDP / FSDP over a torch.distributed ProcessGroup (its CPU backend: Gloo). `ranks`: the
   // group's global ranks (dist.get_process_group_ranks); `store`: torch's default store (for the
   // sub-groups of the overlapped megabatch lanes) or None (one lane). Call before the first step.
@@ -261,7 +271,7 @@ class PyOptimizer {
                         bool sync_gradients) {
     const c10::intrusive_ptr<c10d::Store> kv = store_of(store);
     dist_ = std::make_shared<dion::dist::Distributed>(wrap(process_group, std::move(ranks), kv), sync_gradients);
-    dist_->lanes(kv ? kLanes : 1);
+    own_connections(kv);
     opt_->set_distribution(dist_);
   }
 
@@ -278,7 +288,7 @@ class PyOptimizer {
                 : std::make_shared<dion::dist::Distributed>(std::move(outer_group),
                                                             wrap(inner, std::move(inner_ranks), kv));
     if (!replicate.is_none()) dist_->replicate(wrap(replicate, std::move(replicate_ranks), kv), sync_gradients);
-    dist_->lanes(kv ? kLanes : 1);
+    own_connections(kv);
     opt_->set_distribution(dist_);
   }
 
@@ -357,10 +367,6 @@ class PyOptimizer {
     }
     auto wrapped = std::make_shared<dion::dist::Group>(
         dion::dist::Group::from_process_group(pg, std::move(ranks), store, options));
-    // With a store, the optimizer talks over its own Gloo connections between the same ranks
-    // rather than torch's backend: sharing one backend with torch's own (DTensor) collectives
-    // hung intermittently in tests/python/test_distributed.py.
-    if (store && wrapped->size() > 1) return wrapped->subgroup(wrapped->ranks(), "dion");
     return wrapped;
   }
 

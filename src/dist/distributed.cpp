@@ -110,6 +110,17 @@ Distributed& Distributed::lanes(int k) {
 }
 
 void Distributed::prepare() {
+  if (own_connections_ && !owned_) {
+    // Private connections between the same ranks, made here (every rank reaches the first step
+    // past all construction-time checks) rather than when the groups were handed over.
+    auto own = [](std::shared_ptr<Group>& g) {
+      if (g && g->size() > 1) g = g->subgroup(g->ranks(), "own");
+    };
+    own(group_);
+    own(inner_);
+    own(replicate_);
+    owned_ = true;
+  }
   verify();
   if (lanes_ > 1 && outer_lanes_.empty() && group_->size() > 1) {
     for (int j = 1; j < lanes_; ++j) {
@@ -122,6 +133,12 @@ void Distributed::prepare() {
 }
 
 void Distributed::use_lane(int lane) { tls_lane = lane; }
+
+Distributed& Distributed::own_connections() {
+  if (!outer_lanes_.empty() || owned_) throw ValueError("Distributed::own_connections: set before the first step");
+  own_connections_ = true;
+  return *this;
+}
 
 Distributed& Distributed::replicate(std::shared_ptr<Group> replicate, bool sync_gradients) {
   if (!replicate) throw ValueError("Distributed::replicate: the group is null (this rank is not a member?)");

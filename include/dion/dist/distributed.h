@@ -58,6 +58,11 @@ class Distributed : public Distribution {
   // the group(s), created at the first step. 1: one task at a time.
   Distributed& lanes(int k);
 
+  // Talk over new connections between the same ranks (sub-groups made at the first step)
+  // instead of the given groups' backends: for groups that also carry someone else's
+  // collectives, e.g. torch's own (the Python module uses this).
+  Distributed& own_connections();
+
   // 2-D sharding (FSDP x TP): `outer` shards one matrix dim (mesh.axis("fs")), `inner` the other
   // (mesh.axis("tp")). Register parameters with shard(local, global_shape, dim, inner_dim).
   Distributed(std::shared_ptr<Group> outer, std::shared_ptr<Group> inner);
@@ -108,6 +113,7 @@ class Distributed : public Distribution {
   std::shared_ptr<Group> inner_;  // TP group for 2-D sharding, or null
   std::shared_ptr<Group> replicate_;  // HSDP replicate group, or null (DDP: the outer group)
   int lanes_ = 3;
+  bool own_connections_ = false, owned_ = false;
   std::vector<std::shared_ptr<Group>> outer_lanes_, inner_lanes_, replicate_lanes_;  // lanes 1..K-1
   bool sync_gradients_ = false;
   std::unordered_map<const void*, Layout> layouts_;
