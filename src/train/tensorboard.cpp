@@ -8,9 +8,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
-#include <filesystem>
+#include <sys/stat.h>
 #include <stdexcept>
-#include <system_error>
 #include <unistd.h>
 
 namespace dion::train {
@@ -102,6 +101,23 @@ std::string host_name() {
   return buf;
 }
 
+// mkdir -p with POSIX calls. (Not std::filesystem: in a binary that also links the torch wheel,
+// its exported copy of those functions is what runs — pytorch/pytorch#133437.)
+void make_dirs(const std::string& dir) {
+  auto fail = [&](const std::string& why) {
+    throw std::runtime_error("TensorBoard log folder " + dir + ": cannot create it: " + why);
+  };
+  if (dir.empty()) fail("empty path");
+  for (size_t pos = 1; pos <= dir.size(); ++pos) {
+    if (pos < dir.size() && dir[pos] != '/') continue;
+    const std::string prefix = dir.substr(0, pos);
+    if (::mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST) fail(prefix + ": " + errno_text(errno));
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) fail(errno_text(errno));
+  if (!S_ISDIR(st.st_mode)) fail("it exists and is not a folder");
+}
+
 constexpr size_t kFlushBytes = 64 * 1024;
 constexpr auto kFlushInterval = std::chrono::seconds(2);
 
@@ -139,17 +155,10 @@ std::string tfrecord_frame(std::string_view data) {
 // ---------------------------------------------------------------------------- EventWriter
 
 EventWriter::EventWriter(const std::string& log_dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(log_dir, ec);
-  if (ec || !fs::is_directory(log_dir)) {
-    throw std::runtime_error("TensorBoard log folder " + log_dir + ": cannot create it: " +
-                             (ec ? ec.message() : std::string("a file of that name exists")));
-  }
+  make_dirs(log_dir);
   const long long secs = static_cast<long long>(wall_time_now());
   const std::string base =
-      (fs::path(log_dir) / ("events.out.tfevents." + std::to_string(secs) + "." + host_name()))
-          .string();
+      log_dir + "/events.out.tfevents." + std::to_string(secs) + "." + host_name();
   // Two writers started in the same second on one host (a quick restart) must not share a
   // file: O_EXCL, and ".1", ".2", ... on a clash.
   for (int n = 0; fd_ < 0; ++n) {

@@ -1,7 +1,15 @@
 // tests/trainio/temp_dir.h — a fresh folder under $TMPDIR (or /tmp), removed with everything in
 // it on destruction; shared by the trainio test binaries.
+//
+// The removal walks the tree with nftw(3), not std::filesystem::remove_all: the torch 2.11 wheel's
+// libtorch.so exports its own copy of libstdc++'s std::filesystem functions (pytorch/pytorch
+// #133437), and its remove_all crashes (SIGSEGV, a call through a null pointer) in any binary
+// linked with it.
 #pragma once
 
+#include <ftw.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
@@ -18,8 +26,13 @@ class ScratchDir {
     path_ = templ;
   }
   ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    ::nftw(
+        path_.c_str(),
+        [](const char* p, const struct stat*, int, struct FTW*) {
+          std::remove(p);  // best effort
+          return 0;
+        },
+        16, FTW_DEPTH | FTW_PHYS);
   }
   ScratchDir(const ScratchDir&) = delete;
   ScratchDir& operator=(const ScratchDir&) = delete;
