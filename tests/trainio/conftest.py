@@ -16,7 +16,8 @@ PLOT_PY = os.path.join(SOURCE_DIR, "tools", "dion-train", "plot.py")
 @pytest.fixture(scope="session")
 def trainio_tool():
     """A function running trainio_tool with arguments; returns its stdout."""
-    exe = os.environ.get("DION_TRAINIO_TOOL") or os.path.join(SOURCE_DIR, "build", "trainio_tool")
+    exe = os.path.abspath(os.environ.get("DION_TRAINIO_TOOL") or
+                          os.path.join(SOURCE_DIR, "build", "trainio_tool"))
     if not os.path.isfile(exe):
         pytest.skip(f"trainio_tool not built ({exe}): build the target trainio_tool, or set "
                     "DION_TRAINIO_TOOL")

@@ -94,8 +94,8 @@ def test_cpp_events_read_by_tensorboard(tmp_path, trainio_tool):
 
     # Every record, CRCs checked by TensorBoard's own reader: file_version, then one per scalar.
     events = list(event_file_loader.EventFileLoader(path).Load())
-    assert events[0].file_version == "brain.Event:2"
     assert len(events) == 1 + 50 * 2 + 5
+    assert events[0].file_version == "brain.Event:2"
 
     acc = event_accumulator.EventAccumulator(str(logdir), size_guidance={"scalars": 0})
     acc.Reload()
