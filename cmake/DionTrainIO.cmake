@@ -3,18 +3,24 @@
 #
 # Included by cmake/DionTorch.cmake after `dion_executable` and `dion_pch` exist. Defines:
 #   dion_tb             static library: dion/train/tensorboard.h (plain C++, no LibTorch)
-#   dion_safetensors    static library: dion/train/safetensors.h (LibTorch, no optimizer code)
+#   dion_safetensors    static library: dion/train/safetensors.h (LibTorch, no optimizer code);
+#                       skipped with a message when nlohmann-json is absent (pip install .)
 #   test_trainio_tb, test_trainio_safetensors   GoogleTest suites (tests/trainio), with tests
 #   trainio_tool        writes / copies the files the Python tests read (tests/trainio)
 #   ctest trainio_python_tests   pytest tests/trainio: the files read by the `tensorboard` and
 #                                `safetensors` packages, and plot.py
-find_package(nlohmann_json 3.10 REQUIRED)  # nlohmann-json3-dev
-
 add_library(dion_tb STATIC ${PROJECT_SOURCE_DIR}/src/train/tensorboard.cpp)
 target_include_directories(dion_tb PUBLIC ${PROJECT_SOURCE_DIR}/include)
 target_link_libraries(dion_tb PRIVATE dion_warnings)
 set_target_properties(dion_tb PROPERTIES POSITION_INDEPENDENT_CODE ON)
 
+# nlohmann-json3-dev (scripts/setup.sh installs it). Optional here so that `pip install .`, which
+# builds only the Python module, does not need it.
+find_package(nlohmann_json 3.10 QUIET)
+if(NOT nlohmann_json_FOUND)
+  message(STATUS "dion: nlohmann-json not found: dion_safetensors and the trainio tests skipped")
+  return()
+endif()
 add_library(dion_safetensors STATIC ${PROJECT_SOURCE_DIR}/src/train/safetensors.cpp)
 target_include_directories(dion_safetensors PUBLIC ${PROJECT_SOURCE_DIR}/include)
 target_include_directories(dion_safetensors SYSTEM PUBLIC ${_torch_inc})
