@@ -24,7 +24,8 @@
 // e.g. the disk is full) throw std::runtime_error naming the path and the system's reason; the
 // destructor reports a failing final flush on stderr instead of throwing.
 //
-// No LibTorch: the CMake target `dion_tb` is plain C++.
+// One writer is used from one thread (no locking). No LibTorch: the CMake target `dion_tb` is
+// plain C++.
 #pragma once
 
 #include <chrono>
