@@ -85,6 +85,8 @@ endfunction()
 
 # The Python module dion_cpp (pybind11 from the torch wheel).
 include(${CMAKE_CURRENT_LIST_DIR}/DionPython.cmake OPTIONAL)
+# The trainer's output formats: TensorBoard events, safetensors (dion_tb, dion_safetensors).
+include(${CMAKE_CURRENT_LIST_DIR}/DionTrainIO.cmake)
 
 add_subdirectory(examples)
 if(DION_BUILD_TESTS)
