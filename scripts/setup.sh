@@ -34,7 +34,7 @@ fi
 PYTHON=${PYTHON:-python3}
 want_torch=$(sed -n 's/^torch==\(.*\)$/\1/p' requirements.txt)
 have_torch=$($PYTHON -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
-if [ "$have_torch" != "$want_torch" ] || ! $PYTHON -c 'import numpy, pytest' 2>/dev/null; then
+if [ "$have_torch" != "$want_torch" ] || ! $PYTHON -c 'import numpy, pytest, safetensors, matplotlib, yaml, tensorboard' 2>/dev/null; then
   log "installing python packages (torch $want_torch is a multi-GB CUDA wheel; first time only)"
   $PYTHON -m pip install -q -r requirements.txt
 else
