@@ -402,6 +402,9 @@ class _CppOptimizer(Optimizer):
                 local = value._local_tensor if _is_dtensor(value) else value
                 mine = current.get(key) if same_algorithm else None
                 want = tuple(mine.shape) if mine is not None else self._state_shape(p, key)
+                if want is None and local.dim() != 2:  # Q [n', r], before legacy Dion's first step
+                    raise ValueError(f"{where} has shape {list(local.shape)}, expected a matrix [n', r] "
+                                     "(a checkpoint of another model?)")
                 if want is not None and tuple(local.shape) != want:
                     raise ValueError(f"{where} has shape {list(local.shape)}, expected {list(want)} "
                                      "(a checkpoint of another model?)")
@@ -471,7 +474,10 @@ class _CppOptimizer(Optimizer):
                     continue
                 # A copy, cast from the saved tensor (torch.optim has cast it to the parameter's
                 # dtype already, which would round an fp32 step_dev through bf16).
-                value = value.to(dtype=targets[(pid, key)], device=device, copy=True).contiguous()
+                if _is_dtensor(value):  # a DTensor's local tensor already is on its rank's device
+                    value = value.to(dtype=targets[(pid, key)], copy=True).contiguous()
+                else:
+                    value = value.to(dtype=targets[(pid, key)], device=device, copy=True).contiguous()
                 local = value._local_tensor if _is_dtensor(value) else value
                 self._cpp.set_state(self._cpp_param(p), key, local)
                 self.state[p][key] = value

@@ -284,3 +284,13 @@ def test_dion2_verbose_prints_each_selection_once(capsys):
                      "select top-\u03b1 columns by col norms") == 1
     Dion2([W(8, 16)]).step()
     assert capsys.readouterr().out == ""  # quiet by default
+
+
+def test_q_of_the_wrong_rank_is_refused_before_legacy_dions_first_step():
+    _, opt, _ = train(Dion, steps=1)
+    sd = copy.deepcopy(opt.state_dict())
+    sd["state"][0]["Q"] = sd["state"][0]["Q"].flatten()
+    fresh = make_opt(Dion, make_model())  # no state yet: Q's shape is the checkpoint's rank
+    with pytest.raises(ValueError, match=r"'Q' has shape \[\d+\], expected a matrix"):
+        fresh.load_state_dict(sd)
+    assert len(fresh.state) == 0

@@ -117,3 +117,16 @@ def test_lr_is_a_persistent_float32_tensor(cls):
 def test_legacy_dion_keeps_float_lr():
     opt = dion_cpp.Dion([torch.nn.Parameter(torch.randn(8, 16))], lr=0.02)
     assert type(opt.param_groups[0]["lr"]) is float
+
+
+def test_tensor_weight_decay_is_live_too():
+    """As the reference: a weight_decay given as a Tensor becomes the group's persistent 0-d
+    float32 tensor, and a later float assignment refills it."""
+    p = torch.nn.Parameter(torch.randn(8, 16))
+    opt = dion_cpp.Muon([p], weight_decay=torch.tensor(0.05))
+    wd = opt.param_groups[0]["weight_decay"]
+    assert isinstance(wd, torch.Tensor) and wd.dtype == torch.float32
+    opt.param_groups[0]["weight_decay"] = 0.0
+    p.grad = torch.randn(8, 16)
+    opt.step()
+    assert opt.param_groups[0]["weight_decay"] is wd and wd.item() == 0.0
