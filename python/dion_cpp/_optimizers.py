@@ -376,7 +376,10 @@ class _CppOptimizer(Optimizer):
                                  f"{len(saved['params'])} parameters in the state dict, "
                                  f"{len(group['params'])} in this optimizer")
             options = {k: v for k, v in saved.items() if k != "params"}
-            self._cpp.check_group(g, options)  # the C++ checks of a group edit, nothing changed
+            try:  # the C++ checks of a group edit; nothing changes
+                self._cpp.check_group(g, options)
+            except (ValueError, TypeError, NotImplementedError) as e:
+                raise type(e)(f"loading optimizer state: {e}") from None
             algorithms.append(options.get("algorithm", group["algorithm"]))
             for j, (pid, p) in enumerate(zip(saved["params"], group["params"])):
                 by_id[pid] = (g, j, p)

@@ -68,7 +68,8 @@ def momentum_replaced(value_of):
 
 
 REFUSED = [
-    ("dion state dict into muon", lambda sd: dion_state_dict(), ValueError, r"param group 0 \(dion\)"),
+    ("dion state dict into muon", lambda sd: dion_state_dict(), ValueError,
+     r"loading optimizer state: param group 0 \(dion\): this optimizer runs 'muon'"),
     ("momentum of another shape", momentum_replaced(lambda m: torch.zeros(3, 3)), ValueError,
      r"param group 0, parameter 0 of shape \[32, 16\]: 'momentum' has shape \[3, 3\], expected \[32, 16\]"),
     ("int64 momentum", momentum_replaced(lambda m: m.long()), TypeError,
@@ -78,7 +79,7 @@ REFUSED = [
     ("one group too many", lambda sd: (sd["param_groups"].append(dict(sd["param_groups"][-1], params=[99])), sd)[1],
      ValueError, "4 param groups, this optimizer 3"),
     ("invalid group value", lambda sd: (sd["param_groups"][0].update(mu=1.5), sd)[1], ValueError,
-     r"param group 0: invalid mu"),
+     r"loading optimizer state: param group 0: invalid mu"),
 ]
 
 
