@@ -183,8 +183,8 @@ dion::math::OrthoFn python_ortho(py::object fn) {
                              " for an input of shape " + c10::str(X.sizes()) +
                              ": it must return the orthogonalized input, of the same shape");
     if (!Y.is_floating_point())
-      throw dion::TypeError("newton_schulz_func returned a tensor of dtype " + std::string(c10::toString(Y.scalar_type())) +
-                            ": it must be floating point");
+      throw dion::TypeError("newton_schulz_func returned a tensor of dtype " +
+                            std::string(c10::toString(Y.scalar_type())) + ": it must be floating point");
     return Y;
   };
 }

@@ -91,6 +91,11 @@ def test_refused_load_leaves_the_optimizer_as_it_was(name, edit, exc, words):
     before = snapshot(opt)
     with pytest.raises(exc, match=words):
         opt.load_state_dict(sd)
+    assert_unchanged(opt, before, model, twin_model, twin_opt)
+
+
+def assert_unchanged(opt, before, model, twin_model, twin_opt):
+    """opt's groups and state as `before`, and its next step equal to an untouched twin's."""
     assert_same_snapshot(snapshot(opt), before)
     one_step(model, opt)
     one_step(twin_model, twin_opt)
@@ -113,11 +118,7 @@ def test_failure_while_loading_is_rolled_back():
     with pytest.raises(RuntimeError, match="injected"):
         opt.load_state_dict(sd)
     del opt._sync_hyperparam_tensors
-    assert_same_snapshot(snapshot(opt), before)
-    one_step(model, opt)
-    one_step(twin_model, twin_opt)
-    for p, q in zip(model.parameters(), twin_model.parameters()):
-        assert torch.equal(p, q)
+    assert_unchanged(opt, before, model, twin_model, twin_opt)
 
 
 def test_fp16_state_is_cast_to_the_parameter_dtype():
