@@ -20,6 +20,7 @@
 // inner, ..., replicate, ...) does the same for legacy Dion's outer / inner shard meshes and
 // replicate mesh (Distributed(outer, inner).replicate(...)); shard(local, global_shape, dim,
 // inner_dim) registers a DTensor's local shard. Python (_optimizers.py) decides what is sharded.
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
@@ -170,7 +171,21 @@ dion::math::OrthoFn python_ortho(py::object fn) {
   return [held](const at::Tensor& X, double epsilon) {
     py::gil_scoped_acquire gil;
     py::object out = (*held)(X, py::arg("epsilon") = epsilon);
-    return out.cast<at::Tensor>();
+    at::Tensor Y;
+    try {
+      Y = out.cast<at::Tensor>();
+    } catch (const py::cast_error&) {
+      throw dion::TypeError("newton_schulz_func must return a torch.Tensor, got " + type_name(out));
+    }
+    // A wrong shape would be broadcast silently into the update.
+    if (Y.sizes() != X.sizes())
+      throw dion::ValueError("newton_schulz_func returned a tensor of shape " + c10::str(Y.sizes()) +
+                             " for an input of shape " + c10::str(X.sizes()) +
+                             ": it must return the orthogonalized input, of the same shape");
+    if (!Y.is_floating_point())
+      throw dion::TypeError("newton_schulz_func returned a tensor of dtype " +
+                            std::string(c10::toString(Y.scalar_type())) + ": it must be floating point");
+    return Y;
   };
 }
 
@@ -228,21 +243,42 @@ class PyOptimizer {
     opt_->options(g) = o;  // fields ParamGroup does not carry (dtypes, oversample, step)
   }
 
-  // Push a Python group's (possibly edited) hyperparameters into C++ group g.
-  void set_group(size_t g, const py::dict& group) {
-    dion::Options& current = opt_->options(g);
-    dion::Options o = options_from_dict(current, group, g);
-    o.validate(g);
-    const bool layout_changed = o.algorithm() != current.algorithm() || o.num_heads() != current.num_heads() ||
-                                o.split_sizes() != current.split_sizes() || o.flatten() != current.flatten();
-    if (layout_changed) {
-      // Re-run the library's group checks (shapes vs num_heads / split_sizes, allowed
-      // algorithms) on a throwaway optimizer whose group g is this one.
-      std::unique_ptr<dion::Optimizer> probe = make(kind_, o, {}, dist_);
-      for (size_t i = 0; i < g; ++i) probe->add_param_group(dion::ParamGroup{{}, {}});
-      probe->add_param_group(dion::ParamGroup{opt_->param_groups()[g].params(), {}});
-    }
-    current = o;
+  // Push a Python group's (possibly edited) hyperparameters into C++ group g, checked as
+  // add_param_group checks a group (Optimizer::set_options); nothing changes when refused.
+  // Returns whether the algorithm changed (the group's state was dropped).
+  bool set_group(size_t g, const py::dict& group) {
+    check_index(g);
+    dion::Options o = options_from_dict(opt_->options(g), group, g);
+    const bool changed = o.algorithm() != opt_->options(g).algorithm();
+    opt_->set_options(g, o);
+    return changed;
+  }
+
+  // The checks of set_group without the change (load_state_dict's dry run).
+  void check_group(size_t g, const py::dict& group) const {
+    check_index(g);
+    opt_->check_options(g, options_from_dict(opt_->options(g), group, g));
+  }
+
+  std::string group_algorithm(size_t g) const {
+    check_index(g);
+    return opt_->options(g).algorithm();
+  }
+
+  // The state dtypes group g configures ({momentum_dtype, Q_dtype, variance_dtype}: a
+  // torch.dtype, or None for the parameter's).
+  py::dict state_dtypes(size_t g) const {
+    check_index(g);
+    const dion::Options& o = opt_->options(g);
+    auto dtype = [](const std::optional<at::ScalarType>& t) -> py::object {
+      if (!t) return py::none();
+      return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(*t)));
+    };
+    py::dict out;
+    out["momentum_dtype"] = dtype(o.momentum_dtype());
+    out["Q_dtype"] = dtype(o.Q_dtype());
+    out["variance_dtype"] = dtype(o.variance_dtype());
+    return out;
   }
 
   void step() {
@@ -320,12 +356,15 @@ class PyOptimizer {
     return out;
   }
 
+  // Drop param's state (load_state_dict: the checkpoint's state replaces all state).
+  void clear_state(const at::Tensor& param) {
+    check_owned(param, "clear_state");
+    opt_->state().erase(param.unsafeGetTensorImpl());
+  }
+
   // Make `value` param's state `key` (used by load_state_dict); creates the state if needed.
   void set_state(const at::Tensor& param, const std::string& key, const at::Tensor& value) {
-    bool owned = false;
-    for (const auto& group : opt_->param_groups())
-      for (const at::Tensor& p : group.params()) owned = owned || p.is_same(param);
-    if (!owned) throw dion::ValueError("set_state: the tensor is not a parameter of this optimizer");
+    check_owned(param, "set_state");
     auto& slot = opt_->state()[param.unsafeGetTensorImpl()];
     if (!slot) slot = std::make_unique<dion::ParamState>();
     auto& s = static_cast<dion::ParamState&>(*slot);
@@ -340,6 +379,19 @@ class PyOptimizer {
   }
 
  private:
+  void check_index(size_t g) const {
+    if (g >= opt_->param_groups().size())
+      throw dion::ValueError("no param group " + std::to_string(g) + " (the optimizer has " +
+                             std::to_string(opt_->param_groups().size()) + ")");
+  }
+
+  void check_owned(const at::Tensor& param, const char* what) const {
+    for (const auto& group : opt_->param_groups())
+      for (const at::Tensor& p : group.params())
+        if (p.is_same(param)) return;
+    throw dion::ValueError(std::string(what) + ": the tensor is not a parameter of this optimizer");
+  }
+
   static c10::intrusive_ptr<c10d::Store> store_of(const py::object& store) {
     if (store.is_none()) return {};
     try {
@@ -380,17 +432,15 @@ class PyOptimizer {
                            "' (valid: muon, normuon, dion2, nordion2, dion, any)");
   }
 
-  // `dist`: checks see the shards' global shapes (the probe in set_group needs the optimizer's).
   static std::unique_ptr<dion::Optimizer> make(const std::string& kind, const dion::Options& d,
-                                               dion::math::OrthoConfig ortho,
-                                               std::shared_ptr<dion::Distribution> dist = nullptr) {
+                                               dion::math::OrthoConfig ortho) {
     const std::vector<dion::ParamGroup> none;
-    if (kind == "muon") return std::make_unique<dion::Muon>(none, d, ortho, dist);
-    if (kind == "normuon") return std::make_unique<dion::NorMuon>(none, d, ortho, dist);
-    if (kind == "dion2") return std::make_unique<dion::Dion2>(none, d, ortho, dist);
-    if (kind == "nordion2") return std::make_unique<dion::NorDion2>(none, d, ortho, dist);
-    if (kind == "dion") return std::make_unique<dion::Dion>(none, d, dist);
-    return std::make_unique<dion::Optimizer>(none, d, ortho, dist);
+    if (kind == "muon") return std::make_unique<dion::Muon>(none, d, ortho);
+    if (kind == "normuon") return std::make_unique<dion::NorMuon>(none, d, ortho);
+    if (kind == "dion2") return std::make_unique<dion::Dion2>(none, d, ortho);
+    if (kind == "nordion2") return std::make_unique<dion::NorDion2>(none, d, ortho);
+    if (kind == "dion") return std::make_unique<dion::Dion>(none, d);
+    return std::make_unique<dion::Optimizer>(none, d, ortho);
   }
 
   std::string kind_;
@@ -405,6 +455,7 @@ class PyOptimizer {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "dion-cpp optimizers (use the classes in dion_cpp, not this module)";
+  m.attr("__version__") = DION_VERSION;  // the CMake project's version (cmake/DionPython.cmake)
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -423,6 +474,10 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<const std::string&, const py::dict&>(), py::arg("kind"), py::arg("kwargs"))
       .def("add_param_group", &PyOptimizer::add_param_group, py::arg("params"), py::arg("group"))
       .def("set_group", &PyOptimizer::set_group, py::arg("index"), py::arg("group"))
+      .def("check_group", &PyOptimizer::check_group, py::arg("index"), py::arg("group"))
+      .def("group_algorithm", &PyOptimizer::group_algorithm, py::arg("index"))
+      .def("state_dtypes", &PyOptimizer::state_dtypes, py::arg("index"))
+      .def("clear_state", &PyOptimizer::clear_state, py::arg("param"))
       .def("step", &PyOptimizer::step)
       .def("group_step", &PyOptimizer::group_step, py::arg("index"))
       .def("init_state", &PyOptimizer::init_state)

@@ -103,6 +103,11 @@ TEST(Validation, InvalidOptionsNameGroupOptionAndValue) {
       {"zero fraction", {.fraction = 0.0}, Kind::VALUE, {"fraction", "= 0", "(0, 1]"}},
       {"fraction above 1", {.fraction = 1.5}, Kind::VALUE, {"fraction", "1.5"}},
       {"negative ef_decay", {.ef_decay = -0.3}, Kind::VALUE, {"ef_decay", "-0.3"}},
+      // Decay factors in [0, 1), as torch.optim checks Adam's betas.
+      {"mu of 1", {.mu = 1.0}, Kind::VALUE, {"mu = 1", "[0, 1)"}},
+      {"muon_beta2 above 1", {.muon_beta2 = 1.5}, Kind::VALUE, {"muon_beta2 = 1.5", "[0, 1)"}},
+      {"beta2 above 1", {.betas = std::make_tuple(0.9, 1.5)}, Kind::VALUE, {"betas = (0.9, 1.5)", "[0, 1)"}},
+      {"ef_decay of 1", {.ef_decay = 1.0}, Kind::VALUE, {"ef_decay = 1", "[0, 1)"}},
       {"bad selection_scope", {.selection_scope = "everywhere"}, Kind::VALUE,
        {"selection_scope", "'everywhere'", "'local'"}},
       {"zero rank_fraction", {.rank_fraction = 0.0}, Kind::VALUE, {"rank_fraction", "= 0"}},
@@ -266,6 +271,48 @@ TEST(Groups, EmptyGroupsAreFine) {
   EXPECT_FALSE(at::equal(w, before));
   dion::Muon none(std::vector<dion::ParamGroup>{});
   EXPECT_FALSE(none.step().defined()) << "no closure, no loss";
+}
+
+TEST(Groups, SetOptionsChecksLikeAddParamGroup) {
+  at::Tensor w = at::randn({6, 4}), b = at::randn({4});
+  w.mutable_grad() = at::randn({6, 4});
+  b.mutable_grad() = at::randn({4});
+  dion::Muon opt(Groups{{{w}}, {{b}, {.algorithm = "adamw"}}});
+  opt.step();
+  const dion::Options before = opt.options(0);
+  // Refused: nothing changes.
+  expect_error([&] { opt.set_options(0, dion::Options(before).split_sizes({2, 3})); }, Kind::VALUE,
+               {"param group 0", "split_sizes sum to 5", "dim 0 (6)"}, "split_sizes");
+  expect_error([&] { opt.set_options(1, dion::Options(opt.options(1)).algorithm("muon")); }, Kind::VALUE,
+               {"param group 1", "shape [4]", "matrix"}, "muon on a vector");
+  expect_error([&] { opt.set_options(0, dion::Options(before).algorithm("dion2")); }, Kind::VALUE,
+               {"param group 0", "'muon'"}, "foreign algorithm");
+  expect_error([&] { opt.check_options(0, dion::Options(before).mu(1.5)); }, Kind::VALUE,
+               {"param group 0", "mu = 1.5"}, "check_options");
+  EXPECT_TRUE(opt.options(0) == before);
+  EXPECT_TRUE(opt.state_of(w)->momentum().defined());
+  // Accepted: a new algorithm drops the group's state; the next step creates the new one.
+  opt.set_options(0, dion::Options(before).algorithm("adamw"));
+  EXPECT_EQ(opt.state_of(w), nullptr);
+  opt.step();
+  EXPECT_TRUE(opt.state_of(w)->variance().defined());
+  EXPECT_FLOAT_EQ(opt.state_of(w)->step_dev().item<float>(), 1.0f);
+}
+
+TEST(Groups, EmptyParametersAreANoOp) {
+  for (const char* algo : {"muon", "normuon", "dion2", "nordion2", "adamw", "lion"}) {
+    for (const std::vector<int64_t>& shape : {std::vector<int64_t>{16, 0}, std::vector<int64_t>{0, 16}}) {
+      at::Tensor e = at::randn(shape), w = at::randn({8, 16});
+      e.mutable_grad() = at::zeros(shape);
+      w.mutable_grad() = at::randn({8, 16});
+      dion::Optimizer opt(Groups{{{e, w}, {.algorithm = algo}}}, dion::Options(0.01));
+      const at::Tensor before = w.clone();
+      EXPECT_NO_THROW(opt.step()) << algo;
+      EXPECT_NO_THROW(opt.step()) << algo;
+      EXPECT_EQ(e.sizes(), c10::IntArrayRef(shape)) << algo;
+      EXPECT_FALSE(at::equal(w, before)) << algo;
+    }
+  }
 }
 
 TEST(Groups, StateMatchesAlgorithm) {

@@ -3,12 +3,15 @@
     from dion_cpp import Muon, NorMuon, Dion2, Dion3, NorDion2, Dion
     opt = Dion2([{"params": matrices}, {"params": vectors, "algorithm": "adamw"}], lr=0.02)
 
+    from dion_cpp.opt_utils import lm_head_lr_scale   # as the reference's train.py does
+
 Each class is a torch.optim.Optimizer with the reference's constructor and param-group keys;
 the math runs in the C++ library (libdion) over the same parameter tensors. Dion3 is NorDion2.
 Build: see README ("Python module").
 """
 import torch  # noqa: F401  (loads libtorch before the extension)
 
+from ._C import __version__  # noqa: E402  (the CMake project's version)
 from ._optimizers import (  # noqa: E402
     Dion,
     Dion2,
@@ -18,5 +21,7 @@ from ._optimizers import (  # noqa: E402
     NorDion2,
     NorMuon,
 )
+from .opt_utils import lm_head_lr_scale  # noqa: E402
 
-__all__ = ["Muon", "NorMuon", "Dion2", "Dion3", "NorDion2", "Dion", "DionMixedPrecisionConfig"]
+__all__ = ["Muon", "NorMuon", "Dion2", "Dion3", "NorDion2", "Dion", "DionMixedPrecisionConfig",
+           "lm_head_lr_scale", "__version__"]

@@ -10,7 +10,11 @@ NorDion2 = Dion3, Dion). Every step:
   3. group["step"] and `state` are refreshed from C++: opt.state[p]["momentum"] IS the C++
      state tensor, so it is live.
 state_dict() / load_state_dict() are torch.optim's, with the reference's state keys
-(momentum, variance, variance_neuron, Q, step_dev); load_state_dict writes into the C++ state.
+(momentum, variance, variance_neuron, Q, step_dev); load_state_dict writes into the C++ state,
+all or nothing (checked first, rolled back on a later failure). As in the reference,
+group["lr"] of the DistributedOrthoBase family is a persistent 0-d float32 tensor (so LR
+schedulers compute exactly as there); state_dict() writes it as a number. Copies and pickles
+of an optimizer are refused (TypeError): the state lives in C++.
 
 Distributed (the reference's conventions, megabatch_base.py): `distributed_mesh` is a
 torch.distributed ProcessGroup (DDP: parameters replicated, gradients already averaged) or a 1-D
@@ -24,8 +28,10 @@ Legacy Dion takes the reference's replicate_mesh / outer_shard_mesh / inner_shar
 DTensor parameters on a mesh whose dims are those 1-D sub-meshes are registered with their
 outer- (FSDP) and inner- (TP) sharded tensor dims; replicate_mesh adds HSDP's replicas.
 
-What it is not: no math, no validation. Errors come from C++ as ValueError, TypeError or
-NotImplementedError carrying the library's message (which names the group and the option).
+What it is not: no math, and no validation of hyperparameters or groups: errors come from C++
+as ValueError, TypeError or NotImplementedError carrying the library's message (which names the
+group and the option). Python checks only what C++ never sees before a load: the state dict's
+structure and its state tensors' keys, dtypes and shapes.
 """
 from __future__ import annotations
 
@@ -116,6 +122,10 @@ class _CppOptimizer(Optimizer):
     kind: str = "any"
     algorithm: str = "muon"
     eager_state: bool = True
+    # The reference's DistributedOrthoBase family carries group["lr"] (and a Tensor
+    # weight_decay) as a persistent 0-d float32 tensor on the parameters' device; legacy Dion
+    # keeps plain floats. A scheduler then computes in float32 exactly as it does there.
+    live_hyperparams: bool = True
 
     def __init__(self, params: ParamsT, hyper: dict, extra: dict, group=None,
                  sync_gradients: bool = False):
@@ -129,9 +139,12 @@ class _CppOptimizer(Optimizer):
         hyper = dict(hyper)
         beta1, beta2 = hyper.pop("betas")
         defaults = dict(hyper, beta1=beta1, beta2=beta2, algorithm=self.algorithm, step=0)
+        self._hyperparam_tensors = {}  # (group index, name) -> persistent 0-d float32 tensor
+        self._live_hyperparams_by_group = {}
         super().__init__(params, defaults)
         if self.eager_state:
             self.init_state()
+        self._sync_hyperparam_tensors()
 
     def _distribute(self, group, sync_gradients: bool) -> None:
         """Give the C++ optimizer its distribution (DDP / FSDP over `group`), if any."""
@@ -148,12 +161,66 @@ class _CppOptimizer(Optimizer):
         except BaseException:
             self.param_groups.pop()
             raise
-        if self.eager_state and getattr(self, "_ready", False):
-            self.init_state()
+        if getattr(self, "_ready", False):
+            if self.eager_state:
+                self.init_state()
+            self._sync_hyperparam_tensors()
 
     def _push_groups(self) -> None:
+        """Push every group into C++ (validated there). A group whose algorithm was edited
+        (muon -> adamw) loses its old state; the new algorithm's starts afresh."""
+        changed = False
         for i, group in enumerate(self.param_groups):
-            self._cpp.set_group(i, group)
+            if self._cpp.set_group(i, group):
+                changed = True
+                for p in group["params"]:
+                    self.state.pop(p, None)
+        if changed and self.eager_state:
+            self.init_state()
+
+    # ------------------------------------------------------------------ live hyperparameters
+    # The reference's DistributedOrthoBase (megabatch_base.py) keeps group["lr"] as one
+    # persistent 0-d float32 tensor per group on the parameters' device, only ever filled; a
+    # torch.optim scheduler then clones it as initial_lr and computes every new lr in float32
+    # tensor arithmetic (base_lr * factor), which can round differently from Python floats.
+    # Keeping the same representation keeps scheduled runs bit-identical. weight_decay joins
+    # when the caller supplies a Tensor for it (latching), as there.
+    def _live_hyperparams(self, index: int) -> Tuple[str, ...]:
+        if not self.live_hyperparams:
+            return ()
+        live = self._live_hyperparams_by_group.get(index)
+        if live is None or "weight_decay" not in live:
+            if isinstance(self.param_groups[index].get("weight_decay"), torch.Tensor):
+                live = ("lr", "weight_decay")
+            elif live is None:
+                live = ("lr",)
+            self._live_hyperparams_by_group[index] = live
+        return live
+
+    def _ensure_hyperparam_tensor(self, index: int, name: str) -> None:
+        """Make param_groups[index][name] the group's persistent 0-d float32 tensor, filled with
+        whatever the group holds now (a float, or a tensor from a checkpoint)."""
+        group = self.param_groups[index]
+        if not group["params"]:
+            return
+        value = group[name]
+        tensor = self._hyperparam_tensors.get((index, name))
+        if value is tensor:
+            return
+        device = self._cpp_param(group["params"][0]).device
+        if tensor is None or tensor.device != device:
+            tensor = torch.empty((), dtype=torch.float32, device=device)
+            self._hyperparam_tensors[(index, name)] = tensor
+        if isinstance(value, torch.Tensor):
+            tensor.copy_(value)
+        else:
+            tensor.fill_(value)
+        group[name] = tensor
+
+    def _sync_hyperparam_tensors(self) -> None:
+        for index in range(len(self.param_groups)):
+            for name in self._live_hyperparams(index):
+                self._ensure_hyperparam_tensor(index, name)
 
     # ------------------------------------------------------------------ DTensor parameters
     def _register(self, p: torch.Tensor) -> torch.Tensor:
@@ -248,6 +315,7 @@ class _CppOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._sync_hyperparam_tensors()
         self._push_groups()
         self._push_grads()
         try:
@@ -261,27 +329,158 @@ class _CppOptimizer(Optimizer):
         return loss
 
     # ------------------------------------------------------------------ checkpoints
+    def state_dict(self):
+        sd = super().state_dict()
+        if self.live_hyperparams:
+            # As the reference: 0-d tensor hyperparameters (lr, a scheduler's initial_lr, a
+            # live weight_decay) are written as Python numbers; load refills the tensors.
+            for group in sd["param_groups"]:
+                for key, value in group.items():
+                    if key != "params" and isinstance(value, torch.Tensor) and value.ndim == 0:
+                        group[key] = value.item()
+        return sd
+
     def load_state_dict(self, state_dict: dict) -> None:
-        # torch.optim casts floating state to the parameter's dtype (an fp32 step_dev or a
-        # mixed-precision Q would change dtype); keep the saved dtypes instead.
-        saved_dtypes = {
-            (pid, key): value.dtype
-            for pid, st in state_dict["state"].items()
-            for key, value in st.items()
-            if isinstance(value, torch.Tensor)
-        }
+        """torch.optim's load, all or nothing: the whole state dict is checked first (groups by
+        the C++ group checks, every state tensor's key, dtype and shape), and should anything
+        still fail while loading, the optimizer is put back exactly as it was.
+
+        State tensors are copied (never aliased with the caller's dict) and cast to the dtype the
+        optimizer itself keeps for them, on the parameter's device: the parameter's dtype (as
+        torch.optim casts floating state), step_dev float32, Dion's mixed-precision momentum / Q
+        their configured dtypes. Non-floating state (an int64 momentum) is refused (TypeError).
+        Parameters without saved state start afresh at the next step, as with torch.optim."""
+        targets = self._check_loadable(state_dict)
+        backup = self._backup()
+        try:
+            self._load(state_dict, targets)
+        except BaseException:
+            self._restore(backup)
+            raise
+
+    def _check_loadable(self, state_dict: dict) -> dict:
+        """Refuse a state dict that does not fit, before anything changes. Returns
+        {(param id, key): dtype to load as}."""
+        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
+            raise ValueError("loading optimizer state: expected a dict with 'state' and "
+                             "'param_groups' (from state_dict())")
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"loading optimizer state: the state dict has {len(saved_groups)} "
+                             f"param groups, this optimizer {len(self.param_groups)}")
+        by_id = {}
+        algorithms = []
+        for g, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(f"loading optimizer state: param group {g} has "
+                                 f"{len(saved['params'])} parameters in the state dict, "
+                                 f"{len(group['params'])} in this optimizer")
+            options = {k: v for k, v in saved.items() if k != "params"}
+            try:  # the C++ checks of a group edit; nothing changes
+                self._cpp.check_group(g, options)
+            except (ValueError, TypeError, NotImplementedError) as e:
+                raise type(e)(f"loading optimizer state: {e}") from None
+            algorithms.append(options.get("algorithm", group["algorithm"]))
+            for j, (pid, p) in enumerate(zip(saved["params"], group["params"])):
+                by_id[pid] = (g, j, p)
+        targets = {}
+        for pid, saved_state in state_dict["state"].items():
+            if pid not in by_id:
+                raise ValueError(f"loading optimizer state: state for parameter id {pid!r}, which "
+                                 "no param group of the state dict lists")
+            g, j, p = by_id[pid]
+            dtypes = self._cpp.state_dtypes(g)
+            current = self._cpp.state(self._cpp_param(p)) or {}
+            same_algorithm = algorithms[g] == self._cpp.group_algorithm(g)
+            for key, value in saved_state.items():
+                if not isinstance(value, torch.Tensor):
+                    continue
+                where = (f"loading optimizer state: param group {g}, parameter {j} of shape "
+                         f"{list(p.shape)}: '{key}'")
+                if key not in _STATE_KEYS:
+                    raise ValueError(f"{where}: unknown state key (known: {', '.join(_STATE_KEYS)})")
+                if not value.is_floating_point():
+                    raise TypeError(f"{where} has dtype {value.dtype}; optimizer state must be "
+                                    "floating point (a checkpoint of another optimizer?)")
+                local = value._local_tensor if _is_dtensor(value) else value
+                mine = current.get(key) if same_algorithm else None
+                want = tuple(mine.shape) if mine is not None else self._state_shape(p, key)
+                if want is None and local.dim() != 2:  # Q [n', r], before legacy Dion's first step
+                    raise ValueError(f"{where} has shape {list(local.shape)}, expected a matrix [n', r] "
+                                     "(a checkpoint of another model?)")
+                if want is not None and tuple(local.shape) != want:
+                    raise ValueError(f"{where} has shape {list(local.shape)}, expected {list(want)} "
+                                     "(a checkpoint of another model?)")
+                targets[(pid, key)] = (mine.dtype if mine is not None
+                                       else self._state_dtype(p, key, algorithms[g], dtypes))
+        return targets
+
+    def _state_shape(self, p: torch.Tensor, key: str):
+        """The shape C++ keeps state `key` of `p` in (None: Q, whose rank is the checkpoint's)."""
+        local = tuple(self._cpp_param(p).shape)
+        if key in ("momentum", "variance"):
+            return local
+        if key == "variance_neuron":
+            return local[:-1] + (min(1, local[-1]),)
+        if key == "step_dev":
+            return ()
+        return None
+
+    @staticmethod
+    def _state_dtype(p: torch.Tensor, key: str, algorithm: str, dtypes: dict) -> torch.dtype:
+        """The dtype C++ creates state `key` of `p` in (Optimizer::state_for)."""
+        if key == "step_dev":
+            return torch.float32
+        if key == "momentum" and algorithm == "dion":
+            return dtypes["momentum_dtype"] or p.dtype
+        if key in ("variance", "Q"):
+            return dtypes[f"{key}_dtype"] or p.dtype
+        return p.dtype
+
+    def _backup(self) -> dict:
+        """What _restore needs to undo a load: the group and state containers, the C++ state
+        tensors (load replaces them, never writes into them) and the live hyperparameters."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        return dict(groups=self.param_groups, state=self.state,
+                    cpp={p: dict(self._cpp.state(self._cpp_param(p)) or {}) for p in params},
+                    hyper={k: (t, t.clone()) for k, t in self._hyperparam_tensors.items()})
+
+    def _restore(self, backup: dict) -> None:
+        Optimizer.__setstate__(self, {"state": backup["state"], "param_groups": backup["groups"]})
+        for key, (tensor, value) in backup["hyper"].items():
+            tensor.copy_(value)
+            self._hyperparam_tensors[key] = tensor
+        for i, group in enumerate(self.param_groups):
+            self._cpp.set_group(i, group)
+        for p, st in backup["cpp"].items():
+            local = self._cpp_param(p)
+            self._cpp.clear_state(local)
+            for key, value in st.items():
+                self._cpp.set_state(local, key, value)
+
+    def _load(self, state_dict: dict, targets: dict) -> None:
         saved_ids = list(chain.from_iterable(g["params"] for g in state_dict["param_groups"]))
         super().load_state_dict(state_dict)
         params = list(chain.from_iterable(g["params"] for g in self.param_groups))
         by_id = dict(zip(saved_ids, params))
-        for pid in state_dict["state"]:
+        self._sync_hyperparam_tensors()
+        for i, group in enumerate(self.param_groups):  # groups first: a new algorithm drops state
+            self._cpp.set_group(i, group)
+        loaded = {by_id[pid] for pid in state_dict["state"]}
+        for p in params:
+            self._cpp.clear_state(self._cpp_param(p))  # the checkpoint's state replaces all state
+        for pid, saved_state in state_dict["state"].items():
             p = by_id[pid]
-            for key, value in list(self.state[p].items()):
+            device = self._cpp_param(p).device
+            for key, value in saved_state.items():
                 if not isinstance(value, torch.Tensor):
                     continue
-                # A copy: the optimizer updates its state in place and must not write into
-                # the caller's state_dict (torch.optim's load keeps same-dtype tensors as is).
-                value = value.to(dtype=saved_dtypes[(pid, key)], copy=True).contiguous()
+                # A copy, cast from the saved tensor (torch.optim has cast it to the parameter's
+                # dtype already, which would round an fp32 step_dev through bf16).
+                if _is_dtensor(value):  # a DTensor's local tensor already is on its rank's device
+                    value = value.to(dtype=targets[(pid, key)], copy=True).contiguous()
+                else:
+                    value = value.to(dtype=targets[(pid, key)], device=device, copy=True).contiguous()
                 local = value._local_tensor if _is_dtensor(value) else value
                 self._cpp.set_state(self._cpp_param(p), key, local)
                 self.state[p][key] = value
@@ -291,12 +490,23 @@ class _CppOptimizer(Optimizer):
             if group["algorithm"] != "adamw":
                 continue
             for p in group["params"]:
-                if self.state.get(p) and "step_dev" not in self.state[p]:
+                if p in loaded and self.state.get(p) and "step_dev" not in self.state[p]:
                     step = torch.full((), float(group["step"]), dtype=torch.float32,
                                       device=self._cpp_param(p).device)
                     self._cpp.set_state(self._cpp_param(p), "step_dev", step)
                     self.state[p]["step_dev"] = step
-        self._push_groups()
+
+    # ------------------------------------------------------------------ copies
+    def __getstate__(self):
+        # torch.optim's copy / pickle support would copy the Python shell without the C++
+        # optimizer (whose state and distribution are not Python objects): refuse at copy time.
+        raise TypeError(
+            f"a dion_cpp {type(self).__name__} cannot be copied or pickled (copy.deepcopy, pickle, "
+            "torch.save(optimizer)): its state lives in the C++ library. Save "
+            "optimizer.state_dict() instead and load it into a new optimizer with load_state_dict()")
+
+
+_STATE_KEYS = ("momentum", "variance", "variance_neuron", "Q", "step_dev")
 
 
 def _ortho(use_gram_newton_schulz, use_triton, use_polar_express, newton_schulz_func):
@@ -347,8 +557,39 @@ class NorMuon(_CppOptimizer):
                          _group_of(distributed_mesh, "distributed_mesh"))
 
 
+# Dion2's verbose report, printed once per (shape, shard dim, selection dim) in the process, as
+# the reference's _print_selection_choice (dion/dion2.py).
+_printed_selection_configs: set = set()
+
+
+def _print_selection_choice(shape, shard_dim: Optional[int]) -> None:
+    ndim = len(shape)
+    num_rows, num_cols = shape[-2:]
+    normalized = None if shard_dim is None else (shard_dim if shard_dim < 0 else shard_dim - ndim)
+    select_dim = normalized if normalized in (-2, -1) else (-2 if num_rows <= num_cols else -1)
+    key = (tuple(shape), shard_dim, select_dim)
+    if key in _printed_selection_configs:
+        return
+    _printed_selection_configs.add(key)
+    select_info = "rows" if select_dim == -2 else "columns"
+    norm_info = "row norms" if select_dim == -2 else "col norms"
+    shorter = "rows" if num_rows <= num_cols else "cols"
+    if shard_dim is None:
+        mode, reason = "DDP/Single-GPU", f"shorter dim = {shorter} ({min(num_rows, num_cols)})"
+    elif normalized == -2:
+        mode, reason = "FSDP", f"row-sharded (shard_dim={shard_dim}\u2192-2)"
+    elif normalized == -1:
+        mode, reason = "FSDP", f"col-sharded (shard_dim={shard_dim}\u2192-1)"
+    else:
+        mode, reason = "FSDP batch-sharded", f"shard_dim={shard_dim} (batch), shorter = {shorter}"
+    print(f"[Dion2] Shape {tuple(shape)}: {mode}, {reason} \u2192 "
+          f"select top-\u03b1 {select_info} by {norm_info}")
+
+
 class Dion2(_CppOptimizer):
-    """Dion2 (reference: dion/dion2.py). verbose and triton_post_ortho are accepted and ignored."""
+    """Dion2 (reference: dion/dion2.py). verbose=True prints, once per matrix shape and layout,
+    whether rows or columns are selected (as the reference). triton_post_ortho is accepted and
+    ignored."""
 
     kind = algorithm = "dion2"
 
@@ -367,6 +608,29 @@ class Dion2(_CppOptimizer):
                                                use_polar_express, newton_schulz_func),
                          _group_of(distributed_mesh, "distributed_mesh"))
         self.verbose = verbose
+
+    def step(self, closure: Optional[Callable[[], float]] = None):
+        if self.verbose:
+            self._report_selection()
+        return super().step(closure)
+
+    def _report_selection(self) -> None:
+        for group in self.param_groups:
+            if group["algorithm"] != "dion2":
+                continue
+            heads = group.get("num_heads")
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if heads is not None and heads > 1:  # per-head matrices, whole on every rank
+                    _print_selection_choice((heads, p.shape[0] // heads, *p.shape[1:]), None)
+                    continue
+                shard_dim = None
+                if _is_dtensor(p):
+                    dims = [pl.dim % p.dim() for i, pl in enumerate(p.placements)
+                            if pl.is_shard() and p.device_mesh.size(i) > 1]
+                    shard_dim = dims[0] if dims else None
+                _print_selection_choice(tuple(p.shape), shard_dim)
 
 
 class NorDion2(_CppOptimizer):
@@ -407,6 +671,7 @@ class Dion(_CppOptimizer):
 
     kind = algorithm = "dion"
     eager_state = False  # the reference creates state (and draws Q) at the first step
+    live_hyperparams = False  # the reference's dion.py keeps group["lr"] a float
 
     def __init__(self, params: ParamsT, replicate_mesh=None, outer_shard_mesh=None,
                  inner_shard_mesh=None, replicate_mesh_grad_sync: bool = True,

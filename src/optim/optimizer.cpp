@@ -11,6 +11,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ThreadLocalState.h>
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <functional>
@@ -171,6 +172,20 @@ const Options& Optimizer::options(size_t group) const {
   return static_cast<const Options&>(param_groups_[group].options());
 }
 
+void Optimizer::check_options(size_t group, const Options& o) const {
+  TORCH_CHECK(group < param_groups_.size(), "no param group ", group, " (have ", param_groups_.size(), ")");
+  o.validate(group);
+  check_group(group, param_groups_[group].params(), o);
+}
+
+void Optimizer::set_options(size_t group, const Options& o) {
+  check_options(group, o);
+  Options& current = options(group);
+  if (o.algorithm() != current.algorithm())
+    for (const at::Tensor& p : param_groups_[group].params()) state_.erase(p.unsafeGetTensorImpl());
+  current = o;
+}
+
 ParamState* Optimizer::state_of(const at::Tensor& param) {
   auto it = state_.find(param.unsafeGetTensorImpl());
   return it == state_.end() ? nullptr : static_cast<ParamState*>(it->second.get());
@@ -191,7 +206,8 @@ ParamState& Optimizer::state_for(const at::Tensor& p, const Options& o) {
       s->step_dev(at::zeros({}, p.options().dtype(at::kFloat)));
     }
     if (algo == "normuon" || algo == "nordion2") {
-      s->variance_neuron(at::zeros_like(p.narrow(-1, 0, 1)));  // [.., m, 1], param dtype
+      // [.., m, 1], param dtype; [.., m, 0] for an empty parameter (the reference's p[..., 0:1])
+      s->variance_neuron(at::zeros_like(p.slice(-1, 0, 1)));
     }
     if (algo == "dion") {
       // Q [n', r] for the whole matrix; a sharded parameter keeps the rows of its outer chunk
@@ -233,6 +249,12 @@ at::Tensor Optimizer::step(LossClosure closure) {
   }
   at::NoGradGuard no_grad;
   if (dist_) dist_->prepare();  // collective, on every rank, before any task runs
+  // A parameter with no elements (a [16, 0] matrix; not an empty shard of a non-empty one,
+  // which takes part in its collectives) has nothing to update: skipped, same on every rank.
+  auto globally_empty = [this](const at::Tensor& p) {
+    const std::vector<int64_t> shape = dist_ ? dist_->layout(p).global_shape : p.sizes().vec();
+    return std::find(shape.begin(), shape.end(), int64_t{0}) != shape.end();
+  };
 
   // One task per megabatch of a matrix group and one per scalar group, in the reference's
   // order: matrix groups first, then lion, then adamw. Every task's state is created here, on
@@ -251,7 +273,7 @@ at::Tensor Optimizer::step(LossClosure closure) {
       o.step(o.step() + 1);
       std::vector<at::Tensor> live;
       for (const at::Tensor& p : group.params())
-        if (p.grad().defined()) live.push_back(p);
+        if (p.grad().defined() && !globally_empty(p)) live.push_back(p);
       if (live.empty()) continue;
       for (const at::Tensor& p : live) state_for(p, o);
       const size_t index = static_cast<size_t>(&group - param_groups_.data());

@@ -32,6 +32,11 @@ std::string str(double v) {
   os << v;
   return os.str();
 }
+std::string str(double a, double b) {  // "(a, b)"
+  std::ostringstream os;
+  os << "(" << a << ", " << b << ")";
+  return os.str();
+}
 std::string str(const std::vector<int64_t>& v) {
   std::ostringstream os;
   os << "[";
@@ -48,15 +53,17 @@ void Options::validate(size_t g) const {
             "valid: muon, normuon, dion2, nordion2, dion, adamw, lion");
   if (!(lr() >= 0.0)) invalid(g, "lr", str(lr()), "must be >= 0");
   if (!(weight_decay() >= 0.0)) invalid(g, "weight_decay", str(weight_decay()), "must be >= 0");
-  if (!(mu() >= 0.0)) invalid(g, "mu", str(mu()), "must be >= 0");
-  if (!(muon_beta2() >= 0.0)) invalid(g, "muon_beta2", str(muon_beta2()), "must be >= 0");
+  // Decay factors in [0, 1), as torch.optim checks Adam's betas (1 or more never forgets or grows).
+  auto decay = [](double v) { return v >= 0.0 && v < 1.0; };
+  if (!decay(mu())) invalid(g, "mu", str(mu()), "must be in [0, 1)");
+  if (!decay(muon_beta2())) invalid(g, "muon_beta2", str(muon_beta2()), "must be in [0, 1)");
   const auto [b1, b2] = betas();
-  if (!(b1 >= 0.0) || !(b2 >= 0.0))
-    invalid(g, "betas", "(" + str(b1) + ", " + str(b2) + ")", "both must be >= 0");
+  if (!decay(b1) || !decay(b2))
+    invalid(g, "betas", str(b1, b2), "both must be in [0, 1)");
   if (!(epsilon() >= 0.0)) invalid(g, "epsilon", str(epsilon()), "must be >= 0");
   if (!(fraction() > 0.0 && fraction() <= 1.0))
     invalid(g, "fraction", str(fraction()), "must be in (0, 1]");
-  if (!(ef_decay() >= 0.0)) invalid(g, "ef_decay", str(ef_decay()), "must be >= 0");
+  if (!decay(ef_decay())) invalid(g, "ef_decay", str(ef_decay()), "must be in [0, 1)");
   if (selection_scope() != "local" && selection_scope() != "global")
     invalid(g, "selection_scope", "'" + selection_scope() + "'", "valid: 'local', 'global'");
   if (!(rank_fraction() > 0.0 && rank_fraction() <= 1.0))

@@ -10,6 +10,8 @@ single-process optimizer over full copies — and compares the full parameters a
   FSDP2: within 1e-5 relative to the largest element (shards are assembled into whole
          matrices on their owner ranks, so the math is the same; zero padding of uneven
          shards and summed norms may change rounding at the 1e-7 level).
+FSDP2 checkpoints: a sharded optimizer's state_dict() (DTensor state) loads into a fresh one over
+the same layout and the next step is bit-identical (fsdp_checkpoint_*).
 Dion2 / NorDion2 use selection_scope="global" under FSDP: the "local" scope selects within each
 shard by design (the reference's semantics) and is not the single-process result.
 
@@ -144,6 +146,36 @@ def case_fsdp(kind, specs):
             f"(a DTensor: {state_ok}); tolerance {FSDP_RTOL}")
 
 
+def case_fsdp_checkpoint(kind):
+    """A sharded optimizer's state_dict() (DTensor state) loads into a fresh sharded optimizer
+    over the same layout (all or nothing: every state tensor checked against its local shard),
+    and both take the next step bit-identically."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    shapes = [shape for shape, _ in ROWS]
+    placements = [[Shard(d)] for _, d in ROWS] + [[Shard(0)]]
+
+    def shard(tensors):
+        return [distribute_tensor(t, mesh, pl) for t, pl in zip(tensors, placements)]
+
+    params = [torch.nn.Parameter(t) for t in shard(full_params(shapes))]
+    opt = train(kind, params, lambda step: shard(full_grads(shapes, step)), sharded=True,
+                distributed_mesh=mesh)
+    copies = [torch.nn.Parameter(t) for t in shard([p.detach().full_tensor() for p in params])]
+    n = len(shapes)
+    fresh = KINDS[kind]([{"params": copies[:n]}, {"params": copies[n:], "algorithm": "adamw"}],
+                        lr=0.02, **options(kind, True), distributed_mesh=mesh)
+    fresh.load_state_dict(opt.state_dict())
+    for o, ps in ((opt, params), (fresh, copies)):
+        for p, g in zip(ps, shard(full_grads(shapes, STEPS))):
+            p.grad = g
+        o.step()
+    same = all(torch.equal(a.to_local(), b.to_local()) for a, b in zip(params, copies))
+    return same, "the next step after load_state_dict is bit-identical" if same else "differs"
+
+
 def expect_error(make, error, text):
     """None when make() raises `error` whose message contains `text`, else what went wrong."""
     try:
@@ -185,6 +217,7 @@ CASES = {
     **{f"fsdp_rows_{k}": (lambda k=k: case_fsdp(k, ROWS)) for k in ("muon", "normuon", "dion2", "nordion2")},
     # NorMuon / NorDion2 refuse column sharding (as the reference).
     **{f"fsdp_mixed_{k}": (lambda k=k: case_fsdp(k, MIXED)) for k in ("muon", "dion2")},
+    **{f"fsdp_checkpoint_{k}": (lambda k=k: case_fsdp_checkpoint(k)) for k in ("normuon", "dion2")},
     "errors": case_errors,
 }
 

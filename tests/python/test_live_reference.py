@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import dion_cpp
+import scheduled_runs
+from test_scheduled import assert_same_run
 from conftest import align_columns, rel_diff
 
 dion = pytest.importorskip("dion", reason="reference package microsoft/dion not importable "
@@ -100,3 +102,14 @@ def test_loads_reference_checkpoint(name, ctor):
         step_both(gen, 200 + step, ref, ref_params, ours, our_params)
     for i, (rp, op) in enumerate(zip(ref_params, our_params)):
         assert rel_diff(op.detach(), rp.detach()) <= 1e-5, f"{name} param {i}"
+
+
+@pytest.mark.parametrize("name", [c["case"] for c in scheduled_runs.CASES])
+def test_scheduled_run_bit_identical_to_reference(name):
+    """Each class under an LR scheduler (train.py's warmup/warmdown lambda, cosine, one-cycle):
+    parameters, state and group lrs equal the reference's exactly after every step."""
+    case = next(c for c in scheduled_runs.CASES if c["case"] == name)
+    init, grads = scheduled_runs.initial_values(case)
+    ref = scheduled_runs.run(dion, case, init, grads)
+    ours = scheduled_runs.run(dion_cpp, case, init, grads)
+    assert_same_run(name, case, ours, ref)

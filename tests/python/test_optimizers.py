@@ -227,7 +227,9 @@ def test_add_param_group_after_construction():
     opt = Muon([model[0].weight], lr=0.02)
     opt.add_param_group({"params": [model[2].weight], "lr": 0.01})
     assert "momentum" in opt.state[model[2].weight]
-    assert opt.param_groups[1]["lr"] == 0.01 and opt.param_groups[1]["mu"] == 0.95
+    # lr: the reference's persistent 0-d float32 tensor (see test_scheduled.py)
+    assert opt.param_groups[1]["lr"].item() == torch.tensor(0.01).item()
+    assert opt.param_groups[1]["mu"] == 0.95
 
 
 # ---------------------------------------------------------------------------- errors

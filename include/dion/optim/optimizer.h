@@ -89,6 +89,12 @@ class Optimizer : public torch::optim::Optimizer {
 
   Options& options(size_t group);
   const Options& options(size_t group) const;
+  // Replace group g's options (a Python group edit, a loaded checkpoint's group), validated and
+  // checked against the group's parameters as add_param_group does; a refused change leaves
+  // everything as it was. A new algorithm drops the state of the group's parameters (the next
+  // step or init_state creates the new algorithm's state). check_options: the checks alone.
+  void set_options(size_t group, const Options& options);
+  void check_options(size_t group, const Options& options) const;
   ParamState* state_of(const at::Tensor& param);  // nullptr before the first step / init_state
   const math::OrthoConfig& ortho() const { return ortho_; }
 
