@@ -8,7 +8,6 @@
 #include <torch/optim/serialize.h>
 #include <torch/serialize/archive.h>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ThreadLocalState.h>
 
 #include <cmath>
@@ -79,6 +78,27 @@ std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
 }
 
 float f32(double v) { return static_cast<float>(v); }
+
+// Legacy Dion's Q for one parameter: [rows, r] for the whole matrix (rows = m when Dion works on
+// M^T, else n); a parameter sharded over the outer axis keeps rows [start, start + length) of it,
+// the outer chunk (FSDP2 contiguous chunks of ceil(rows / world)).
+struct QRows {
+  int64_t rows = 0, start = 0, length = 0;
+};
+QRows q_rows_of(const Layout& L, int outer_size, int outer_rank) {
+  const int64_t m = L.global_shape[0], n = L.global_shape[1];
+  const bool t = L.sharded() ? math::dion_is_transposed_sharded(m, n, L.shard_dim, L.inner_dim)
+                             : math::dion_is_transposed(m, n);
+  QRows q;
+  q.rows = t ? m : n;
+  q.length = q.rows;
+  if (L.sharded()) {
+    const int64_t chunk = (q.rows + outer_size - 1) / outer_size;
+    q.start = std::min(q.rows, chunk * outer_rank);
+    q.length = std::min(q.rows, q.start + chunk) - q.start;
+  }
+  return q;
+}
 
 // A 0-d float32 tensor: how the reference passes hyperparameters to elementwise kernels.
 at::Tensor scalar32(float v) { return at::scalar_tensor(v, at::kFloat); }
@@ -197,17 +217,10 @@ ParamState& Optimizer::state_for(const at::Tensor& p, const Options& o) {
       // Q [n', r] for the whole matrix; a sharded parameter keeps the rows of its outer chunk
       // (every rank draws the same whole Q from an identically seeded generator).
       const Layout L = dist_ ? dist_->layout(p) : Layout{p.sizes().vec(), -1, false};
-      const int64_t m = L.global_shape[0], n = L.global_shape[1];
-      const int64_t r = math::dion_rank(m, n, o.rank_fraction(), o.rank_multiple_of());
-      const bool t = L.sharded() ? math::dion_is_transposed_sharded(m, n, L.shard_dim, L.inner_dim)
-                                 : math::dion_is_transposed(m, n);
-      const int64_t rows = t ? m : n;
-      at::Tensor Q = at::randn({rows, r}, p.options().dtype(o.Q_dtype().value_or(p.scalar_type())));
-      if (L.sharded()) {
-        const int64_t W = dist_->axis_size(Axis::OUTER), chunk = (rows + W - 1) / W;
-        const int64_t start = std::min(rows, chunk * dist_->axis_rank(Axis::OUTER));
-        Q = Q.narrow(0, start, std::min(rows, start + chunk) - start).clone();
-      }
+      const QRows q = q_rows_of(L, dist_ ? dist_->axis_size(Axis::OUTER) : 1, dist_ ? dist_->axis_rank(Axis::OUTER) : 0);
+      const int64_t r = math::dion_rank(L.global_shape[0], L.global_shape[1], o.rank_fraction(), o.rank_multiple_of());
+      at::Tensor Q = at::randn({q.rows, r}, p.options().dtype(o.Q_dtype().value_or(p.scalar_type())));
+      if (L.sharded()) Q = Q.narrow(0, q.start, q.length).clone();
       s->Q(Q);
     }
     slot = std::move(s);
@@ -695,8 +708,10 @@ void Optimizer::step_dion_sharded(const std::vector<at::Tensor>& X, std::vector<
     at::Tensor pad = a_local == chunk ? P : at::cat({P, at::zeros({N, chunk - a_local, r}, P.options())}, 1);
     at::Tensor all = dist_->all_gather(pad.contiguous(), Axis::INNER);          // [T, N, chunk, r]
     at::Tensor full = all.permute({1, 0, 2, 3}).reshape({N, T * chunk, r}).narrow(1, 0, a);
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.step()) * 1000003ULL +
-                                                        static_cast<uint64_t>(a) * 131ULL + static_cast<uint64_t>(r));
+    // The sketch generator lives on P's device (a CPU generator into a CUDA normal_ is refused).
+    at::Generator gen = math::dion_sketch_generator(
+        full.device(), static_cast<uint64_t>(o.step()) * 1000003ULL + static_cast<uint64_t>(a) * 131ULL +
+                           static_cast<uint64_t>(r));
     full = math::dion_orthonormalize(full.contiguous(), oversample, gen);
     const int64_t t = dist_->axis_rank(Axis::INNER), start = std::min(a, chunk * t);
     P = full.narrow(1, start, a_local).contiguous();
@@ -798,9 +813,11 @@ void Optimizer::check_loaded_state() const {
         if (s.variance_neuron().sizes().vec() != want) bad("variance_neuron", s.variance_neuron(), shape_str(want));
       }
       if (s.Q().defined() && p.dim() == 2) {
-        const int64_t rows = math::dion_is_transposed(p.size(0), p.size(1)) ? p.size(0) : p.size(1);
-        if (s.Q().dim() != 2 || s.Q().size(0) != rows)
-          bad("Q", s.Q(), "[" + std::to_string(rows) + ", r]");
+        // The rows this rank holds: all of Q, or its outer chunk of a sharded parameter's Q.
+        const QRows q = q_rows_of(dist_ ? dist_->layout(p) : Layout{p.sizes().vec(), -1, false},
+                                  dist_ ? dist_->axis_size(Axis::OUTER) : 1, dist_ ? dist_->axis_rank(Axis::OUTER) : 0);
+        if (s.Q().dim() != 2 || s.Q().size(0) != q.length)
+          bad("Q", s.Q(), "[" + std::to_string(q.length) + ", r]");
       }
     }
   }
