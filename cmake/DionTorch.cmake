@@ -39,6 +39,7 @@ add_library(dion
   src/math/scalar.cpp
   src/optim/options.cpp
   src/optim/optimizer.cpp
+  src/optim/agreement.cpp
   src/cuda/fused.cpp)
 target_include_directories(dion PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
 # Position-independent: the Python module links this library into a shared object.

@@ -17,6 +17,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -138,6 +139,71 @@ void scenario_fsdp_rows(Child& c) {
 void scenario_fsdp_cols(Child& c) {
   // Tall matrices (the sharded dim is the shorter one). NorMuon / NorDion2 refuse dim -1.
   fsdp_case(c, {{32, 16}, {32, 16}, {24, 18}, {40, 6}}, 1, {"muon", "dion2"}, "global", 1e-5);
+}
+
+// Dion2 / NorDion2 under FSDP equal one process for every shape. The bug this pins: on tall
+// row-sharded matrices (384 x 128, 512 x 128) Dion2 selected along the sharded dim 0 while one
+// process selects along the shorter dim 1, and the first update differed by more than 100%
+// (either selection scope). Now Dion2 selects along the shorter dim (selection_dim "shorter"):
+// column L1 norms are summed across the shards, each shard keeps its rows of the selected
+// columns. Equal to one process: the global scope for every shape and both algorithms, and the
+// local scope wherever the selection runs across the shards (tall row-sharded, wide column-
+// sharded). Tolerances:
+//   - selection across the shards (Dion2 tall row-sharded, wide column-sharded): 1e-5 as for
+//     FSDP above (zero padding rows in the assembled matrices; norms summed over shards round
+//     differently from whole-slice norms); observed 0.
+//   - selection along the sharded dim (Dion2 wide row-sharded / tall column-sharded, NorDion2):
+//     1e-3. The same slices are selected, but they reach the orthogonalization in another order
+//     (rank-major, per-shard top-k order) than one process's top-k order; Polar Express then sums
+//     in another order, in bf16, which moves orthogonalized entries by about one bf16 ulp (2^-8
+//     relative) and the parameters by lr * adjusted scale * that. Observed ≤ 2.7e-4 relative
+//     after 2 steps on 384 x 128 / 512 x 128 (small matrices stay ≤ 4e-8, as in fsdp_rows).
+// selection_dim "shard" keeps the reference's behaviour (select along the sharded dim); on a
+// tall row-sharded matrix it must differ from one process (checked to be more than 1e-2 off).
+void scenario_fsdp_every_shape(Child& c) {
+  auto group = std::make_shared<Group>(c.world);
+  const std::vector<std::vector<int64_t>> tall = {{384, 128}, {512, 128}, {40, 24}, {40, 24}},
+                                          wide = {{128, 384}, {24, 40}, {18, 30}};
+  auto check = [&](const std::string& what, const std::vector<std::vector<int64_t>>& shapes, int64_t dim,
+                   const dion::Options& opts, double tol, bool expect_equal = true) {
+    Problem prob = make_problem(shapes, 2, 61);
+    auto expected = single(prob, opts);
+    auto params = run_sharded(prob, opts, group, dim);
+    double worst = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor full = dion::dist::gather_tensor(*group, params[i], dim, prob.params[i].size(dim));
+      if (expect_equal) {
+        c.compare(what + " p" + std::to_string(i), full, expected[i], tol);
+      } else {
+        // Compare the updates (param - initial), not the params, to see the selection differ.
+        at::Tensor du = full - prob.params[i], de = expected[i] - prob.params[i];
+        worst = std::max(worst, (du - de).abs().max().item<double>() / de.abs().max().item<double>());
+      }
+    }
+    if (!expect_equal) {
+      if (c.world.rank() == 0) std::printf("[rank 0] %s: update differs from one process by %.3g\n", what.c_str(), worst);
+      if (worst <= 1e-2) c.fail(what + ": selection_dim 'shard' should differ from one process on tall shards");
+    }
+  };
+  for (const char* algo : {"dion2", "nordion2"})
+    for (const char* scope : {"global", "local"}) {
+      dion::Options opts = options_for(algo).fraction(0.25).selection_scope(scope);
+      // NorDion2 selects rows, as one process does; the local scope is per-shard top-k along
+      // the sharded rows, which equals one process only at fraction 1.
+      if (std::string(algo) == "nordion2" && std::string(scope) == "local") opts.fraction(1.0);
+      const bool across = std::string(algo) == "dion2";  // tall rows: select columns, across the shards
+      check(std::string(algo) + " " + scope + " tall rows", tall, 0, opts, across ? 1e-5 : 1e-3);
+      check(std::string(algo) + " " + scope + " wide rows", wide, 0,
+            std::string(scope) == "local" ? dion::Options(opts).fraction(1.0) : opts, 1e-3);
+    }
+  for (const char* scope : {"global", "local"}) {
+    dion::Options opts = options_for("dion2").fraction(0.25).selection_scope(scope);
+    check(std::string("dion2 ") + scope + " wide cols", wide, 1, opts, 1e-5);
+    check(std::string("dion2 ") + scope + " tall cols", tall, 1,
+          std::string(scope) == "local" ? dion::Options(opts).fraction(1.0) : opts, 1e-3);
+  }
+  check("dion2 selection_dim shard, tall rows", tall, 0,
+        options_for("dion2").fraction(0.25).selection_scope("global").selection_dim("shard"), 0, false);
 }
 
 void scenario_batch_sharded(Child& c) {
@@ -314,6 +380,10 @@ void scenario_dion_ddp(Child& c) {
       full += m * n * 4;
       compressed += ((m + n) * k < m * n && rank_fraction < 1.0) ? (m + n) * k * 4 : m * n * 4;
     }
+    // Plus, each step, the 8-byte all_reduce of the cross-rank agreement check ("did any rank's
+    // optimizer description change?", src/optim/agreement.h).
+    compressed += 8;
+    full += 8;
     if (reduced != 3 * compressed) {
       std::printf("[rank %d] all_reduce bytes %lld, expected %lld (full gradients: %lld)\n", r,
                   static_cast<long long>(reduced), static_cast<long long>(3 * compressed),
@@ -536,6 +606,8 @@ TEST(Distributed, FsdpRowShardedTwoRanks) { expect_all_ok("fsdp_rows", 2); }
 TEST(Distributed, FsdpRowShardedUnevenAndEmptyFourRanks) { expect_all_ok("fsdp_rows", 4); }
 TEST(Distributed, FsdpColumnSharded) { expect_all_ok("fsdp_cols", 2); }
 TEST(Distributed, BatchSharded3D) { expect_all_ok("batch", 2); }
+TEST(Distributed, FsdpDion2EveryShapeEqualsOneProcessTwoRanks) { expect_all_ok("fsdp_every_shape", 2); }
+TEST(Distributed, FsdpDion2EveryShapeEqualsOneProcessFourRanks) { expect_all_ok("fsdp_every_shape", 4); }
 TEST(Distributed, Hsdp2x2) { expect_all_ok("hsdp", 4); }
 TEST(Distributed, FsdpTimesTp2x2) { expect_all_ok("tp", 4); }
 TEST(Distributed, OverlapLanesMatchOneLane) { expect_all_ok("lanes", 2); }
@@ -562,6 +634,7 @@ TEST(Distributed, DeadRankFailsTheOthersWithinTimeout) {
 int main(int argc, char** argv) {
   const std::map<std::string, dion::testing::Scenario> scenarios = {
       {"ddp", scenario_ddp},           {"fsdp_rows", scenario_fsdp_rows}, {"fsdp_cols", scenario_fsdp_cols},
+      {"fsdp_every_shape", scenario_fsdp_every_shape},
       {"batch", scenario_batch_sharded}, {"hsdp", scenario_hsdp},       {"bytes", scenario_bytes},
       {"bad_spec", scenario_bad_spec},   {"dead_rank", scenario_dead_rank}, {"dion_ddp", scenario_dion_ddp},
       {"tp", scenario_tp},               {"lanes", scenario_lanes},

@@ -24,6 +24,7 @@
 #include "dion/math/nordion2.h"
 #include "dion/math/normuon.h"
 #include "dion/math/scalar.h"
+#include "agreement.h"
 
 namespace dion {
 
@@ -229,7 +230,10 @@ ParamState& Optimizer::state_for(const at::Tensor& p, const Options& o) {
 }
 
 void Optimizer::init_state() {
-  if (dist_) dist_->prepare();  // collective: every rank calls init_state
+  if (dist_) {  // collective: every rank calls init_state
+    dist_->prepare();
+    check_ranks_agree(*dist_, param_groups_, agreed_);
+  }
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const Options&>(group.options());
     for (const at::Tensor& p : group.params()) state_for(p, o);
@@ -245,7 +249,10 @@ at::Tensor Optimizer::step(LossClosure closure) {
     loss = closure();
   }
   at::NoGradGuard no_grad;
-  if (dist_) dist_->prepare();  // collective, on every rank, before any task runs
+  if (dist_) {
+    dist_->prepare();                                // collective, on every rank, before any task runs
+    check_ranks_agree(*dist_, param_groups_, agreed_);  // src/optim/agreement.h
+  }
 
   // One task per megabatch of a matrix group and one per scalar group, in the reference's
   // order: matrix groups first, then lion, then adamw. Every task's state is created here, on
@@ -341,6 +348,7 @@ struct Optimizer::Plan {
 
 void Optimizer::set_distribution(std::shared_ptr<Distribution> distribution) {
   dist_ = std::move(distribution);
+  agreed_.clear();
   for (size_t g = 0; g < param_groups_.size(); ++g)
     check_group(g, param_groups_[g].params(), static_cast<const Options&>(param_groups_[g].options()));
 }
@@ -482,10 +490,14 @@ void Optimizer::step_dion2_like(const std::vector<at::Tensor>& params, const Opt
     auto [X, G, M, V, adjust_shape] = operands(batch, o, plan, nor);
     const bool matrix_sharded = plan.communicate && plan.layout.sharded();
     // NorDion2 selects rows (per-neuron statistics need whole rows). Dion2 selects along the
-    // sharded dim when a matrix dim is sharded, else along the shorter dim.
+    // shorter dim, as one process does (selection_dim "shorter"), or along the sharded dim as
+    // the reference does ("shard"; also what 2-D (FSDP x TP) and 3-D+ sharded matrices do).
+    const bool across_shards_ok = matrix_sharded && !plan.layout.two_d() && adjust_shape.size() == 2;
     int64_t select_dim;
     if (nor) select_dim = -2;
-    else if (matrix_sharded && (plan.comm_dim == -2 || plan.comm_dim == -1)) select_dim = plan.comm_dim;
+    else if (matrix_sharded && (o.selection_dim() == "shard" || !across_shards_ok) &&
+             (plan.comm_dim == -2 || plan.comm_dim == -1))
+      select_dim = plan.comm_dim;
     else select_dim = math::dion2_select_dim(adjust_shape[adjust_shape.size() - 2], adjust_shape.back());
     const float ef = f32(nor ? o.mu() : o.ef_decay());
     const float lr = f32(o.lr());
@@ -493,6 +505,18 @@ void Optimizer::step_dion2_like(const std::vector<at::Tensor>& params, const Opt
     math::ShardSum reduce;
     if (matrix_sharded && plan.comm_dim == -2) reduce = [this](at::Tensor& t) { dist_->sum_over_shards_(t); };
 
+    if (matrix_sharded && select_dim != plan.comm_dim) {
+      // Selecting along the unsharded dim (tall row-sharded, wide column-sharded): every slice
+      // is split across the shards; partial L1 norms summed over them give every rank the
+      // single-process top-k, each rank keeps its part of the selected slices [.., local, k],
+      // and the submatrix is assembled along the sharded dim. Either selection scope: the
+      // selection is whole-matrix and the traffic scales with `fraction`.
+      math::ShardSum sum_norms = [this](at::Tensor& t) { dist_->sum_over_shards_(t); };
+      math::Selection sel = math::dion2_pre(G, M, o.fraction(), ef, select_dim, ortho_.dtype, 0, sum_norms);
+      at::Tensor O = orthogonalize(std::move(sel.U), plan, o, ortho_fn_, {}, {});
+      math::dion2_post(X, O.unbind(0), sel.indices, lr, adj, f32(o.weight_decay()), select_dim);
+      continue;
+    }
     if (matrix_sharded && (o.selection_scope() == "global" || plan.layout.two_d()) &&
         adjust_shape.size() == 2 && select_dim == plan.comm_dim) {
       dion2_exact_global(X, G, M, V, plan, o, select_dim, adj);

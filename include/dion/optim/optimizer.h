@@ -143,6 +143,7 @@ class Optimizer : public torch::optim::Optimizer {
   math::OrthoFn ortho_fn_;
   std::string only_algorithm_ = "*";
   std::shared_ptr<Distribution> dist_;
+  std::vector<int64_t> agreed_;  // what every rank last agreed it optimizes (src/optim/agreement.h)
 };
 
 // The reference's classes. Each accepts groups of its own algorithm plus "adamw" and "lion".
