@@ -5,8 +5,6 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
-#include <torch/optim/serialize.h>
-#include <torch/serialize/archive.h>
 
 #include <ATen/ThreadLocalState.h>
 
@@ -25,6 +23,7 @@
 #include "dion/math/normuon.h"
 #include "dion/math/scalar.h"
 #include "agreement.h"
+#include "state_layout.h"
 
 namespace dion {
 
@@ -79,27 +78,6 @@ std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
 }
 
 float f32(double v) { return static_cast<float>(v); }
-
-// Legacy Dion's Q for one parameter: [rows, r] for the whole matrix (rows = m when Dion works on
-// M^T, else n); a parameter sharded over the outer axis keeps rows [start, start + length) of it,
-// the outer chunk (FSDP2 contiguous chunks of ceil(rows / world)).
-struct QRows {
-  int64_t rows = 0, start = 0, length = 0;
-};
-QRows q_rows_of(const Layout& L, int outer_size, int outer_rank) {
-  const int64_t m = L.global_shape[0], n = L.global_shape[1];
-  const bool t = L.sharded() ? math::dion_is_transposed_sharded(m, n, L.shard_dim, L.inner_dim)
-                             : math::dion_is_transposed(m, n);
-  QRows q;
-  q.rows = t ? m : n;
-  q.length = q.rows;
-  if (L.sharded()) {
-    const int64_t chunk = (q.rows + outer_size - 1) / outer_size;
-    q.start = std::min(q.rows, chunk * outer_rank);
-    q.length = std::min(q.rows, q.start + chunk) - q.start;
-  }
-  return q;
-}
 
 // A 0-d float32 tensor: how the reference passes hyperparameters to elementwise kernels.
 at::Tensor scalar32(float v) { return at::scalar_tensor(v, at::kFloat); }
@@ -218,7 +196,7 @@ ParamState& Optimizer::state_for(const at::Tensor& p, const Options& o) {
       // Q [n', r] for the whole matrix; a sharded parameter keeps the rows of its outer chunk
       // (every rank draws the same whole Q from an identically seeded generator).
       const Layout L = dist_ ? dist_->layout(p) : Layout{p.sizes().vec(), -1, false};
-      const QRows q = q_rows_of(L, dist_ ? dist_->axis_size(Axis::OUTER) : 1, dist_ ? dist_->axis_rank(Axis::OUTER) : 0);
+      const QRows q = q_rows_of(L, axis_place(dist_.get()));  // src/optim/state_layout.h
       const int64_t r = math::dion_rank(L.global_shape[0], L.global_shape[1], o.rank_fraction(), o.rank_multiple_of());
       at::Tensor Q = at::randn({q.rows, r}, p.options().dtype(o.Q_dtype().value_or(p.scalar_type())));
       if (L.sharded()) Q = Q.narrow(0, q.start, q.length).clone();
@@ -784,67 +762,6 @@ void Optimizer::step_lion(const std::vector<at::Tensor>& params, const Options& 
   for (const at::Tensor& p : params) M.push_back(state_for(p, o).momentum());
   const auto [b1, b2] = o.betas();
   math::lion_update(params, gradients(params), M, {f32(o.lr()), f32(b1), f32(b2), f32(o.weight_decay()), o.cautious_wd()});
-}
-
-// ---------------------------------------------------------------------------- save / load
-
-void Optimizer::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<ParamState, Options>(archive, *this);
-}
-
-// Loading is all or nothing: the current state and options are saved first and restored when
-// the archive does not fit (different groups, or state tensors of the wrong shape).
-void Optimizer::load(torch::serialize::InputArchive& archive) {
-  std::ostringstream backup;
-  {
-    torch::serialize::OutputArchive out;
-    save(out);
-    out.save_to(backup);
-  }
-  try {
-    torch::optim::serialize<ParamState, Options>(archive, *this);
-    check_loaded_state();
-  } catch (...) {
-    std::istringstream in(backup.str());
-    torch::serialize::InputArchive previous;
-    previous.load_from(in);
-    state_.clear();
-    torch::optim::serialize<ParamState, Options>(previous, *this);
-    throw;
-  }
-}
-
-void Optimizer::check_loaded_state() const {
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    const auto& params = param_groups_[g].params();
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto it = state_.find(params[i].unsafeGetTensorImpl());
-      if (it == state_.end()) continue;
-      const auto& s = static_cast<const ParamState&>(*it->second);
-      const at::Tensor& p = params[i];
-      auto bad = [&](const char* key, const at::Tensor& t, const std::string& want) {
-        throw ValueError("loading optimizer state: param group " + std::to_string(g) + ", parameter " +
-                         std::to_string(i) + " of shape " + shape_str(p.sizes()) + ": '" + key + "' has shape " +
-                         shape_str(t.sizes()) + ", expected " + want + " (a checkpoint of another model?)");
-      };
-      for (const auto& [key, t] : {std::pair<const char*, const at::Tensor*>{"momentum", &s.momentum()},
-                                   {"variance", &s.variance()}}) {
-        if (t->defined() && t->sizes() != p.sizes()) bad(key, *t, shape_str(p.sizes()));
-      }
-      if (s.variance_neuron().defined()) {
-        std::vector<int64_t> want = p.sizes().vec();
-        want.back() = 1;
-        if (s.variance_neuron().sizes().vec() != want) bad("variance_neuron", s.variance_neuron(), shape_str(want));
-      }
-      if (s.Q().defined() && p.dim() == 2) {
-        // The rows this rank holds: all of Q, or its outer chunk of a sharded parameter's Q.
-        const QRows q = q_rows_of(dist_ ? dist_->layout(p) : Layout{p.sizes().vec(), -1, false},
-                                  dist_ ? dist_->axis_size(Axis::OUTER) : 1, dist_ ? dist_->axis_rank(Axis::OUTER) : 0);
-        if (s.Q().dim() != 2 || s.Q().size(0) != q.length)
-          bad("Q", s.Q(), "[" + std::to_string(q.length) + ", r]");
-      }
-    }
-  }
 }
 
 // ---------------------------------------------------------------------------- named classes
