@@ -483,7 +483,7 @@ void Optimizer::step_dion2_like(const std::vector<at::Tensor>& params, const Opt
     math::ShardSum reduce;
     if (matrix_sharded && plan.comm_dim == -2) reduce = [this](at::Tensor& t) { dist_->sum_over_shards_(t); };
 
-    if (matrix_sharded && select_dim != plan.comm_dim) {
+    if (across_shards_ok && select_dim != plan.comm_dim) {
       // Selecting along the unsharded dim (tall row-sharded, wide column-sharded): every slice
       // is split across the shards; partial L1 norms summed over them give every rank the
       // single-process top-k, each rank keeps its part of the selected slices [.., local, k],
