@@ -50,3 +50,11 @@ set_tests_properties(python_tests PROPERTIES
   TIMEOUT 600
   # Its multi-process jobs never run beside test_dist's: 2 cores, up to 4 processes each.
   RESOURCE_LOCK multiprocess)
+
+# The reference vectors again, in the environment they were recorded in (scalar ATen kernels,
+# MKL's reproducible path; conftest.py sets one thread): every tensor must match bit for bit.
+add_test(NAME python_reference_exact
+         COMMAND ${Python3_EXECUTABLE} -m pytest -q ${PROJECT_SOURCE_DIR}/tests/python/test_reference_vectors.py)
+set_tests_properties(python_reference_exact PROPERTIES
+  ENVIRONMENT "PYTHONPATH=${CMAKE_BINARY_DIR}/python;TORCH_COMPILE_DISABLE=1;ATEN_CPU_CAPABILITY=default;MKL_CBWR=COMPATIBLE;DION_REF_EXACT=1"
+  TIMEOUT 300)

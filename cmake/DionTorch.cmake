@@ -39,6 +39,9 @@ add_library(dion
   src/math/scalar.cpp
   src/optim/options.cpp
   src/optim/optimizer.cpp
+  src/optim/agreement.cpp
+  src/optim/state_layout.cpp
+  src/optim/checkpoint.cpp
   src/cuda/fused.cpp)
 target_include_directories(dion PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
 # Position-independent: the Python module links this library into a shared object.

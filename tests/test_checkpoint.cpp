@@ -8,10 +8,13 @@
 // same run: the comparison is at::equal, no tolerance, because both paths execute the same
 // kernels on the same bits. Legacy Dion's randomized QR draws its sketch from the global
 // generator, so both paths seed it identically before every step (set_grads does that).
-// Loading a checkpoint with a different number of groups, or a group with a different number
-// of parameters, fails with LibTorch's error and leaves the optimizer as it was.
+// Loading a checkpoint with a different number of groups, a group with a different number of
+// parameters, another global shape, dtype or algorithm fails with dion::ValueError naming the
+// parameter and leaves the optimizer exactly as it was (docs/optimizers.md, "Checkpoints"; the
+// layout-changing loads are in test_dist_checkpoint).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/optim/serialize.h>
 #include <torch/serialize.h>
 #include <unistd.h>
 
@@ -236,7 +239,8 @@ TEST(Checkpoint, TorchSaveLoadThroughAFile) {
 
 TEST(Checkpoint, GroupOptionsRoundTrip) {
   // Save an optimizer whose groups differ from the defaults in many ways, load it into one
-  // built with (nearly) plain defaults: the loaded options are the saved ones, field for field.
+  // built with the same algorithms and otherwise plain defaults: the loaded options are the
+  // saved ones, field for field. (Another algorithm is refused: RefusedLoads... below.)
   std::vector<at::Tensor> p = {at::randn({16, 32}), at::randn({24, 16}), at::randn({16, 32}), at::randn({16})};
   dion::Optimizer saved(Groups{{{p[0]}, {.algorithm = "dion2", .lr = 0.03, .fraction = 0.125, .ef_decay = 0.9,
                                          .adjust_lr = dion::AdjustLR::RMS_NORM, .num_heads = 4,
@@ -254,7 +258,9 @@ TEST(Checkpoint, GroupOptionsRoundTrip) {
   torch::save(saved, buffer);
 
   std::vector<at::Tensor> q = {at::randn({16, 32}), at::randn({24, 16}), at::randn({16, 32}), at::randn({16})};
-  dion::Optimizer loaded(Groups{{{q[0]}}, {{q[1]}}, {{q[2]}}, {{q[3]}, {.algorithm = "lion"}}}, dion::Options(0.5));
+  dion::Optimizer loaded(Groups{{{q[0]}, {.algorithm = "dion2"}}, {{q[1]}, {.algorithm = "normuon"}},
+                                {{q[2]}, {.algorithm = "dion"}}, {{q[3]}, {.algorithm = "adamw"}}},
+                         dion::Options(0.5));
   torch::load(loaded, buffer);
   for (size_t g = 0; g < 4; ++g) {
     EXPECT_TRUE(loaded.options(g) == saved.options(g)) << "group " << g;
@@ -329,7 +335,7 @@ TEST(Checkpoint, LoadIntoDifferentGroupsFails) {
     try {
       torch::load(target, in);
       ADD_FAILURE() << what << ": load succeeded";
-    } catch (const c10::Error& e) {
+    } catch (const dion::ValueError& e) {
       EXPECT_PRED_FORMAT2(::testing::IsSubstring, needle, e.what()) << what;
     }
   };
@@ -338,18 +344,18 @@ TEST(Checkpoint, LoadIntoDifferentGroupsFails) {
   std::vector<at::Tensor> q = {at::randn({16, 32}), at::randn({16}), at::randn({8})};
   dion::Optimizer three(Groups{{{q[0]}, {.lr = 0.5}}, {{q[1]}, {.algorithm = "adamw"}}, {{q[2]}, {.algorithm = "lion"}}},
                         dion::Options(0.02));
-  expect_load_error(three, "different number of parameter groups", "3 groups vs 2");
+  expect_load_error(three, "the checkpoint has 2 param groups, this optimizer has 3", "3 groups vs 2");
   EXPECT_EQ(three.options(0).lr(), 0.5) << "the options are untouched";
   EXPECT_EQ(three.options(0).step(), 0);
   EXPECT_EQ(three.state_of(q[0]), nullptr) << "no state was loaded";
 
   // One group instead of two.
   dion::Optimizer one(Groups{{{q[0]}}}, dion::Options(0.02));
-  expect_load_error(one, "different number of parameter groups", "1 group vs 2");
+  expect_load_error(one, "the checkpoint has 2 param groups, this optimizer has 1", "1 group vs 2");
 
   // Same number of groups, a different number of parameters in one.
   dion::Optimizer wider(Groups{{{q[0], at::randn({16, 32})}}, {{q[1]}, {.algorithm = "adamw"}}}, dion::Options(0.02));
-  expect_load_error(wider, "different size", "2 params vs 1 in group 0");
+  expect_load_error(wider, "param group 0: the checkpoint has 1 parameters, this group has 2", "2 params vs 1 in group 0");
 }
 
 // Regression: a load that fails part-way used to leave the optimizer half-changed (earlier
@@ -375,12 +381,81 @@ TEST(Checkpoint, FailedLoadChangesNothing) {
     ADD_FAILURE() << "loading state of shape [16, 32] for a [8, 32] parameter succeeded";
   } catch (const dion::ValueError& e) {
     EXPECT_PRED_FORMAT2(::testing::IsSubstring, "param group 0, parameter 0", e.what());
-    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "'momentum' has shape [16, 32]", e.what());
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "global shape [8, 32]", e.what());
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "the checkpoint's parameter has global shape [16, 32]", e.what());
   }
   EXPECT_EQ(target.options(0).lr(), 0.5) << "options restored";
   EXPECT_EQ(target.options(0).step(), 1) << "step count restored";
   ASSERT_NE(target.state_of(q[0]), nullptr);
   EXPECT_TRUE(at::equal(target.state_of(q[0])->momentum(), momentum_before)) << "state restored";
+}
+
+// All or nothing, for every kind of refusal: the optimizer (options, state, step counts) is
+// exactly as before — checked by saving it before and after and comparing the bytes.
+TEST(Checkpoint, RefusedLoadsLeaveTheOptimizerExactlyAsItWas) {
+  auto bytes_of = [](const dion::Optimizer& opt) {
+    std::stringstream out;
+    torch::save(opt, out);
+    return out.str();
+  };
+  auto stepped = [](dion::Optimizer& opt, const std::vector<at::Tensor>& params) {
+    for (const at::Tensor& t : params) t.mutable_grad() = at::randn_like(t);
+    opt.step();
+  };
+  // The checkpoint: legacy Dion on a [16, 32] matrix, plus an AdamW vector.
+  std::vector<at::Tensor> p = {at::randn({16, 32}), at::randn({16})};
+  dion::Optimizer source(Groups{{{p[0]}, {.algorithm = "dion"}}, {{p[1]}, {.algorithm = "adamw"}}}, dion::Options(0.02));
+  stepped(source, p);
+  const std::string checkpoint = bytes_of(source);
+
+  struct Refusal {
+    std::string what, needle;
+    std::vector<at::Tensor> params;
+    std::string algorithm;
+  };
+  std::vector<Refusal> refusals = {
+      {"algorithm", "the checkpoint's algorithm is 'dion', this group's is 'muon'",
+       {at::randn({16, 32}), at::randn({16})}, "muon"},
+      {"dtype", "the checkpoint's parameter is Float, this one BFloat16",
+       {at::randn({16, 32}).to(at::kBFloat16), at::randn({16})}, "dion"},
+      {"global shape", "param group 1, parameter 0 (global shape [24]): the checkpoint's parameter has global shape [16]",
+       {at::randn({16, 32}), at::randn({24})}, "dion"},
+  };
+  for (Refusal& r : refusals) {
+    dion::Optimizer target(Groups{{{r.params[0]}, {.algorithm = r.algorithm, .lr = 0.5}},
+                                  {{r.params[1]}, {.algorithm = "adamw"}}},
+                           dion::Options(0.02));
+    stepped(target, r.params);
+    stepped(target, r.params);
+    const std::string before = bytes_of(target);
+    std::istringstream in(checkpoint);
+    try {
+      torch::load(target, in);
+      ADD_FAILURE() << r.what << ": the load was accepted";
+    } catch (const dion::ValueError& e) {
+      EXPECT_PRED_FORMAT2(::testing::IsSubstring, r.needle, e.what()) << r.what;
+    }
+    EXPECT_EQ(bytes_of(target), before) << r.what << ": the refused load changed the optimizer";
+    EXPECT_EQ(target.options(0).step(), 2) << r.what;
+  }
+}
+
+// Checkpoints of the earlier format (LibTorch's torch::optim::serialize, no layout) still load.
+TEST(Checkpoint, EarlierFormatStillLoads) {
+  std::vector<at::Tensor> p = {at::randn({16, 32}), at::randn({16})};
+  for (const at::Tensor& t : p) t.mutable_grad() = at::randn_like(t);
+  dion::Optimizer source(Groups{{{p[0]}, {.algorithm = "normuon"}}, {{p[1]}, {.algorithm = "adamw"}}}, dion::Options(0.02));
+  source.step();
+  torch::serialize::OutputArchive out;
+  torch::optim::serialize<dion::ParamState, dion::Options>(out, source);
+  std::stringstream buffer;
+  out.save_to(buffer);
+  std::vector<at::Tensor> q = {p[0].detach().clone(), p[1].detach().clone()};
+  dion::Optimizer target(Groups{{{q[0]}, {.algorithm = "normuon"}}, {{q[1]}, {.algorithm = "adamw"}}}, dion::Options(0.02));
+  torch::serialize::InputArchive in;
+  in.load_from(buffer);
+  target.load(in);
+  expect_identical(source, p, target, q, "earlier format");
 }
 
 TEST(Checkpoint, AdamwVarianceDtypeMustMatchParameter) {

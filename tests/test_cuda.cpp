@@ -11,6 +11,7 @@
 
 #include "dion/cuda/fused.h"
 #include "dion/dion.h"
+#include "dion/math/dion.h"
 
 namespace {
 
@@ -46,6 +47,24 @@ TEST(Cuda, OptimizersMatchCpu) {
     const double rel = (wg.cpu() - wc).abs().max().item<double>() / wc.abs().max().item<double>();
     EXPECT_LE(rel, 1e-2) << algo;
   }
+}
+
+}  // namespace
+
+namespace {
+
+// Legacy Dion's FSDP x TP path draws its sketch from a seeded generator; on CUDA tensors that
+// generator must be a CUDA one (the CPU one it used to pass made normal_ throw).
+TEST(Cuda, DionSketchGeneratorOnTheTensorsDevice) {
+  SKIP_WITHOUT_CUDA();
+  const at::Device dev(at::kCUDA, 0);
+  at::Generator a = dion::math::dion_sketch_generator(dev, 7), b = dion::math::dion_sketch_generator(dev, 7);
+  EXPECT_EQ(a.device().type(), at::kCUDA);
+  at::Tensor P = at::randn({2, 300, 8}, at::TensorOptions().device(dev));
+  at::Tensor Pa = dion::math::dion_orthonormalize(P, 1.25f, a), Pb = dion::math::dion_orthonormalize(P, 1.25f, b);
+  EXPECT_TRUE(at::equal(Pa, Pb));
+  at::Tensor gram = at::matmul(Pa.mT(), Pa).cpu();
+  EXPECT_LE((gram - at::eye(8).expand_as(gram)).abs().max().item<double>(), 1e-4);
 }
 
 }  // namespace

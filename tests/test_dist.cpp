@@ -2,7 +2,7 @@
 //
 // Each TEST launches N copies of this binary (`--child SCENARIO`) with torchrun's variables
 // (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and waits for them, killing all after a
-// deadline. Every child builds the same full parameters and gradients from a seed, computes the
+// deadline (tests/support/multiprocess.h). Every child builds the same full parameters and gradients from a seed, computes the
 // single-process result itself (dion::Optimizer without a Distribution), runs the distributed
 // optimizer on its shard or replica, gathers the parameters back and compares. A child prints
 // what it compared and exits 0 when everything matched.
@@ -16,142 +16,35 @@
 //     instead of computed whole (different summation order, float32).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <netinet/in.h>
-#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "dion/dion.h"
 #include "dion/dist/distributed.h"
 #include "dion/dist/group.h"
 #include "dion/dist/mesh.h"
 #include "dion/math/dion.h"
+#include "multiprocess.h"
 
 namespace {
 
 using dion::dist::Distributed;
 using dion::dist::Group;
 
-// ---------------------------------------------------------------------------- launcher (parent)
-
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
-}
-
-struct RunResult {
-  std::vector<int> exit_codes;  // -1: killed at the deadline
-  double seconds = 0;
-};
-
-RunResult launch(const std::string& scenario, int world, int deadline_s = 120) {
-  const int port = free_port();
-  std::vector<pid_t> pids;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      ::setenv("OMP_NUM_THREADS", "1", 1);
-      ::execl("/proc/self/exe", "test_dist", "--child", scenario.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    pids.push_back(pid);
-  }
-  RunResult res;
-  res.exit_codes.assign(world, -2);
-  int remaining = world;
-  while (remaining > 0) {
-    for (int r = 0; r < world; ++r) {
-      if (res.exit_codes[r] != -2) continue;
-      int status = 0;
-      if (::waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        res.exit_codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        --remaining;
-      }
-    }
-    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (el > deadline_s) {
-      for (int r = 0; r < world; ++r)
-        if (res.exit_codes[r] == -2) {
-          ::kill(pids[r], SIGKILL);
-          ::waitpid(pids[r], nullptr, 0);
-          res.exit_codes[r] = -1;
-        }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return res;
-}
-
-void expect_all_ok(const std::string& scenario, int world) {
-  RunResult r = launch(scenario, world);
-  for (int i = 0; i < world; ++i)
-    EXPECT_EQ(r.exit_codes[i], 0) << scenario << ": rank " << i << " of " << world
-                                  << (r.exit_codes[i] == -1 ? " hung and was killed" : " failed");
-}
+using dion::testing::Child;
+using dion::testing::expect_all_ok;
+using dion::testing::launch;
+using dion::testing::make_problem;
+using dion::testing::Problem;
+using dion::testing::RunResult;
 
 // ---------------------------------------------------------------------------- scenarios (child)
-
-struct Child {
-  explicit Child(Group g) : world(std::move(g)) {}
-  Group world;
-  int failures = 0;
-
-  void compare(const std::string& what, const at::Tensor& actual, const at::Tensor& expected, double tol) {
-    const double scale = expected.abs().max().item<double>();
-    const double diff = (actual.to(at::kDouble) - expected.to(at::kDouble)).abs().max().item<double>();
-    const double rel = scale > 0 ? diff / scale : diff;
-    const bool ok = rel <= tol;
-    if (world.rank() == 0 || !ok)
-      std::printf("[rank %d] %-44s relative difference %.3g (tol %.0e) %s\n", world.rank(), what.c_str(), rel, tol,
-                  ok ? "ok" : "MISMATCH");
-    if (!ok) ++failures;
-  }
-};
-
-// Full parameters and gradients, identical on every rank.
-struct Problem {
-  std::vector<at::Tensor> params;
-  std::vector<std::vector<at::Tensor>> grads;  // [step][param]
-};
-
-Problem make_problem(const std::vector<std::vector<int64_t>>& shapes, int steps, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  Problem p;
-  for (const auto& s : shapes) p.params.push_back(at::randn(s, gen) * 0.5);
-  for (int t = 0; t < steps; ++t) {
-    std::vector<at::Tensor> g;
-    for (const auto& s : shapes) g.push_back(at::randn(s, gen));
-    p.grads.push_back(g);
-  }
-  return p;
-}
 
 dion::Options options_for(const std::string& algo) {
   return dion::Options(0.02).algorithm(algo).weight_decay(0.01).fraction(0.5);
@@ -246,6 +139,71 @@ void scenario_fsdp_rows(Child& c) {
 void scenario_fsdp_cols(Child& c) {
   // Tall matrices (the sharded dim is the shorter one). NorMuon / NorDion2 refuse dim -1.
   fsdp_case(c, {{32, 16}, {32, 16}, {24, 18}, {40, 6}}, 1, {"muon", "dion2"}, "global", 1e-5);
+}
+
+// Dion2 / NorDion2 under FSDP equal one process for every shape. The bug this pins: on tall
+// row-sharded matrices (384 x 128, 512 x 128) Dion2 selected along the sharded dim 0 while one
+// process selects along the shorter dim 1, and the first update differed by more than 100%
+// (either selection scope). Now Dion2 selects along the shorter dim (selection_dim "shorter"):
+// column L1 norms are summed across the shards, each shard keeps its rows of the selected
+// columns. Equal to one process: the global scope for every shape and both algorithms, and the
+// local scope wherever the selection runs across the shards (tall row-sharded, wide column-
+// sharded). Tolerances:
+//   - selection across the shards (Dion2 tall row-sharded, wide column-sharded): 1e-5 as for
+//     FSDP above (zero padding rows in the assembled matrices; norms summed over shards round
+//     differently from whole-slice norms); observed 0.
+//   - selection along the sharded dim (Dion2 wide row-sharded / tall column-sharded, NorDion2):
+//     1e-3. The same slices are selected, but they reach the orthogonalization in another order
+//     (rank-major, per-shard top-k order) than one process's top-k order; Polar Express then sums
+//     in another order, in bf16, which moves orthogonalized entries by about one bf16 ulp (2^-8
+//     relative) and the parameters by lr * adjusted scale * that. Observed ≤ 2.7e-4 relative
+//     after 2 steps on 384 x 128 / 512 x 128 (small matrices stay ≤ 4e-8, as in fsdp_rows).
+// selection_dim "shard" keeps the reference's behaviour (select along the sharded dim); on a
+// tall row-sharded matrix it must differ from one process (checked to be more than 1e-2 off).
+void scenario_fsdp_every_shape(Child& c) {
+  auto group = std::make_shared<Group>(c.world);
+  const std::vector<std::vector<int64_t>> tall = {{384, 128}, {512, 128}, {40, 24}, {40, 24}},
+                                          wide = {{128, 384}, {24, 40}, {18, 30}};
+  auto check = [&](const std::string& what, const std::vector<std::vector<int64_t>>& shapes, int64_t dim,
+                   const dion::Options& opts, double tol, bool expect_equal = true) {
+    Problem prob = make_problem(shapes, 2, 61);
+    auto expected = single(prob, opts);
+    auto params = run_sharded(prob, opts, group, dim);
+    double worst = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor full = dion::dist::gather_tensor(*group, params[i], dim, prob.params[i].size(dim));
+      if (expect_equal) {
+        c.compare(what + " p" + std::to_string(i), full, expected[i], tol);
+      } else {
+        // Compare the updates (param - initial), not the params, to see the selection differ.
+        at::Tensor du = full - prob.params[i], de = expected[i] - prob.params[i];
+        worst = std::max(worst, (du - de).abs().max().item<double>() / de.abs().max().item<double>());
+      }
+    }
+    if (!expect_equal) {
+      if (c.world.rank() == 0) std::printf("[rank 0] %s: update differs from one process by %.3g\n", what.c_str(), worst);
+      if (worst <= 1e-2) c.fail(what + ": selection_dim 'shard' should differ from one process on tall shards");
+    }
+  };
+  for (const char* algo : {"dion2", "nordion2"})
+    for (const char* scope : {"global", "local"}) {
+      dion::Options opts = options_for(algo).fraction(0.25).selection_scope(scope);
+      // NorDion2 selects rows, as one process does; the local scope is per-shard top-k along
+      // the sharded rows, which equals one process only at fraction 1.
+      if (std::string(algo) == "nordion2" && std::string(scope) == "local") opts.fraction(1.0);
+      const bool across = std::string(algo) == "dion2";  // tall rows: select columns, across the shards
+      check(std::string(algo) + " " + scope + " tall rows", tall, 0, opts, across ? 1e-5 : 1e-3);
+      check(std::string(algo) + " " + scope + " wide rows", wide, 0,
+            std::string(scope) == "local" ? dion::Options(opts).fraction(1.0) : opts, 1e-3);
+    }
+  for (const char* scope : {"global", "local"}) {
+    dion::Options opts = options_for("dion2").fraction(0.25).selection_scope(scope);
+    check(std::string("dion2 ") + scope + " wide cols", wide, 1, opts, 1e-5);
+    check(std::string("dion2 ") + scope + " tall cols", tall, 1,
+          std::string(scope) == "local" ? dion::Options(opts).fraction(1.0) : opts, 1e-3);
+  }
+  check("dion2 selection_dim shard, tall rows", tall, 0,
+        options_for("dion2").fraction(0.25).selection_scope("global").selection_dim("shard"), 0, false);
 }
 
 void scenario_batch_sharded(Child& c) {
@@ -422,6 +380,10 @@ void scenario_dion_ddp(Child& c) {
       full += m * n * 4;
       compressed += ((m + n) * k < m * n && rank_fraction < 1.0) ? (m + n) * k * 4 : m * n * 4;
     }
+    // Plus, each step, the 8-byte all_reduce of the cross-rank agreement check ("did any rank's
+    // optimizer description change?", src/optim/agreement.h).
+    compressed += 8;
+    full += 8;
     if (reduced != 3 * compressed) {
       std::printf("[rank %d] all_reduce bytes %lld, expected %lld (full gradients: %lld)\n", r,
                   static_cast<long long>(reduced), static_cast<long long>(3 * compressed),
@@ -636,31 +598,6 @@ void scenario_dead_rank(Child& c) {
   }
 }
 
-int run_child(const std::string& scenario) {
-  static const std::map<std::string, std::function<void(Child&)>> scenarios = {
-      {"ddp", scenario_ddp},           {"fsdp_rows", scenario_fsdp_rows}, {"fsdp_cols", scenario_fsdp_cols},
-      {"batch", scenario_batch_sharded}, {"hsdp", scenario_hsdp},       {"bytes", scenario_bytes},
-      {"bad_spec", scenario_bad_spec},   {"dead_rank", scenario_dead_rank}, {"dion_ddp", scenario_dion_ddp},
-      {"tp", scenario_tp},               {"lanes", scenario_lanes},
-      {"dion_fsdp", scenario_dion_fsdp}, {"dion_2d", scenario_dion_2d},
-      {"heads_splits_errors", scenario_heads_splits_errors}, {"dion_3d", scenario_dion_3d}};
-  auto it = scenarios.find(scenario);
-  if (it == scenarios.end()) {
-    std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
-    return 2;
-  }
-  // A dead peer should be noticed quickly; healthy scenarios get a generous timeout.
-  const auto timeout = scenario == "dead_rank" ? std::chrono::seconds(5) : std::chrono::seconds(60);
-  Child c(Group::init_from_env({timeout}));
-  try {
-    it->second(c);
-  } catch (const std::exception& e) {
-    std::printf("[rank %d] exception: %s\n", c.world.rank(), e.what());
-    return 1;
-  }
-  return c.failures == 0 ? 0 : 1;
-}
-
 // ---------------------------------------------------------------------------- the tests
 
 TEST(Distributed, DdpTwoRanks) { expect_all_ok("ddp", 2); }
@@ -669,6 +606,8 @@ TEST(Distributed, FsdpRowShardedTwoRanks) { expect_all_ok("fsdp_rows", 2); }
 TEST(Distributed, FsdpRowShardedUnevenAndEmptyFourRanks) { expect_all_ok("fsdp_rows", 4); }
 TEST(Distributed, FsdpColumnSharded) { expect_all_ok("fsdp_cols", 2); }
 TEST(Distributed, BatchSharded3D) { expect_all_ok("batch", 2); }
+TEST(Distributed, FsdpDion2EveryShapeEqualsOneProcessTwoRanks) { expect_all_ok("fsdp_every_shape", 2); }
+TEST(Distributed, FsdpDion2EveryShapeEqualsOneProcessFourRanks) { expect_all_ok("fsdp_every_shape", 4); }
 TEST(Distributed, Hsdp2x2) { expect_all_ok("hsdp", 4); }
 TEST(Distributed, FsdpTimesTp2x2) { expect_all_ok("tp", 4); }
 TEST(Distributed, OverlapLanesMatchOneLane) { expect_all_ok("lanes", 2); }
@@ -693,7 +632,16 @@ TEST(Distributed, DeadRankFailsTheOthersWithinTimeout) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 3 && std::strcmp(argv[1], "--child") == 0) return run_child(argv[2]);
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  const std::map<std::string, dion::testing::Scenario> scenarios = {
+      {"ddp", scenario_ddp},           {"fsdp_rows", scenario_fsdp_rows}, {"fsdp_cols", scenario_fsdp_cols},
+      {"fsdp_every_shape", scenario_fsdp_every_shape},
+      {"batch", scenario_batch_sharded}, {"hsdp", scenario_hsdp},       {"bytes", scenario_bytes},
+      {"bad_spec", scenario_bad_spec},   {"dead_rank", scenario_dead_rank}, {"dion_ddp", scenario_dion_ddp},
+      {"tp", scenario_tp},               {"lanes", scenario_lanes},
+      {"dion_fsdp", scenario_dion_fsdp}, {"dion_2d", scenario_dion_2d},
+      {"heads_splits_errors", scenario_heads_splits_errors}, {"dion_3d", scenario_dion_3d}};
+  // A dead peer should be noticed quickly; healthy scenarios get a generous timeout.
+  return dion::testing::multiprocess_main(argc, argv, scenarios, [](const std::string& name) {
+    return name == "dead_rank" ? std::chrono::seconds(5) : std::chrono::seconds(60);
+  });
 }

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "dion/dion.h"
+#include "dion/math/dion.h"
 
 namespace {
 
@@ -438,3 +439,22 @@ TEST(OrthogonalizeMegabatch, FlattenThroughTheOptimizer) {
 }
 
 }  // namespace
+
+// Legacy Dion's sharded sketch generator (FSDP x TP): the generator must live on the tensor's
+// device — a CPU generator passed into a CUDA normal_ is refused ("Expected a 'cuda' device type
+// for generator"), which is how the 2-D sharded path used to fail on GPUs. Here the CPU branch of
+// the choice runs; tests/test_cuda.cpp runs the CUDA branch on a GPU machine.
+TEST(DionSketch, GeneratorFollowsTheDeviceAndItsSeed) {
+  at::Generator a = dion::math::dion_sketch_generator(at::Device(at::kCPU), 123);
+  at::Generator b = dion::math::dion_sketch_generator(at::Device(at::kCPU), 123);
+  EXPECT_EQ(a.device().type(), at::kCPU);
+  EXPECT_EQ(a.current_seed(), 123u);
+  // Same seed, same sketch: what makes every rank orthonormalize identically.
+  at::Tensor P = at::randn({2, 300, 8});
+  at::Tensor Pa = dion::math::dion_orthonormalize(P, 1.25f, a);
+  at::Tensor Pb = dion::math::dion_orthonormalize(P, 1.25f, b);
+  EXPECT_TRUE(at::equal(Pa, Pb));
+  // Orthonormal columns (randomized Cholesky QR path: 300 rows > r = 8).
+  at::Tensor gram = at::matmul(Pa.mT(), Pa);
+  EXPECT_LE((gram - at::eye(8).expand_as(gram)).abs().max().item<double>(), 1e-4);
+}

@@ -3,6 +3,8 @@
 #include "dion/math/dion.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 
 #include "scalar_tensor.h"
 
@@ -22,6 +24,15 @@ bool dion_is_transposed_sharded(int64_t m, int64_t n, int64_t outer_dim, int64_t
   if (inner_dim == 0 || outer_dim == 1) return false;  // orthogonalize over the inner (TP) dim
   if (outer_dim == 0 || inner_dim == 1) return true;
   return dion_is_transposed(m, n);
+}
+
+at::Generator dion_sketch_generator(const at::Device& device, uint64_t seed) {
+  if (device.is_cpu()) return at::make_generator<at::CPUGeneratorImpl>(seed);
+  // CUDA (and other accelerators): a fresh generator of the device's kind, from its hooks.
+  at::Generator gen = at::globalContext().getAcceleratorHooksInterface(device.type()).getNewGenerator(
+      device.has_index() ? device.index() : 0);
+  gen.set_current_seed(seed);
+  return gen;
 }
 
 at::Tensor dion_orthonormalize(const at::Tensor& P, float oversample, std::optional<at::Generator> generator) {

@@ -33,7 +33,8 @@ at::Tensor expand_index(const at::Tensor& idx, const at::Tensor& like, int64_t s
 }  // namespace
 
 Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float ef_decay,
-                    int64_t select_dim, at::ScalarType comm_dtype, int64_t k_override) {
+                    int64_t select_dim, at::ScalarType comm_dtype, int64_t k_override,
+                    const std::function<void(at::Tensor&)>& sum_norms) {
   TORCH_CHECK(select_dim == -2 || select_dim == -1, "dion2: select_dim must be -2 or -1");
   Selection out;
   const int64_t n_select = M[0].size(select_dim);
@@ -52,6 +53,7 @@ Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float e
   }
   at::Tensor M_stacked = at::stack(M, 0);                                      // [N, .., m, n]
   at::Tensor norms = at::linalg_vector_norm(M_stacked, 1, at::IntArrayRef{norm_dim}, false);
+  if (sum_norms) sum_norms(norms);  // partial norms of slices split across ranks -> whole
   at::Tensor indices = std::get<1>(at::topk(norms, k_topk, -1, /*largest=*/true, /*sorted=*/false));
   at::Tensor selected = at::gather(M_stacked, select_dim, expand_index(indices, M_stacked, select_dim));
 

@@ -5,10 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
-#include <torch/optim/serialize.h>
-#include <torch/serialize/archive.h>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
@@ -26,6 +23,8 @@
 #include "dion/math/nordion2.h"
 #include "dion/math/normuon.h"
 #include "dion/math/scalar.h"
+#include "agreement.h"
+#include "state_layout.h"
 
 namespace dion {
 
@@ -213,17 +212,10 @@ ParamState& Optimizer::state_for(const at::Tensor& p, const Options& o) {
       // Q [n', r] for the whole matrix; a sharded parameter keeps the rows of its outer chunk
       // (every rank draws the same whole Q from an identically seeded generator).
       const Layout L = dist_ ? dist_->layout(p) : Layout{p.sizes().vec(), -1, false};
-      const int64_t m = L.global_shape[0], n = L.global_shape[1];
-      const int64_t r = math::dion_rank(m, n, o.rank_fraction(), o.rank_multiple_of());
-      const bool t = L.sharded() ? math::dion_is_transposed_sharded(m, n, L.shard_dim, L.inner_dim)
-                                 : math::dion_is_transposed(m, n);
-      const int64_t rows = t ? m : n;
-      at::Tensor Q = at::randn({rows, r}, p.options().dtype(o.Q_dtype().value_or(p.scalar_type())));
-      if (L.sharded()) {
-        const int64_t W = dist_->axis_size(Axis::OUTER), chunk = (rows + W - 1) / W;
-        const int64_t start = std::min(rows, chunk * dist_->axis_rank(Axis::OUTER));
-        Q = Q.narrow(0, start, std::min(rows, start + chunk) - start).clone();
-      }
+      const QRows q = q_rows_of(L, axis_place(dist_.get()));  // src/optim/state_layout.h
+      const int64_t r = math::dion_rank(L.global_shape[0], L.global_shape[1], o.rank_fraction(), o.rank_multiple_of());
+      at::Tensor Q = at::randn({q.rows, r}, p.options().dtype(o.Q_dtype().value_or(p.scalar_type())));
+      if (L.sharded()) Q = Q.narrow(0, q.start, q.length).clone();
       s->Q(Q);
     }
     slot = std::move(s);
@@ -232,7 +224,10 @@ ParamState& Optimizer::state_for(const at::Tensor& p, const Options& o) {
 }
 
 void Optimizer::init_state() {
-  if (dist_) dist_->prepare();  // collective: every rank calls init_state
+  if (dist_) {  // collective: every rank calls init_state
+    dist_->prepare();
+    check_ranks_agree(*dist_, param_groups_, agreed_);
+  }
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const Options&>(group.options());
     for (const at::Tensor& p : group.params()) state_for(p, o);
@@ -248,7 +243,10 @@ at::Tensor Optimizer::step(LossClosure closure) {
     loss = closure();
   }
   at::NoGradGuard no_grad;
-  if (dist_) dist_->prepare();  // collective, on every rank, before any task runs
+  if (dist_) {
+    dist_->prepare();                                // collective, on every rank, before any task runs
+    check_ranks_agree(*dist_, param_groups_, agreed_);  // src/optim/agreement.h
+  }
   // A parameter with no elements (a [16, 0] matrix; not an empty shard of a non-empty one,
   // which takes part in its collectives) has nothing to update: skipped, same on every rank.
   auto globally_empty = [this](const at::Tensor& p) {
@@ -350,6 +348,7 @@ struct Optimizer::Plan {
 
 void Optimizer::set_distribution(std::shared_ptr<Distribution> distribution) {
   dist_ = std::move(distribution);
+  agreed_.clear();
   for (size_t g = 0; g < param_groups_.size(); ++g)
     check_group(g, param_groups_[g].params(), static_cast<const Options&>(param_groups_[g].options()));
 }
@@ -491,10 +490,14 @@ void Optimizer::step_dion2_like(const std::vector<at::Tensor>& params, const Opt
     auto [X, G, M, V, adjust_shape] = operands(batch, o, plan, nor);
     const bool matrix_sharded = plan.communicate && plan.layout.sharded();
     // NorDion2 selects rows (per-neuron statistics need whole rows). Dion2 selects along the
-    // sharded dim when a matrix dim is sharded, else along the shorter dim.
+    // shorter dim, as one process does (selection_dim "shorter"), or along the sharded dim as
+    // the reference does ("shard"; also what 2-D (FSDP x TP) and 3-D+ sharded matrices do).
+    const bool across_shards_ok = matrix_sharded && !plan.layout.two_d() && adjust_shape.size() == 2;
     int64_t select_dim;
     if (nor) select_dim = -2;
-    else if (matrix_sharded && (plan.comm_dim == -2 || plan.comm_dim == -1)) select_dim = plan.comm_dim;
+    else if (matrix_sharded && (o.selection_dim() == "shard" || !across_shards_ok) &&
+             (plan.comm_dim == -2 || plan.comm_dim == -1))
+      select_dim = plan.comm_dim;
     else select_dim = math::dion2_select_dim(adjust_shape[adjust_shape.size() - 2], adjust_shape.back());
     const float ef = f32(nor ? o.mu() : o.ef_decay());
     const float lr = f32(o.lr());
@@ -502,6 +505,18 @@ void Optimizer::step_dion2_like(const std::vector<at::Tensor>& params, const Opt
     math::ShardSum reduce;
     if (matrix_sharded && plan.comm_dim == -2) reduce = [this](at::Tensor& t) { dist_->sum_over_shards_(t); };
 
+    if (across_shards_ok && select_dim != plan.comm_dim) {
+      // Selecting along the unsharded dim (tall row-sharded, wide column-sharded): every slice
+      // is split across the shards; partial L1 norms summed over them give every rank the
+      // single-process top-k, each rank keeps its part of the selected slices [.., local, k],
+      // and the submatrix is assembled along the sharded dim. Either selection scope: the
+      // selection is whole-matrix and the traffic scales with `fraction`.
+      math::ShardSum sum_norms = [this](at::Tensor& t) { dist_->sum_over_shards_(t); };
+      math::Selection sel = math::dion2_pre(G, M, o.fraction(), ef, select_dim, ortho_.dtype, 0, sum_norms);
+      at::Tensor O = orthogonalize(std::move(sel.U), plan, o, ortho_fn_, {}, {});
+      math::dion2_post(X, O.unbind(0), sel.indices, lr, adj, f32(o.weight_decay()), select_dim);
+      continue;
+    }
     if (matrix_sharded && (o.selection_scope() == "global" || plan.layout.two_d()) &&
         adjust_shape.size() == 2 && select_dim == plan.comm_dim) {
       dion2_exact_global(X, G, M, V, plan, o, select_dim, adj);
@@ -717,8 +732,10 @@ void Optimizer::step_dion_sharded(const std::vector<at::Tensor>& X, std::vector<
     at::Tensor pad = a_local == chunk ? P : at::cat({P, at::zeros({N, chunk - a_local, r}, P.options())}, 1);
     at::Tensor all = dist_->all_gather(pad.contiguous(), Axis::INNER);          // [T, N, chunk, r]
     at::Tensor full = all.permute({1, 0, 2, 3}).reshape({N, T * chunk, r}).narrow(1, 0, a);
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(o.step()) * 1000003ULL +
-                                                        static_cast<uint64_t>(a) * 131ULL + static_cast<uint64_t>(r));
+    // The sketch generator lives on P's device (a CPU generator into a CUDA normal_ is refused).
+    at::Generator gen = math::dion_sketch_generator(
+        full.device(), static_cast<uint64_t>(o.step()) * 1000003ULL + static_cast<uint64_t>(a) * 131ULL +
+                           static_cast<uint64_t>(r));
     full = math::dion_orthonormalize(full.contiguous(), oversample, gen);
     const int64_t t = dist_->axis_rank(Axis::INNER), start = std::min(a, chunk * t);
     P = full.narrow(1, start, a_local).contiguous();
@@ -767,65 +784,6 @@ void Optimizer::step_lion(const std::vector<at::Tensor>& params, const Options& 
   for (const at::Tensor& p : params) M.push_back(state_for(p, o).momentum());
   const auto [b1, b2] = o.betas();
   math::lion_update(params, gradients(params), M, {f32(o.lr()), f32(b1), f32(b2), f32(o.weight_decay()), o.cautious_wd()});
-}
-
-// ---------------------------------------------------------------------------- save / load
-
-void Optimizer::save(torch::serialize::OutputArchive& archive) const {
-  torch::optim::serialize<ParamState, Options>(archive, *this);
-}
-
-// Loading is all or nothing: the current state and options are saved first and restored when
-// the archive does not fit (different groups, or state tensors of the wrong shape).
-void Optimizer::load(torch::serialize::InputArchive& archive) {
-  std::ostringstream backup;
-  {
-    torch::serialize::OutputArchive out;
-    save(out);
-    out.save_to(backup);
-  }
-  try {
-    torch::optim::serialize<ParamState, Options>(archive, *this);
-    check_loaded_state();
-  } catch (...) {
-    std::istringstream in(backup.str());
-    torch::serialize::InputArchive previous;
-    previous.load_from(in);
-    state_.clear();
-    torch::optim::serialize<ParamState, Options>(previous, *this);
-    throw;
-  }
-}
-
-void Optimizer::check_loaded_state() const {
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    const auto& params = param_groups_[g].params();
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto it = state_.find(params[i].unsafeGetTensorImpl());
-      if (it == state_.end()) continue;
-      const auto& s = static_cast<const ParamState&>(*it->second);
-      const at::Tensor& p = params[i];
-      auto bad = [&](const char* key, const at::Tensor& t, const std::string& want) {
-        throw ValueError("loading optimizer state: param group " + std::to_string(g) + ", parameter " +
-                         std::to_string(i) + " of shape " + shape_str(p.sizes()) + ": '" + key + "' has shape " +
-                         shape_str(t.sizes()) + ", expected " + want + " (a checkpoint of another model?)");
-      };
-      for (const auto& [key, t] : {std::pair<const char*, const at::Tensor*>{"momentum", &s.momentum()},
-                                   {"variance", &s.variance()}}) {
-        if (t->defined() && t->sizes() != p.sizes()) bad(key, *t, shape_str(p.sizes()));
-      }
-      if (s.variance_neuron().defined()) {
-        std::vector<int64_t> want = p.sizes().vec();
-        want.back() = 1;
-        if (s.variance_neuron().sizes().vec() != want) bad("variance_neuron", s.variance_neuron(), shape_str(want));
-      }
-      if (s.Q().defined() && p.dim() == 2) {
-        const int64_t rows = math::dion_is_transposed(p.size(0), p.size(1)) ? p.size(0) : p.size(1);
-        if (s.Q().dim() != 2 || s.Q().size(0) != rows)
-          bad("Q", s.Q(), "[" + std::to_string(rows) + ", r]");
-      }
-    }
-  }
 }
 
 // ---------------------------------------------------------------------------- named classes

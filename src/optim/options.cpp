@@ -66,6 +66,8 @@ void Options::validate(size_t g) const {
   if (!decay(ef_decay())) invalid(g, "ef_decay", str(ef_decay()), "must be in [0, 1)");
   if (selection_scope() != "local" && selection_scope() != "global")
     invalid(g, "selection_scope", "'" + selection_scope() + "'", "valid: 'local', 'global'");
+  if (selection_dim() != "shorter" && selection_dim() != "shard")
+    invalid(g, "selection_dim", "'" + selection_dim() + "'", "valid: 'shorter', 'shard'");
   if (!(rank_fraction() > 0.0 && rank_fraction() <= 1.0))
     invalid(g, "rank_fraction", str(rank_fraction()), "must be in (0, 1]");
   if (rank_multiple_of() <= 0)
@@ -109,6 +111,7 @@ Options Override::apply(Options o) const {
   if (num_heads) o.num_heads(*num_heads);
   if (split_sizes) o.split_sizes(*split_sizes);
   if (selection_scope) o.selection_scope(*selection_scope);
+  if (selection_dim) o.selection_dim(*selection_dim);
   if (rank_fraction) o.rank_fraction(*rank_fraction);
   if (rank_multiple_of) o.rank_multiple_of(*rank_multiple_of);
   return o;
@@ -121,6 +124,7 @@ bool operator==(const Options& a, const Options& b) {
          a.adjust_lr() == b.adjust_lr() && a.cautious_wd() == b.cautious_wd() &&
          a.nesterov() == b.nesterov() && a.flatten() == b.flatten() && a.num_heads() == b.num_heads() &&
          a.split_sizes() == b.split_sizes() && a.selection_scope() == b.selection_scope() &&
+         a.selection_dim() == b.selection_dim() &&
          a.rank_fraction() == b.rank_fraction() && a.rank_multiple_of() == b.rank_multiple_of() &&
          a.oversample() == b.oversample() && a.momentum_dtype() == b.momentum_dtype() &&
          a.Q_dtype() == b.Q_dtype() && a.variance_dtype() == b.variance_dtype() && a.step() == b.step();
@@ -161,6 +165,7 @@ void Options::serialize(torch::serialize::OutputArchive& ar) const {
   ar.write("num_heads", c10::IValue(num_heads()));
   ar.write("split_sizes", c10::IValue(c10::List<int64_t>(split_sizes())));
   ar.write("selection_scope", c10::IValue(selection_scope()));
+  ar.write("selection_dim", c10::IValue(selection_dim()));
   ar.write("rank_fraction", c10::IValue(rank_fraction()));
   ar.write("rank_multiple_of", c10::IValue(rank_multiple_of()));
   ar.write("oversample", c10::IValue(oversample()));
@@ -191,6 +196,7 @@ void Options::serialize(torch::serialize::InputArchive& ar) {
     if (ar.try_read("split_sizes", v)) split_sizes(v.toIntVector());
   }
   selection_scope(read<std::string>(ar, "selection_scope", selection_scope()));
+  selection_dim(read<std::string>(ar, "selection_dim", selection_dim()));
   rank_fraction(read<double>(ar, "rank_fraction", rank_fraction()));
   rank_multiple_of(read<int64_t>(ar, "rank_multiple_of", rank_multiple_of()));
   oversample(read<double>(ar, "oversample", oversample()));

@@ -10,8 +10,11 @@ compares.
 What it is not: it neither fetches nor builds the reference. Point PYTHONPATH at a checkout of
 microsoft/dion (the commit used is recorded in each file's metadata) and run:
 
-    TORCH_COMPILE_DISABLE=1 PYTHONPATH=/path/to/dion python3 tests/reference/make_vectors.py \
-        --out tests/data/reference
+    ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE TORCH_COMPILE_DISABLE=1 \
+        PYTHONPATH=/path/to/dion python3 tests/reference/make_vectors.py --out tests/data/reference
+
+(the first two pin the kernels, so that the vectors are reproducible bit for bit on any x86-64
+machine with the same torch; tests/test_reference.cpp explains)
 
 File format: safetensors (8-byte little-endian header length, a JSON header, raw tensor bytes).
 The header's "__metadata__" holds {"case": json}, a JSON string with the case description.
@@ -25,6 +28,7 @@ Tensor names:
 import argparse
 import json
 import os
+import platform
 import struct
 import subprocess
 
@@ -199,7 +203,12 @@ def run_case(c, commit):
             for key, val in opt.state[p].items():
                 if isinstance(val, torch.Tensor):
                     tensors[f"st{i}.{key}.s{t}"] = val.detach().clone()
-    meta = dict(c, reference_commit=commit, torch=torch.__version__)
+    # Where the result is reproducible bit for bit: the kernels' vector ISA and MKL's code path
+    # (tests/reference/README.md, "Exactness").
+    meta = dict(c, reference_commit=commit, torch=torch.__version__,
+                cpu_capability=torch.backends.cpu.get_cpu_capability(),
+                mkl_cbwr=os.environ.get("MKL_CBWR", ""), threads=torch.get_num_threads(),
+                machine=platform.machine())
     return tensors, {"case": json.dumps(meta)}
 
 

@@ -37,6 +37,11 @@ inline bool dion_is_transposed(int64_t m, int64_t n) { return m < n; }
 at::Tensor dion_orthonormalize(const at::Tensor& P, float oversample,
                                std::optional<at::Generator> generator = std::nullopt);
 
+// A new generator for tensors on `device`, seeded with `seed`: a CPU generator for CPU tensors,
+// the device's own kind otherwise (normal_ on a CUDA tensor refuses a CPU generator). Every
+// rank that passes the same seed and device kind draws the same sketch.
+at::Generator dion_sketch_generator(const at::Device& device, uint64_t seed);
+
 // Whether Dion works on M^T for a parameter sharded on `outer_dim` (FSDP; -1 none) and
 // `inner_dim` (TP; -1 none): the outer-sharded dim becomes the Q side, as in the reference.
 bool dion_is_transposed_sharded(int64_t m, int64_t n, int64_t outer_dim, int64_t inner_dim);

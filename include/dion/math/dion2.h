@@ -15,6 +15,7 @@
 
 #include "dion/math/ortho.h"
 
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -32,9 +33,13 @@ int64_t dion2_num_selected(double fraction, int64_t n_select);
 int64_t dion2_select_dim(int64_t rows, int64_t cols);
 
 // Momentum accumulation, top-k selection, error-feedback decay. `k_override` > 0 forces k
-// (the sharded "local" scope), clamped to the available count.
+// (the sharded "local" scope), clamped to the available count. `sum_norms`: when each slice
+// along select_dim is split across ranks (a matrix sharded along the other dim), adds the other
+// ranks' partial L1 norms [N, .., n_select] in place; every rank must get the same sums, so that
+// all select the same slices (each keeps its part of them).
 Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float ef_decay,
-                    int64_t select_dim, at::ScalarType comm_dtype, int64_t k_override = 0);
+                    int64_t select_dim, at::ScalarType comm_dtype, int64_t k_override = 0,
+                    const std::function<void(at::Tensor&)>& sum_norms = nullptr);
 
 // Weight decay on all of X, then the update on the selected slices only. U is cast to X's
 // dtype before scaling (as the reference does).

@@ -73,8 +73,16 @@ class Optimizer : public torch::optim::Optimizer {
             std::shared_ptr<Distribution> distribution = nullptr);
 
   at::Tensor step(LossClosure closure = nullptr) override;
+  // Checkpoints know their layout (docs/optimizers.md, "Checkpoints"): save() writes each state
+  // tensor with its global shape and this rank's offsets; load() cuts this rank's state out of
+  // the saved slices, so a state saved at one layout (world size, FSDP / TP split) loads at
+  // another. Pass the archives of every rank that saved (any order; one archive is enough when
+  // it covers this rank's slices: a single process, or replicated state). All or nothing: a
+  // refused load (shape, dtype, algorithm or group mismatch, missing slices) throws
+  // dion::ValueError naming the parameter and leaves the optimizer exactly as it was.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  void load(std::vector<torch::serialize::InputArchive>& archives);
 
   // Add a group after construction (validated like the others).
   void add_param_group(const ParamGroup& group);
@@ -144,11 +152,14 @@ class Optimizer : public torch::optim::Optimizer {
   void step_lion(const std::vector<at::Tensor>& params, const Options& group);
   void check_group(size_t index, const std::vector<at::Tensor>& params, const Options& group) const;
   void check_loaded_state() const;
+  void load_checked(std::vector<torch::serialize::InputArchive>& roots);  // checkpoint.cpp
+  void load_legacy(torch::serialize::InputArchive& archive);  // archives without layout (earlier format)
 
   math::OrthoConfig ortho_;
   math::OrthoFn ortho_fn_;
   std::string only_algorithm_ = "*";
   std::shared_ptr<Distribution> dist_;
+  std::vector<int64_t> agreed_;  // what every rank last agreed it optimizes (src/optim/agreement.h)
 };
 
 // The reference's classes. Each accepts groups of its own algorithm plus "adamw" and "lion".

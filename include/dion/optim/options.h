@@ -50,6 +50,10 @@ class Options : public torch::optim::OptimizerCloneableOptions<Options> {
   TORCH_ARG(int64_t, num_heads) = 0;                     // 0 or 1: off; >1: per-head ortho
   TORCH_ARG(std::vector<int64_t>, split_sizes) = {};     // row blocks of a fused weight
   TORCH_ARG(std::string, selection_scope) = "local";     // dion2/nordion2 when row-sharded
+  // dion2 on a sharded matrix: select along the dim one process would ("shorter", the default:
+  // the result equals one process's for every shape) or along the sharded dim, as the reference
+  // does ("shard"). docs/distributed.md lists which layouts equal one process.
+  TORCH_ARG(std::string, selection_dim) = "shorter";
   TORCH_ARG(double, rank_fraction) = 1.0;                // dion: r = rank_fraction * min(m, n)
   TORCH_ARG(int64_t, rank_multiple_of) = 1;              // dion: round r up to a multiple
   TORCH_ARG(double, oversample) = 1.25;                  // dion: randomized QR sketch size
@@ -94,6 +98,7 @@ struct Override {
   std::optional<int64_t> num_heads = std::nullopt;
   std::optional<std::vector<int64_t>> split_sizes = std::nullopt;
   std::optional<std::string> selection_scope = std::nullopt;
+  std::optional<std::string> selection_dim = std::nullopt;
   std::optional<double> rank_fraction = std::nullopt;
   std::optional<int64_t> rank_multiple_of = std::nullopt;
 

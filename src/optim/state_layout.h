@@ -1,0 +1,44 @@
+// state_layout.h — where this rank's optimizer state tensors sit in the whole tensors
+// (private to src/optim). One rule, used when the state is created (legacy Dion's Q shard), when
+// a checkpoint is written (each tensor's global shape and this rank's offsets) and when it is
+// read back at another layout.
+//
+// A parameter sharded over the outer axis (FSDP) holds the FSDP2 contiguous chunk of
+// ceil(size / world) along its shard dim, likewise along its inner dim (TP); its momentum and
+// variance share that box. variance_neuron [.., m, 1] shares it except its last dim (1, whole).
+// Legacy Dion's Q [rows, r] is the whole matrix's Q (rows = m when Dion works on M^T, else n),
+// of which a sharded parameter keeps the outer chunk of rows. step_dev is a scalar.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dion/optim/distribution.h"
+
+namespace dion {
+
+// A box inside a whole tensor: this rank's part.
+struct Box {
+  std::vector<int64_t> global, offset, size;
+};
+
+// Where this rank sits along each axis (size 1, rank 0 without a Distribution).
+struct AxisPlace {
+  int outer_size = 1, outer_rank = 0, inner_size = 1, inner_rank = 0;
+};
+AxisPlace axis_place(const Distribution* dist);
+
+// Legacy Dion's Q rows: [start, start + length) of `rows`.
+struct QRows {
+  int64_t rows = 0, start = 0, length = 0;
+};
+QRows q_rows_of(const Layout& L, const AxisPlace& at);
+
+// The box of state tensor `key` (momentum, variance, variance_neuron, Q, step_dev) of a
+// parameter laid out as `L`; `q_rank`: Q's column count r.
+Box state_box(const std::string& key, const Layout& L, const AxisPlace& at, int64_t q_rank);
+
+}  // namespace dion
