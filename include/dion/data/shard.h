@@ -1,5 +1,5 @@
 // dion/data/shard.h — the FineWeb token shard format (llm.c / modded-nanogpt / microsoft/dion's
-// data/fineweb.py): write, check and memory-map.
+// data/fineweb.py): write, check and read.
 //
 // Format (little-endian):
 //   bytes 0..1023   256 int32 header: [0] magic 20240520, [1] version 1, [2] token count N,
@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -40,8 +41,10 @@ struct ShardHeader {
 // size != 1024 + 2*count (a truncated or half-downloaded file).
 ShardHeader shard_read_header(const std::filesystem::path& path);
 
-// A shard mapped read-only into memory. Opening checks the header and size (shard_read_header).
-// Move-only; unmaps on destruction.
+// A shard read into memory. Opening checks the header and size (shard_read_header), then reads
+// every token with pread (not mmap: a file truncated or replaced while mapped would kill the
+// process with SIGBUS); a file that shrinks or changes size during the read is an error naming
+// it. Move-only. The reference's loader also reads a whole shard at once (_load_data_shard).
 class ShardFile {
  public:
   static ShardFile open(const std::filesystem::path& path);
@@ -60,8 +63,7 @@ class ShardFile {
   ShardFile() = default;
   std::filesystem::path path_;
   ShardHeader header_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
+  std::unique_ptr<uint16_t[]> tokens_;  // [token_count]
 };
 
 // Throws DataError naming the file, the first offending index and value if a token of `shard`
