@@ -57,6 +57,7 @@ if(DION_BUILD_TESTS)
     ${DION_DATA_ROOT}/tests/data_tools/test_cli.cpp
     ${DION_DATA_ROOT}/tests/data_tools/test_download.cpp
     ${DION_DATA_ROOT}/tests/data_tools/test_prepare.cpp
+    ${DION_DATA_ROOT}/tests/data_tools/test_prepare_safety.cpp
     ${DION_DATA_ROOT}/tests/data_tools/test_shard.cpp
     ${DION_DATA_ROOT}/tests/data_tools/test_tokenizer.cpp
     ${DION_DATA_ROOT}/tests/data_tools/test_util.cpp)

@@ -370,8 +370,9 @@ PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& sou
       throw DataError(
           fmt::format("output folder {} already has {} {}_{{val,train}}_*.bin shards "
                       "(e.g. {}): pass --overwrite to replace them, or choose another "
-                      "folder or --prefix",
-                      options.output_dir, old.size(), options.prefix, old.front().filename()));
+                      "folder or --prefix{}",
+                      options.output_dir, old.size(), options.prefix, old.front().filename(),
+                      staged.recovered().empty() ? "" : " (first, this run " + staged.recovered() + ")"));
     }
   }
 

@@ -237,6 +237,7 @@ fs::path ShardSetWriter::add(const std::string& split, int64_t index,
   const std::string name = shard_name(prefix_, split, index);
   shard_write(staging_ / name, tokens);
   staged_.push_back(name);
+  failpoint("prepare-stage");
   return dir_ / name;
 }
 

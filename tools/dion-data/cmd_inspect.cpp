@@ -126,9 +126,12 @@ void register_inspect(CLI::App& app) {
       "tokens decoded. Exits 1 if any file is bad.");
   cmd->add_option("files", args->files, "Shard files")->required();
   add_tokenizer_flag(cmd, args->tokenizer);
-  cmd->add_option("--head", args->head, "How many leading tokens to show")->capture_default_str();
+  cmd->add_option("--head", args->head, "How many leading tokens to show")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--top", args->top, "How many most frequent tokens to show")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--vocab-size", args->vocab_size, "Tokens must be below this")
       ->capture_default_str()
       ->check(CLI::Range(1u, 65536u));
