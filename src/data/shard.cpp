@@ -5,6 +5,7 @@
 #include <array>
 #include <memory>
 #include <bit>
+#include <cstring>
 #include <cerrno>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -35,19 +36,16 @@ int open_shard(const std::filesystem::path& path, struct stat& st) {
 
 // Reads and checks the header and the size of the open shard `fd` (stat `st`).
 ShardHeader read_header(int fd, const struct stat& st, const std::filesystem::path& path) {
-  ShardHeader h;
-  h.file_bytes = st.st_size;
-  if (h.file_bytes < static_cast<int64_t>(kShardHeaderBytes)) {
+  if (st.st_size < static_cast<off_t>(kShardHeaderBytes)) {
     throw DataError(
         fmt::format("shard {}: truncated: {} bytes, shorter than the {}-byte header "
                     "(an interrupted write or download); {}",
-                    path, h.file_bytes, kShardHeaderBytes, kRedo));
+                    path, st.st_size, kShardHeaderBytes, kRedo));
   }
-  std::array<int32_t, kShardHeaderInts> header{};
+  std::array<char, kShardHeaderBytes> header{};
   size_t done = 0;
-  auto* dst = reinterpret_cast<char*>(header.data());
   while (done < kShardHeaderBytes) {
-    ssize_t n = ::pread(fd, dst + done, kShardHeaderBytes - done, static_cast<off_t>(done));
+    ssize_t n = ::pread(fd, header.data() + done, kShardHeaderBytes - done, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       throw DataError(fmt::format("shard {}: cannot read the header: {}", path,
@@ -55,9 +53,28 @@ ShardHeader read_header(int fd, const struct stat& st, const std::filesystem::pa
     }
     done += static_cast<size_t>(n);
   }
-  h.magic = header[0];
-  h.version = header[1];
-  h.token_count = header[2];
+  return shard_parse_header(std::string_view(header.data(), header.size()), st.st_size, path);
+}
+
+}  // namespace
+
+ShardHeader shard_parse_header(std::string_view bytes, int64_t file_bytes,
+                               const std::filesystem::path& path) {
+  if (bytes.size() < kShardHeaderBytes) {
+    throw DataError(fmt::format("shard {}: truncated: {} bytes, shorter than the {}-byte header "
+                                "(an interrupted write or download); {}",
+                                path, bytes.size(), kShardHeaderBytes, kRedo));
+  }
+  auto int_at = [&](size_t i) {
+    int32_t v;
+    std::memcpy(&v, bytes.data() + 4 * i, sizeof(v));  // little-endian (static_assert above)
+    return v;
+  };
+  ShardHeader h;
+  h.magic = int_at(0);
+  h.version = int_at(1);
+  h.token_count = int_at(2);
+  h.file_bytes = file_bytes;
   if (h.magic != kShardMagic) {
     throw DataError(
         fmt::format("shard {}: bad magic {} (expected {}): not a FineWeb token shard "
@@ -74,19 +91,17 @@ ShardHeader read_header(int fd, const struct stat& st, const std::filesystem::pa
     throw DataError(fmt::format("shard {}: corrupt header: negative token count {}; {}", path,
                                 h.token_count, kRedo));
   }
-  const int64_t expected = static_cast<int64_t>(kShardHeaderBytes) + 2 * h.token_count;
-  if (h.file_bytes != expected) {
+  const int64_t expected = shard_file_bytes(h.token_count);
+  if (file_bytes >= 0 && file_bytes != expected) {
     throw DataError(
         fmt::format("shard {}: {} bytes, but its header says {} tokens, which take "
                     "1024 + 2*{} = {} bytes: the file is {} (an interrupted write or "
                     "download, or a corrupt header); {}",
-                    path, h.file_bytes, h.token_count, h.token_count, expected,
-                    h.file_bytes < expected ? "truncated" : "longer than its header says", kRedo));
+                    path, file_bytes, h.token_count, h.token_count, expected,
+                    file_bytes < expected ? "truncated" : "longer than its header says", kRedo));
   }
   return h;
 }
-
-}  // namespace
 
 ShardHeader shard_read_header(const std::filesystem::path& path) {
   struct stat st {};

@@ -36,6 +36,18 @@ struct ShardHeader {
   int64_t file_bytes = 0;  // the size on disk, checked == 1024 + 2 * token_count
 };
 
+// The size of a shard of `token_count` tokens: 1024 + 2 * token_count.
+inline constexpr int64_t shard_file_bytes(int64_t token_count) {
+  return static_cast<int64_t>(kShardHeaderBytes) + 2 * token_count;
+}
+inline constexpr int64_t kShardMaxFileBytes = shard_file_bytes(kShardMaxTokens);
+
+// Parses and checks the first 1024 bytes of a shard (`bytes`, at least that long): magic,
+// version, count >= 0, and — when file_bytes >= 0 — that the file has exactly
+// 1024 + 2*count bytes. `path` is for the message. Throws DataError as shard_read_header does.
+ShardHeader shard_parse_header(std::string_view bytes, int64_t file_bytes,
+                               const std::filesystem::path& path);
+
 // Reads and checks the header of `path` and its size. Throws DataError naming the file and what
 // is wrong: unreadable, shorter than the header, bad magic, unsupported version, negative count,
 // size != 1024 + 2*count (a truncated or half-downloaded file).
