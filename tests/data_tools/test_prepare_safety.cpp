@@ -135,6 +135,22 @@ TEST(PrepareSafety, KillDuringTheSwapIsFinishedByTheNextRun) {
   EXPECT_EQ(snapshot(out.path()), final_set);
 }
 
+TEST(PrepareSafety, TemporariesOfAnOlderInterruptedRunAreRemoved) {
+  DION_SKIP_WITHOUT_GPT2();
+  TempDir in, out;
+  write_file(in / "a.txt", corpus(10, 1));
+  // What an interrupted run of an older version left beside the shards.
+  write_file(out / "fineweb_train_000001.bin.tmp.AbC123", "half a shard");
+  write_file(out / "fineweb_val_000000.bin.tmp.xYz789", "half a shard");
+  write_file(out / "other.bin.tmp.keep", "not ours");
+  const RunResult r = run_dion_data(prepare_args(in / "a.txt", out.path(), {"--prefix", "fineweb"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_contains(r.err, {"removed 2 temporary files of an interrupted earlier run"});
+  auto want = expected_set(corpus(10, 1));
+  want["other.bin.tmp.keep"] = "not ours";
+  EXPECT_EQ(snapshot(out.path()), want);
+}
+
 TEST(PrepareSafety, SecondRunOnTheSameFolderIsRefusedNamingTheFirst) {
   DION_SKIP_WITHOUT_GPT2();
   DION_REQUIRE_TOKENIZER(tok);
