@@ -426,9 +426,9 @@ PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& sou
       begin = end;
     }
     for (auto& th : threads) th.join();
-    for (BatchPart& part : parts) {
-      if (std::exchange(part.stopped, false)) throw DataError(kInterrupted);
-    }
+    bool stop = options.should_stop && options.should_stop();  // also after the last batch
+    for (BatchPart& part : parts) stop = std::exchange(part.stopped, false) || stop;
+    if (stop) throw DataError(kInterrupted);
     // Append in document order.
     for (BatchPart& part : parts) {
       if (part.error) std::rethrow_exception(std::exchange(part.error, nullptr));

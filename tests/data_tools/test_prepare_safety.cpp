@@ -292,6 +292,58 @@ TEST(PrepareSafety, SigtermInsideALongDocumentStopsAndWritesNothing) {
   EXPECT_TRUE(list_dir(out.path()).empty());
 }
 
+// Documents from memory.
+class VectorSource : public data::DocumentSource {
+ public:
+  explicit VectorSource(std::vector<std::string> docs) : docs_(std::move(docs)) {}
+  bool next(std::string& doc) override {
+    if (i_ == docs_.size()) return false;
+    doc = docs_[i_++];
+    return true;
+  }
+  uint64_t bytes_read() const override { return 0; }
+  uint64_t bytes_total() const override { return 0; }
+
+ private:
+  std::vector<std::string> docs_;
+  size_t i_ = 0;
+};
+
+TEST(PrepareSafety, StopIsSeenInsideADocumentAndAfterTheLastBatch) {
+  DION_REQUIRE_TOKENIZER(tok);
+  std::string big;
+  for (int i = 0; big.size() < (6u << 20); ++i) big += "word" + std::to_string(i % 1000) + " ";
+  // One batch (under 8 MB): the stop flag rises while the 6 MB document is tokenized.
+  {
+    TempDir out;
+    VectorSource source({big, "a small second document"});
+    data::PrepareOptions o;
+    o.output_dir = out.path();
+    int calls = 0;
+    o.should_stop = [&] { return ++calls >= 3; };  // 1: before the batch; 2, 3: inside it
+    try {
+      data::prepare_shards(tok, source, o);
+      FAIL() << "the stop was not seen: the shards were written";
+    } catch (const DataError& e) {
+      expect_contains(e.what(), {"interrupted"});
+    }
+    // Without the checks inside the document only 2 calls happen (before and after the one
+    // batch): the stop would be missed and the shards written.
+    EXPECT_EQ(calls, 4);  // 3rd inside the document (stops it), 4th after the batch
+    EXPECT_TRUE(list_dir(out.path()).empty());
+  }
+  {  // Small documents: a stop during the last batch still prevents the swap.
+    TempDir out;
+    VectorSource source({"one", "two", "three"});
+    data::PrepareOptions o;
+    o.output_dir = out.path();
+    int calls = 0;
+    o.should_stop = [&] { return ++calls >= 2; };
+    EXPECT_THROW(data::prepare_shards(tok, source, o), DataError);
+    EXPECT_TRUE(list_dir(out.path()).empty());
+  }
+}
+
 TEST(PrepareSafety, DevicesAndEndlessDocumentsAreRefused) {
   const RunResult zero = run_dion_data({"prepare", "/dev/zero", "-o", "/tmp/unused",
                                         "--tokenizer", gpt2_dir()});

@@ -9,6 +9,7 @@
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
 #include <csignal>
 #include <fcntl.h>
 #include <sys/wait.h>
@@ -147,20 +148,26 @@ Background::Background(const std::vector<std::string>& args) {
   std::vector<std::string> argv_s{DION_DATA_EXE};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   const std::string out = (io_ / "stdout").string(), err = (io_ / "stderr").string();
+  // Everything the child needs is built before fork: after it only async-signal-safe calls.
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<char*> envp;  // ours without DION_GPT2_DIR (each test names the GPT-2 files)
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string_view(*e).starts_with("DION_GPT2_DIR=")) continue;
+    envp.push_back(*e);
+  }
+  envp.push_back(nullptr);
   pid_ = ::fork();
   if (pid_ < 0) throw std::runtime_error("test: fork failed");
   if (pid_ == 0) {
-    ::unsetenv("DION_GPT2_DIR");
     const int in_fd = ::open("/dev/null", O_RDONLY);
     const int out_fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int err_fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(in_fd, 0);
     ::dup2(out_fd, 1);
     ::dup2(err_fd, 2);
-    std::vector<char*> argv;
-    for (auto& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
+    ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
 }
