@@ -313,6 +313,21 @@ int64_t file_size_or_zero(const fs::path& p) {
   return ::stat(p.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
 }
 
+// Removes the .part (it is not the file) and says why.
+AttemptResult not_a_shard(const Attempt& a, const std::string& why) {
+  remove_part(a);
+  return {Outcome::FAIL, fmt::format("the downloaded file is not a valid shard ({}); it was "
+                                     "removed. Is --base-url right?",
+                                     why)};
+}
+
+// The last check of a .part with every byte: header, size, and every token < vocab_size.
+AttemptResult check_complete_part(const Attempt& a) {
+  std::string why;
+  if (part_is_valid_shard(a.part, a.options->vocab_size, why)) return {Outcome::DONE, ""};
+  return not_a_shard(a, why);
+}
+
 AttemptResult run_attempt(Attempt& a, const std::string& url,
                           std::optional<Clock::time_point> deadline) {
   CURL* curl = curl_easy_init();
@@ -373,12 +388,7 @@ AttemptResult run_attempt(Attempt& a, const std::string& url,
 
   if (a.stopped) return {Outcome::FAIL, "interrupted"};
   if (!a.local_error.empty()) return {Outcome::FAIL, a.local_error};
-  if (!a.bad_content.empty()) {
-    remove_part(a);
-    return {Outcome::FAIL, fmt::format("the downloaded file is not a valid shard ({}); it was "
-                                       "removed. Is --base-url right?",
-                                       a.bad_content)};
-  }
+  if (!a.bad_content.empty()) return not_a_shard(a, a.bad_content);
   if (a.header_too_big) {
     return {Outcome::FAIL, fmt::format("the response headers from {} are larger than {} kB: not "
                                        "a file server dion-data understands (is --base-url "
@@ -433,15 +443,7 @@ AttemptResult run_attempt(Attempt& a, const std::string& url,
   }
   if (status == 416) {  // our .part already has every byte, or more than the file has
     std::string why;
-    if (part_is_valid_shard(a.part, why)) {
-      if (!part_is_valid_shard(a.part, a.options->vocab_size, why)) {
-        remove_part(a);
-        return {Outcome::FAIL, fmt::format("the downloaded file is not a valid shard ({}); it "
-                                           "was removed. Is --base-url right?",
-                                           why)};
-      }
-      return {Outcome::DONE, ""};
-    }
+    if (part_is_valid_shard(a.part, why)) return check_complete_part(a);
     remove_part(a);
     return {Outcome::RETRY,
             "HTTP 416 (range not satisfiable) for a .part that is not a valid "
@@ -464,14 +466,7 @@ AttemptResult run_attempt(Attempt& a, const std::string& url,
   if (expected >= 0 && have != expected) {
     return {Outcome::RETRY, fmt::format("received {} of {} bytes", have, expected)};
   }
-  std::string why;
-  if (!part_is_valid_shard(a.part, a.options->vocab_size, why)) {
-    remove_part(a);
-    return {Outcome::FAIL, fmt::format("the downloaded file is not a valid shard ({}); it was "
-                                       "removed. Is --base-url right?",
-                                       why)};
-  }
-  return {Outcome::DONE, ""};
+  return check_complete_part(a);
 }
 
 // The validator recorded for `part` by the response that began it: "etag X",
