@@ -7,6 +7,8 @@
 #   dion-data        the command-line tool (tools/dion-data)
 #   dion_data_tests  GoogleTest suite (tests/data_tools), with DION_BUILD_TESTS
 #   bench_tokenizer  Google Benchmark (bench/tokenizer), with DION_BUILD_BENCH and benchmark found
+#   fuzz_shard_header, fuzz_tokenizer  libFuzzer targets (tests/fuzz), with DION_FUZZ (clang)
+#   DION_SANITIZE    option: build everything here with ASan + UBSan (scripts/sanitize.sh)
 #   DION_SHARED_DATA_DIR  cache path: the read-only ../shared/data the tests read (GPT-2 files,
 #                         Tiny Shakespeare); tests that need it skip when it is absent
 # Does not touch the optimizer library or anything torch-related.
@@ -16,6 +18,16 @@ cmake_path(NORMAL_PATH DION_DATA_ROOT)
 string(REGEX REPLACE "/$" "" DION_DATA_ROOT "${DION_DATA_ROOT}")
 set(DION_SHARED_DATA_DIR "${DION_DATA_ROOT}/../shared/data" CACHE PATH
     "Shared read-only data (gpt2/, tinyshakespeare/) for the data tools' tests")
+
+option(DION_SANITIZE "Build with AddressSanitizer + UndefinedBehaviorSanitizer (any error aborts)" OFF)
+option(DION_FUZZ "Build the libFuzzer targets of the data library (needs clang)" OFF)
+if(DION_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+if(DION_FUZZ AND NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+  message(FATAL_ERROR "dion: DION_FUZZ needs clang's libFuzzer: configure with CC=clang CXX=clang++")
+endif()
 
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(DION_PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)  # Debian: libpcre2-dev
@@ -31,6 +43,7 @@ add_library(dion_data STATIC
   ${DION_DATA_ROOT}/src/data/file_util.cpp
   ${DION_DATA_ROOT}/src/data/prepare.cpp
   ${DION_DATA_ROOT}/src/data/shard.cpp
+  ${DION_DATA_ROOT}/src/data/shard_set.cpp
   ${DION_DATA_ROOT}/src/data/tokenizer.cpp)
 target_include_directories(dion_data PUBLIC ${DION_DATA_ROOT}/include)
 target_link_libraries(dion_data
@@ -56,6 +69,7 @@ if(DION_BUILD_TESTS)
     ${DION_DATA_ROOT}/tests/data_tools/test_cli.cpp
     ${DION_DATA_ROOT}/tests/data_tools/test_download.cpp
     ${DION_DATA_ROOT}/tests/data_tools/test_prepare.cpp
+    ${DION_DATA_ROOT}/tests/data_tools/test_prepare_safety.cpp
     ${DION_DATA_ROOT}/tests/data_tools/test_shard.cpp
     ${DION_DATA_ROOT}/tests/data_tools/test_tokenizer.cpp
     ${DION_DATA_ROOT}/tests/data_tools/test_util.cpp)
@@ -70,6 +84,19 @@ if(DION_BUILD_TESTS)
     WORKING_DIRECTORY ${DION_DATA_ROOT}
     DISCOVERY_MODE PRE_TEST
     PROPERTIES LABELS data TIMEOUT 300)
+endif()
+
+# ---------------------------------------------------------------------------- fuzz targets
+if(DION_FUZZ)
+  # The library gets coverage instrumentation; each target gets libFuzzer's main.
+  target_compile_options(dion_data PRIVATE -fsanitize=fuzzer-no-link)
+  foreach(_fuzz fuzz_shard_header fuzz_tokenizer)
+    add_executable(${_fuzz} ${DION_DATA_ROOT}/tests/fuzz/${_fuzz}.cpp)
+    target_link_libraries(${_fuzz} PRIVATE dion_data dion_warnings)
+    target_compile_options(${_fuzz} PRIVATE -fsanitize=fuzzer)
+    target_link_options(${_fuzz} PRIVATE -fsanitize=fuzzer)
+  endforeach()
+  target_compile_definitions(fuzz_tokenizer PRIVATE DION_SHARED_DATA_DIR="${DION_SHARED_DATA_DIR}")
 endif()
 
 # ---------------------------------------------------------------------------- benchmark

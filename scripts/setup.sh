@@ -16,7 +16,8 @@ log() { printf '[setup] %s\n' "$*"; }
 APT_PKGS=(build-essential cmake ninja-build ccache pkg-config git
           libgtest-dev libgmock-dev libbenchmark-dev
           libyaml-cpp-dev libfmt-dev nlohmann-json3-dev libcli11-dev
-          libcurl4-openssl-dev libpcre2-dev libgloo-dev)
+          libcurl4-openssl-dev libpcre2-dev libgloo-dev
+          clang libclang-rt-14-dev)  # clang + its sanitizer/libFuzzer runtimes: scripts/sanitize.sh
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

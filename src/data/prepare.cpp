@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <fcntl.h>
 #include <span>
@@ -23,6 +24,7 @@
 #include "dion/data/error.h"
 #include "dion/data/shard.h"
 #include "file_util.h"
+#include "shard_set.h"
 
 namespace dion::data {
 
@@ -38,9 +40,23 @@ struct Input {
   std::string label() const { return is_stdin ? std::string("<stdin>") : path.string(); }
 };
 
+// Where prepare writes, so that its own shards are never read as text.
+struct OutputShards {
+  fs::path dir;  // weakly canonical; empty: no output folder given
+  std::string prefix;
+  bool contains(const fs::path& p) const {
+    if (dir.empty()) return false;
+    std::error_code ec;
+    return detail::is_shard_name(p.filename().string(), prefix) &&
+           fs::weakly_canonical(fs::absolute(p).parent_path(), ec) == dir;
+  }
+};
+
 // Checks one named input and appends the files it stands for to `out`; returns the bytes of
-// those files, or -1 if one of them has no known size (stdin, a pipe).
-int64_t collect_input(const std::string& arg, std::vector<Input>& out, bool& stdin_used) {
+// those files, or -1 if one of them has no known size (stdin, a pipe). Files of `own` found in
+// a folder are skipped and counted in `skipped`.
+int64_t collect_input(const std::string& arg, const OutputShards& own, std::vector<Input>& out,
+                      bool& stdin_used, uint64_t& skipped) {
   if (arg == "-") {
     if (stdin_used) throw DataError("input \"-\" (stdin) is given twice");
     stdin_used = true;
@@ -53,12 +69,24 @@ int64_t collect_input(const std::string& arg, std::vector<Input>& out, bool& std
     throw DataError(fmt::format("input {}: {}", path, detail::errno_text(errno)));
   }
   auto check_readable = [](const fs::path& p) {
+    // O_NONBLOCK: a FIFO with no writer yet must not block the check.
     int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
       throw DataError(fmt::format("input {}: cannot read: {}", p, detail::errno_text(errno)));
     ::close(fd);
   };
   if (!S_ISDIR(st.st_mode)) {
+    if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) {
+      throw DataError(fmt::format("input {}: {}, not text (give files, folders, FIFOs, or - for "
+                                  "stdin)",
+                                  path, detail::file_type_text(st.st_mode)));
+    }
+    if (own.contains(path)) {
+      throw DataError(fmt::format("input {} is one of the shards of the output folder: prepare "
+                                  "would read its own output as text; name the text files "
+                                  "instead",
+                                  path));
+    }
     check_readable(path);
     out.push_back({path, false});
     return S_ISREG(st.st_mode) ? st.st_size : -1;
@@ -79,10 +107,16 @@ int64_t collect_input(const std::string& arg, std::vector<Input>& out, bool& std
       throw DataError(
           fmt::format("input {}: broken symbolic link (remove it or fix its target)", p));
     }
-    if (it->is_regular_file()) files.push_back(p);
+    if (!it->is_regular_file()) continue;
+    if (own.contains(p)) {
+      ++skipped;
+      continue;
+    }
+    files.push_back(p);
   }
   if (files.empty()) {
-    throw DataError(fmt::format("input {}: the folder has no files to read", path));
+    throw DataError(fmt::format("input {}: the folder has no files to read{}", path,
+                                skipped > 0 ? " (only the output's own shards)" : ""));
   }
   std::sort(files.begin(), files.end());
   int64_t bytes = 0;
@@ -98,8 +132,13 @@ int64_t collect_input(const std::string& arg, std::vector<Input>& out, bool& std
 // the end of each input when there is none).
 class InputDocuments : public DocumentSource {
  public:
-  InputDocuments(std::vector<Input> inputs, std::string delimiter, uint64_t total)
-      : inputs_(std::move(inputs)), delimiter_(std::move(delimiter)), total_(total) {}
+  InputDocuments(std::vector<Input> inputs, std::string delimiter, uint64_t total,
+                 uint64_t max_document_bytes, uint64_t skipped)
+      : inputs_(std::move(inputs)),
+        delimiter_(std::move(delimiter)),
+        total_(total),
+        max_document_bytes_(max_document_bytes),
+        skipped_(skipped) {}
   ~InputDocuments() override { close_current(); }
 
   bool next(std::string& doc) override {
@@ -117,6 +156,14 @@ class InputDocuments : public DocumentSource {
         search_from_ =
             std::max(doc_start_, buffer_.size() - std::min(buffer_.size(), delimiter_.size() - 1));
       }
+      if (buffer_.size() - doc_start_ > max_document_bytes_) {
+        throw DataError(fmt::format(
+            "input {}: a document longer than {} bytes ({}); the tokenizer needs a whole "
+            "document in memory: split the input with --delimiter, or check that it is text",
+            inputs_[next_input_ - 1].label(), max_document_bytes_,
+            delimiter_.empty() ? "one file is one document without --delimiter"
+                               : "no delimiter found in that span"));
+      }
       if (read_block()) continue;
       doc.assign(buffer_, doc_start_, std::string::npos);  // end of this input
       close_current();
@@ -125,6 +172,7 @@ class InputDocuments : public DocumentSource {
   }
   uint64_t bytes_read() const override { return bytes_read_; }
   uint64_t bytes_total() const override { return total_; }
+  uint64_t files_skipped() const override { return skipped_; }
 
  private:
   bool open_next() {
@@ -171,6 +219,8 @@ class InputDocuments : public DocumentSource {
   std::vector<Input> inputs_;
   std::string delimiter_;
   uint64_t total_ = 0;
+  uint64_t max_document_bytes_ = 0;
+  uint64_t skipped_ = 0;
   size_t next_input_ = 0;
   int fd_ = -1;
   std::string buffer_;
@@ -182,85 +232,37 @@ class InputDocuments : public DocumentSource {
 }  // namespace
 
 std::unique_ptr<DocumentSource> document_source_open(const std::vector<std::string>& inputs,
-                                                     const std::string& delimiter) {
+                                                     const DocumentSourceOptions& options) {
   if (inputs.empty()) throw DataError("no input given (name files, folders, or - for stdin)");
+  OutputShards own;
+  if (!options.output_dir.empty()) {
+    std::error_code ec;
+    own.dir = fs::weakly_canonical(fs::absolute(options.output_dir), ec);
+    own.prefix = options.prefix;
+  }
   std::vector<Input> files;
   bool stdin_used = false, size_known = true;
-  uint64_t total = 0;
+  uint64_t total = 0, skipped = 0;
   for (const std::string& arg : inputs) {
-    int64_t bytes = collect_input(arg, files, stdin_used);
+    int64_t bytes = collect_input(arg, own, files, stdin_used, skipped);
     if (bytes < 0)
       size_known = false;
     else
       total += static_cast<uint64_t>(bytes);
   }
-  return std::make_unique<InputDocuments>(std::move(files), delimiter, size_known ? total : 0);
+  return std::make_unique<InputDocuments>(std::move(files), options.delimiter,
+                                          size_known ? total : 0, options.max_document_bytes,
+                                          skipped);
 }
 
-// ---------------------------------------------------------------------------- staged shard set
+std::unique_ptr<DocumentSource> document_source_open(const std::vector<std::string>& inputs,
+                                                     const std::string& delimiter) {
+  DocumentSourceOptions options;
+  options.delimiter = delimiter;
+  return document_source_open(inputs, options);
+}
 
 namespace {
-
-// Shards written under temporary names; commit() renames them all into place, the destructor
-// removes whatever was not committed.
-class StagedShards {
- public:
-  StagedShards(fs::path dir, std::string prefix)
-      : dir_(std::move(dir)), prefix_(std::move(prefix)) {}
-  ~StagedShards() {
-    for (const auto& s : staged_) ::unlink(s.tmp.c_str());
-  }
-
-  // The PREFIX_{val,train}_*.bin files already in the folder.
-  std::vector<fs::path> existing() const {
-    std::vector<fs::path> found;
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(dir_, ec)) {
-      const std::string name = entry.path().filename().string();
-      for (const char* split : {"_val_", "_train_"}) {
-        if (name.starts_with(prefix_ + split) && name.ends_with(".bin"))
-          found.push_back(entry.path());
-      }
-    }
-    if (ec)
-      throw DataError(fmt::format("output folder {}: cannot list it: {}", dir_, ec.message()));
-    std::sort(found.begin(), found.end());
-    return found;
-  }
-
-  fs::path add(const std::string& split, int64_t index, std::span<const uint16_t> tokens) {
-    const fs::path final_path = dir_ / shard_name(prefix_, split, index);
-    staged_.push_back({shard_write_temp(final_path, tokens), final_path});
-    return final_path;
-  }
-
-  void commit(bool remove_existing) {
-    if (remove_existing) {
-      for (const fs::path& old : existing()) {
-        if (::unlink(old.c_str()) != 0) {
-          throw DataError(fmt::format("output {}: cannot remove the old shard: {}", old,
-                                      detail::errno_text(errno)));
-        }
-      }
-    }
-    while (!staged_.empty()) {
-      const Staged& s = staged_.front();
-      if (::rename(s.tmp.c_str(), s.final_path.c_str()) != 0) {
-        throw DataError(fmt::format("output {}: cannot rename the finished shard into place: {}",
-                                    s.final_path, detail::errno_text(errno)));
-      }
-      staged_.erase(staged_.begin());
-    }
-  }
-
- private:
-  struct Staged {
-    fs::path tmp, final_path;
-  };
-  fs::path dir_;
-  std::string prefix_;
-  std::vector<Staged> staged_;
-};
 
 // ---------------------------------------------------------------------------- shard cutter
 
@@ -272,7 +274,7 @@ struct Stream {
 
 class ShardCutter {
  public:
-  ShardCutter(StagedShards& staged, int64_t shard_size, PrepareResult& result)
+  ShardCutter(detail::ShardSetWriter& staged, int64_t shard_size, PrepareResult& result)
       : staged_(staged), shard_size_(static_cast<size_t>(shard_size)), result_(result) {}
 
   void append(Stream& s, std::span<const uint16_t> tokens) {
@@ -295,7 +297,7 @@ class ShardCutter {
   }
 
  private:
-  StagedShards& staged_;
+  detail::ShardSetWriter& staged_;
   size_t shard_size_;
   PrepareResult& result_;
   int64_t next_index_ = 0;
@@ -306,9 +308,11 @@ struct BatchPart {
   std::vector<uint16_t> tokens;
   std::vector<size_t> doc_ends;  // end offset of each document in tokens
   std::exception_ptr error;
+  bool stopped = false;  // should_stop said so inside a document
 };
 
-void tokenize_range(Gpt2Tokenizer& tok, std::span<const std::string> docs, BatchPart& part) {
+void tokenize_range(Gpt2Tokenizer& tok, std::span<const std::string> docs,
+                    const std::function<bool()>& should_stop, BatchPart& part) {
   try {
     std::vector<uint32_t> ids;
     part.tokens.clear();
@@ -316,7 +320,10 @@ void tokenize_range(Gpt2Tokenizer& tok, std::span<const std::string> docs, Batch
     for (const std::string& doc : docs) {
       ids.clear();
       ids.push_back(Gpt2Tokenizer::kEndOfText);
-      tok.encode_ordinary(doc, ids);
+      if (!tok.encode_ordinary(doc, ids, should_stop)) {
+        part.stopped = true;
+        return;
+      }
       part.tokens.insert(part.tokens.end(), ids.begin(), ids.end());  // ids < 50257 fit uint16
       part.doc_ends.push_back(part.tokens.size());
     }
@@ -329,13 +336,19 @@ void tokenize_range(Gpt2Tokenizer& tok, std::span<const std::string> docs, Batch
 
 // ---------------------------------------------------------------------------- driver
 
+namespace {
+constexpr const char* kInterrupted =
+    "interrupted: no shards were written and the output folder is as it was (staged shards "
+    "removed)";
+}  // namespace
+
 PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& source,
                              const PrepareOptions& options) {
   if (options.shard_size < 1 || options.shard_size > kShardMaxTokens) {
     throw DataError(fmt::format("shard size {} is out of range: use 1 .. {} tokens",
                                 options.shard_size, kShardMaxTokens));
   }
-  if (options.val_fraction >= 1.0) {
+  if (std::isnan(options.val_fraction) || options.val_fraction >= 1.0) {
     throw DataError(fmt::format("val fraction {} is out of range: use a value in [0, 1)",
                                 options.val_fraction));
   }
@@ -350,15 +363,16 @@ PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& sou
     throw DataError(fmt::format("output folder {}: cannot create it: {}", options.output_dir,
                                 ec ? ec.message() : "a file of that name exists"));
   }
-  StagedShards staged(options.output_dir, options.prefix);
+  detail::ShardSetWriter staged(options.output_dir, options.prefix);
   if (!options.overwrite) {
     const auto old = staged.existing();
     if (!old.empty()) {
       throw DataError(
           fmt::format("output folder {} already has {} {}_{{val,train}}_*.bin shards "
                       "(e.g. {}): pass --overwrite to replace them, or choose another "
-                      "folder or --prefix",
-                      options.output_dir, old.size(), options.prefix, old.front().filename()));
+                      "folder or --prefix{}",
+                      options.output_dir, old.size(), options.prefix, old.front().filename(),
+                      staged.recovered().empty() ? "" : " (first, this run " + staged.recovered() + ")"));
     }
   }
 
@@ -379,7 +393,7 @@ PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& sou
   bool more = true;
   while (more) {
     if (options.should_stop && options.should_stop()) {
-      throw DataError("interrupted: no shards were written (temporary files removed)");
+      throw DataError(kInterrupted);
     }
     // Read a batch of documents.
     size_t batch_bytes = 0, ndocs = 0;
@@ -404,13 +418,17 @@ PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& sou
         acc += batch[end++].size();
       const auto range = batch.subspan(begin, end - begin);
       if (t + 1 == tokenizers.size()) {
-        tokenize_range(tokenizers[t], range, parts[t]);
+        tokenize_range(tokenizers[t], range, options.should_stop, parts[t]);
       } else {
-        threads.emplace_back(tokenize_range, std::ref(tokenizers[t]), range, std::ref(parts[t]));
+        threads.emplace_back(tokenize_range, std::ref(tokenizers[t]), range,
+                             std::cref(options.should_stop), std::ref(parts[t]));
       }
       begin = end;
     }
     for (auto& th : threads) th.join();
+    bool stop = options.should_stop && options.should_stop();  // also after the last batch
+    for (BatchPart& part : parts) stop = std::exchange(part.stopped, false) || stop;
+    if (stop) throw DataError(kInterrupted);
     // Append in document order.
     for (BatchPart& part : parts) {
       if (part.error) std::rethrow_exception(std::exchange(part.error, nullptr));
@@ -446,6 +464,12 @@ PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& sou
   staged.commit(options.overwrite);
   result.bytes = source.bytes_read();
   result.seconds = elapsed();
+  result.recovered = staged.recovered();
+  if (options.on_progress) {
+    options.on_progress({source.bytes_read(), source.bytes_total(), result.documents,
+                         result.tokens, static_cast<int64_t>(result.shards.size()), result.seconds,
+                         true});
+  }
   return result;
 }
 

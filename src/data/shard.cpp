@@ -1,11 +1,13 @@
-// src/data/shard.cpp — FineWeb shard format (see dion/data/shard.h). POSIX open/pread/mmap.
+// src/data/shard.cpp — FineWeb shard format (see dion/data/shard.h). POSIX open/pread.
 #include "dion/data/shard.h"
 
+#include <algorithm>
 #include <array>
+#include <memory>
 #include <bit>
+#include <cstring>
 #include <cerrno>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <utility>
@@ -26,39 +28,24 @@ namespace {
 constexpr std::string_view kRedo =
     "delete it, then re-create it (dion-data prepare) or re-download it (dion-data download)";
 
-// Opens `path` read-only; throws a DataError that says why not.
-int open_shard(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    throw DataError(
-        fmt::format("shard {}: cannot open: {} (check the path)", path, detail::errno_text(errno)));
-  }
-  return fd;
+// Opens `path` read-only (never blocking on a FIFO, refusing anything but a regular file);
+// throws a DataError that says why not.
+int open_shard(const std::filesystem::path& path, struct stat& st) {
+  return detail::file_open_regular(path, "shard", st);
 }
 
-// Reads and checks the header and the size of the open shard `fd`.
-ShardHeader read_header(int fd, const std::filesystem::path& path) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    throw DataError(fmt::format("shard {}: cannot stat: {}", path, detail::errno_text(errno)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    throw DataError(fmt::format("shard {}: not a regular file{}", path,
-                                S_ISDIR(st.st_mode) ? " (it is a directory)" : ""));
-  }
-  ShardHeader h;
-  h.file_bytes = st.st_size;
-  if (h.file_bytes < static_cast<int64_t>(kShardHeaderBytes)) {
+// Reads and checks the header and the size of the open shard `fd` (stat `st`).
+ShardHeader read_header(int fd, const struct stat& st, const std::filesystem::path& path) {
+  if (st.st_size < static_cast<off_t>(kShardHeaderBytes)) {
     throw DataError(
         fmt::format("shard {}: truncated: {} bytes, shorter than the {}-byte header "
                     "(an interrupted write or download); {}",
-                    path, h.file_bytes, kShardHeaderBytes, kRedo));
+                    path, st.st_size, kShardHeaderBytes, kRedo));
   }
-  std::array<int32_t, kShardHeaderInts> header{};
+  std::array<char, kShardHeaderBytes> header{};
   size_t done = 0;
-  auto* dst = reinterpret_cast<char*>(header.data());
   while (done < kShardHeaderBytes) {
-    ssize_t n = ::pread(fd, dst + done, kShardHeaderBytes - done, static_cast<off_t>(done));
+    ssize_t n = ::pread(fd, header.data() + done, kShardHeaderBytes - done, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       throw DataError(fmt::format("shard {}: cannot read the header: {}", path,
@@ -66,9 +53,28 @@ ShardHeader read_header(int fd, const std::filesystem::path& path) {
     }
     done += static_cast<size_t>(n);
   }
-  h.magic = header[0];
-  h.version = header[1];
-  h.token_count = header[2];
+  return shard_parse_header(std::string_view(header.data(), header.size()), st.st_size, path);
+}
+
+}  // namespace
+
+ShardHeader shard_parse_header(std::string_view bytes, int64_t file_bytes,
+                               const std::filesystem::path& path) {
+  if (bytes.size() < kShardHeaderBytes) {
+    throw DataError(fmt::format("shard {}: truncated: {} bytes, shorter than the {}-byte header "
+                                "(an interrupted write or download); {}",
+                                path, bytes.size(), kShardHeaderBytes, kRedo));
+  }
+  auto int_at = [&](size_t i) {
+    int32_t v;
+    std::memcpy(&v, bytes.data() + 4 * i, sizeof(v));  // little-endian (static_assert above)
+    return v;
+  };
+  ShardHeader h;
+  h.magic = int_at(0);
+  h.version = int_at(1);
+  h.token_count = int_at(2);
+  h.file_bytes = file_bytes;
   if (h.magic != kShardMagic) {
     throw DataError(
         fmt::format("shard {}: bad magic {} (expected {}): not a FineWeb token shard "
@@ -85,24 +91,23 @@ ShardHeader read_header(int fd, const std::filesystem::path& path) {
     throw DataError(fmt::format("shard {}: corrupt header: negative token count {}; {}", path,
                                 h.token_count, kRedo));
   }
-  const int64_t expected = static_cast<int64_t>(kShardHeaderBytes) + 2 * h.token_count;
-  if (h.file_bytes != expected) {
+  const int64_t expected = shard_file_bytes(h.token_count);
+  if (file_bytes >= 0 && file_bytes != expected) {
     throw DataError(
         fmt::format("shard {}: {} bytes, but its header says {} tokens, which take "
                     "1024 + 2*{} = {} bytes: the file is {} (an interrupted write or "
                     "download, or a corrupt header); {}",
-                    path, h.file_bytes, h.token_count, h.token_count, expected,
-                    h.file_bytes < expected ? "truncated" : "longer than its header says", kRedo));
+                    path, file_bytes, h.token_count, h.token_count, expected,
+                    file_bytes < expected ? "truncated" : "longer than its header says", kRedo));
   }
   return h;
 }
 
-}  // namespace
-
 ShardHeader shard_read_header(const std::filesystem::path& path) {
-  int fd = open_shard(path);
+  struct stat st {};
+  int fd = open_shard(path, st);
   try {
-    ShardHeader h = read_header(fd, path);
+    ShardHeader h = read_header(fd, st, path);
     ::close(fd);
     return h;
   } catch (...) {
@@ -116,51 +121,52 @@ ShardHeader shard_read_header(const std::filesystem::path& path) {
 ShardFile ShardFile::open(const std::filesystem::path& path) {
   ShardFile f;
   f.path_ = path;
-  int fd = open_shard(path);
+  struct stat st {};
+  int fd = open_shard(path, st);
   try {
-    f.header_ = read_header(fd, path);
+    f.header_ = read_header(fd, st, path);
+    const auto count = static_cast<size_t>(f.header_.token_count);
+    f.tokens_ = std::make_unique_for_overwrite<uint16_t[]>(count);
+    auto* dst = reinterpret_cast<char*>(f.tokens_.get());
+    const size_t bytes = count * sizeof(uint16_t);
+    size_t done = 0;
+    while (done < bytes) {
+      const ssize_t n = ::pread(fd, dst + done, std::min<size_t>(bytes - done, 1 << 26),
+                                static_cast<off_t>(kShardHeaderBytes + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        throw DataError(fmt::format("shard {}: read failed: {}", path, detail::errno_text(errno)));
+      }
+      if (n == 0) {
+        throw DataError(fmt::format(
+            "shard {}: the file shrank to {} bytes while it was read (another program is "
+            "writing or replacing it?); read it again once that is done",
+            path, kShardHeaderBytes + done));
+      }
+      done += static_cast<size_t>(n);
+    }
+    struct stat after {};
+    if (::fstat(fd, &after) == 0 && after.st_size != st.st_size) {
+      throw DataError(fmt::format(
+          "shard {}: the file changed size ({} -> {} bytes) while it was read (another "
+          "program is writing or replacing it?); read it again once that is done",
+          path, st.st_size, after.st_size));
+    }
   } catch (...) {
     ::close(fd);
     throw;
   }
-  f.map_bytes_ = static_cast<size_t>(f.header_.file_bytes);
-  void* map = ::mmap(nullptr, f.map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-  int err = errno;
   ::close(fd);
-  if (map == MAP_FAILED) {
-    throw DataError(fmt::format("shard {}: cannot memory-map {} bytes: {}", path, f.map_bytes_,
-                                detail::errno_text(err)));
-  }
-  ::madvise(map, f.map_bytes_, MADV_SEQUENTIAL);
-  f.map_ = map;
   return f;
 }
 
-ShardFile::ShardFile(ShardFile&& other) noexcept
-    : path_(std::move(other.path_)),
-      header_(other.header_),
-      map_(std::exchange(other.map_, nullptr)),
-      map_bytes_(std::exchange(other.map_bytes_, 0)) {}
-
-ShardFile& ShardFile::operator=(ShardFile&& other) noexcept {
-  if (this != &other) {
-    if (map_ != nullptr) ::munmap(map_, map_bytes_);
-    path_ = std::move(other.path_);
-    header_ = other.header_;
-    map_ = std::exchange(other.map_, nullptr);
-    map_bytes_ = std::exchange(other.map_bytes_, 0);
-  }
-  return *this;
-}
-
-ShardFile::~ShardFile() {
-  if (map_ != nullptr) ::munmap(map_, map_bytes_);
-}
+ShardFile::ShardFile(ShardFile&& other) noexcept = default;
+ShardFile& ShardFile::operator=(ShardFile&& other) noexcept = default;
+ShardFile::~ShardFile() = default;
 
 std::span<const uint16_t> ShardFile::tokens() const {
-  if (map_ == nullptr) return {};
-  const auto* base = static_cast<const char*>(map_) + kShardHeaderBytes;
-  return {reinterpret_cast<const uint16_t*>(base), static_cast<size_t>(header_.token_count)};
+  if (tokens_ == nullptr) return {};
+  return {tokens_.get(), static_cast<size_t>(header_.token_count)};
 }
 
 void shard_check_tokens(const ShardFile& shard, uint32_t vocab_size) {

@@ -431,6 +431,12 @@ void Gpt2Tokenizer::encode_piece(std::string_view piece, std::vector<uint32_t>& 
 // ---------------------------------------------------------------------------- encode / decode
 
 void Gpt2Tokenizer::encode_ordinary(std::string_view text, std::vector<uint32_t>& out) {
+  encode_ordinary(text, out, nullptr);
+}
+
+bool Gpt2Tokenizer::encode_ordinary(std::string_view text, std::vector<uint32_t>& out,
+                                    const std::function<bool()>& should_stop) {
+  constexpr PCRE2_SIZE kStopCheckBytes = 1 << 20;
   const Vocab& v = *vocab_;
   Workspace& w = *work_;
   std::string_view s = text;
@@ -439,8 +445,12 @@ void Gpt2Tokenizer::encode_ordinary(std::string_view text, std::vector<uint32_t>
     s = w.sanitized;
   }
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
-  PCRE2_SIZE pos = 0;
+  PCRE2_SIZE pos = 0, next_check = kStopCheckBytes;
   while (pos < s.size()) {
+    if (should_stop && pos >= next_check) {
+      if (should_stop()) return false;
+      next_check = pos + kStopCheckBytes;
+    }
     int rc =
         v.jit ? pcre2_jit_match(v.regex, subject, s.size(), pos, 0, w.match, nullptr)
               : pcre2_match(v.regex, subject, s.size(), pos, PCRE2_NO_UTF_CHECK, w.match, nullptr);
@@ -453,6 +463,7 @@ void Gpt2Tokenizer::encode_ordinary(std::string_view text, std::vector<uint32_t>
     encode_piece(s.substr(ov[0], ov[1] - ov[0]), out);
     pos = ov[1];
   }
+  return true;
 }
 
 std::vector<uint32_t> Gpt2Tokenizer::encode_ordinary(std::string_view text) {

@@ -104,11 +104,15 @@ void TestHttpServer::handle(int fd) {
         std::sscanf(line.c_str() + 6, " bytes=%lld-", &start) == 1) {
       r.range_start = start;
     }
+    if (line.size() > 9 && strncasecmp(line.c_str(), "if-range:", 9) == 0) {
+      r.if_range = line.substr(line.find_first_not_of(' ', 9));
+    }
     pos = end;
   }
 
   std::string head, body;
   int64_t cut = -1;
+  int trickle_ms = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto redirect = redirects_.find(r.path);
@@ -124,19 +128,33 @@ void TestHttpServer::handle(int fd) {
       const std::string& content = file->second.first;
       Rules& rules = file->second.second;
       const auto size = static_cast<int64_t>(content.size());
+      std::string extra;  // validators and padding, added to every answer for this file
+      if (!rules.etag.empty()) extra += "ETag: " + rules.etag + "\r\n";
+      if (!rules.last_modified.empty()) extra += "Last-Modified: " + rules.last_modified + "\r\n";
+      if (rules.one_header_line) {
+        extra += "X-Padding: " + std::string(rules.header_padding, 'p') + "\r\n";
+      } else {
+        for (size_t i = 0; i < rules.header_padding; i += 1000)
+          extra += "X-Padding-" + std::to_string(i) + ": " + std::string(980, 'p') + "\r\n";
+      }
+      trickle_ms = rules.trickle_ms;
+      int64_t range = r.range_start;  // what is served (the log keeps what was asked)
+      // If-Range: the range only if the validator still matches the file.
+      if (!r.if_range.empty() && r.if_range != rules.etag && r.if_range != rules.last_modified)
+        range = -1;
       if (rules.fail_times > 0) {
         --rules.fail_times;
         r.status = rules.fail_status;
         body = "try again later\n";
         head = "HTTP/1.1 " + std::to_string(r.status) + " Failing On Purpose\r\n";
-      } else if (r.range_start >= 0 && !rules.ignore_range && r.range_start >= size) {
+      } else if (range >= 0 && !rules.ignore_range && range >= size) {
         r.status = 416;
         head = "HTTP/1.1 416 Range Not Satisfiable\r\nContent-Range: bytes */" +
                std::to_string(size) + "\r\n";
       } else {
-        int64_t start = r.range_start >= 0 && !rules.ignore_range ? r.range_start : 0;
+        int64_t start = range >= 0 && !rules.ignore_range ? range : 0;
         if (start > 0 && rules.wrong_range) start = 0;
-        if (r.range_start >= 0 && !rules.ignore_range) {
+        if (range >= 0 && !rules.ignore_range) {
           r.status = 206;
           head = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes " + std::to_string(start) +
                  "-" + std::to_string(size - 1) + "/" + std::to_string(size) + "\r\n";
@@ -144,6 +162,7 @@ void TestHttpServer::handle(int fd) {
           r.status = 200;
           head = "HTTP/1.1 200 OK\r\n";
         }
+        head += extra;
         body = content.substr(static_cast<size_t>(start));
         if (rules.cut_times > 0) {
           --rules.cut_times;
@@ -157,7 +176,14 @@ void TestHttpServer::handle(int fd) {
   head += "Connection: close\r\n\r\n";
   if (!send_all(fd, head.data(), head.size())) return;
   const size_t n = cut >= 0 ? std::min(body.size(), static_cast<size_t>(cut)) : body.size();
-  send_all(fd, body.data(), n);
+  if (trickle_ms <= 0) {
+    send_all(fd, body.data(), n);
+    return;
+  }
+  for (size_t i = 0; i < n && !stop_; ++i) {  // until the client gives up (send fails)
+    if (!send_all(fd, body.data() + i, 1)) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(trickle_ms));
+  }
 }
 
 }  // namespace dion::test

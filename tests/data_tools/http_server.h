@@ -1,6 +1,7 @@
 // tests/data_tools/http_server.h — a tiny HTTP/1.1 file server on 127.0.0.1 for the download
-// tests: serves in-memory files, honours "Range: bytes=N-", and can misbehave on purpose (cut
-// the connection mid-body, fail with a status, ignore Range, answer the wrong range, redirect).
+// tests: serves in-memory files, honours "Range: bytes=N-" and If-Range (ETag or
+// Last-Modified), and can misbehave on purpose (cut the connection mid-body, fail with a status,
+// ignore Range, answer the wrong range, redirect, trickle the body, send huge headers).
 //
 // One thread accepts and answers one request per connection ("Connection: close"). It binds an
 // ephemeral port on loopback only, and stops by itself after `lifetime_s` even if the test
@@ -26,10 +27,16 @@ class TestHttpServer {
     int fail_times = 0;         // ... for this many requests
     bool ignore_range = false;  // always 200 + the whole file
     bool wrong_range = false;   // answer a Range request with 206 for bytes 0-
+    std::string etag{};         // sent as ETag; an If-Range that differs gets 200 + everything
+    std::string last_modified{};  // sent as Last-Modified (also matched by If-Range)
+    int trickle_ms = 0;         // > 0: send the body one byte per this many milliseconds
+    size_t header_padding = 0;  // extra header bytes, in lines of 1000 ...
+    bool one_header_line = false;  // ... or as one line
   };
   struct Request {
     std::string path;
     int64_t range_start = -1;  // -1: no Range header
+    std::string if_range;      // "" = none
     int status = 0;
   };
 

@@ -189,5 +189,36 @@ TEST(Cli, DownloadFromLocalServer) {
   expect_contains(unknown.err, {"unknown dataset \"nope\"", "fineweb10B"});
 }
 
+// Every --flag the README's data section and docs/data.md's `dion-data ...` sections name is a
+// flag dion-data has (the README once said --gpt2-dir, which dion-data rejects).
+TEST(Cli, DocsNameOnlyRealFlags) {
+  std::string help;
+  for (const char* cmd : {"prepare", "inspect", "download", "encode"})
+    help += run_dion_data({cmd, "--help"}).out;
+  auto section = [](const std::string& text, const std::string& start, const std::string& end) {
+    std::string out;
+    for (size_t pos = text.find(start); pos != std::string::npos; pos = text.find(start, pos + 1)) {
+      const size_t stop = text.find(end, pos + start.size());
+      out += text.substr(pos, stop == std::string::npos ? std::string::npos : stop - pos);
+    }
+    return out;
+  };
+  const std::string docs =
+      section(read_file(source_dir() / "README.md"), "### Data", "\n## ") +
+      section(read_file(source_dir() / "docs/data.md"), "\n## `dion-data", "\n## ");
+  ASSERT_NE(docs.find("dion-data prepare"), std::string::npos);
+  size_t checked = 0;
+  for (size_t pos = docs.find("--"); pos != std::string::npos; pos = docs.find("--", pos + 2)) {
+    size_t end = pos + 2;
+    while (end < docs.size() && (std::isalnum(static_cast<unsigned char>(docs[end])) || docs[end] == '-'))
+      ++end;
+    const std::string flag = docs.substr(pos, end - pos);
+    if (flag.size() < 4 || !std::isalpha(static_cast<unsigned char>(flag[2]))) continue;
+    EXPECT_NE(help.find(flag), std::string::npos) << flag << " is in the docs but not a dion-data flag";
+    ++checked;
+  }
+  EXPECT_GT(checked, 20u);
+}
+
 }  // namespace
 }  // namespace dion::test

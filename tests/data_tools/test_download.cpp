@@ -33,6 +33,12 @@ data::DownloadOptions options_for(const TestHttpServer& server, const fs::path& 
   return o;
 }
 
+void expect_contains(const std::string& msg, const std::vector<std::string>& parts) {
+  EXPECT_FALSE(msg.empty()) << "expected an error";
+  for (const auto& p : parts)
+    EXPECT_NE(msg.find(p), std::string::npos) << "\"" << p << "\" not in: " << msg;
+}
+
 std::string download_error(const std::string& name, const data::DownloadOptions& o) {
   try {
     data::download_file(name, o);
@@ -103,6 +109,7 @@ TEST(Download, ResumesAnOldPartFile) {
   const std::string a = make_shard(3000, 3);
   server.add_file("/files/x.bin", a);
   write_file(dir / "x.bin.part", a.substr(0, 2500));
+  write_file(dir / "x.bin.part.validator", "none\n");  // the server sends no ETag
   const auto r = data::download_file("x.bin", options_for(server, dir.path()));
   EXPECT_EQ(read_file(r.path), a);
   EXPECT_EQ(r.resumed_from, 2500);
@@ -123,6 +130,7 @@ TEST(Download, ServerThatIgnoresOrBotchesRangeRestarts) {
     TestHttpServer server;
     server.add_file("/files/x.bin", a, {.wrong_range = true});
     write_file(dir / "x.bin.part", a.substr(0, 1000));
+    write_file(dir / "x.bin.part.validator", "none\n");
     const auto r = data::download_file("x.bin", options_for(server, dir.path()));
     EXPECT_EQ(read_file(r.path), a);
     EXPECT_EQ(r.attempts, 2);  // the mismatched 206 is dropped, then a fresh start
@@ -132,6 +140,7 @@ TEST(Download, ServerThatIgnoresOrBotchesRangeRestarts) {
     TestHttpServer server;  // .part longer than the file: 416, then a fresh start
     server.add_file("/files/x.bin", a);
     write_file(dir / "x.bin.part", a + "extra");
+    write_file(dir / "x.bin.part.validator", "none\n");
     EXPECT_EQ(read_file(data::download_file("x.bin", options_for(server, dir.path())).path), a);
     EXPECT_EQ(server.requests().at(0).status, 416);
   }
@@ -228,6 +237,131 @@ TEST(Download, UnreachableServerFailsBounded) {
   o.backoff_initial_s = 0.01;
   const std::string msg = download_error("x.bin", o);
   EXPECT_NE(msg.find("gave up after 2 attempts"), std::string::npos) << msg;
+  EXPECT_TRUE(list_dir(dir.path()).empty());
+}
+
+// ---------------------------------------------------------------------------- issue 13
+
+TEST(Download, TricklingServerIsAbortedAndRetried) {
+  TestHttpServer server;
+  TempDir dir;
+  server.add_file("/files/slow.bin", make_shard(2000, 9), {.trickle_ms = 100});  // 10 B/s
+  auto o = options_for(server, dir.path());
+  o.max_attempts = 2;
+  o.min_speed_bytes_per_s = 1000;
+  o.stall_timeout_s = 1;
+  const std::string msg = download_error("slow.bin", o);
+  expect_contains(msg, {"gave up after 2 attempts", "too slow"});
+  EXPECT_EQ(server.requests().size(), 2u);
+}
+
+TEST(Download, DeadlineBoundsTheWholeFile) {
+  TestHttpServer server;
+  TempDir dir;
+  server.add_file("/files/slow.bin", make_shard(2000, 9), {.trickle_ms = 20});  // 50 B/s
+  auto o = options_for(server, dir.path());
+  o.min_speed_bytes_per_s = 1;  // fast enough for the low-speed limit: only the deadline stops it
+  o.deadline_s = 1.5;
+  const std::string msg = download_error("slow.bin", o);
+  expect_contains(msg, {"slow.bin", "deadline of 1.5 s"});
+  EXPECT_EQ(server.requests().size(), 1u);
+}
+
+TEST(Download, BodyPastTheSizeInItsHeaderIsRefused) {
+  TestHttpServer server;
+  TempDir dir;
+  const std::string shard = make_shard(100, 10);  // 1224 bytes
+  server.add_file("/files/long.bin", shard + std::string(4 << 20, 'z'));
+  const std::string msg = download_error("long.bin", options_for(server, dir.path()));
+  expect_contains(msg, {"more than the 1224 bytes its shard header allows", "removed"});
+  EXPECT_TRUE(list_dir(dir.path()).empty());
+  EXPECT_EQ(server.requests().size(), 1u);  // not retried
+}
+
+TEST(Download, StalePartOfAnotherVersionIsNotResumed) {
+  const std::string old_file = make_shard(3000, 11), new_file = make_shard(3000, 12);
+  ASSERT_EQ(old_file.substr(0, 1024), new_file.substr(0, 1024));  // same header, other body
+  {  // ETag: the .part was begun from "v1", the server now has "v2": If-Range gets a 200.
+    TestHttpServer server;
+    TempDir dir;
+    server.add_file("/files/x.bin", new_file, {.etag = "\"v2\""});
+    write_file(dir / "x.bin.part", old_file.substr(0, 4000));
+    write_file(dir / "x.bin.part.validator", "etag \"v1\"\n");
+    const auto r = data::download_file("x.bin", options_for(server, dir.path()));
+    EXPECT_EQ(read_file(r.path), new_file);
+    ASSERT_EQ(server.requests().size(), 1u);
+    EXPECT_EQ(server.requests()[0].if_range, "\"v1\"");
+    EXPECT_EQ(server.requests()[0].status, 200);
+    EXPECT_EQ(list_dir(dir.path()), std::vector<std::string>{"x.bin"});
+  }
+  {  // Last-Modified, the same.
+    TestHttpServer server;
+    TempDir dir;
+    server.add_file("/files/x.bin", new_file, {.last_modified = "Tue, 02 Jan 2024 00:00:00 GMT"});
+    write_file(dir / "x.bin.part", old_file.substr(0, 4000));
+    write_file(dir / "x.bin.part.validator", "last-modified Mon, 01 Jan 2024 00:00:00 GMT\n");
+    EXPECT_EQ(read_file(data::download_file("x.bin", options_for(server, dir.path())).path),
+              new_file);
+  }
+  {  // A .part with no record of its version is not trusted: no Range at all.
+    TestHttpServer server;
+    TempDir dir;
+    server.add_file("/files/x.bin", new_file);
+    write_file(dir / "x.bin.part", old_file.substr(0, 4000));
+    EXPECT_EQ(read_file(data::download_file("x.bin", options_for(server, dir.path())).path),
+              new_file);
+    EXPECT_EQ(server.requests().at(0).range_start, -1);
+  }
+  {  // The same version resumes: the cut transfer continues with If-Range = its ETag.
+    TestHttpServer server;
+    TempDir dir;
+    server.add_file("/files/x.bin", new_file, {.cut_after = 2500, .cut_times = 1, .etag = "\"v2\""});
+    const auto r = data::download_file("x.bin", options_for(server, dir.path()));
+    EXPECT_EQ(read_file(r.path), new_file);
+    const auto log = server.requests();
+    ASSERT_EQ(log.size(), 2u);
+    EXPECT_EQ(log[1].if_range, "\"v2\"");
+    EXPECT_EQ(log[1].range_start, 2500);
+    EXPECT_EQ(log[1].status, 206);
+  }
+}
+
+TEST(Download, RedirectLoopFailsAtOnce) {
+  TestHttpServer server;
+  TempDir dir;
+  server.add_redirect("/files/loop.bin", "/files/loop.bin");
+  const std::string msg = download_error("loop.bin", options_for(server, dir.path()));
+  expect_contains(msg, {"redirect loop", "loop.bin"});
+  EXPECT_EQ(server.requests().size(), 11u);  // one attempt: the request and 10 redirects
+}
+
+TEST(Download, HugeResponseHeadersAreAClearError) {
+  TestHttpServer server;
+  TempDir dir;
+  server.add_file("/files/many.bin", make_shard(10, 1), {.header_padding = 200000});
+  server.add_file("/files/long.bin", make_shard(10, 1),
+                  {.header_padding = 200000, .one_header_line = true});
+  const auto o = options_for(server, dir.path());
+  expect_contains(download_error("many.bin", o), {"response headers", "larger than 64 kB"});
+  expect_contains(download_error("long.bin", o), {"header line longer than libcurl's 100 kB"});
+  EXPECT_EQ(server.requests().size(), 2u);  // neither retried
+}
+
+TEST(Download, EmptyBodyIsAClearError) {
+  TestHttpServer server;
+  TempDir dir;
+  server.add_file("/files/empty.bin", "");
+  const std::string msg = download_error("empty.bin", options_for(server, dir.path()));
+  expect_contains(msg, {"empty file (HTTP 200, 0 bytes)", "--base-url"});
+  EXPECT_TRUE(list_dir(dir.path()).empty());
+}
+
+TEST(Download, TokensOutsideTheVocabularyAreRefused) {
+  TestHttpServer server;
+  TempDir dir;
+  server.add_file("/files/vocab.bin", shard_bytes({50256, 1, 60000}));
+  const std::string msg = download_error("vocab.bin", options_for(server, dir.path()));
+  expect_contains(msg, {"not a valid shard", "token 60000 at index 2", "< 50257"});
   EXPECT_TRUE(list_dir(dir.path()).empty());
 }
 

@@ -9,7 +9,11 @@
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
+#include <csignal>
+#include <fcntl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 namespace dion::test {
 
@@ -118,10 +122,17 @@ std::string shell_quote(const std::string& s) {
 }  // namespace
 
 RunResult run_dion_data(const std::vector<std::string>& args, const std::string& stdin_data) {
+  return run_dion_data(args, RunOptions{stdin_data, {}, ""});
+}
+
+RunResult run_dion_data(const std::vector<std::string>& args, const RunOptions& options) {
   TempDir io;
-  write_file(io / "stdin", stdin_data);
-  // DION_GPT2_DIR is removed so that every test says where the GPT-2 files are.
-  std::string cmd = "env -u DION_GPT2_DIR " + shell_quote(DION_DATA_EXE);
+  write_file(io / "stdin", options.stdin_data);
+  // DION_GPT2_DIR is removed so that every test says where the GPT-2 files are. `timeout`
+  // bounds a hang (exit 124) so that a regression fails the test instead of stalling ctest.
+  std::string cmd = options.shell_prefix + " exec timeout -k 5 120 env -u DION_GPT2_DIR";
+  for (const std::string& e : options.env) cmd += " " + shell_quote(e);
+  cmd += " " + shell_quote(DION_DATA_EXE);
   for (const std::string& a : args) cmd += " " + shell_quote(a);
   cmd += " < " + shell_quote((io / "stdin").string()) + " > " +
          shell_quote((io / "stdout").string()) + " 2> " + shell_quote((io / "stderr").string());
@@ -130,6 +141,56 @@ RunResult run_dion_data(const std::vector<std::string>& args, const std::string&
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   r.out = read_file(io / "stdout");
   r.err = read_file(io / "stderr");
+  return r;
+}
+
+Background::Background(const std::vector<std::string>& args) {
+  std::vector<std::string> argv_s{DION_DATA_EXE};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  const std::string out = (io_ / "stdout").string(), err = (io_ / "stderr").string();
+  // Everything the child needs is built before fork: after it only async-signal-safe calls.
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<char*> envp;  // ours without DION_GPT2_DIR (each test names the GPT-2 files)
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string_view(*e).starts_with("DION_GPT2_DIR=")) continue;
+    envp.push_back(*e);
+  }
+  envp.push_back(nullptr);
+  pid_ = ::fork();
+  if (pid_ < 0) throw std::runtime_error("test: fork failed");
+  if (pid_ == 0) {
+    const int in_fd = ::open("/dev/null", O_RDONLY);
+    const int out_fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err_fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(in_fd, 0);
+    ::dup2(out_fd, 1);
+    ::dup2(err_fd, 2);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+}
+
+Background::~Background() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+}
+
+void Background::signal(int sig) {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
+
+RunResult Background::wait() {
+  int status = 0;
+  ::waitpid(pid_, &status, 0);
+  pid_ = -1;
+  RunResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = read_file(io_ / "stdout");
+  r.err = read_file(io_ / "stderr");
   return r;
 }
 

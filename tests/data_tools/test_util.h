@@ -60,11 +60,35 @@ uint64_t fnv1a64(const std::string& bytes);
 std::string fmt_hex(uint64_t v);
 
 // Runs the dion-data tool with `args` (stdin from `stdin_data`), waits, and returns the exit
-// code with stdout and stderr.
+// code (128 + N when killed by signal N; 124 when it ran past 120 s, i.e. hung) with stdout and
+// stderr.
 struct RunResult {
   int exit_code = -1;
   std::string out, err;
 };
+struct RunOptions {
+  std::string stdin_data;
+  std::vector<std::string> env;  // "NAME=value" for the tool's environment
+  std::string shell_prefix;      // shell text run first, e.g. "ulimit -f 100;"
+};
 RunResult run_dion_data(const std::vector<std::string>& args, const std::string& stdin_data = "");
+RunResult run_dion_data(const std::vector<std::string>& args, const RunOptions& options);
+
+// dion-data started in the background (stdin /dev/null, output to files), for signals and
+// concurrency. The destructor kills it (SIGKILL) if it is still running.
+class Background {
+ public:
+  explicit Background(const std::vector<std::string>& args);
+  ~Background();
+  Background(const Background&) = delete;
+  Background& operator=(const Background&) = delete;
+  int pid() const { return pid_; }
+  void signal(int sig);
+  RunResult wait();  // exit code as run_dion_data's
+
+ private:
+  TempDir io_;
+  int pid_ = -1;
+};
 
 }  // namespace dion::test

@@ -22,6 +22,9 @@ struct DownloadArgs {
   std::string base_url;
   int attempts = 6;
   double backoff = 1.0;
+  long min_speed = 1000;
+  long stall_time = 60;
+  double deadline = 4 * 3600;
   bool quiet = false;
 };
 
@@ -36,6 +39,9 @@ void run_download(const DownloadArgs& args) {
   options.dir = args.dir.empty() ? "data/" + dataset.name : args.dir;
   options.max_attempts = args.attempts;
   options.backoff_initial_s = args.backoff;
+  options.min_speed_bytes_per_s = args.min_speed;
+  options.stall_timeout_s = args.stall_time;
+  options.deadline_s = args.deadline;
   options.should_stop = stop_requested;
 
   ProgressLine progress(!args.quiet);
@@ -98,7 +104,8 @@ void register_download(CLI::App& app) {
       "download",
       "Download the pre-tokenized FineWeb shards the reference's data/cached_*.py fetch: the val "
       "shard 000000 and train chunks 1..N (100M tokens each). Resumes NAME.part files with HTTP "
-      "Range, retries with backoff, verifies each file's size and header, skips complete files.");
+      "Range + If-Range, retries with backoff (slow transfers too) within a per-file deadline, "
+      "verifies each file's size, header and tokens, skips complete files.");
   cmd->add_option("--dataset", args->dataset, "One of: " + names)->capture_default_str();
   cmd->add_option("--chunks", args->chunks, "Train chunks to fetch (default: all)")
       ->check(CLI::NonNegativeNumber);
@@ -114,6 +121,19 @@ void register_download(CLI::App& app) {
                   "max 30)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_option("--min-speed", args->min_speed,
+                  "Bytes per second an attempt must average over --stall-time, else it is "
+                  "aborted and retried (0 = no limit)")
+      ->capture_default_str()
+      ->check(CLI::Range(0L, 1L << 40));
+  cmd->add_option("--stall-time", args->stall_time, "Seconds over which --min-speed is measured")
+      ->capture_default_str()
+      ->check(CLI::Range(1L, 86400L));
+  cmd->add_option("--deadline", args->deadline,
+                  "Seconds one file may take, all attempts and waits included (0 = none); a "
+                  "rerun resumes")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e7));
   cmd->add_flag("-q,--quiet", args->quiet, "No progress line");
   cmd->callback([args] { run_download(*args); });
 }

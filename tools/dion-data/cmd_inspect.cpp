@@ -30,21 +30,27 @@ struct InspectArgs {
   uint32_t vocab_size = data::Gpt2Tokenizer::kVocabSize;
 };
 
+// The text of `id` in quotes, "(not a GPT-2 token)" for an id outside the vocabulary (possible
+// with --vocab-size above 50257), "" without the GPT-2 files.
 std::string token_text(const data::Gpt2Tokenizer* tok, uint32_t id) {
   if (tok == nullptr) return "";
+  if (id >= tok->vocab_size()) return "(not a GPT-2 token)";
   return "\"" + escape_bytes(tok->token_bytes(id)) + "\"";
 }
 
-void inspect_one(const std::string& file, const InspectArgs& args, const data::Gpt2Tokenizer* tok) {
+// The report of one file, built whole before anything is printed: an error half-way leaves no
+// half line on stdout.
+std::string inspect_one(const std::string& file, const InspectArgs& args,
+                        const data::Gpt2Tokenizer* tok) {
   const data::ShardFile shard = data::ShardFile::open(file);
   data::shard_check_tokens(shard, args.vocab_size);
   const auto tokens = shard.tokens();
   const data::ShardHeader& h = shard.header();
-  std::printf("%s\n", file.c_str());
-  std::printf("  header     magic %d, version %d, %s tokens; %s bytes = 1024 + 2 x count: ok\n",
-              h.magic, h.version, group_digits(static_cast<uint64_t>(h.token_count)).c_str(),
-              group_digits(static_cast<uint64_t>(h.file_bytes)).c_str());
-  if (tokens.empty()) return;
+  std::string out = file + "\n";
+  out += fmt::format("  header     magic {}, version {}, {} tokens; {} bytes = 1024 + 2 x count: ok\n",
+                     h.magic, h.version, group_digits(static_cast<uint64_t>(h.token_count)),
+                     group_digits(static_cast<uint64_t>(h.file_bytes)));
+  if (tokens.empty()) return out;
 
   std::vector<uint64_t> counts(65536, 0);
   for (uint16_t t : tokens) ++counts[t];
@@ -53,9 +59,9 @@ void inspect_one(const std::string& file, const InspectArgs& args, const data::G
   while (counts[hi] == 0) --hi;
   const auto unique = static_cast<uint64_t>(
       std::count_if(counts.begin(), counts.end(), [](uint64_t c) { return c > 0; }));
-  std::printf("  tokens     min %u, max %u, unique %s, documents (<|endoftext|>) %s\n", lo, hi,
-              group_digits(unique).c_str(),
-              group_digits(counts[data::Gpt2Tokenizer::kEndOfText]).c_str());
+  out += fmt::format("  tokens     min {}, max {}, unique {}, documents (<|endoftext|>) {}\n", lo,
+                     hi, group_digits(unique),
+                     group_digits(counts[data::Gpt2Tokenizer::kEndOfText]));
 
   std::vector<uint32_t> order(65536);
   std::iota(order.begin(), order.end(), 0u);
@@ -64,19 +70,27 @@ void inspect_one(const std::string& file, const InspectArgs& args, const data::G
                     [&](uint32_t a, uint32_t b) {
                       return counts[a] != counts[b] ? counts[a] > counts[b] : a < b;
                     });
-  std::printf("  top %-6zu", k);
+  out += fmt::format("  top {:<6}", k);
   for (size_t i = 0; i < k; ++i) {
     const uint32_t id = order[i];
-    std::printf("%s%u %s %.2f%%", i == 0 ? " " : ", ", id, token_text(tok, id).c_str(),
-                100.0 * static_cast<double>(counts[id]) / static_cast<double>(tokens.size()));
+    out += fmt::format("{}{} {} {:.2f}%", i == 0 ? " " : ", ", id, token_text(tok, id),
+                       100.0 * static_cast<double>(counts[id]) / static_cast<double>(tokens.size()));
   }
-  std::printf("\n");
+  out += "\n";
 
   const auto head = tokens.first(std::min(args.head, tokens.size()));
-  std::printf("  first %-4zu", head.size());
-  for (uint16_t t : head) std::printf(" %u", t);
-  std::printf("\n");
-  if (tok != nullptr) std::printf("  decoded    \"%s\"\n", escape_bytes(tok->decode(head)).c_str());
+  out += fmt::format("  first {:<4}", head.size());
+  for (uint16_t t : head) out += fmt::format(" {}", t);
+  out += "\n";
+  if (tok != nullptr) {
+    std::string text;
+    for (uint16_t t : head) {
+      text += t < tok->vocab_size() ? escape_bytes(tok->token_bytes(t))
+                                    : fmt::format("<{}: not a GPT-2 token>", t);
+    }
+    out += "  decoded    \"" + text + "\"\n";
+  }
+  return out;
 }
 
 void run_inspect(const InspectArgs& args) {
@@ -86,7 +100,8 @@ void run_inspect(const InspectArgs& args) {
   int bad = 0;
   for (const std::string& file : args.files) {
     try {
-      inspect_one(file, args, tok ? &*tok : nullptr);
+      const std::string report = inspect_one(file, args, tok ? &*tok : nullptr);
+      std::fwrite(report.data(), 1, report.size(), stdout);
     } catch (const data::DataError& e) {
       std::fflush(stdout);
       std::fprintf(stderr, "dion-data: error: %s\n", e.what());
@@ -111,9 +126,12 @@ void register_inspect(CLI::App& app) {
       "tokens decoded. Exits 1 if any file is bad.");
   cmd->add_option("files", args->files, "Shard files")->required();
   add_tokenizer_flag(cmd, args->tokenizer);
-  cmd->add_option("--head", args->head, "How many leading tokens to show")->capture_default_str();
+  cmd->add_option("--head", args->head, "How many leading tokens to show")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--top", args->top, "How many most frequent tokens to show")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--vocab-size", args->vocab_size, "Tokens must be below this")
       ->capture_default_str()
       ->check(CLI::Range(1u, 65536u));

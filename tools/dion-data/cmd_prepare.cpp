@@ -1,6 +1,7 @@
 // tools/dion-data/cmd_prepare.cpp — `dion-data prepare`: text -> FineWeb token shards.
 // Flags and printing only; the work is dion::data::prepare_shards (dion/data/prepare.h).
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <thread>
 
@@ -30,7 +31,18 @@ struct PrepareArgs {
 
 void run_prepare(const PrepareArgs& args) {
   auto tokenizer = data::Gpt2Tokenizer::from_dir(tokenizer_dir(args.tokenizer, true));
-  auto source = data::document_source_open(args.inputs, unescape(args.delimiter));
+  data::DocumentSourceOptions source_options;
+  source_options.delimiter = unescape(args.delimiter);
+  source_options.output_dir = args.output_dir;
+  source_options.prefix = args.prefix;
+  auto source = data::document_source_open(args.inputs, source_options);
+  if (source->files_skipped() > 0 && !args.quiet) {
+    std::fprintf(stderr,
+                 "dion-data prepare: note: %llu files in the inputs are this run's own output "
+                 "shards (%s_{val,train}_*.bin in %s): not read\n",
+                 static_cast<unsigned long long>(source->files_skipped()), args.prefix.c_str(),
+                 args.output_dir.c_str());
+  }
 
   ProgressLine progress(!args.quiet);
   data::PrepareOptions options;
@@ -57,10 +69,13 @@ void run_prepare(const PrepareArgs& args) {
                             static_cast<double>(p.bytes_total - p.bytes_read) / 1e6 / mbps);
       }
     }
-    progress.update(fraction, text);
+    progress.update(fraction, text, p.final);
   };
   const data::PrepareResult r = data::prepare_shards(tokenizer, *source, options);
   progress.finish();
+  if (!r.recovered.empty()) {
+    std::fprintf(stderr, "dion-data prepare: note: %s\n", r.recovered.c_str());
+  }
 
   if (!args.quiet) {
     for (const data::ShardInfo& s : r.shards) {
@@ -113,7 +128,13 @@ void register_prepare(CLI::App& app) {
   cmd->add_option("--val-fraction", args->val_fraction,
                   "Instead of 'first shard is val': send whole documents to val until it holds "
                   "this fraction of the tokens, in [0, 1)")
-      ->check(CLI::Range(0.0, 0.999999));
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            // CLI::Range lets NaN through (every comparison with it is false).
+            const double f = std::strtod(v.c_str(), nullptr);
+            return f >= 0.0 && f < 1.0 ? "" : "must be a number in [0, 1), got " + v;
+          },
+          "in [0, 1)"));
   cmd->add_option("--delimiter", args->delimiter,
                   "Split each input into documents on this string (\\n, \\t, \\r, \\\\ are "
                   "understood), e.g. '\\n\\n'");

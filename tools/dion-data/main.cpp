@@ -7,7 +7,7 @@
 //
 // Each subcommand lives in cmd_<name>.cpp; this file wires them up, installs the Ctrl-C
 // handler, and turns errors into "dion-data: error: ..." and a non-zero exit code
-// (1 = bad input or a failure, 130 = interrupted, CLI11's codes for bad flags).
+// (1 = bad input or a failure, 2 = a bad command line, 130 = interrupted).
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -42,11 +42,15 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  // Past `ulimit -f`, write() then fails with EFBIG and the error names the file and the
+  // limit, and the temporaries are removed; by default SIGXFSZ would kill us silently.
+  std::signal(SIGXFSZ, SIG_IGN);
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help / --version exit 0; every bad flag or value is a usage error, exit 2.
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const dion::data::DataError& e) {
     std::fprintf(stderr, "dion-data: error: %s\n", e.what());
     return dion::cli::stop_requested() ? 130 : 1;

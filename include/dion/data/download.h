@@ -4,14 +4,23 @@
 //
 // What it does, per file:
 //   - skips a file already complete in the folder (its header and size check out);
-//   - downloads into NAME.part, resuming an existing .part with an HTTP Range request
-//     (a server that ignores Range restarts it from byte 0);
-//   - retries network errors, HTTP 408/429/5xx and cut connections with exponential backoff, at
-//     most `max_attempts` times per file; other HTTP errors (404, 403) fail at once;
-//   - verifies the size against Content-Length / Content-Range and then the shard header
-//     (magic, version, size == 1024 + 2*count), and only then renames NAME.part to NAME.
-// A failed download leaves at most NAME.part, which never looks like a shard; a verification
-// failure removes it.
+//   - downloads into NAME.part, resuming an existing .part with an HTTP Range request sent with
+//     If-Range: the ETag (or Last-Modified) of the response that began the .part, kept in
+//     NAME.part.validator. A server whose file changed since answers 200 and the .part restarts
+//     from byte 0; so does a .part without its validator (nothing says what it holds); a 206
+//     whose ETag differs from the recorded one is dropped and restarted;
+//   - retries network errors, HTTP 408/429/5xx, cut connections and transfers slower than
+//     `min_speed_bytes_per_s` over `stall_timeout_s` with exponential backoff, at most
+//     `max_attempts` times per file, all within `deadline_s`; other HTTP errors (404, 403), a
+//     redirect loop, oversized response headers and an empty body fail at once;
+//   - bounds what is written by the size the file must have: 1024 + 2*count once the shard
+//     header has arrived (a body running past it is refused at that byte), and the most a shard
+//     can hold before that;
+//   - verifies the size against Content-Length / Content-Range, the shard header (magic,
+//     version, size == 1024 + 2*count) and every token (< `vocab_size`, as inspect does), and
+//     only then renames NAME.part to NAME.
+// A failed download leaves at most NAME.part (+ .validator), which never looks like a shard; a
+// verification failure removes it.
 //
 // What it does not do: authenticate (these datasets are public), check a hash (the hub's
 // resolve URLs give none for these files), or download in parallel.
@@ -55,7 +64,14 @@ struct DownloadOptions {
   double backoff_initial_s = 1.0;  // wait before the 2nd attempt; doubles each time
   double backoff_max_s = 30.0;
   long connect_timeout_s = 30;
-  long stall_timeout_s = 60;  // abort an attempt that receives nothing for this long
+  // An attempt receiving less than min_speed_bytes_per_s on average over stall_timeout_s
+  // seconds is aborted and retried (a server trickling bytes cannot hold us forever).
+  long min_speed_bytes_per_s = 1000;
+  long stall_timeout_s = 60;
+  // Every attempt and backoff of one file ends by this many seconds after the file's first
+  // attempt began; then download_file fails. 0 = no deadline.
+  double deadline_s = 4 * 3600;
+  uint32_t vocab_size = 50257;  // tokens must be below this (GPT-2)
   std::function<void(const DownloadProgress&)> on_progress;  // often, from the transfer
   std::function<bool()> should_stop;  // true aborts (Ctrl-C); the .part is kept
 };

@@ -12,11 +12,18 @@
 // Shard numbers are one sequence in the order shards fill up (so the default gives val_000000,
 // train_000001, ...).
 //
-// Nothing half-written looks complete: every shard is written under a temporary name
-// ("....bin.tmp.XXXXXX") and the whole set is renamed into place only when all input has been
-// read and tokenized; on any error or cancellation the temporaries are removed and the output
-// folder is as it was. An output folder that already has PREFIX_{val,train}_*.bin shards is
-// refused unless `overwrite` (then the old ones are removed when the new set is renamed in).
+// The output folder (see src/data/shard_set.h for the mechanics):
+//   - one run at a time per folder and prefix: a second run refuses at once, naming the first
+//     (pid, host, start time); the lock dies with its process;
+//   - the new shards are written into a hidden staging folder beside the old set and swapped
+//     in only when all input has been read and tokenized; on an error or cancellation the
+//     staging folder is removed and the output folder is as it was;
+//   - the swap is journalled: a crash (kill -9, power cut) before the journal leaves the old
+//     set; after it, the complete new set is on disk and the next run on the folder finishes
+//     the swap (and removes any staging or temporary files an interrupted run left);
+//   - a folder that already has PREFIX_{val,train}_*.bin shards is refused unless `overwrite`;
+//     a folder whose shard set changes while the run works (another program wrote there) is
+//     refused at the swap, leaving the old set.
 //
 // What it does not do: fetch text (see download.h for pre-tokenized shards), deduplicate,
 // filter, or shuffle.
@@ -41,13 +48,31 @@ class DocumentSource {
   virtual bool next(std::string& doc) = 0;
   virtual uint64_t bytes_read() const = 0;   // input bytes consumed so far
   virtual uint64_t bytes_total() const = 0;  // all input bytes, 0 if unknown (stdin, a pipe)
+  // Files found in the input folders that were not read because they are the output's own
+  // shards (see DocumentSourceOptions::output_dir).
+  virtual uint64_t files_skipped() const { return 0; }
+};
+
+struct DocumentSourceOptions {
+  std::string delimiter;  // "" = one document per file (or all of stdin)
+  // prepare's output folder and prefix: its own shards (PREFIX_{val,train}_*.bin there) are
+  // never read as text: skipped in a folder walk, refused when named.
+  std::filesystem::path output_dir;
+  std::string prefix = "fineweb";
+  // A document (the text between delimiters) longer than this is an error naming the input:
+  // e.g. /dev/zero on stdin, or a binary file without the delimiter. The tokenizer needs the
+  // whole document in memory.
+  uint64_t max_document_bytes = uint64_t{1} << 30;
 };
 
 // Documents from `inputs`: file paths, directories (walked recursively in sorted order, hidden
 // entries skipped) and "-" for stdin. A document is one file (or all of stdin); with a
 // non-empty `delimiter`, each file and stdin is split on it (the delimiter is dropped). Empty
-// documents are skipped. Every input is checked up front (exists, readable, a directory is not
-// empty); a problem throws DataError naming the path.
+// documents are skipped. Every input is checked up front without blocking (exists, readable, a
+// regular file, FIFO or folder; not a device or socket; a folder is not empty); a problem throws
+// DataError naming the path.
+std::unique_ptr<DocumentSource> document_source_open(const std::vector<std::string>& inputs,
+                                                     const DocumentSourceOptions& options);
 std::unique_ptr<DocumentSource> document_source_open(const std::vector<std::string>& inputs,
                                                      const std::string& delimiter);
 
@@ -58,17 +83,20 @@ struct PrepareProgress {
   uint64_t tokens = 0;
   int64_t shards = 0;
   double seconds = 0;
+  bool final = false;  // the last call: every shard is written, `shards` is the total
 };
 
 struct PrepareOptions {
   std::filesystem::path output_dir;  // created if missing
   std::string prefix = "fineweb";
   int64_t shard_size = 100'000'000;  // tokens per shard, 1 .. 2^31-1
-  double val_fraction = -1;          // < 0: first shard is val; else in [0, 1)
+  double val_fraction = -1;          // < 0: first shard is val; else in [0, 1); NaN refused
   int threads = 1;                   // tokenizer threads
   bool overwrite = false;            // replace existing PREFIX_{val,train}_*.bin
-  std::function<void(const PrepareProgress&)> on_progress;  // after each batch of documents
-  std::function<bool()> should_stop;  // polled between batches; true cancels (Ctrl-C)
+  std::function<void(const PrepareProgress&)> on_progress;  // after each batch, and at the end
+  // Polled between batches and about every MiB of a document being tokenized, also from the
+  // tokenizer threads (so it must be thread-safe); true cancels (Ctrl-C, SIGTERM).
+  std::function<bool()> should_stop;
 };
 
 struct ShardInfo {
@@ -85,6 +113,7 @@ struct PrepareResult {
   uint64_t train_tokens = 0;
   double seconds = 0;
   std::vector<ShardInfo> shards;
+  std::string recovered;  // what was left by an interrupted earlier run and cleaned up, or ""
 };
 
 // Tokenizes every document of `source` and writes the shards (see the top of this file).

@@ -1,5 +1,5 @@
 // dion/data/shard.h — the FineWeb token shard format (llm.c / modded-nanogpt / microsoft/dion's
-// data/fineweb.py): write, check and memory-map.
+// data/fineweb.py): write, check and read.
 //
 // Format (little-endian):
 //   bytes 0..1023   256 int32 header: [0] magic 20240520, [1] version 1, [2] token count N,
@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -35,13 +36,27 @@ struct ShardHeader {
   int64_t file_bytes = 0;  // the size on disk, checked == 1024 + 2 * token_count
 };
 
+// The size of a shard of `token_count` tokens: 1024 + 2 * token_count.
+inline constexpr int64_t shard_file_bytes(int64_t token_count) {
+  return static_cast<int64_t>(kShardHeaderBytes) + 2 * token_count;
+}
+inline constexpr int64_t kShardMaxFileBytes = shard_file_bytes(kShardMaxTokens);
+
+// Parses and checks the first 1024 bytes of a shard (`bytes`, at least that long): magic,
+// version, count >= 0, and — when file_bytes >= 0 — that the file has exactly
+// 1024 + 2*count bytes. `path` is for the message. Throws DataError as shard_read_header does.
+ShardHeader shard_parse_header(std::string_view bytes, int64_t file_bytes,
+                               const std::filesystem::path& path);
+
 // Reads and checks the header of `path` and its size. Throws DataError naming the file and what
 // is wrong: unreadable, shorter than the header, bad magic, unsupported version, negative count,
 // size != 1024 + 2*count (a truncated or half-downloaded file).
 ShardHeader shard_read_header(const std::filesystem::path& path);
 
-// A shard mapped read-only into memory. Opening checks the header and size (shard_read_header).
-// Move-only; unmaps on destruction.
+// A shard read into memory. Opening checks the header and size (shard_read_header), then reads
+// every token with pread (not mmap: a file truncated or replaced while mapped would kill the
+// process with SIGBUS); a file that shrinks or changes size during the read is an error naming
+// it. Move-only. The reference's loader also reads a whole shard at once (_load_data_shard).
 class ShardFile {
  public:
   static ShardFile open(const std::filesystem::path& path);
@@ -60,8 +75,7 @@ class ShardFile {
   ShardFile() = default;
   std::filesystem::path path_;
   ShardHeader header_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
+  std::unique_ptr<uint16_t[]> tokens_;  // [token_count]
 };
 
 // Throws DataError naming the file, the first offending index and value if a token of `shard`

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -51,6 +52,11 @@ class Gpt2Tokenizer {
 
   // Appends the ids of `text` (any bytes) to `out`. "<|endoftext|>" is ordinary text here.
   void encode_ordinary(std::string_view text, std::vector<uint32_t>& out);
+  // The same, calling `should_stop` after about every 1 MiB of text; when it returns true the
+  // encoding stops there and this returns false (`out` then holds the ids so far). For
+  // cancelling a long document (Ctrl-C, SIGTERM) without waiting for its end.
+  bool encode_ordinary(std::string_view text, std::vector<uint32_t>& out,
+                       const std::function<bool()>& should_stop);
   std::vector<uint32_t> encode_ordinary(std::string_view text);
   // As encode_ordinary, but each literal "<|endoftext|>" becomes kEndOfText.
   std::vector<uint32_t> encode(std::string_view text);
