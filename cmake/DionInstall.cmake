@@ -164,3 +164,19 @@ if(DION_BUILD_TESTS AND TARGET dion AND TARGET dion_dist AND TARGET dion_data)
   # Installs everything built and compiles two files against LibTorch: ~1 min on 2 cores.
   set_tests_properties(install_consumer PROPERTIES LABELS package TIMEOUT 900)
 endif()
+
+# pip_wheel: `pip wheel . --no-build-isolation` in a venv, the wheel installed into a fresh venv,
+# one Muon step equal to the build tree's module (tests/wheel/run.sh). It builds the library and
+# the bindings a second time, in ${PROJECT_BINARY_DIR}-wheel (a sibling of this build directory,
+# so that with CCACHE_BASEDIR at the checkout and the same compiler, ccache serves this build's
+# objects: scikit-build-core would otherwise set CXX to Python's g++, a different compiler name).
+# Uncached about 10 min on 2 busy cores, cached about 2 min; RESOURCE_LOCK multiprocess keeps it
+# away from the multi-process tests, which it would starve.
+if(DION_BUILD_TESTS AND TARGET dion_python)
+  add_test(NAME pip_wheel
+    COMMAND bash ${PROJECT_SOURCE_DIR}/tests/wheel/run.sh ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}
+            ${PROJECT_BINARY_DIR}/wheel-test ${PROJECT_BINARY_DIR}-wheel ${Python3_EXECUTABLE})
+  set_tests_properties(pip_wheel PROPERTIES
+    LABELS package TIMEOUT 1800 RESOURCE_LOCK multiprocess
+    ENVIRONMENT "CCACHE_BASEDIR=${PROJECT_SOURCE_DIR};CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime;CXX=${CMAKE_CXX_COMPILER};CC=${CMAKE_C_COMPILER}")
+endif()
