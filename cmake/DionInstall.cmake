@@ -20,8 +20,11 @@ include(CMakePackageConfigHelpers)
 
 # ---------------------------------------------------------------------------- what is exported
 # TARGET:NAME, consumers link dion::NAME. Adding a library to the package is one line here;
-# a target this configuration does not build (DION_DATA_ONLY, DION_SKIP_DATA) is skipped.
+# a target this configuration does not build (DION_DATA_ONLY, DION_SKIP_DATA; dion_comm before
+# the communication library of issue 8 lands) is skipped. A library that an exported one links
+# PUBLIC must be listed too (install(EXPORT) refuses otherwise).
 set(DION_EXPORTS
+  dion_comm:comm
   dion:dion
   dion_dist:dist
   dion_data:data)
@@ -128,7 +131,7 @@ install(EXPORT dionTargets NAMESPACE dion:: DESTINATION ${DION_CMAKE_DIR})
 
 # What dionConfig.cmake must find before it loads dionTargets.cmake.
 set(DION_CONFIG_NEEDS_TORCH OFF)
-if(TARGET dion)
+if(TARGET dion OR TARGET dion_comm)
   set(DION_CONFIG_NEEDS_TORCH ON)
 endif()
 set(DION_CONFIG_NEEDS_DATA_DEPS OFF)
