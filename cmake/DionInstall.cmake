@@ -164,7 +164,7 @@ if(DION_BUILD_TESTS AND TARGET dion AND TARGET dion_dist AND TARGET dion_data)
     COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${PROJECT_BINARY_DIR} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
             -DWORK_DIR=${PROJECT_BINARY_DIR}/consumer-test -DTORCH_PREFIX=${DION_TORCH_CMAKE_PREFIX}
             -P ${PROJECT_SOURCE_DIR}/tests/consumer/run.cmake)
-  # Installs everything built and compiles two files against LibTorch: ~1 min on 2 cores.
+  # Installs everything built and compiles two files against LibTorch: 1-2 min on 2 busy cores.
   set_tests_properties(install_consumer PROPERTIES LABELS package TIMEOUT 900)
 endif()
 
