@@ -39,8 +39,10 @@ foreach(src ${DION_PYTHON_SOURCES})
   file(CREATE_LINK "${src}" "${DION_PYTHON_DIR}/${name}" SYMBOLIC)
 endforeach()
 
-install(TARGETS dion_python LIBRARY DESTINATION dion_cpp COMPONENT python)
-install(FILES ${DION_PYTHON_SOURCES} DESTINATION dion_cpp COMPONENT python)
+# Installed by pip only (`cmake --install --component python`); EXCLUDE_FROM_ALL keeps the module
+# out of a plain `cmake --install` (the C++ package, cmake/DionInstall.cmake).
+install(TARGETS dion_python LIBRARY DESTINATION dion_cpp COMPONENT python EXCLUDE_FROM_ALL)
+install(FILES ${DION_PYTHON_SOURCES} DESTINATION dion_cpp COMPONENT python EXCLUDE_FROM_ALL)
 
 # pytest suite: ctest -R python_tests
 add_test(NAME python_tests

@@ -10,7 +10,7 @@ if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
   set(TORCH_CUDA_ARCH_LIST "9.0" CACHE STRING "CUDA architectures for CUDA sources")
 endif()
 set(CMAKE_CUDA_STANDARD 17)
-find_package(Torch REQUIRED)   # CMAKE_PREFIX_PATH from python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'
+include(${CMAKE_CURRENT_LIST_DIR}/DionFindTorch.cmake)  # find_package(Torch), asking python3 if needed
 message(STATUS "dion: LibTorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX})")
 
 # CUDA sources are compiled whenever torch has CUDA and nvcc is found (compile + link only on a

@@ -35,7 +35,7 @@ fi
 PYTHON=${PYTHON:-python3}
 want_torch=$(sed -n 's/^torch==\(.*\)$/\1/p' requirements.txt)
 have_torch=$($PYTHON -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
-if [ "$have_torch" != "$want_torch" ] || ! $PYTHON -c 'import numpy, pytest, safetensors, matplotlib, yaml, tensorboard' 2>/dev/null; then
+if [ "$have_torch" != "$want_torch" ] || ! $PYTHON -c 'import numpy, pytest, safetensors, matplotlib, yaml, tensorboard, scikit_build_core' 2>/dev/null; then
   log "installing python packages (torch $want_torch is a multi-GB CUDA wheel; first time only)"
   $PYTHON -m pip install -q -r requirements.txt
 else
@@ -46,6 +46,10 @@ fi
 
 # ---------------------------------------------------------------------------- configure + build
 TORCH_PREFIX=$($PYTHON -c 'import torch; print(torch.utils.cmake_prefix_path)')
+# ccache: paths relative to the checkout, and precompiled headers cacheable, so that a second
+# build directory beside build/ (ctest pip_wheel's build-wheel/) reuses build/'s objects.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$ROOT}
+export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   log "configuring $BUILD_DIR"
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja \

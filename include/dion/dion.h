@@ -11,7 +11,14 @@
 //   dion/optim/options.h    Options (per-group hyperparameters), Override, ParamState
 //   dion/math/*.h           the algorithms' math over lists of tensors, and the orthogonalizers
 //   dion/errors.h           ValueError, TypeError, NotImplementedError
+//   torch/nn/modules/linear.h  torch::nn::Linear; with the optimizer headers this brings the
+//                           tensor API, autograd and the ATen ops (torch::mse_loss, torch::relu),
+//                           so the README's example compiles with this header alone. Other
+//                           modules: include <torch/nn.h> (not here: ~5 s more per file).
+// Distributed: dion/dist/distributed.h (target dion::dist). Data tools: dion/data/*.h (dion::data).
 #pragma once
+
+#include <torch/nn/modules/linear.h>
 
 #include "dion/errors.h"
 #include "dion/math/ortho.h"
