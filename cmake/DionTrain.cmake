@@ -21,6 +21,7 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/autocast.cpp
   ${DION_TRAIN_ROOT}/src/train/checkpoint.cpp
   ${DION_TRAIN_ROOT}/src/train/config.cpp
+  ${DION_TRAIN_ROOT}/src/train/fs_util.cpp
   ${DION_TRAIN_ROOT}/src/train/generate.cpp
   ${DION_TRAIN_ROOT}/src/train/gpt.cpp
   ${DION_TRAIN_ROOT}/src/train/loader.cpp

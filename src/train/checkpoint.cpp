@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+
+#include "dion/train/fs_util.h"
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
@@ -125,17 +127,18 @@ fs::path checkpoint_save(const fs::path& dir, GPT& model, const dion::Optimizer&
   fsync_path(tmp);
 
   const fs::path final_dir = dir / step_name(s.step);
-  std::error_code ec;
-  fs::remove_all(final_dir, ec);  // a checkpoint of the same step (a rerun after resume)
+  remove_tree(final_dir);  // a checkpoint of the same step (a rerun after resume)
   fs::rename(tmp, final_dir);
   fsync_path(dir);
   // Only now: remove older checkpoints and leftovers of killed writes.
+  std::vector<fs::path> stale;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const fs::path p = entry.path();
     int64_t step = 0;
     const std::string name = p.filename().string();
-    if ((is_step_dir(p, &step) && step != s.step) || name.rfind("tmp.", 0) == 0) fs::remove_all(p, ec);
+    if ((is_step_dir(p, &step) && step != s.step) || name.rfind("tmp.", 0) == 0) stale.push_back(p);
   }
+  for (const fs::path& p : stale) remove_tree(p);
   return final_dir;
 }
 

@@ -180,8 +180,12 @@ TEST(TrainOptimizer, GroupsAsTheReferenceBuildsThem) {
         EXPECT_EQ(std::get<0>(t.optimizer->options(1).betas()), 0.95);
         EXPECT_EQ(std::get<1>(t.optimizer->options(1).betas()), 0.98);
       }
-      if (std::string(name) == "dion2") EXPECT_DOUBLE_EQ(t.optimizer->options(0).fraction(), 0.25);
-      if (std::string(name) == "muon") EXPECT_TRUE(t.optimizer->options(0).nesterov());
+      if (std::string(name) == "dion2") {
+        EXPECT_DOUBLE_EQ(t.optimizer->options(0).fraction(), 0.25);
+      }
+      if (std::string(name) == "muon") {
+        EXPECT_TRUE(t.optimizer->options(0).nesterov());
+      }
       // One step runs.
       at::Tensor idx = at::randint(0, 50257, {2, 8}, at::kLong);
       model->loss(idx, idx).backward();

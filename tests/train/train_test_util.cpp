@@ -14,6 +14,7 @@
 
 #include "dion/data/prepare.h"
 #include "dion/data/tokenizer.h"
+#include "dion/train/fs_util.h"
 
 extern char** environ;
 
@@ -31,8 +32,7 @@ TempDir::TempDir(const std::string& tag) {
 }
 
 TempDir::~TempDir() {
-  std::error_code ec;
-  fs::remove_all(path_, ec);
+  remove_tree(path_);
 }
 
 ProcResult run_train(const std::vector<std::string>& args) {
