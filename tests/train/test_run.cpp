@@ -11,9 +11,7 @@
 //   its script says so.
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,8 +23,6 @@
 
 #include "dion/data/shard.h"
 #include "train_test_util.h"
-
-extern char** environ;
 
 namespace dion::train {
 namespace {
@@ -161,17 +157,10 @@ TEST_F(TrainRun, KillDashNineThenResumeEqualsTheUninterruptedRun) {
   ProcResult full = run_train(tiny_args(data(), a / "run") + common + std::vector<std::string>{"--checkpoint_dir", (a / "ck").string()});
   ASSERT_EQ(full.exit_code, 0) << full.output;
 
-  std::vector<std::string> args = {DION_TRAIN_EXE};
-  args = args + tiny_args(data(), b / "run") + common + std::vector<std::string>{"--checkpoint_dir", (b / "ck").string()};
-  std::vector<char*> argv;
-  for (std::string& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, DION_TRAIN_EXE, &fa, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
+  const std::vector<std::string> args =
+      tiny_args(data(), b / "run") + common + std::vector<std::string>{"--checkpoint_dir", (b / "ck").string()};
+  const pid_t pid = test::spawn_train(args, b / "killed.log");
+  ASSERT_GT(pid, 0);
   // Kill it once a checkpoint beyond the first exists (or whenever it is writing one).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (std::chrono::steady_clock::now() < deadline && !fs::exists(b / "ck/step_00000004")) {
@@ -181,7 +170,7 @@ TEST_F(TrainRun, KillDashNineThenResumeEqualsTheUninterruptedRun) {
   ::kill(pid, SIGKILL);
   int status = 0;
   ::waitpid(pid, &status, 0);
-  ProcResult resumed = run_train(std::vector<std::string>(args.begin() + 1, args.end()));
+  ProcResult resumed = run_train(args);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   expect_same_metrics(a / "run/metrics.jsonl", b / "run/metrics.jsonl");
   // Only the newest checkpoint is kept, and no temporary folder is left.

@@ -35,12 +35,10 @@ TempDir::~TempDir() {
   remove_tree(path_);
 }
 
-ProcResult run_train(const std::vector<std::string>& args) {
-  const fs::path out_file = fs::temp_directory_path() / ("dion_train_out." + std::to_string(::getpid()) + "." +
-                                                          std::to_string(std::rand()));
+int spawn_train(const std::vector<std::string>& args, const fs::path& output) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
   std::vector<std::string> all = {DION_TRAIN_EXE};
   all.insert(all.end(), args.begin(), args.end());
@@ -48,13 +46,20 @@ ProcResult run_train(const std::vector<std::string>& args) {
   for (std::string& a : all) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t pid = 0;
+  const int rc = posix_spawn(&pid, DION_TRAIN_EXE, &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc == 0 ? int(pid) : -1;
+}
+
+ProcResult run_train(const std::vector<std::string>& args) {
+  const fs::path out_file = fs::temp_directory_path() / ("dion_train_out." + std::to_string(::getpid()) + "." +
+                                                          std::to_string(std::rand()));
   ProcResult r;
-  if (posix_spawn(&pid, DION_TRAIN_EXE, &fa, nullptr, argv.data(), environ) != 0) {
-    posix_spawn_file_actions_destroy(&fa);
+  const pid_t pid = spawn_train(args, out_file);
+  if (pid < 0) {
     r.output = "posix_spawn failed";
     return r;
   }
-  posix_spawn_file_actions_destroy(&fa);
   int status = 0;
   ::waitpid(pid, &status, 0);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

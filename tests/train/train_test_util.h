@@ -28,8 +28,11 @@ struct ProcResult {
   int exit_code = -1;
   std::string output;  // stdout + stderr
 };
-// Runs build/dion-train with `args` (no shell), in the source dir; waits.
+// Runs build/dion-train with `args` (no shell); waits.
 ProcResult run_train(const std::vector<std::string>& args);
+// Starts build/dion-train with `args`, stdout and stderr to `output`; returns the pid (-1 on
+// failure) without waiting.
+int spawn_train(const std::vector<std::string>& args, const std::filesystem::path& output);
 
 // Tokenizes the committed Tiny Shakespeare into `dir` with `shard_size`-token shards (the first
 // is val, the rest train), once per process per (dir); returns dir.
