@@ -22,9 +22,9 @@ log() { printf '[run] %s\n' "$*"; }
 }
 
 if ! compgen -G "data/shakespeare/fineweb_train_*.bin" > /dev/null; then
-  log "tokenizing Tiny Shakespeare into data/shakespeare (GPT-2 BPE; 10% of the paragraphs for validation)"
+  log "tokenizing Tiny Shakespeare into data/shakespeare (GPT-2 BPE; the first 32,768 tokens are the val shard)"
   "$BUILD_DIR/dion-data" prepare data/tinyshakespeare/input.txt -o data/shakespeare \
-    --delimiter '\n\n' --val-fraction 0.1 --tokenizer data/gpt2 --overwrite
+    --shard-size 32768 --tokenizer data/gpt2 --overwrite
 fi
 
 RUN=runs/shakespeare_dion2

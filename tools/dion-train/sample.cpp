@@ -76,6 +76,7 @@ int run_sample(int argc, char** argv) {
     std::fflush(stdout);
   });
   std::fputs("\n", stdout);
+  std::fflush(stdout);
   std::fprintf(stderr, "dion-train sample: %lld tokens from %s (step %lld)\n", (long long)o.max_tokens,
                ckpt.string().c_str(), (long long)meta.state.step);
   return 0;
