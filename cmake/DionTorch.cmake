@@ -92,6 +92,8 @@ include(${CMAKE_CURRENT_LIST_DIR}/DionPython.cmake OPTIONAL)
 include(${CMAKE_CURRENT_LIST_DIR}/DionTrainIO.cmake)
 
 add_subdirectory(examples)
+# The GPT training program dion-train (tools/dion-train, docs/train.md).
+include(${CMAKE_CURRENT_LIST_DIR}/DionTrain.cmake)
 if(DION_BUILD_TESTS)
   add_subdirectory(tests)
 endif()

@@ -1,0 +1,65 @@
+# cmake/DionTrain.cmake — dion-train: the GPT training program (docs/train.md).
+#
+# Included by cmake/DionTorch.cmake once the `dion` library, `dion_pch` and `dion_executable`
+# exist. Needs the data tools (cmake/DionData.cmake: dion_data, CLI11, fmt, nlohmann_json).
+# Defines:
+#   dion_train        static library (include/dion/train, src/train): config, GPT, loader,
+#                     optimizer setup, checkpoints, metrics, the loop
+#   dion-train        the program (tools/dion-train)
+#   dion_train_tests  GoogleTest suite (tests/train), with DION_BUILD_TESTS; label "train"
+if(NOT TARGET dion_data)
+  message(STATUS "dion: the data tools are off (DION_SKIP_DATA): dion-train is not built")
+  return()
+endif()
+find_package(yaml-cpp REQUIRED)  # libyaml-cpp-dev
+
+set(DION_TRAIN_ROOT "${CMAKE_CURRENT_LIST_DIR}/..")
+cmake_path(NORMAL_PATH DION_TRAIN_ROOT)
+string(REGEX REPLACE "/$" "" DION_TRAIN_ROOT "${DION_TRAIN_ROOT}")
+
+add_library(dion_train STATIC
+  ${DION_TRAIN_ROOT}/src/train/autocast.cpp
+  ${DION_TRAIN_ROOT}/src/train/checkpoint.cpp
+  ${DION_TRAIN_ROOT}/src/train/config.cpp
+  ${DION_TRAIN_ROOT}/src/train/fs_util.cpp
+  ${DION_TRAIN_ROOT}/src/train/generate.cpp
+  ${DION_TRAIN_ROOT}/src/train/gpt.cpp
+  ${DION_TRAIN_ROOT}/src/train/loader.cpp
+  ${DION_TRAIN_ROOT}/src/train/metrics.cpp
+  ${DION_TRAIN_ROOT}/src/train/optim_setup.cpp
+  ${DION_TRAIN_ROOT}/src/train/train.cpp)
+target_link_libraries(dion_train
+  PUBLIC dion dion_data
+  PRIVATE yaml-cpp CLI11::CLI11 nlohmann_json::nlohmann_json dion_warnings)
+# <fmt/format.h> resolves to the fmt bundled in torch's include folder (v12) before Debian's (v9,
+# a shared library): use it header-only so that no fmt library symbols are needed.
+target_compile_definitions(dion_train PUBLIC FMT_HEADER_ONLY)
+target_precompile_headers(dion_train REUSE_FROM dion_pch)
+set_source_files_properties(${DION_TRAIN_ROOT}/src/train/config.cpp PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+
+dion_executable(dion-train
+  ${DION_TRAIN_ROOT}/tools/dion-train/main.cpp
+  ${DION_TRAIN_ROOT}/tools/dion-train/sample.cpp)
+target_link_libraries(dion-train PRIVATE dion_train CLI11::CLI11)
+target_compile_definitions(dion-train PRIVATE
+  DION_SOURCE_DIR="${DION_TRAIN_ROOT}"
+  DION_TRAIN_PLOT_SCRIPT="${DION_TRAIN_ROOT}/tools/dion-train/plot.py")
+set_target_properties(dion-train PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
+
+if(DION_BUILD_TESTS)
+  dion_executable(dion_train_tests
+    ${DION_TRAIN_ROOT}/tests/train/test_config.cpp
+    ${DION_TRAIN_ROOT}/tests/train/test_gpt.cpp
+    ${DION_TRAIN_ROOT}/tests/train/test_run.cpp
+    ${DION_TRAIN_ROOT}/tests/train/train_test_util.cpp)
+  target_link_libraries(dion_train_tests PRIVATE
+    dion_train GTest::gtest GTest::gtest_main nlohmann_json::nlohmann_json)
+  target_compile_definitions(dion_train_tests PRIVATE
+    DION_SOURCE_DIR="${DION_TRAIN_ROOT}"
+    DION_TRAIN_EXE="$<TARGET_FILE:dion-train>")
+  add_dependencies(dion_train_tests dion-train)
+  gtest_discover_tests(dion_train_tests
+    WORKING_DIRECTORY ${DION_TRAIN_ROOT}
+    DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
+    PROPERTIES LABELS train TIMEOUT 300)
+endif()

@@ -1,0 +1,68 @@
+// dion/train/checkpoint.h — training checkpoints: write them so that a kill at any moment
+// leaves the last complete one usable, find the newest, read them back.
+//
+// Layout (docs/train.md "Checkpoints"):
+//   CHECKPOINT_DIR/step_00000100/      one complete checkpoint (after training step 100)
+//       meta.json      format, version, step, tokens, elapsed time, best val loss, loader
+//                      position, layout (dp, fs, tp = 1), every parameter's name, global shape
+//                      and dtype, and the resolved config (YAML text)
+//       model.pt       torch::serialize archive: parameter name -> tensor (whole, CPU)
+//       optimizer.pt   torch::serialize archive written by dion::Optimizer::save
+//       rng.pt         torch::serialize archive: "cpu" (and "cuda") generator states
+//   CHECKPOINT_DIR/tmp.XXXXXX/         a checkpoint being written (ignored, removed later)
+// A checkpoint is written into tmp.XXXXXX (every file fsynced), renamed to step_N (atomic), the
+// folder fsynced; only then are older step_* folders removed. So at any instant the newest
+// step_* folder is complete.
+//
+// What it does not do: resharding (issue 10 reads `layout` and the global shapes).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "dion/optim/optimizer.h"
+#include "dion/train/gpt.h"
+#include "dion/train/loader.h"
+
+namespace dion::train {
+
+inline constexpr int kCheckpointVersion = 1;
+
+// A problem with a checkpoint on disk. Exit code 1.
+class CheckpointError : public std::runtime_error {
+ public:
+  explicit CheckpointError(const std::string& message) : std::runtime_error(message) {}
+};
+
+struct TrainState {
+  int64_t step = -1;        // the last training step done (-1: none)
+  int64_t tokens = 0;       // training tokens so far
+  double elapsed_s = 0;     // wall time of the run so far (all invocations)
+  double best_val_loss = 0; // 0 with best_val_step == -1: no validation yet
+  int64_t best_val_step = -1;
+  LoaderPosition loader;
+};
+
+// Writes a checkpoint of `state` (see the top of this file). Returns its folder.
+std::filesystem::path checkpoint_save(const std::filesystem::path& dir, GPT& model, const dion::Optimizer& optimizer,
+                                      const TrainState& state, const std::string& config_yaml);
+
+// The newest complete checkpoint folder in `dir`, if any.
+std::optional<std::filesystem::path> checkpoint_find_latest(const std::filesystem::path& dir);
+
+// Reads meta.json. Throws CheckpointError naming the file.
+struct CheckpointMeta {
+  TrainState state;
+  std::string config_yaml;
+  GPTConfig model;
+};
+CheckpointMeta checkpoint_read_meta(const std::filesystem::path& ckpt);
+
+// Loads the model's parameters (shapes checked against meta.json's), and, when given, the
+// optimizer and RNG states. Throws CheckpointError naming the file and the tensor.
+void checkpoint_load_model(const std::filesystem::path& ckpt, GPT& model);
+void checkpoint_load_training(const std::filesystem::path& ckpt, dion::Optimizer& optimizer);
+
+}  // namespace dion::train

@@ -1,0 +1,127 @@
+// dion/train/config.h — dion-train's configuration: one table of keys, read from a YAML file and
+// overridden by command-line flags.
+//
+// The keys are the reference train.py's flags (its Hyperparameters dataclass plus its argparse
+// flags), with the same names, types and defaults, plus a few of ours (run_dir, device, dtype,
+// seed, resume, stop_after). Every key is declared ONCE, in the table in config.cpp (name, the
+// Config field it sets, a help line, an optional check); parsing, --help, validation and the
+// config.yaml dump of a run all read that table.
+//
+//   Config c = config_parse(argc, argv);      // --config FILE.yaml, then --key value overrides
+//
+// Rules (docs/train.md "Keys"):
+//   - YAML `null` (or `~`) means "not set": the default applies (the reference's configs write
+//     `dp_size: null`).
+//   - A command-line value is read as a YAML scalar, so `--lr 1e-3` and `lr: 1e-3` are the same;
+//     a boolean key given as a bare flag (`--debug`) means true.
+//   - An unknown key, a value of the wrong type or an impossible value throws ConfigError naming
+//     the key, the value and what is valid. The program prints it and exits with code 2 before
+//     writing anything.
+//
+// What it does not do: read data, build the model or the optimizer.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dion::train {
+
+// A bad configuration: unknown key, wrong type, impossible value. Exit code 2.
+class ConfigError : public std::runtime_error {
+ public:
+  explicit ConfigError(const std::string& message) : std::runtime_error(message) {}
+};
+
+// Every key, with the reference's defaults (train.py Hyperparameters / argparse).
+struct Config {
+  // ---- data
+  std::string data_dir = "data/fineweb10B";
+  // ---- training
+  int64_t batch_size = 8 * 64;        // global batch, sequences
+  int64_t device_batch_size = 64;     // sequences per forward/backward
+  int64_t sequence_length = 1024;
+  int64_t num_iterations = 5000;
+  double warmup_ratio = 0.01;
+  double warmdown_ratio = 0.2;
+  // ---- model
+  int64_t model_dim = 768;
+  int64_t n_layer = 12;
+  int64_t n_head = 6;
+  // ---- evaluation, checkpoints, logging
+  int64_t val_loss_every = 125;
+  int64_t val_tokens = 10485760;
+  int64_t checkpoint_freq = 0;
+  std::string checkpoint_dir = "";
+  std::string wandb_project_name = "dion-test";
+  std::string wandb_job_name = "";
+  bool no_wandb = false;
+  // ---- optimizer
+  std::string optimizer = "dion";
+  std::string scalar_opt = "lion";
+  double lr = 0.02;
+  double mu = 0.95;
+  double weight_decay = 0.01;
+  double ortho_fraction = 0.25;
+  std::string qr_method = "rcqr";
+  double cqr_warmup = 0.05;
+  double rcqr_oversample = 1.25;
+  bool replicate_mesh_grad_sync = false;
+  bool mixed_precision = false;
+  std::string adjust_lr = "spectral_norm";
+  bool verbose = true;
+  bool time_optimizer = false;
+  bool use_polar_express = false;
+  bool use_gram_newton_schulz = false;
+  // ---- distribution (one process for now: issue 10)
+  int64_t dp_size = 1;
+  int64_t fs_size = 1;
+  int64_t tp_size = 1;
+  bool fast_fsdp = false;
+  // ---- debugging / reference flags without an effect here
+  bool debug = false;
+  bool no_compile = false;
+  bool no_triton = false;
+  // ---- ours
+  std::string run_dir = "";      // "" -> runs/<config file stem> (runs/default without --config)
+  std::string device = "cpu";    // cpu | cuda
+  std::string dtype = "auto";    // auto | fp32 | bf16 (autocast)
+  int64_t seed = 1337;
+  bool resume = true;
+  int64_t stop_after = 0;
+  int64_t log_every = 1;
+
+  std::string config_file;  // the --config path ("" without one); not a key
+
+  // Derived values (after validation).
+  int64_t grad_accum_steps() const { return batch_size / device_batch_size; }
+  int64_t val_steps() const;  // val_tokens / (device_batch_size * sequence_length), debug: <= 2
+  std::filesystem::path resolved_run_dir() const;
+};
+
+// Parses argv: `--config FILE` (optional), then `--key value` / `--key=value` / `--flag`.
+// Applies debug mode's overrides (as the reference: batch 2, device batch 1, 20 iterations) and
+// validates. Throws ConfigError. `--help` throws HelpRequested with the text to print.
+Config config_parse(int argc, const char* const* argv);
+
+// Reads a YAML file into `config` (keys it sets only). Throws ConfigError naming the file.
+void config_load_yaml(Config& config, const std::filesystem::path& file);
+// Sets one key from command-line text: strings as given, "" for a boolean = true, anything
+// else read as a YAML scalar. Throws ConfigError.
+void config_set(Config& config, const std::string& key, const std::string& value);
+// Checks every key and the relations between keys. Throws ConfigError.
+void config_validate(const Config& config);
+// The resolved configuration as YAML (every key, table order).
+std::string config_to_yaml(const Config& config);
+// --help: every key, its type, default and help line.
+std::string config_help();
+
+// Thrown by config_parse for --help / -h; what() is the help text.
+class HelpRequested : public std::runtime_error {
+ public:
+  explicit HelpRequested(const std::string& text) : std::runtime_error(text) {}
+};
+
+}  // namespace dion::train

@@ -1,0 +1,113 @@
+// dion/train/gpt.h — the reference's GPT (microsoft/dion models/gpt_model.py) as a LibTorch
+// module.
+//
+//   token embedding wte [V, C]
+//   n_layer blocks:  x = x + attn(rms_norm(x));  x = x + mlp(rms_norm(x))
+//     attn: c_q, c_k, c_v [C, C] (no bias); rotary on q, k (cos/sin rounded to bf16, as the
+//           reference); q, k RMS-normed per head; causal scaled_dot_product_attention; c_proj
+//     mlp:  c_fc [4C, C], relu(x)^2, c_proj [C, 4C] (no bias)
+//   final rms_norm, untied lm_head [V, C] (no bias), logits in fp32, cross entropy (mean)
+// Initialization (init_weights): Linear ~ N(0, 1/sqrt(fan_in) * min(1, sqrt(fan_out/fan_in))),
+// Embedding ~ N(0, 1), drawn from the default generator in the reference's module order (wte,
+// then each block's c_q, c_k, c_v, c_proj, c_fc, c_proj, then lm_head), so that the same seed
+// gives the same weights as the reference's `torch.manual_seed(s); model.init_weights()`.
+// Parameter names are the reference's state_dict keys ("transformer.h.0.attn.c_q.weight").
+//
+// Shapes: idx, targets [B, T] int64; x [B, T, C]; q, k, v [B, T, H, D] (D = C / H);
+// logits [B, T, V].
+//
+// What it is not: no parallelism, no optimizer, no autocast (the caller sets it up).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace dion::train {
+
+inline constexpr int64_t kVocabSize = 50304;  // GPT-2's 50257 rounded up to a multiple of 128
+
+struct GPTConfig {
+  int64_t sequence_len = 1024;
+  int64_t vocab_size = kVocabSize;
+  int64_t n_layer = 12;
+  int64_t n_head = 6;
+  int64_t n_embd = 768;
+};
+
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GPTConfig& config);
+  at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
+
+  torch::nn::Linear c_q{nullptr}, c_k{nullptr}, c_v{nullptr}, c_proj{nullptr};
+
+ private:
+  int64_t n_head_, head_dim_;
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const GPTConfig& config);
+  at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
+
+  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GPTConfig& config);
+  at::Tensor forward(const at::Tensor& x);
+
+  CausalSelfAttention attn{nullptr};
+  MLP mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GPTImpl : public torch::nn::Module {
+ public:
+  explicit GPTImpl(const GPTConfig& config);
+
+  // The reference's init_weights (see the top of this file). Call under the seed you want.
+  void init_weights();
+
+  // Mean cross entropy over idx/targets [B, T] (targets -1 ignored), fp32 0-d.
+  at::Tensor loss(const at::Tensor& idx, const at::Tensor& targets);
+  // fp32 logits [B, T, V] for every position.
+  at::Tensor logits(const at::Tensor& idx);
+
+  // The parameters, split as the reference's init_optimizer splits them.
+  std::vector<at::Tensor> block_params();  // transformer.h.* (matrices)
+  at::Tensor embedding_weight() { return wte->weight; }
+  at::Tensor lm_head_weight() { return lm_head->weight; }
+
+  const GPTConfig& config() const { return config_; }
+
+ private:
+  at::Tensor hidden(const at::Tensor& idx);  // final-normed hidden states [B, T, C]
+
+  GPTConfig config_;
+  std::shared_ptr<torch::nn::Module> transformer_;  // holds wte and h, for the reference's names
+  torch::nn::Embedding wte{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  std::vector<Block> blocks_;
+  torch::nn::Linear lm_head{nullptr};
+};
+TORCH_MODULE(GPT);
+
+// Rotary cos/sin for T positions and head size D: [T, D/2] each, rounded to bf16 as the
+// reference does (Rotary.forward), on `device`.
+std::pair<at::Tensor, at::Tensor> rotary_cos_sin(int64_t T, int64_t D, at::Device device);
+// The reference's apply_rotary_emb: x [B, T, H, D], cos/sin [T, D/2] -> [B, T, H, D] in x's dtype.
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// Parameters of a GPT with this shape (the reference's count; 162,201,600 for 768 x 12).
+int64_t gpt_param_count(const GPTConfig& config);
+
+}  // namespace dion::train

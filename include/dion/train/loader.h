@@ -1,0 +1,101 @@
+// dion/train/loader.h — batches of tokens for the trainer: FineWeb shards in a folder, or
+// debug mode's synthetic tokens.
+//
+// ShardLoader is the reference's DistributedDataLoader (models/gpt_utils.py) for one data-parallel
+// rank of `world`: shards matching PREFIX_{train,val}_*.bin in sorted order; a batch is the
+// B*T+1 tokens at `position` (x = first B*T, y = the next B*T, shifted by one); then
+// position += B*T*world, and when fewer than B*T*world+1 tokens would remain, the next shard
+// (cycling) starting at rank*B*T. Every shard's header and size are checked when the loader is
+// built (so a bad shard fails before anything is written), and each shard's tokens are checked
+// against the vocabulary when it is first mapped.
+//
+// Position: (shard index, offset) of the NEXT batch; it goes into the checkpoint. (The
+// reference prefetches the next batch before saving its position, so its resume skips one
+// batch; ours resumes at exactly the batch the uninterrupted run would read.)
+//
+// SyntheticLoader: uniform random tokens in [0, 50257) from its own generator seeded with
+// `seed`; its position is the number of batches drawn (the generator is re-seeded and advanced
+// on restore).
+//
+// What it does not do: shuffle, or decide rank / world (the caller passes them).
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dion/data/shard.h"
+
+namespace dion::train {
+
+// A data problem (missing folder, no shards, a bad shard). Exit code 1.
+class DataLoadError : public std::runtime_error {
+ public:
+  explicit DataLoadError(const std::string& message) : std::runtime_error(message) {}
+};
+
+struct LoaderPosition {
+  int64_t shard = 0;   // index into the sorted shard list
+  int64_t offset = 0;  // token offset of the next batch in that shard
+  std::string shard_name;  // the file's name, for the checkpoint (checked on restore)
+};
+
+struct Batch {
+  at::Tensor x, y;  // [B, T] int64 (inputs, targets = inputs shifted by one)
+};
+
+class Loader {
+ public:
+  virtual ~Loader() = default;
+  virtual Batch next() = 0;
+  virtual void reset() = 0;  // back to the first batch (validation)
+  virtual LoaderPosition position() const = 0;
+  virtual void restore(const LoaderPosition& pos) = 0;
+  virtual std::string describe() const = 0;  // one line for the log
+};
+
+class ShardLoader : public Loader {
+ public:
+  // `split`: "train" or "val". Throws DataLoadError naming the folder / file.
+  ShardLoader(const std::filesystem::path& dir, const std::string& split, int64_t B, int64_t T,
+              int64_t rank = 0, int64_t world = 1, const std::string& prefix = "fineweb");
+  Batch next() override;
+  void reset() override;
+  LoaderPosition position() const override;
+  void restore(const LoaderPosition& pos) override;
+  std::string describe() const override;
+  const std::vector<std::filesystem::path>& files() const { return files_; }
+
+ private:
+  void open_shard(int64_t index);
+
+  std::vector<std::filesystem::path> files_;
+  std::vector<int64_t> token_counts_;
+  int64_t B_, T_, rank_, world_;
+  int64_t shard_ = -1, offset_ = 0;
+  std::unique_ptr<data::ShardFile> current_;
+  std::vector<bool> checked_;
+};
+
+class SyntheticLoader : public Loader {
+ public:
+  SyntheticLoader(int64_t B, int64_t T, uint64_t seed);
+  Batch next() override;
+  void reset() override;
+  LoaderPosition position() const override;
+  void restore(const LoaderPosition& pos) override;
+  std::string describe() const override;
+
+ private:
+  int64_t B_, T_;
+  uint64_t seed_;
+  int64_t drawn_ = 0;
+  at::Generator gen_;
+};
+
+}  // namespace dion::train

@@ -1,0 +1,34 @@
+// dion/train/metrics.h — RUN_DIR/metrics.jsonl: one JSON object per training step and per
+// validation, the file `dion-train plot` (tools/dion-train/plot.py) reads.
+//
+//   {"kind":"train","step":N,"loss":L,"lr":LR,"tokens":T,"tokens_per_s":R,"ms_per_step":M,"time_s":S}
+//   {"kind":"val","step":N,"val_loss":L,"tokens":T,"time_s":S}
+// step: the training step (0-based; a val record at step N is taken before step N trains, and
+// at N = num_iterations at the end); tokens: training tokens consumed so far; time_s: wall
+// seconds of the run so far (across resumed invocations); lr: group 0's learning rate.
+//
+// On resume the file keeps only the records with step <= the checkpoint's step, so that the
+// resumed file is the one an uninterrupted run writes. Every line is flushed when written.
+//
+// What it is not: TensorBoard (a separate writer), or the console lines (train.cpp).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+
+namespace dion::train {
+
+class MetricsWriter {
+ public:
+  // keep_through_step < 0: start a new file; else keep records with step <= it.
+  MetricsWriter(const std::filesystem::path& file, int64_t keep_through_step);
+  void train(int64_t step, double loss, double lr, int64_t tokens, double tokens_per_s, double ms_per_step,
+             double time_s);
+  void val(int64_t step, double val_loss, int64_t tokens, double time_s);
+
+ private:
+  std::ofstream out_;
+};
+
+}  // namespace dion::train

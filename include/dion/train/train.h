@@ -1,0 +1,38 @@
+// dion/train/train.h — one training run of dion-train, one process (CPU or one CUDA device).
+//
+// train_run(config) does, in order (train.py main() for one process):
+//   1. check the data (every shard's header; debug mode: synthetic tokens) and the checkpoint
+//      folder, before anything is written;
+//   2. build the GPT (seeded init), the optimizer (optim_setup.h), resume from the newest
+//      checkpoint in checkpoint_dir when there is one (and resume is true);
+//   3. write RUN_DIR/config.yaml, open RUN_DIR/metrics.jsonl;
+//   4. loop: validation every val_loss_every steps (and at the end), then
+//      grad_accum_steps x (forward + backward) per step, optimizer step at the scheduled lr,
+//      one console line per step, a checkpoint every checkpoint_freq steps and at the end;
+//   5. print a summary.
+// Throws ConfigError (exit 2), DataLoadError / CheckpointError (exit 1).
+#pragma once
+
+#include <string>
+
+#include "dion/train/config.h"
+
+namespace dion::train {
+
+// "fp32" or "bf16": the dtype a run computes in (config.dtype, with "auto" resolved:
+// bf16 autocast on CUDA, kCpuAutoDtype on CPU).
+std::string resolve_dtype(const Config& config);
+// The CPU default for dtype auto, chosen by measurement (docs/train.md "CPU dtype").
+inline constexpr const char* kCpuAutoDtype = "fp32";
+
+struct RunSummary {
+  int64_t steps_done = 0;    // in this invocation
+  int64_t last_step = -1;
+  double best_val_loss = 0;
+  int64_t best_val_step = -1;
+  bool stopped_early = false;  // stop_after
+};
+
+RunSummary train_run(const Config& config);
+
+}  // namespace dion::train

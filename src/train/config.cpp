@@ -1,0 +1,382 @@
+// src/train/config.cpp — the table of dion-train's keys and everything that reads it: YAML and
+// command-line parsing, per-key checks, the relations between keys, --help and the YAML dump.
+//
+// To add a key: a field in Config (config.h) with its default, and one row in kKeys below.
+#include "dion/train/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <fmt/format.h>
+#include <map>
+#include <sstream>
+#include <variant>
+
+namespace dion::train {
+
+namespace {
+
+// ---------------------------------------------------------------------------- the table
+
+using Field = std::variant<int64_t Config::*, double Config::*, std::string Config::*, bool Config::*>;
+
+// What values a key accepts beyond its type.
+enum class Check { ANY, POSITIVE, NON_NEGATIVE, RATIO, FRACTION, CHOICE };
+
+struct Key {
+  const char* name;
+  Field field;
+  const char* help;
+  Check check = Check::ANY;
+  std::vector<std::string> choices = {};
+};
+
+const std::vector<Key>& keys() {
+  static const std::vector<Key> table = {
+      // data
+      {"data_dir", &Config::data_dir, "folder with fineweb_train_*.bin and fineweb_val_*.bin shards"},
+      // training
+      {"batch_size", &Config::batch_size, "global batch size, sequences (gradient accumulation = batch_size / device_batch_size)", Check::POSITIVE},
+      {"device_batch_size", &Config::device_batch_size, "sequences per forward/backward pass", Check::POSITIVE},
+      {"sequence_length", &Config::sequence_length, "tokens per sequence", Check::POSITIVE},
+      {"num_iterations", &Config::num_iterations, "optimizer steps", Check::POSITIVE},
+      {"warmup_ratio", &Config::warmup_ratio, "fraction of num_iterations with linear lr warmup", Check::RATIO},
+      {"warmdown_ratio", &Config::warmdown_ratio, "fraction of num_iterations with linear lr decay to 0", Check::RATIO},
+      // model
+      {"model_dim", &Config::model_dim, "model width (divisible by n_head)", Check::POSITIVE},
+      {"n_layer", &Config::n_layer, "transformer blocks", Check::POSITIVE},
+      {"n_head", &Config::n_head, "attention heads", Check::POSITIVE},
+      // evaluation, checkpoints, logging
+      {"val_loss_every", &Config::val_loss_every, "validation every N steps (0: only at the end)", Check::NON_NEGATIVE},
+      {"val_tokens", &Config::val_tokens, "tokens per validation (a multiple of device_batch_size * sequence_length)", Check::POSITIVE},
+      {"checkpoint_freq", &Config::checkpoint_freq, "checkpoint every N steps and at the end (0: never)", Check::NON_NEGATIVE},
+      {"checkpoint_dir", &Config::checkpoint_dir, "folder for checkpoints; a run resumes from it (\"\": none)"},
+      {"wandb_project_name", &Config::wandb_project_name, "accepted for the reference's configs; no effect (metrics go to run_dir)"},
+      {"wandb_job_name", &Config::wandb_job_name, "accepted for the reference's configs; no effect"},
+      {"no_wandb", &Config::no_wandb, "accepted for the reference's configs; no effect"},
+      // optimizer
+      {"optimizer", &Config::optimizer, "matrix optimizer", Check::CHOICE,
+       {"adamw", "lion", "muon", "normuon", "dion2", "nordion2", "dion3", "dion"}},
+      {"scalar_opt", &Config::scalar_opt, "optimizer of the embedding and lm_head", Check::CHOICE, {"adamw", "lion"}},
+      {"lr", &Config::lr, "base learning rate", Check::NON_NEGATIVE},
+      {"mu", &Config::mu, "momentum (Dion2: error-feedback decay)", Check::NON_NEGATIVE},
+      {"weight_decay", &Config::weight_decay, "weight decay of the matrix parameters", Check::NON_NEGATIVE},
+      {"ortho_fraction", &Config::ortho_fraction, "Dion2/NorDion2 selected fraction; Dion rank fraction", Check::FRACTION},
+      {"qr_method", &Config::qr_method, "Dion's orthonormalization (only rcqr is implemented)", Check::CHOICE, {"rcqr"}},
+      {"cqr_warmup", &Config::cqr_warmup, "Dion cqr warmup (cqr is not implemented; no effect)", Check::RATIO},
+      {"rcqr_oversample", &Config::rcqr_oversample, "Dion randomized-QR sketch oversampling", Check::POSITIVE},
+      {"replicate_mesh_grad_sync", &Config::replicate_mesh_grad_sync, "Dion: data-parallel gradient sync inside the optimizer (dion only)"},
+      {"mixed_precision", &Config::mixed_precision, "Dion: bf16 momentum and Q"},
+      {"adjust_lr", &Config::adjust_lr, "learning-rate scaling of the orthogonalized update", Check::CHOICE,
+       {"spectral_norm", "rms_norm", "none"}},
+      {"verbose", &Config::verbose, "accepted for the reference's configs; no effect"},
+      {"time_optimizer", &Config::time_optimizer, "print forward/backward and optimizer time separately"},
+      {"use_polar_express", &Config::use_polar_express, "orthogonalize with Polar Express (default: Newton-Schulz, as train.py)"},
+      {"use_gram_newton_schulz", &Config::use_gram_newton_schulz, "Gram Newton-Schulz (not implemented: must be false)"},
+      // distribution
+      {"dp_size", &Config::dp_size, "data-parallel size (1: one process; more: issue 10)", Check::POSITIVE},
+      {"fs_size", &Config::fs_size, "FSDP size (1: one process; more: issue 10)", Check::POSITIVE},
+      {"tp_size", &Config::tp_size, "tensor-parallel size (1: one process; more: issue 10)", Check::POSITIVE},
+      {"fast_fsdp", &Config::fast_fsdp, "accepted for the reference's configs; no effect in one process"},
+      // debugging
+      {"debug", &Config::debug, "the reference's debug mode (batch 2, device batch 1, 20 steps, <= 2 val batches) on synthetic tokens"},
+      {"no_compile", &Config::no_compile, "accepted for the reference's configs; no effect (nothing is compiled at run time)"},
+      {"no_triton", &Config::no_triton, "accepted for the reference's configs; no effect (no Triton)"},
+      // ours
+      {"run_dir", &Config::run_dir, "where metrics.jsonl and config.yaml go (\"\": runs/<config file stem>)"},
+      {"device", &Config::device, "where to train", Check::CHOICE, {"cpu", "cuda"}},
+      {"dtype", &Config::dtype, "compute dtype: auto (cuda: bf16 autocast; cpu: the faster, docs/train.md), fp32, bf16 (autocast)",
+       Check::CHOICE, {"auto", "fp32", "bf16"}},
+      {"seed", &Config::seed, "seed of the initialization and of debug mode's tokens", Check::NON_NEGATIVE},
+      {"resume", &Config::resume, "resume from checkpoint_dir when it holds a checkpoint (false: start over)"},
+      {"stop_after", &Config::stop_after, "stop after this many steps of this invocation, checkpointing first (0: run to num_iterations)", Check::NON_NEGATIVE},
+      {"log_every", &Config::log_every, "print a step line every N steps (metrics.jsonl gets every step)", Check::POSITIVE},
+  };
+  return table;
+}
+
+const Key* find_key(const std::string& name) {
+  for (const Key& k : keys())
+    if (name == k.name) return &k;
+  return nullptr;
+}
+
+std::string key_names() {
+  std::string out;
+  for (const Key& k : keys()) out += (out.empty() ? "" : ", ") + std::string(k.name);
+  return out;
+}
+
+const char* type_name(const Field& f) {
+  switch (f.index()) {
+    case 0: return "int";
+    case 1: return "float";
+    case 2: return "string";
+    default: return "bool";
+  }
+}
+
+std::string format_double(double v) {
+  std::string s = fmt::format("{}", v);  // shortest round-trip
+  if (s.find_first_of(".eEni") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string value_text(const Config& c, const Field& f) {
+  return std::visit(
+      [&](auto member) -> std::string {
+        const auto& v = c.*member;
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
+        else if constexpr (std::is_same_v<T, double>) return format_double(v);
+        else if constexpr (std::is_same_v<T, std::string>) return v;
+        else return std::to_string(v);
+      },
+      f);
+}
+
+std::string join_choices(const std::vector<std::string>& choices) {
+  std::string out;
+  for (const std::string& c : choices) out += (out.empty() ? "" : ", ") + c;
+  return out;
+}
+
+// ---------------------------------------------------------------------------- setting a key
+
+// Sets `key` from a YAML node. `where`: "FILE" or "the command line", for messages.
+void set_from_node(Config& c, const std::string& key, const YAML::Node& node, const std::string& where) {
+  const Key* k = find_key(key);
+  if (!k)
+    throw ConfigError(fmt::format("{}: unknown key '{}'. Valid keys: {} (dion-train --help lists them with defaults)",
+                                  where, key, key_names()));
+  if (!node.IsDefined() || node.IsNull()) return;  // null: not set, the default applies
+  const std::string text = node.IsScalar() ? node.Scalar() : std::string("<a YAML list or map>");
+  auto bad = [&](const char* expected) {
+    return ConfigError(fmt::format("{}: key '{}': value '{}' is not {}", where, key, text, expected));
+  };
+  if (!node.IsScalar()) throw bad("a single value");
+  std::visit(
+      [&](auto member) {
+        auto& v = c.*member;
+        using T = std::decay_t<decltype(v)>;
+        try {
+          if constexpr (std::is_same_v<T, bool>) {
+            v = node.as<bool>();
+          } else if constexpr (std::is_same_v<T, int64_t>) {
+            v = node.as<int64_t>();
+          } else if constexpr (std::is_same_v<T, double>) {
+            const double d = node.as<double>();
+            if (!std::isfinite(d)) throw bad("a finite number");
+            v = d;
+          } else {
+            v = node.as<std::string>();
+          }
+        } catch (const YAML::BadConversion&) {
+          if constexpr (std::is_same_v<T, bool>) throw bad("a boolean (true or false)");
+          else if constexpr (std::is_same_v<T, int64_t>) throw bad("an integer");
+          else if constexpr (std::is_same_v<T, double>) throw bad("a number");
+          else throw bad("a string");
+        }
+      },
+      k->field);
+}
+
+// The per-key check: "" when valid, else what is valid.
+std::string key_check(const Config& c, const Key& k) {
+  auto num = [&]() -> double {
+    if (auto* m = std::get_if<int64_t Config::*>(&k.field)) return double(c.**m);
+    if (auto* m = std::get_if<double Config::*>(&k.field)) return c.**m;
+    return 0;
+  };
+  switch (k.check) {
+    case Check::ANY: return "";
+    case Check::POSITIVE: return num() > 0 ? "" : "a value > 0";
+    case Check::NON_NEGATIVE: return num() >= 0 ? "" : "a value >= 0";
+    case Check::RATIO: return num() >= 0 && num() <= 1 ? "" : "a value in [0, 1]";
+    case Check::FRACTION: return num() > 0 && num() <= 1 ? "" : "a value in (0, 1]";
+    case Check::CHOICE: {
+      const std::string v = value_text(c, k.field);
+      for (const std::string& choice : k.choices)
+        if (v == choice) return "";
+      return "one of: " + join_choices(k.choices);
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- public
+
+void config_set(Config& config, const std::string& key, const std::string& value) {
+  const Key* k = find_key(key);
+  if (k && std::holds_alternative<std::string Config::*>(k->field)) {  // text as given ("" included)
+    config.*std::get<std::string Config::*>(k->field) = value;
+    return;
+  }
+  if (k && std::holds_alternative<bool Config::*>(k->field) && value.empty()) {  // a bare --flag
+    config.*std::get<bool Config::*>(k->field) = true;
+    return;
+  }
+  YAML::Node node;
+  try {
+    node = YAML::Load(value);
+  } catch (const YAML::Exception&) {
+    node = YAML::Node(value);  // not YAML: a plain string
+  }
+  if (node.IsNull() && !value.empty() && value != "null" && value != "~") node = YAML::Node(value);
+  set_from_node(config, key, node, "command line");
+}
+
+void config_load_yaml(Config& config, const std::filesystem::path& file) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(file.string());
+  } catch (const YAML::BadFile&) {
+    throw ConfigError(fmt::format("config file '{}': cannot be read (does it exist?)", file.string()));
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("config file '{}': not valid YAML: {}", file.string(), e.what()));
+  }
+  if (root.IsNull()) return;  // empty file
+  if (!root.IsMap())
+    throw ConfigError(fmt::format("config file '{}': expected a mapping of key: value lines", file.string()));
+  for (const auto& kv : root) set_from_node(config, kv.first.as<std::string>(), kv.second, file.string());
+}
+
+int64_t Config::val_steps() const {
+  const int64_t steps = val_tokens / (device_batch_size * sequence_length);
+  return debug ? std::min<int64_t>(steps, 2) : steps;
+}
+
+std::filesystem::path Config::resolved_run_dir() const {
+  if (!run_dir.empty()) return run_dir;
+  const std::string stem = config_file.empty() ? "default" : std::filesystem::path(config_file).stem().string();
+  return std::filesystem::path("runs") / stem;
+}
+
+void config_validate(const Config& c) {
+  for (const Key& k : keys()) {
+    const std::string valid = key_check(c, k);
+    if (!valid.empty())
+      throw ConfigError(fmt::format("key '{}': value '{}' is invalid; valid: {}", k.name, value_text(c, k.field), valid));
+  }
+  auto fail = [](const std::string& msg) { throw ConfigError(msg); };
+  if (c.dp_size != 1 || c.fs_size != 1 || c.tp_size != 1)
+    fail(fmt::format("dp_size {}, fs_size {}, tp_size {}: parallel layouts: not yet (issue 10); use 1, 1, 1",
+                     c.dp_size, c.fs_size, c.tp_size));
+  if (c.model_dim % c.n_head != 0)
+    fail(fmt::format("key 'model_dim': value {} is not divisible by n_head {}; valid: a multiple of n_head",
+                     c.model_dim, c.n_head));
+  if ((c.model_dim / c.n_head) % 2 != 0)
+    fail(fmt::format("model_dim {} / n_head {} = head size {} is odd; rotary embeddings need an even head size",
+                     c.model_dim, c.n_head, c.model_dim / c.n_head));
+  const int64_t dp = c.dp_size * c.fs_size;
+  if (c.batch_size % (c.device_batch_size * dp) != 0)
+    fail(fmt::format("key 'batch_size': value {} is not divisible by device_batch_size {} x data-parallel ranks {}; "
+                     "valid: a multiple of {}",
+                     c.batch_size, c.device_batch_size, dp, c.device_batch_size * dp));
+  const int64_t val_batch = c.device_batch_size * c.sequence_length * dp;
+  if (c.val_tokens % val_batch != 0)
+    fail(fmt::format("key 'val_tokens': value {} is not a multiple of device_batch_size x sequence_length x "
+                     "data-parallel ranks = {}; valid: e.g. {}",
+                     c.val_tokens, val_batch, std::max<int64_t>(1, c.val_tokens / val_batch) * val_batch));
+  if (c.checkpoint_freq > 0 && c.checkpoint_dir.empty())
+    fail(fmt::format("key 'checkpoint_freq': value {} needs checkpoint_dir (it is empty)", c.checkpoint_freq));
+  if (c.stop_after > 0 && c.checkpoint_dir.empty())
+    fail(fmt::format("key 'stop_after': value {} needs checkpoint_dir to continue from (it is empty)", c.stop_after));
+  if (c.replicate_mesh_grad_sync && c.optimizer != "dion")
+    fail(fmt::format("key 'replicate_mesh_grad_sync': true is for optimizer dion only (optimizer is '{}')", c.optimizer));
+  if (c.use_gram_newton_schulz)
+    fail("key 'use_gram_newton_schulz': true is not implemented; valid: false");
+}
+
+Config config_parse(int argc, const char* const* argv) {
+  // Every key is a "--key" option with 0 or 1 values (0 only makes sense for booleans).
+  CLI::App app{"dion-train", "dion-train"};
+  app.set_help_flag();  // our own --help (config_help)
+  app.allow_extras();
+  std::string config_file;
+  bool help = false;
+  app.add_option("--config", config_file);
+  app.add_flag("-h,--help", help);
+  std::map<std::string, std::vector<std::string>> given;
+  for (const Key& k : keys()) {
+    auto* opt = app.add_option(std::string("--") + k.name, given[k.name]);
+    opt->expected(std::holds_alternative<bool Config::*>(k.field) ? 0 : 1, 1);
+    opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  }
+  try {
+    std::vector<std::string> args;
+    for (int i = argc - 1; i >= 1; --i) args.emplace_back(argv[i]);
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    throw ConfigError(fmt::format("command line: {}", e.what()));
+  }
+  if (help) throw HelpRequested(config_help());
+  for (const std::string& extra : app.remaining()) {
+    std::string key = extra;
+    if (key.rfind("--", 0) == 0) {
+      key = key.substr(2, key.find('=') == std::string::npos ? std::string::npos : key.find('=') - 2);
+      throw ConfigError(fmt::format("command line: unknown key '{}'. Valid keys: {} (dion-train --help lists them "
+                                    "with defaults)", key, key_names()));
+    }
+    throw ConfigError(fmt::format("command line: unexpected argument '{}' (keys are given as --key value)", extra));
+  }
+
+  Config c;
+  c.config_file = config_file;
+  if (!config_file.empty()) config_load_yaml(c, config_file);
+  for (const Key& k : keys()) {
+    const auto& values = given[k.name];
+    if (app.count(std::string("--") + k.name) == 0) continue;
+    config_set(c, k.name, values.empty() ? std::string() : values.back());
+  }
+  if (c.debug) {  // the reference's debug mode (train.py main())
+    c.batch_size = 2 * c.dp_size * c.fs_size;
+    c.device_batch_size = 1;
+    c.num_iterations = 20;
+  }
+  config_validate(c);
+  return c;
+}
+
+std::string config_to_yaml(const Config& c) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  for (const Key& k : keys()) {
+    out << YAML::Key << k.name << YAML::Value;
+    std::visit(
+        [&](auto member) {
+          const auto& v = c.*member;
+          using T = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, double>) out << format_double(v);  // exact, shortest
+          else if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << v;
+          else out << v;
+        },
+        k.field);
+  }
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string config_help() {
+  const Config defaults;
+  std::ostringstream os;
+  os << "dion-train: train the reference's GPT with a dion optimizer (docs/train.md)\n\n"
+        "usage:\n"
+        "  dion-train [--config FILE.yaml] [--key value ...]   train (command-line values override the file)\n"
+        "  dion-train plot RUN_DIR... -o curves.png             loss curves of runs in one PNG\n"
+        "  dion-train sample --checkpoint DIR --prompt TEXT     generate text from a checkpoint\n\n"
+        "keys (YAML file or --key value; booleans also as a bare --key):\n";
+  for (const Key& k : keys()) {
+    std::string line = fmt::format("  --{:<26} {:<6} default {}", k.name, type_name(k.field),
+                                   value_text(defaults, k.field).empty() ? "\"\"" : value_text(defaults, k.field));
+    os << line << "\n      " << k.help;
+    if (k.check == Check::CHOICE) os << " {" << join_choices(k.choices) << "}";
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace dion::train

@@ -1,0 +1,142 @@
+// src/train/gpt.cpp — the reference's GPT forward pass and initialization (gpt.h).
+//
+// Each operation is the one the reference's PyTorch code calls (F.rms_norm with eps=None,
+// F.scaled_dot_product_attention(is_causal=True), F.cross_entropy(ignore_index=-1)), in the same
+// order, so that fp32 CPU results agree with the reference's to rounding (tests/train).
+#include "dion/train/gpt.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+
+namespace dion::train {
+
+namespace {
+at::Tensor rms_norm_last(const at::Tensor& x) {  // F.rms_norm(x, (x.size(-1),)), eps = finfo.eps
+  return at::rms_norm(x, {x.size(-1)});
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------- rotary
+
+std::pair<at::Tensor, at::Tensor> rotary_cos_sin(int64_t T, int64_t D, at::Device device) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  // inv_freq = 1 / (10000 ** (arange(0, D, 2).float() / D))   [D/2]
+  at::Tensor inv_freq = at::reciprocal(at::pow(10000, at::arange(0, D, 2, f32) / D));
+  at::Tensor t = at::arange(T, f32);                       // [T]
+  at::Tensor freqs = at::outer(t, inv_freq).to(device);    // [T, D/2]
+  return {freqs.cos().to(at::kBFloat16), freqs.sin().to(at::kBFloat16)};
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t d = x.size(3) / 2;
+  at::Tensor c = cos.unsqueeze(0).unsqueeze(2);  // [1, T, 1, D/2]
+  at::Tensor s = sin.unsqueeze(0).unsqueeze(2);
+  at::Tensor x1 = x.slice(3, 0, d), x2 = x.slice(3, d);
+  at::Tensor y1 = x1 * c + x2 * s;
+  at::Tensor y2 = x1 * (-s) + x2 * c;
+  return at::cat({y1, y2}, 3).to(x.scalar_type());
+}
+
+// ---------------------------------------------------------------------------- modules
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& cfg)
+    : n_head_(cfg.n_head), head_dim_(cfg.n_embd / cfg.n_head) {
+  auto lin = [&](const char* name) {
+    return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(cfg.n_embd, cfg.n_embd).bias(false)));
+  };
+  c_q = lin("c_q");
+  c_k = lin("c_k");
+  c_v = lin("c_v");
+  c_proj = lin("c_proj");
+}
+
+at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1);
+  at::Tensor q = c_q(x).view({B, T, n_head_, head_dim_});  // [B, T, H, D]
+  at::Tensor k = c_k(x).view({B, T, n_head_, head_dim_});
+  at::Tensor v = c_v(x).view({B, T, n_head_, head_dim_});
+  auto [cos, sin] = rotary_cos_sin(T, head_dim_, x.device());
+  q = apply_rotary(q, cos, sin);
+  k = apply_rotary(k, cos, sin);
+  q = rms_norm_last(q);
+  k = rms_norm_last(k);
+  at::Tensor y = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  y = y.transpose(1, 2).contiguous().view({B, T, -1});  // [B, T, C]
+  return c_proj(y);
+}
+
+MLPImpl::MLPImpl(const GPTConfig& cfg) {
+  c_fc = register_module("c_fc", torch::nn::Linear(torch::nn::LinearOptions(cfg.n_embd, 4 * cfg.n_embd).bias(false)));
+  c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * cfg.n_embd, cfg.n_embd).bias(false)));
+}
+
+at::Tensor MLPImpl::forward(const at::Tensor& x) {
+  return c_proj(at::relu(c_fc(x)).square());  // relu squared
+}
+
+BlockImpl::BlockImpl(const GPTConfig& cfg) {
+  attn = register_module("attn", CausalSelfAttention(cfg));
+  mlp = register_module("mlp", MLP(cfg));
+}
+
+at::Tensor BlockImpl::forward(const at::Tensor& x) {
+  at::Tensor y = x + attn(rms_norm_last(x));
+  return y + mlp(rms_norm_last(y));
+}
+
+GPTImpl::GPTImpl(const GPTConfig& cfg) : config_(cfg) {
+  transformer_ = register_module("transformer", std::make_shared<torch::nn::Module>("transformer"));
+  wte = transformer_->register_module("wte", torch::nn::Embedding(cfg.vocab_size, cfg.n_embd));
+  h = transformer_->register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg.n_layer; ++i) {
+    blocks_.push_back(Block(cfg));
+    h->push_back(blocks_.back());
+  }
+  lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(cfg.n_embd, cfg.vocab_size).bias(false)));
+}
+
+void GPTImpl::init_weights() {
+  at::NoGradGuard no_grad;
+  auto init_linear = [](torch::nn::Linear& l) {
+    const double fan_out = double(l->weight.size(0)), fan_in = double(l->weight.size(1));
+    const double std = 1.0 / std::sqrt(fan_in) * std::min(1.0, std::sqrt(fan_out / fan_in));
+    l->weight.normal_(0.0, std);
+  };
+  // The reference's Module.apply order: children first, depth first, in registration order.
+  wte->weight.normal_(0.0, 1.0);
+  for (Block& b : blocks_) {
+    init_linear(b->attn->c_q);
+    init_linear(b->attn->c_k);
+    init_linear(b->attn->c_v);
+    init_linear(b->attn->c_proj);
+    init_linear(b->mlp->c_fc);
+    init_linear(b->mlp->c_proj);
+  }
+  init_linear(lm_head);
+}
+
+at::Tensor GPTImpl::hidden(const at::Tensor& idx) {
+  at::Tensor x = wte(idx);  // [B, T, C]
+  for (Block& b : blocks_) x = b(x);
+  return rms_norm_last(x);
+}
+
+at::Tensor GPTImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {
+  at::Tensor logits = lm_head(hidden(idx)).to(at::kFloat);  // [B, T, V] fp32
+  return at::cross_entropy_loss(logits.view({-1, logits.size(-1)}), targets.view({-1}), /*weight=*/{},
+                                at::Reduction::Mean, /*ignore_index=*/-1);
+}
+
+at::Tensor GPTImpl::logits(const at::Tensor& idx) { return lm_head(hidden(idx)).to(at::kFloat); }
+
+std::vector<at::Tensor> GPTImpl::block_params() { return h->parameters(); }
+
+int64_t gpt_param_count(const GPTConfig& c) {
+  const int64_t per_block = 4 * c.n_embd * c.n_embd + 2 * 4 * c.n_embd * c.n_embd;
+  return 2 * c.vocab_size * c.n_embd + c.n_layer * per_block;
+}
+
+}  // namespace dion::train

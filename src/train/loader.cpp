@@ -1,0 +1,140 @@
+// src/train/loader.cpp — ShardLoader (the reference's DistributedDataLoader) and
+// SyntheticLoader (debug mode). See loader.h.
+#include "dion/train/loader.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "dion/data/error.h"
+#include "dion/data/tokenizer.h"
+
+namespace dion::train {
+
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------- shards
+
+ShardLoader::ShardLoader(const fs::path& dir, const std::string& split, int64_t B, int64_t T, int64_t rank,
+                         int64_t world, const std::string& prefix)
+    : B_(B), T_(T), rank_(rank), world_(world) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw DataLoadError(fmt::format("data_dir '{}' is not a folder (does it exist?). Make shards with "
+                                    "`dion-data prepare TEXT -o {}` or fetch FineWeb with `dion-data download`",
+                                    dir.string(), dir.string()));
+  const std::string head = prefix + "_" + split + "_";
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(head, 0) == 0 && name.size() > 4 && name.ends_with(".bin")) files_.push_back(entry.path());
+  }
+  std::sort(files_.begin(), files_.end());
+  if (files_.empty())
+    throw DataLoadError(fmt::format("data_dir '{}': no {}*.bin shards. Make them with `dion-data prepare TEXT -o {}`",
+                                    dir.string(), head, dir.string()));
+  const int64_t need = B * T * world + 1;
+  for (const fs::path& f : files_) {
+    data::ShardHeader h;
+    try {
+      h = data::shard_read_header(f);
+    } catch (const data::DataError& e) {
+      throw DataLoadError(e.what());
+    }
+    if (h.token_count < need)
+      throw DataLoadError(fmt::format("shard '{}' holds {} tokens, fewer than one batch needs "
+                                      "(device_batch_size x sequence_length x ranks + 1 = {}); use a smaller "
+                                      "batch or bigger shards",
+                                      f.string(), h.token_count, need));
+    token_counts_.push_back(h.token_count);
+  }
+  checked_.assign(files_.size(), false);
+  reset();
+}
+
+void ShardLoader::open_shard(int64_t index) {
+  if (index == shard_ && current_) return;
+  try {
+    current_ = std::make_unique<data::ShardFile>(data::ShardFile::open(files_[index]));
+    if (!checked_[index]) data::shard_check_tokens(*current_, data::Gpt2Tokenizer::kVocabSize);
+  } catch (const data::DataError& e) {
+    throw DataLoadError(e.what());
+  }
+  checked_[index] = true;
+  shard_ = index;
+}
+
+void ShardLoader::reset() {
+  open_shard(0);
+  offset_ = rank_ * B_ * T_;
+}
+
+Batch ShardLoader::next() {
+  auto tokens = current_->tokens();
+  const int64_t n = B_ * T_;
+  // [B*T + 1] uint16 -> int64
+  at::Tensor buf = at::empty({n + 1}, at::kLong);
+  int64_t* out = buf.data_ptr<int64_t>();
+  for (int64_t i = 0; i <= n; ++i) out[i] = tokens[offset_ + i];
+  Batch b{buf.slice(0, 0, n).view({B_, T_}), buf.slice(0, 1, n + 1).view({B_, T_})};
+  offset_ += n * world_;
+  if (offset_ + (n * world_ + 1) > int64_t(tokens.size())) {
+    open_shard((shard_ + 1) % int64_t(files_.size()));
+    offset_ = rank_ * n;
+  }
+  return b;
+}
+
+LoaderPosition ShardLoader::position() const {
+  return {shard_, offset_, files_[shard_].filename().string()};
+}
+
+void ShardLoader::restore(const LoaderPosition& pos) {
+  if (pos.shard < 0 || pos.shard >= int64_t(files_.size()) || files_[pos.shard].filename() != pos.shard_name)
+    throw DataLoadError(fmt::format("the checkpoint's loader position is shard #{} '{}', but the data folder's "
+                                    "shard #{} is '{}': the data changed since the checkpoint",
+                                    pos.shard, pos.shard_name, pos.shard,
+                                    pos.shard >= 0 && pos.shard < int64_t(files_.size())
+                                        ? files_[pos.shard].filename().string() : std::string("(none)")));
+  if (pos.offset < 0 || pos.offset + B_ * T_ + 1 > token_counts_[pos.shard])
+    throw DataLoadError(fmt::format("the checkpoint's loader offset {} does not fit shard '{}' ({} tokens)",
+                                    pos.offset, pos.shard_name, token_counts_[pos.shard]));
+  open_shard(pos.shard);
+  offset_ = pos.offset;
+}
+
+std::string ShardLoader::describe() const {
+  int64_t total = 0;
+  for (int64_t c : token_counts_) total += c;
+  return fmt::format("{} shard(s), {} tokens, first {}", files_.size(), total, files_.front().string());
+}
+
+// ---------------------------------------------------------------------------- synthetic
+
+SyntheticLoader::SyntheticLoader(int64_t B, int64_t T, uint64_t seed)
+    : B_(B), T_(T), seed_(seed), gen_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
+
+Batch SyntheticLoader::next() {
+  at::Tensor buf = at::randint(0, data::Gpt2Tokenizer::kVocabSize, {B_ * T_ + 1}, gen_, at::kLong);
+  ++drawn_;
+  return {buf.slice(0, 0, B_ * T_).view({B_, T_}), buf.slice(0, 1).view({B_, T_})};
+}
+
+void SyntheticLoader::reset() {
+  gen_.set_current_seed(seed_);
+  drawn_ = 0;
+}
+
+LoaderPosition SyntheticLoader::position() const { return {0, drawn_, "synthetic"}; }
+
+void SyntheticLoader::restore(const LoaderPosition& pos) {
+  reset();
+  for (int64_t i = 0; i < pos.offset; ++i) next();
+}
+
+std::string SyntheticLoader::describe() const {
+  return fmt::format("synthetic uniform tokens (debug mode), seed {}", seed_);
+}
+
+}  // namespace dion::train

@@ -1,0 +1,225 @@
+// src/train/train.cpp — the training loop of dion-train (train.h): the reference train.py's
+// main() for one process.
+#include "dion/train/train.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+
+#include "dion/train/autocast.h"
+#include "dion/train/checkpoint.h"
+#include "dion/train/gpt.h"
+#include "dion/train/loader.h"
+#include "dion/train/metrics.h"
+#include "dion/train/optim_setup.h"
+#include "dion/train/schedule.h"
+
+namespace dion::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string format_duration(double s) {
+  const int64_t t = int64_t(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+void say(const std::string& line) {
+  std::fputs((line + "\n").c_str(), stdout);
+  std::fflush(stdout);
+}
+
+// Mean loss over the validation batches (the reference: val_steps batches from the start).
+double validate(GPT& model, Loader& val, int64_t steps, const at::Device& device, bool autocast) {
+  model->eval();
+  at::NoGradGuard no_grad;
+  val.reset();
+  at::Tensor sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
+  for (int64_t i = 0; i < steps; ++i) {
+    Batch b = val.next();
+    AutocastScope ac(device.type(), autocast);
+    sum += model->loss(b.x.to(device), b.y.to(device));
+  }
+  model->train();
+  return sum.item<double>() / double(steps);
+}
+
+}  // namespace
+
+std::string resolve_dtype(const Config& c) {
+  if (c.dtype != "auto") return c.dtype;
+  return c.device == "cuda" ? "bf16" : kCpuAutoDtype;
+}
+
+RunSummary train_run(const Config& c) {
+  // ---------------------------------------------------------------- checks before any write
+  if (c.device == "cuda" && !at::globalContext().hasCUDA())
+    throw ConfigError("key 'device': value 'cuda' but this machine (or this LibTorch) has no CUDA device; valid: cpu");
+  const at::Device device(c.device == "cuda" ? at::kCUDA : at::kCPU);
+  const std::string dtype = resolve_dtype(c);
+  const bool autocast = dtype == "bf16";
+
+  std::unique_ptr<Loader> train_loader, val_loader;
+  if (c.debug) {
+    train_loader = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed));
+    val_loader = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed) + 1);
+  } else {
+    train_loader = std::make_unique<ShardLoader>(c.data_dir, "train", c.device_batch_size, c.sequence_length);
+    val_loader = std::make_unique<ShardLoader>(c.data_dir, "val", c.device_batch_size, c.sequence_length);
+  }
+  std::optional<fs::path> ckpt;
+  std::optional<CheckpointMeta> meta;
+  if (!c.checkpoint_dir.empty() && c.resume) {
+    ckpt = checkpoint_find_latest(c.checkpoint_dir);
+    if (ckpt) meta = checkpoint_read_meta(*ckpt);
+  }
+
+  // ---------------------------------------------------------------- model and optimizer
+  const GPTConfig gcfg{c.sequence_length, kVocabSize, c.n_layer, c.n_head, c.model_dim};
+  GPT model(gcfg);
+  at::manual_seed(uint64_t(c.seed));  // after construction, as the reference (built on meta) draws
+  model->init_weights();
+  model->to(device);
+  TrainOptimizer topt = build_optimizer(c, model);
+  dion::Optimizer& opt = *topt.optimizer;
+  opt.init_state();
+
+  TrainState st;
+  if (ckpt) {
+    checkpoint_load_model(*ckpt, model);
+    checkpoint_load_training(*ckpt, opt);
+    st = meta->state;
+    train_loader->restore(st.loader);
+  }
+
+  // ---------------------------------------------------------------- run folder
+  const fs::path run_dir = c.resolved_run_dir();
+  fs::create_directories(run_dir);
+  const std::string config_yaml = config_to_yaml(c);
+  {
+    std::ofstream f(run_dir / "config.yaml");
+    f << config_yaml;
+  }
+  MetricsWriter metrics(run_dir / "metrics.jsonl", ckpt ? st.step : -1);
+
+  const int64_t N = c.num_iterations;
+  const int64_t accum = c.grad_accum_steps();
+  const int64_t tokens_per_step = c.batch_size * c.sequence_length;
+  say(fmt::format("dion-train: GPT {} layers x {} dim x {} heads, {} parameters; {} on {} ({})", c.n_layer,
+                  c.model_dim, c.n_head, gpt_param_count(gcfg), c.optimizer, c.device, dtype));
+  say(fmt::format("  batch {} x {} tokens (device batch {}, {} accumulation steps), {} steps, lr {} "
+                  "(warmup {}, warmdown {}), scalar_opt {}",
+                  c.batch_size, c.sequence_length, c.device_batch_size, accum, N, c.lr, c.warmup_ratio,
+                  c.warmdown_ratio, c.optimizer == "adamw" || c.optimizer == "lion" ? c.optimizer : c.scalar_opt));
+  say(fmt::format("  train data: {}", train_loader->describe()));
+  say(fmt::format("  val data:   {}; {} batches per validation", val_loader->describe(), c.val_steps()));
+  say(fmt::format("  run dir: {}; checkpoints: {}", run_dir.string(),
+                  c.checkpoint_dir.empty() ? std::string("none")
+                                           : fmt::format("{} every {} steps", c.checkpoint_dir, c.checkpoint_freq)));
+  if (ckpt) say(fmt::format("  resumed from {} (step {} done)", ckpt->string(), st.step));
+
+  // ---------------------------------------------------------------- loop
+  RunSummary sum;
+  const Clock::time_point t_start = Clock::now();
+  const double elapsed0 = st.elapsed_s;
+  auto elapsed = [&] { return elapsed0 + seconds_since(t_start); };
+  double steps_ms_total = 0;
+  int64_t steps_timed = 0;
+  int64_t last_saved = -1;
+  auto save = [&](int64_t step) {
+    st.elapsed_s = elapsed();
+    st.loader = train_loader->position();
+    const fs::path p = checkpoint_save(c.checkpoint_dir, model, opt, st, config_yaml);
+    last_saved = step;
+    say(fmt::format("checkpoint {} written", p.string()));
+  };
+
+  model->train();
+  for (int64_t step = st.step + 1; step <= N; ++step) {
+    const bool last = step == N;
+    if (last || (c.val_loss_every > 0 && step % c.val_loss_every == 0)) {
+      const double vl = validate(model, *val_loader, c.val_steps(), device, autocast);
+      if (st.best_val_step < 0 || vl < st.best_val_loss) {
+        st.best_val_loss = vl;
+        st.best_val_step = step;
+      }
+      metrics.val(step, vl, st.tokens, elapsed());
+      say(fmt::format("step {}/{} | val_loss {:.4f} | best {:.4f} @ step {}", step, N, vl, st.best_val_loss,
+                      st.best_val_step));
+    }
+    if (last) break;
+
+    const Clock::time_point t0 = Clock::now();
+    at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
+    for (int64_t i = 0; i < accum; ++i) {
+      Batch b = train_loader->next();
+      at::Tensor loss;
+      {
+        AutocastScope ac(device.type(), autocast);
+        loss = model->loss(b.x.to(device), b.y.to(device));
+      }
+      loss_sum += loss.detach();
+      (loss / double(accum)).backward();
+    }
+    const double t_fwd_bwd = seconds_since(t0);
+    const double factor = lr_factor(step, N, c.warmup_ratio, c.warmdown_ratio);
+    for (size_t g = 0; g < topt.base_lrs.size(); ++g) opt.options(g).lr(topt.base_lrs[g] * factor);
+    opt.step();
+    opt.zero_grad(true);
+    const double train_loss = loss_sum.item<double>() / double(accum);
+    const double step_s = seconds_since(t0);
+
+    st.step = step;
+    st.tokens += tokens_per_step;
+    ++sum.steps_done;
+    if (sum.steps_done > 1 || N - step <= 1) {  // the first step of an invocation warms up
+      steps_ms_total += step_s * 1000;
+      ++steps_timed;
+    }
+    const double ms_avg = steps_timed ? steps_ms_total / double(steps_timed) : step_s * 1000;
+    const double lr = topt.base_lrs[0] * factor;
+    metrics.train(step, train_loss, lr, st.tokens, double(tokens_per_step) / step_s, step_s * 1000, elapsed());
+    if (step % c.log_every == 0 || step == N - 1) {
+      std::string line = fmt::format("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | {:.0f} ms/step | ETA {}",
+                                     step + 1, N, train_loss, lr, double(tokens_per_step) / step_s, step_s * 1000,
+                                     format_duration(ms_avg / 1000 * double(N - step - 1)));
+      if (c.time_optimizer)
+        line += fmt::format(" (fwd+bwd {:.0f} ms, optimizer {:.0f} ms)", t_fwd_bwd * 1000, (step_s - t_fwd_bwd) * 1000);
+      say(line);
+    }
+    if (!std::isfinite(train_loss)) throw std::runtime_error(fmt::format("step {}: the loss is {} (diverged)", step, train_loss));
+
+    if (c.checkpoint_freq > 0 && step > 0 && step % c.checkpoint_freq == 0) save(step);
+    if (c.stop_after > 0 && sum.steps_done >= c.stop_after && step < N - 1) {
+      if (last_saved != step) save(step);
+      sum.stopped_early = true;
+      say(fmt::format("stopped after {} steps (stop_after); run the same command again to continue", sum.steps_done));
+      break;
+    }
+  }
+  if (!sum.stopped_early && !c.checkpoint_dir.empty() && last_saved != st.step && st.step >= 0) save(st.step);
+
+  sum.last_step = st.step;
+  sum.best_val_loss = st.best_val_loss;
+  sum.best_val_step = st.best_val_step;
+  if (!sum.stopped_early)
+    say(fmt::format("done: {} steps, best val_loss {:.4f} @ step {}, {} training tokens, {} total ({} this run); "
+                    "metrics in {}",
+                    N, st.best_val_loss, st.best_val_step, st.tokens, format_duration(elapsed()),
+                    format_duration(seconds_since(t_start)), (run_dir / "metrics.jsonl").string()));
+  return sum;
+}
+
+}  // namespace dion::train

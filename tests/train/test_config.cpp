@@ -1,0 +1,212 @@
+// tests/train/test_config.cpp — dion-train's configuration, parameter groups and lr schedule,
+// in process.
+//
+// - The reference's four configs (configs/*_160m.yaml, copied unchanged) parse, validate, and
+//   build their model; the 160M model's parameter count equals the reference's
+//   (162,201,600: models/gpt_model.py GPT(GPTConfig(n_embd=768, n_layer=12, n_head=6,
+//   vocab_size=50304)) instantiated on the meta device, sum of numel; see test_gpt.cpp's
+//   script for how the number was produced).
+// - The command line overrides the file; null means "default"; the YAML dump reads back to the
+//   same configuration; --help names every key.
+// - Param groups per optimizer: what train.py's init_optimizer builds.
+// - lr_factor = train.py get_lr, including Python's round-half-to-even.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "dion/train/config.h"
+#include "dion/train/gpt.h"
+#include "dion/train/optim_setup.h"
+#include "dion/train/schedule.h"
+#include "train_test_util.h"
+
+namespace dion::train {
+namespace {
+
+namespace fs = std::filesystem;
+using test::source_dir;
+
+Config parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "dion-train");
+  std::vector<const char*> argv;
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  return config_parse(int(argv.size()), argv.data());
+}
+
+// The reference's number: sum(p.numel() for p in GPT(GPTConfig(sequence_len=1024,
+// vocab_size=50304, n_layer=12, n_head=6, n_embd=768)).parameters()) on the meta device.
+constexpr int64_t kReference160MParams = 162201600;
+
+TEST(TrainConfig, ReferenceConfigsParseAndBuildTheirModel) {
+  for (const char* name : {"dion2_160m", "dion_160m", "muon_160m", "normuon_160m"}) {
+    SCOPED_TRACE(name);
+    const Config c = parse({"--config", (source_dir() / "configs" / (std::string(name) + ".yaml")).string()});
+    EXPECT_EQ(c.model_dim, 768);
+    EXPECT_EQ(c.n_layer, 12);
+    EXPECT_EQ(c.n_head, 6);
+    EXPECT_EQ(c.batch_size, 1024);
+    EXPECT_EQ(c.device_batch_size, 32);
+    EXPECT_EQ(c.num_iterations, 3000);
+    EXPECT_EQ(c.dp_size, 1);  // null -> default
+    EXPECT_EQ(c.resolved_run_dir(), fs::path("runs") / name);
+    const GPTConfig g{c.sequence_length, kVocabSize, c.n_layer, c.n_head, c.model_dim};
+    EXPECT_EQ(gpt_param_count(g), kReference160MParams);
+  }
+  const Config dion = parse({"--config", (source_dir() / "configs/dion_160m.yaml").string()});
+  EXPECT_EQ(dion.optimizer, "dion");
+  EXPECT_TRUE(dion.mixed_precision);
+  EXPECT_TRUE(dion.replicate_mesh_grad_sync);
+  EXPECT_DOUBLE_EQ(dion.ortho_fraction, 0.5);
+}
+
+TEST(TrainConfig, The160MModelHasTheReferencesParameterCount) {
+  // Built for real once (650 MB of fp32): the module's parameters, not the formula.
+  const Config c = parse({"--config", (source_dir() / "configs/dion2_160m.yaml").string()});
+  GPT model(GPTConfig{c.sequence_length, kVocabSize, c.n_layer, c.n_head, c.model_dim});
+  int64_t n = 0;
+  for (const at::Tensor& p : model->parameters()) n += p.numel();
+  EXPECT_EQ(n, kReference160MParams);
+  EXPECT_EQ(model->named_parameters().size(), 2u + 12u * 6u);
+  EXPECT_TRUE(model->named_parameters().contains("transformer.h.11.mlp.c_proj.weight"));
+  EXPECT_TRUE(model->named_parameters().contains("transformer.wte.weight"));
+  EXPECT_TRUE(model->named_parameters().contains("lm_head.weight"));
+}
+
+TEST(TrainConfig, CommandLineOverridesTheFile) {
+  const fs::path cfg = source_dir() / "configs/dion2_160m.yaml";
+  const Config c = parse({"--config", cfg.string(), "--lr", "1e-3", "--n_layer=2", "--debug", "--optimizer", "muon",
+                          "--run_dir", "runs/x"});
+  EXPECT_DOUBLE_EQ(c.lr, 1e-3);
+  EXPECT_EQ(c.n_layer, 2);
+  EXPECT_TRUE(c.debug);
+  EXPECT_EQ(c.optimizer, "muon");
+  // debug mode: the reference's overrides
+  EXPECT_EQ(c.batch_size, 2);
+  EXPECT_EQ(c.device_batch_size, 1);
+  EXPECT_EQ(c.num_iterations, 20);
+  EXPECT_EQ(c.val_steps(), 2);
+  EXPECT_EQ(c.resolved_run_dir(), fs::path("runs/x"));
+  const Config d = parse({"--debug", "false", "--resume", "false"});
+  EXPECT_FALSE(d.debug);
+  EXPECT_FALSE(d.resume);
+  EXPECT_EQ(d.resolved_run_dir(), fs::path("runs/default"));
+}
+
+TEST(TrainConfig, BadValuesNameTheKeyTheValueAndWhatIsValid) {
+  auto error_of = [](std::vector<std::string> args) -> std::string {
+    try {
+      parse(std::move(args));
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_NE(error_of({"--lr", "fast"}).find("key 'lr': value 'fast' is not a number"), std::string::npos);
+  EXPECT_NE(error_of({"--n_layer", "2.5"}).find("key 'n_layer': value '2.5' is not an integer"), std::string::npos);
+  EXPECT_NE(error_of({"--debug", "maybe"}).find("key 'debug': value 'maybe' is not a boolean"), std::string::npos);
+  EXPECT_NE(error_of({"--optimizer", "sgd"}).find("one of: adamw, lion, muon"), std::string::npos);
+  EXPECT_NE(error_of({"--learning_rate", "0.1"}).find("unknown key 'learning_rate'"), std::string::npos);
+  EXPECT_NE(error_of({"--batch_size", "100", "--device_batch_size", "64"}).find("key 'batch_size': value 100"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--model_dim", "100", "--n_head", "6"}).find("not divisible by n_head 6"), std::string::npos);
+  EXPECT_NE(error_of({"--fs_size", "2"}).find("parallel layouts: not yet (issue 10)"), std::string::npos);
+  EXPECT_NE(error_of({"--warmup_ratio", "1.5"}).find("valid: a value in [0, 1]"), std::string::npos);
+  EXPECT_NE(error_of({"--checkpoint_freq", "10"}).find("needs checkpoint_dir"), std::string::npos);
+  EXPECT_NE(error_of({"--val_tokens", "1000"}).find("key 'val_tokens'"), std::string::npos);
+  EXPECT_NE(error_of({"--config", "/nonexistent.yaml"}).find("cannot be read"), std::string::npos);
+}
+
+TEST(TrainConfig, YamlDumpReadsBackToTheSameConfig) {
+  const Config a = parse({"--config", (source_dir() / "configs/shakespeare_dion2.yaml").string(), "--lr", "0.1",
+                          "--wandb_job_name", "a: b"});
+  test::TempDir tmp("config");
+  {
+    std::ofstream f(tmp / "dump.yaml");
+    f << config_to_yaml(a);
+  }
+  Config b;
+  config_load_yaml(b, tmp / "dump.yaml");
+  b.config_file = a.config_file;
+  EXPECT_EQ(config_to_yaml(a), config_to_yaml(b));
+  EXPECT_EQ(b.wandb_job_name, "a: b");
+  EXPECT_DOUBLE_EQ(b.lr, 0.1);
+}
+
+TEST(TrainConfig, HelpListsEveryKeyWithItsDefault) {
+  std::string help;
+  try {
+    parse({"--help"});
+  } catch (const HelpRequested& h) {
+    help = h.what();
+  }
+  for (const char* key : {"model_dim", "n_layer", "batch_size", "optimizer", "scalar_opt", "ortho_fraction", "dp_size",
+                          "replicate_mesh_grad_sync", "use_polar_express", "run_dir", "dtype", "seed"})
+    EXPECT_NE(help.find(std::string("--") + key), std::string::npos) << key;
+  EXPECT_NE(help.find("default 0.02"), std::string::npos);  // lr
+}
+
+// ---------------------------------------------------------------------------- param groups
+
+TEST(TrainOptimizer, GroupsAsTheReferenceBuildsThem) {
+  const GPTConfig g{32, kVocabSize, 2, 2, 32};
+  for (const char* name : {"adamw", "lion", "muon", "normuon", "dion2", "nordion2", "dion3", "dion"}) {
+    for (const char* scalar : {"adamw", "lion"}) {
+      SCOPED_TRACE(std::string(name) + " + " + scalar);
+      Config c;
+      c.optimizer = name;
+      c.scalar_opt = scalar;
+      c.model_dim = 32;
+      c.lr = 0.02;
+      GPT model(g);
+      TrainOptimizer t = build_optimizer(c, model);
+      ASSERT_EQ(t.optimizer->param_groups().size(), 3u);
+      EXPECT_EQ(t.optimizer->param_groups()[0].params().size(), 12u);  // 2 blocks x 6 matrices
+      EXPECT_TRUE(t.optimizer->param_groups()[1].params()[0].is_same(model->embedding_weight()));
+      EXPECT_TRUE(t.optimizer->param_groups()[2].params()[0].is_same(model->lm_head_weight()));
+      const std::string algo0 = t.optimizer->options(0).algorithm();
+      const bool all_scalar = std::string(name) == "adamw" || std::string(name) == "lion";
+      const std::string expect0 = std::string(name) == "dion3" ? "nordion2" : name;
+      EXPECT_EQ(algo0, expect0);
+      EXPECT_EQ(t.optimizer->options(1).algorithm(), all_scalar ? name : scalar);
+      EXPECT_EQ(t.optimizer->options(2).algorithm(), all_scalar ? name : scalar);
+      EXPECT_EQ(t.optimizer->options(0).weight_decay(), 0.01);
+      EXPECT_EQ(t.optimizer->options(1).weight_decay(), 0.0);
+      EXPECT_EQ(t.optimizer->options(2).weight_decay(), 0.0);
+      const double lm = all_scalar || std::string(scalar) == "adamw" ? 0.02 : 0.02 / std::sqrt(32.0);
+      EXPECT_DOUBLE_EQ(t.optimizer->options(2).lr(), lm);
+      EXPECT_DOUBLE_EQ(t.base_lrs[2], lm);
+      if (!all_scalar) {
+        EXPECT_EQ(std::get<0>(t.optimizer->options(1).betas()), 0.95);
+        EXPECT_EQ(std::get<1>(t.optimizer->options(1).betas()), 0.98);
+      }
+      if (std::string(name) == "dion2") {
+        EXPECT_DOUBLE_EQ(t.optimizer->options(0).fraction(), 0.25);
+      }
+      if (std::string(name) == "muon") {
+        EXPECT_TRUE(t.optimizer->options(0).nesterov());
+      }
+      // One step runs.
+      at::Tensor idx = at::randint(0, 50257, {2, 8}, at::kLong);
+      model->loss(idx, idx).backward();
+      t.optimizer->step();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------- schedule
+
+TEST(TrainSchedule, IsTheReferencesGetLr) {
+  // N = 10, warmup 0.25 -> round(2.5) = 2 (ties to even), warmdown 0.5 -> 5.
+  const double expect[11] = {0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.8, 0.6, 0.4, 0.2, 0.0};
+  for (int s = 0; s <= 10; ++s) EXPECT_DOUBLE_EQ(lr_factor(s, 10, 0.25, 0.5), expect[s]) << s;
+  EXPECT_EQ(python_round(3.5), 4);
+  EXPECT_EQ(python_round(0.5), 0);
+  // The 160M configs: no warmup, warmdown over the last 600 of 3000 steps.
+  EXPECT_DOUBLE_EQ(lr_factor(0, 3000, 0.0, 0.2), 1.0);
+  EXPECT_DOUBLE_EQ(lr_factor(2400, 3000, 0.0, 0.2), 1.0);
+  EXPECT_DOUBLE_EQ(lr_factor(2401, 3000, 0.0, 0.2), 599.0 / 600.0);
+}
+
+}  // namespace
+}  // namespace dion::train

@@ -1,0 +1,300 @@
+// tests/train/test_run.cpp — the dion-train program end to end, as a subprocess, on the
+// committed Tiny Shakespeare (tokenized into a temporary folder by the dion_data library).
+//
+// - A tiny GPT's loss on a 4096-token slice of the text falls below the slice's unigram entropy
+//   (the best a model that ignores context achieves) within 30 steps.
+// - Stopping and resuming, and kill -9 at a random moment then resuming, give metrics equal BIT
+//   FOR BIT to the uninterrupted run's (CPU).
+// - Bad configs, bad shards, a missing data folder: a message naming the problem, a non-zero
+//   exit (2 for configuration, 1 for data), and nothing written.
+// - debug mode trains on synthetic tokens; `sample` generates from a checkpoint; `plot` without
+//   its script says so.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "dion/data/shard.h"
+#include "train_test_util.h"
+
+namespace dion::train {
+namespace {
+
+namespace fs = std::filesystem;
+using test::ProcResult;
+using test::run_train;
+using test::TempDir;
+
+// The tiny model every run here trains: 2 layers, 64 wide, T 32, 4 sequences a step in 2
+// accumulation steps (the 50304 x 64 lm_head dominates the cost: ~0.8 GFLOP a step).
+std::vector<std::string> tiny_args(const fs::path& data, const fs::path& run_dir) {
+  return {"--data_dir", data.string(), "--run_dir", run_dir.string(), "--model_dim", "64", "--n_layer", "2",
+          "--n_head", "2", "--sequence_length", "32", "--batch_size", "4", "--device_batch_size", "2",
+          "--val_tokens", "256", "--warmup_ratio", "0", "--warmdown_ratio", "0.2", "--dtype", "fp32",
+          "--optimizer", "dion2", "--scalar_opt", "adamw", "--lr", "0.02", "--log_every", "10"};
+}
+
+std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+class TrainRun : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_ = new TempDir("shards");
+    test::shakespeare_shards(data_->path(), 100000);
+  }
+  static void TearDownTestSuite() {
+    delete data_;
+    data_ = nullptr;
+  }
+  static fs::path data() { return data_->path(); }
+  static TempDir* data_;
+};
+TempDir* TrainRun::data_ = nullptr;
+
+// H = -sum p log p (nats) of the token frequencies of a shard.
+double unigram_entropy(const fs::path& shard) {
+  data::ShardFile f = data::ShardFile::open(shard);
+  std::map<uint16_t, int64_t> counts;
+  for (uint16_t t : f.tokens()) ++counts[t];
+  const double n = double(f.tokens().size());
+  double h = 0;
+  for (const auto& [tok, c] : counts) h -= double(c) / n * std::log(double(c) / n);
+  return h;
+}
+
+TEST_F(TrainRun, LossFallsBelowTheUnigramEntropy) {
+  // The data: the first 4096 tokens of Tiny Shakespeare, as both the train and the val shard
+  // (32 steps of 128 tokens make an epoch). A model that only learned token frequencies can at
+  // best reach the unigram entropy H of these tokens; going below it means using the context.
+  TempDir run("run"), small("small");
+  std::vector<uint16_t> tokens;
+  {
+    data::ShardFile val = data::ShardFile::open(data() / "fineweb_val_000000.bin");
+    tokens.assign(val.tokens().begin(), val.tokens().begin() + 4096);
+  }
+  data::shard_write(small / "fineweb_val_000000.bin", tokens);
+  data::shard_write(small / "fineweb_train_000001.bin", tokens);
+  const double h = unigram_entropy(small / "fineweb_val_000000.bin");
+  ProcResult r = run_train(tiny_args(small.path(), run.path()) +
+                           std::vector<std::string>{"--num_iterations", "30", "--val_loss_every", "15", "--batch_size",
+                                                    "4", "--device_batch_size", "4", "--lr", "0.03",
+                                                    "--warmdown_ratio", "0.3", "--val_tokens", "1024"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto records = test::read_metrics(run / "metrics.jsonl");
+  ASSERT_FALSE(records.empty());
+  const test::Record& last = records.back();
+  ASSERT_EQ(last.kind, "val");
+  ASSERT_EQ(last.step, 30);
+  const double first_val = records.front().loss;
+  std::printf("unigram entropy of the tokens %.4f nats; val loss %.4f at step 0 -> %.4f at step 30\n", h,
+              first_val, last.loss);
+  EXPECT_GT(first_val, h);
+  EXPECT_LT(last.loss, h);
+  // The run folder: the resolved config and one train record per step.
+  EXPECT_TRUE(fs::exists(run / "config.yaml"));
+  int train_records = 0;
+  for (const auto& rec : records) train_records += rec.kind == "train";
+  EXPECT_EQ(train_records, 30);
+}
+
+void expect_same_metrics(const fs::path& a, const fs::path& b) {
+  std::ifstream fa(a), fb(b);
+  std::string la, lb;
+  int n = 0;
+  while (std::getline(fa, la)) {
+    ASSERT_TRUE(std::getline(fb, lb)) << "line " << n << " missing in " << b;
+    // Compare everything but the wall-clock fields.
+    auto strip = [](std::string s) {
+      for (const char* key : {"\"tokens_per_s\"", "\"ms_per_step\"", "\"time_s\""}) {
+        const size_t at = s.find(key);
+        if (at != std::string::npos) s.erase(at, s.find_first_of(",}", at) - at);
+      }
+      return s;
+    };
+    EXPECT_EQ(strip(la), strip(lb)) << "line " << n;
+    ++n;
+  }
+  EXPECT_FALSE(std::getline(fb, lb)) << "extra lines in " << b;
+  EXPECT_GT(n, 0);
+}
+
+TEST_F(TrainRun, StopAndResumeEqualsTheUninterruptedRunBitForBit) {
+  for (const char* optimizer : {"dion2", "dion"}) {  // dion: random Q and sketches from the saved RNG
+    SCOPED_TRACE(optimizer);
+    TempDir a("full"), b("resumed");
+    const std::vector<std::string> common = {"--num_iterations", "10", "--val_loss_every", "4", "--checkpoint_freq",
+                                             "3", "--optimizer", optimizer};
+    ProcResult full = run_train(tiny_args(data(), a / "run") + common + std::vector<std::string>{"--checkpoint_dir", (a / "ck").string()});
+    ASSERT_EQ(full.exit_code, 0) << full.output;
+    const std::vector<std::string> part = tiny_args(data(), b / "run") + common +
+                                          std::vector<std::string>{"--checkpoint_dir", (b / "ck").string(), "--stop_after", "5"};
+    ProcResult first = run_train(part);
+    ASSERT_EQ(first.exit_code, 0) << first.output;
+    EXPECT_NE(first.output.find("stopped after 5 steps"), std::string::npos) << first.output;
+    ProcResult second = run_train(part);  // steps 5..9
+    ASSERT_EQ(second.exit_code, 0) << second.output;
+    EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
+    expect_same_metrics(a / "run/metrics.jsonl", b / "run/metrics.jsonl");
+    // The final checkpoints hold the same weights.
+    ASSERT_TRUE(fs::exists(a / "ck/step_00000009/model.pt"));
+    ASSERT_TRUE(fs::exists(b / "ck/step_00000009/model.pt"));
+  }
+}
+
+TEST_F(TrainRun, KillDashNineThenResumeEqualsTheUninterruptedRun) {
+  TempDir a("full"), b("killed");
+  const std::vector<std::string> common = {"--num_iterations", "16", "--val_loss_every", "5", "--checkpoint_freq", "2"};
+  ProcResult full = run_train(tiny_args(data(), a / "run") + common + std::vector<std::string>{"--checkpoint_dir", (a / "ck").string()});
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+
+  const std::vector<std::string> args =
+      tiny_args(data(), b / "run") + common + std::vector<std::string>{"--checkpoint_dir", (b / "ck").string()};
+  const pid_t pid = test::spawn_train(args, b / "killed.log");
+  ASSERT_GT(pid, 0);
+  // Kill it once a checkpoint beyond the first exists (or whenever it is writing one).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline && !fs::exists(b / "ck/step_00000004")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ProcResult resumed = run_train(args);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  expect_same_metrics(a / "run/metrics.jsonl", b / "run/metrics.jsonl");
+  // Only the newest checkpoint is kept, and no temporary folder is left.
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(b / "ck")) {
+    ++entries;
+    EXPECT_EQ(e.path().filename().string(), "step_00000015");
+  }
+  EXPECT_EQ(entries, 1);
+}
+
+// ---------------------------------------------------------------------------- bad input
+
+TEST_F(TrainRun, BadConfigsFailWithTheKeyAndWriteNothing) {
+  TempDir tmp("bad");
+  const fs::path run = tmp / "run", ck = tmp / "ck";
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--learning_rate", "0.1"}, "unknown key 'learning_rate'"},
+      {{"--lr", "abc"}, "key 'lr': value 'abc' is not a number"},
+      {{"--batch_size", "10", "--device_batch_size", "4"}, "key 'batch_size': value 10 is not divisible by device_batch_size 4"},
+      {{"--model_dim", "60", "--n_head", "8"}, "key 'model_dim': value 60 is not divisible by n_head 8"},
+      {{"--dp_size", "2"}, "parallel layouts: not yet (issue 10)"},
+      {{"--optimizer", "sgd"}, "key 'optimizer': value 'sgd' is invalid; valid: one of: adamw, lion, muon, normuon, dion2"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    ProcResult r = run_train(tiny_args(data(), run) + std::vector<std::string>{"--checkpoint_dir", ck.string()} + c.args);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("dion-train: error:"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(run));
+    EXPECT_FALSE(fs::exists(ck));
+  }
+  // A bad YAML file names the file.
+  {
+    std::ofstream f(tmp / "bad.yaml");
+    f << "model_dim: 64\nn_layer: [1, 2]\n";
+  }
+  ProcResult r = run_train({"--config", (tmp / "bad.yaml").string(), "--run_dir", run.string()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("bad.yaml: key 'n_layer'"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(run));
+}
+
+TEST_F(TrainRun, BadShardsAndMissingDataFailAndWriteNothing) {
+  TempDir tmp("badshards");
+  const fs::path run = tmp / "run";
+  // Missing folder.
+  ProcResult r = run_train(tiny_args(tmp / "nowhere", run) + std::vector<std::string>{"--num_iterations", "2"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("is not a folder"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(run));
+  // Folder without shards.
+  fs::create_directories(tmp / "empty");
+  r = run_train(tiny_args(tmp / "empty", run) + std::vector<std::string>{"--num_iterations", "2"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("no fineweb_train_*.bin shards"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(run));
+  // A truncated train shard (copied from a good one, cut short) and one with a bad magic.
+  for (const char* what : {"truncated", "magic"}) {
+    SCOPED_TRACE(what);
+    const fs::path d = tmp / what;
+    fs::create_directories(d);
+    fs::copy_file(data() / "fineweb_val_000000.bin", d / "fineweb_val_000000.bin");
+    fs::copy_file(data() / "fineweb_train_000001.bin", d / "fineweb_train_000001.bin");
+    fs::copy_file(data() / "fineweb_train_000002.bin", d / "fineweb_train_000002.bin");
+    const fs::path bad = d / "fineweb_train_000002.bin";
+    if (std::string(what) == "truncated") {
+      fs::resize_file(bad, fs::file_size(bad) - 100);
+    } else {
+      std::fstream f(bad, std::ios::in | std::ios::out | std::ios::binary);
+      const int32_t magic = 12345;
+      f.write(reinterpret_cast<const char*>(&magic), 4);
+    }
+    r = run_train(tiny_args(d, run) + std::vector<std::string>{"--num_iterations", "2"});
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("fineweb_train_000002.bin"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(run));
+  }
+}
+
+// ---------------------------------------------------------------------------- the other modes
+
+TEST_F(TrainRun, DebugModeTrainsOnSyntheticTokensWithoutData) {
+  TempDir tmp("debug");
+  ProcResult r = run_train({"--debug", "--data_dir", (tmp / "no_data").string(), "--run_dir", (tmp / "run").string(),
+                            "--model_dim", "32", "--n_layer", "1", "--n_head", "2", "--sequence_length", "16",
+                            "--val_tokens", "64", "--optimizer", "muon", "--scalar_opt", "lion"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("synthetic"), std::string::npos) << r.output;
+  const auto records = test::read_metrics(tmp / "run/metrics.jsonl");
+  int train = 0;
+  for (const auto& rec : records) train += rec.kind == "train";
+  EXPECT_EQ(train, 20);  // the reference's debug mode: 20 steps
+  EXPECT_EQ(records.back().tokens, 20 * 2 * 16);
+}
+
+TEST_F(TrainRun, SampleGeneratesFromACheckpoint) {
+  TempDir tmp("sample");
+  ProcResult r = run_train(tiny_args(data(), tmp / "run") + std::vector<std::string>{"--num_iterations", "3",
+                                                                                       "--checkpoint_dir", (tmp / "ck").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<std::string> args = {"sample", "--checkpoint", (tmp / "ck").string(), "--prompt", "ROMEO:",
+                                         "--max_tokens", "12", "--seed", "7", "--tokenizer", test::gpt2_dir().string()};
+  ProcResult s1 = run_train(args), s2 = run_train(args);
+  ASSERT_EQ(s1.exit_code, 0) << s1.output;
+  EXPECT_EQ(s1.output.rfind("ROMEO:", 0), 0u) << s1.output;
+  EXPECT_EQ(s1.output, s2.output);  // same seed, same text
+  ProcResult bad = run_train({"sample", "--checkpoint", (tmp / "nothing").string()});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.output.find("nothing"), std::string::npos) << bad.output;
+}
+
+TEST_F(TrainRun, PlotWithoutItsScriptSaysWhere) {
+  ::setenv("DION_TRAIN_PLOT_SCRIPT", "/nonexistent/plot.py", 1);
+  ProcResult r = run_train({"plot", "runs/x", "-o", "x.png"});
+  ::unsetenv("DION_TRAIN_PLOT_SCRIPT");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("/nonexistent/plot.py' is missing"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace dion::train

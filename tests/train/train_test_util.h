@@ -1,0 +1,56 @@
+// tests/train/train_test_util.h — what the dion-train tests share: running the dion-train binary
+// as a subprocess, temporary folders, Tiny Shakespeare shards made with the dion_data library,
+// and reading metrics.jsonl.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace dion::train::test {
+
+std::filesystem::path source_dir();
+
+// A fresh folder under the system temp dir, removed with its contents on destruction.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag);
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct ProcResult {
+  int exit_code = -1;
+  std::string output;  // stdout + stderr
+};
+// Runs build/dion-train with `args` (no shell); waits.
+ProcResult run_train(const std::vector<std::string>& args);
+// Starts build/dion-train with `args`, stdout and stderr to `output`; returns the pid (-1 on
+// failure) without waiting.
+int spawn_train(const std::vector<std::string>& args, const std::filesystem::path& output);
+
+// Tokenizes the committed Tiny Shakespeare into `dir` with `shard_size`-token shards (the first
+// is val, the rest train), once per process per (dir); returns dir.
+std::filesystem::path shakespeare_shards(const std::filesystem::path& dir, int64_t shard_size = 100000);
+
+// The committed GPT-2 files.
+std::filesystem::path gpt2_dir();
+
+struct Record {
+  std::string kind;
+  int64_t step = 0;
+  double loss = 0;  // train: loss; val: val_loss
+  double lr = 0;
+  int64_t tokens = 0;
+};
+std::vector<Record> read_metrics(const std::filesystem::path& file);
+
+// True when the folder holds no entries (or does not exist).
+bool is_empty_or_missing(const std::filesystem::path& dir);
+
+}  // namespace dion::train::test

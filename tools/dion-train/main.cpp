@@ -1,0 +1,67 @@
+// tools/dion-train/main.cpp — `dion-train`: train the reference's GPT with a dion optimizer,
+// plot runs, sample text from a checkpoint (docs/train.md).
+//
+//   dion-train [--config FILE.yaml] [--key value ...]        train (src/train/train.cpp)
+//   dion-train plot RUN_DIR... -o curves.png                  python3 tools/dion-train/plot.py
+//   dion-train sample --checkpoint DIR --prompt TEXT [...]    generate text (sample.cpp)
+//
+// Exit codes: 0 done, 1 bad data / checkpoint / failure, 2 bad configuration or flags.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "dion/train/checkpoint.h"
+#include "dion/train/config.h"
+#include "dion/train/loader.h"
+#include "dion/train/train.h"
+#include "sample.h"
+
+#ifndef DION_TRAIN_PLOT_SCRIPT
+#define DION_TRAIN_PLOT_SCRIPT ""
+#endif
+
+namespace {
+
+int fail(int code, const std::string& message) {
+  std::fprintf(stderr, "dion-train: error: %s\n", message.c_str());
+  return code;
+}
+
+// `dion-train plot ARGS...` -> `python3 plot.py ARGS...` (the script draws; this only finds it).
+int run_plot(int argc, char** argv) {
+  const char* env = std::getenv("DION_TRAIN_PLOT_SCRIPT");
+  const std::string script = env && *env ? env : DION_TRAIN_PLOT_SCRIPT;
+  std::error_code ec;
+  if (script.empty() || !std::filesystem::is_regular_file(script, ec))
+    return fail(1, "plot: the plotting script '" + script +
+                       "' is missing (it is tools/dion-train/plot.py in the source tree; set DION_TRAIN_PLOT_SCRIPT "
+                       "to its path)");
+  std::vector<char*> args = {const_cast<char*>("python3"), const_cast<char*>(script.c_str())};
+  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  ::execvp("python3", args.data());
+  return fail(1, std::string("plot: cannot run python3: ") + std::strerror(errno));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "plot") == 0) return run_plot(argc, argv);
+  try {
+    if (argc >= 2 && std::strcmp(argv[1], "sample") == 0) return dion::train::tool::run_sample(argc - 1, argv + 1);
+    const dion::train::Config config = dion::train::config_parse(argc, argv);
+    dion::train::train_run(config);
+    return 0;
+  } catch (const dion::train::HelpRequested& h) {
+    std::fputs(h.what(), stdout);
+    return 0;
+  } catch (const dion::train::ConfigError& e) {
+    return fail(2, e.what());
+  } catch (const std::exception& e) {
+    return fail(1, e.what());
+  }
+}
