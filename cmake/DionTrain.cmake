@@ -29,7 +29,7 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/optim_setup.cpp
   ${DION_TRAIN_ROOT}/src/train/train.cpp)
 target_link_libraries(dion_train
-  PUBLIC dion dion_data
+  PUBLIC dion dion_data dion_tb dion_safetensors
   PRIVATE yaml-cpp CLI11::CLI11 nlohmann_json::nlohmann_json dion_warnings)
 # <fmt/format.h> resolves to the fmt bundled in torch's include folder (v12) before Debian's (v9,
 # a shared library): use it header-only so that no fmt library symbols are needed.
@@ -39,7 +39,8 @@ set_source_files_properties(${DION_TRAIN_ROOT}/src/train/config.cpp PROPERTIES S
 
 dion_executable(dion-train
   ${DION_TRAIN_ROOT}/tools/dion-train/main.cpp
-  ${DION_TRAIN_ROOT}/tools/dion-train/sample.cpp)
+  ${DION_TRAIN_ROOT}/tools/dion-train/sample.cpp
+  ${DION_TRAIN_ROOT}/tools/dion-train/export.cpp)
 target_link_libraries(dion-train PRIVATE dion_train CLI11::CLI11)
 target_compile_definitions(dion-train PRIVATE
   DION_SOURCE_DIR="${DION_TRAIN_ROOT}"

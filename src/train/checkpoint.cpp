@@ -184,6 +184,15 @@ CheckpointMeta checkpoint_read_meta(const fs::path& ckpt) {
   return out;
 }
 
+fs::path checkpoint_resolve(const fs::path& path) {
+  if (fs::exists(path / "meta.json")) return path;
+  auto latest = checkpoint_find_latest(path);
+  if (!latest)
+    throw CheckpointError(
+        fmt::format("--checkpoint '{}': neither a checkpoint (no meta.json) nor a folder holding one", path.string()));
+  return *latest;
+}
+
 void checkpoint_load_model(const fs::path& ckpt, GPT& model) {
   const fs::path file = ckpt / "model.pt";
   torch::serialize::InputArchive ar = open_archive(file);

@@ -16,6 +16,7 @@
 #include "dion/train/gpt.h"
 #include "dion/train/loader.h"
 #include "dion/train/metrics.h"
+#include "dion/train/tensorboard.h"
 #include "dion/train/optim_setup.h"
 #include "dion/train/schedule.h"
 
@@ -113,6 +114,7 @@ RunSummary train_run(const Config& c) {
     f << config_yaml;
   }
   MetricsWriter metrics(run_dir / "metrics.jsonl", ckpt ? st.step : -1);
+  EventWriter tensorboard((run_dir / "tb").string());  // TensorBoard: `tensorboard --logdir RUN_DIR/tb`
 
   const int64_t N = c.num_iterations;
   const int64_t accum = c.grad_accum_steps();
@@ -156,6 +158,8 @@ RunSummary train_run(const Config& c) {
         st.best_val_step = step;
       }
       metrics.val(step, vl, st.tokens, elapsed());
+      tensorboard.add_scalar("val/loss", vl, step);
+      tensorboard.flush();
       say(fmt::format("step {}/{} | val_loss {:.4f} | best {:.4f} @ step {}", step, N, vl, st.best_val_loss,
                       st.best_val_step));
     }
@@ -191,6 +195,9 @@ RunSummary train_run(const Config& c) {
     const double ms_avg = steps_timed ? steps_ms_total / double(steps_timed) : step_s * 1000;
     const double lr = topt.base_lrs[0] * factor;
     metrics.train(step, train_loss, lr, st.tokens, double(tokens_per_step) / step_s, step_s * 1000, elapsed());
+    tensorboard.add_scalar("train/loss", train_loss, step);
+    tensorboard.add_scalar("train/lr", lr, step);
+    tensorboard.add_scalar("train/tokens_per_s", double(tokens_per_step) / step_s, step);
     if (step % c.log_every == 0 || step == N - 1) {
       std::string line = fmt::format("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | {:.0f} ms/step | ETA {}",
                                      step + 1, N, train_loss, lr, double(tokens_per_step) / step_s, step_s * 1000,

@@ -9,6 +9,8 @@
 //   exit (2 for configuration, 1 for data), and nothing written.
 // - debug mode trains on synthetic tokens; `sample` generates from a checkpoint; `plot` without
 //   its script says so.
+// - `export` writes the checkpoint's weights as safetensors equal to model.pt's; the run's
+//   TensorBoard file holds one record per metrics.jsonl value.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -22,6 +24,9 @@
 #include <thread>
 
 #include "dion/data/shard.h"
+#include "dion/train/checkpoint.h"
+#include "dion/train/gpt.h"
+#include "dion/train/safetensors.h"
 #include "train_test_util.h"
 
 namespace dion::train {
@@ -286,6 +291,53 @@ TEST_F(TrainRun, SampleGeneratesFromACheckpoint) {
   ProcResult bad = run_train({"sample", "--checkpoint", (tmp / "nothing").string()});
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.output.find("nothing"), std::string::npos) << bad.output;
+}
+
+// The TFRecord frames of a TensorBoard event file: u64 length, u32 crc, data, u32 crc.
+int64_t count_tfrecords(const fs::path& file) {
+  std::ifstream f(file, std::ios::binary);
+  int64_t n = 0;
+  uint64_t len = 0;
+  while (f.read(reinterpret_cast<char*>(&len), 8)) {
+    f.seekg(int64_t(len) + 8, std::ios::cur);
+    if (!f) return -1;  // a truncated frame
+    ++n;
+  }
+  return n;
+}
+
+TEST_F(TrainRun, ExportWritesTheCheckpointsWeightsAndTensorBoardHasEveryMetric) {
+  TempDir tmp("export");
+  ProcResult r = run_train(tiny_args(data(), tmp / "run") + std::vector<std::string>{"--num_iterations", "3",
+                                                                                       "--checkpoint_dir", (tmp / "ck").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  ProcResult e = run_train({"export", "--checkpoint", (tmp / "ck").string(), "-o", (tmp / "w.safetensors").string()});
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  const SafeTensorsFile file = load_safetensors((tmp / "w.safetensors").string());
+  const fs::path ckpt = checkpoint_resolve(tmp / "ck");
+  GPT model(checkpoint_read_meta(ckpt).model);
+  checkpoint_load_model(ckpt, model);
+  size_t n = 0;
+  for (const auto& item : model->named_parameters()) {
+    ASSERT_TRUE(file.has(item.key())) << item.key();
+    EXPECT_TRUE(at::equal(file.at(item.key()), item.value().detach())) << item.key();
+    ++n;
+  }
+  EXPECT_EQ(file.tensors.size(), n);
+  EXPECT_EQ(file.metadata.at("n_layer"), "2");
+  ProcResult bad = run_train({"export", "--checkpoint", (tmp / "nothing").string()});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.output.find("nothing"), std::string::npos) << bad.output;
+
+  // TensorBoard: the file_version record, then 3 scalars per train step and 1 per validation.
+  std::vector<fs::path> events;
+  for (const auto& entry : fs::directory_iterator(tmp / "run" / "tb")) events.push_back(entry.path());
+  ASSERT_EQ(events.size(), 1u);
+  int64_t train = 0, val = 0;
+  for (const test::Record& rec : test::read_metrics(tmp / "run" / "metrics.jsonl")) (rec.kind == "val" ? val : train)++;
+  EXPECT_GT(train, 0);
+  EXPECT_EQ(count_tfrecords(events[0]), 1 + 3 * train + val);
 }
 
 TEST_F(TrainRun, PlotWithoutItsScriptSaysWhere) {

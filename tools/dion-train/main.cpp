@@ -4,6 +4,7 @@
 //   dion-train [--config FILE.yaml] [--key value ...]        train (src/train/train.cpp)
 //   dion-train plot RUN_DIR... -o curves.png                  python3 tools/dion-train/plot.py
 //   dion-train sample --checkpoint DIR --prompt TEXT [...]    generate text (sample.cpp)
+//   dion-train export --checkpoint DIR [-o FILE]              weights as safetensors (export.cpp)
 //
 // Exit codes: 0 done, 1 bad data / checkpoint / failure, 2 bad configuration or flags.
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include "dion/train/config.h"
 #include "dion/train/loader.h"
 #include "dion/train/train.h"
+#include "export.h"
 #include "sample.h"
 
 #ifndef DION_TRAIN_PLOT_SCRIPT
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "plot") == 0) return run_plot(argc, argv);
   try {
     if (argc >= 2 && std::strcmp(argv[1], "sample") == 0) return dion::train::tool::run_sample(argc - 1, argv + 1);
+    if (argc >= 2 && std::strcmp(argv[1], "export") == 0) return dion::train::tool::run_export(argc - 1, argv + 1);
     const dion::train::Config config = dion::train::config_parse(argc, argv);
     dion::train::train_run(config);
     return 0;

@@ -45,14 +45,7 @@ int run_sample(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
 
-  fs::path ckpt = checkpoint;
-  if (!fs::exists(ckpt / "meta.json")) {
-    auto latest = checkpoint_find_latest(ckpt);
-    if (!latest)
-      throw CheckpointError(fmt::format("--checkpoint '{}': neither a checkpoint (no meta.json) nor a folder holding one",
-                                        checkpoint));
-    ckpt = *latest;
-  }
+  const fs::path ckpt = checkpoint_resolve(checkpoint);
   if (tokenizer.empty()) {
     const char* env = std::getenv("DION_GPT2_DIR");
     tokenizer = env && *env ? env : (fs::path(DION_SOURCE_DIR) / "data" / "gpt2").string();

@@ -60,6 +60,10 @@ struct CheckpointMeta {
 };
 CheckpointMeta checkpoint_read_meta(const std::filesystem::path& ckpt);
 
+// A checkpoint folder (holding meta.json) as given, or a checkpoint_dir's newest one; throws
+// CheckpointError naming `path` when it is neither (what `sample` and `export` accept).
+std::filesystem::path checkpoint_resolve(const std::filesystem::path& path);
+
 // Loads the model's parameters (shapes checked against meta.json's), and, when given, the
 // optimizer and RNG states. Throws CheckpointError naming the file and the tensor.
 void checkpoint_load_model(const std::filesystem::path& ckpt, GPT& model);
