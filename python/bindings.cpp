@@ -18,7 +18,12 @@
 // torch.distributed ProcessGroup (Gloo for CPU tensors, NCCL for CUDA tensors) as a
 // dion::comm::Group (Group::from_process_group) and gives the optimizer a dion::dist::Distributed
 // over it: the optimizer issues its collectives on torch's own backends, from the thread that
-// calls step(), 3 megabatch tasks in flight (dion/comm/tasks.h); set_sharded_distribution(outer, ...,
+// calls step(), 3 megabatch tasks in flight (dion/comm/tasks.h). Every method that may issue a
+// collective (step, init_state, synchronize_for_checkpoint) releases the GIL first, as torch's
+// own c10d bindings do: a Gloo worker thread that retires a finished collective drops its
+// tensors while holding the backend's queue lock, and dropping a Python-owned tensor takes the
+// GIL; a caller that enqueues a collective while holding the GIL then deadlocks with it (the
+// intermittent hang of earlier versions, docs/distributed.md); set_sharded_distribution(outer, ...,
 // inner, ..., replicate, ...) does the same for legacy Dion's outer / inner shard meshes and
 // replicate mesh (Distributed(outer, inner).replicate(...)); shard(local, global_shape, dim,
 // inner_dim) registers a DTensor's local shard. Python (_optimizers.py) decides what is sharded.
@@ -292,7 +297,11 @@ class PyOptimizer {
   }
 
   int64_t group_step(size_t g) const { return opt_->options(g).step(); }
-  void init_state() { opt_->init_state(); }
+  // Collective (the first call checks the shard specs across ranks): without the GIL, as step().
+  void init_state() {
+    py::gil_scoped_release no_gil;
+    opt_->init_state();
+  }
 
   // The state of `param` as {key: tensor} (the live tensors), or None before it exists.
   py::object state(const at::Tensor& param) {
