@@ -1,4 +1,4 @@
-// dion/dist/distributed.h — DDP and FSDP layouts for the orthonormal optimizers, over c10d.
+// dion/dist/distributed.h — the optimizer's Distribution over dion_comm groups: DDP, FSDP, FSDP x TP, HSDP.
 //
 // API summary
 //   auto world = dion::comm::Group::init_from_env();
