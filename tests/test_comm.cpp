@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <algorithm>
 #include <cstdlib>
@@ -110,6 +112,32 @@ TEST(GroupOfOne, AsyncCollectivesAreLocal) {
   EXPECT_TRUE(at::equal(y, x));
   EXPECT_EQ(g.stats().total_bytes(), 0);  // nothing went over a wire
   EXPECT_FALSE(dion::comm::Work().wait().defined());
+}
+
+// A torch group with only a CUDA backend, as init_process_group("nccl") makes: wrapping it is
+// accepted (its control tensors live on the GPU), and a CPU tensor on it is refused with a
+// CommError naming the group, before anything is sent. (No GPU needed: the backend is a stub
+// that is never called; NCCL itself runs only on a multi-GPU machine.)
+TEST(TorchGroup, CudaOnlyGroupIsAcceptedAndRefusesCpuTensors) {
+  struct StubBackend : c10d::Backend {
+    StubBackend() : c10d::Backend(0, 2) {}
+    const std::string getBackendName() const override { return "stub"; }
+  };
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(c10::make_intrusive<c10d::HashStore>(), 0, 2);
+  pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL,
+                 c10::intrusive_ptr<c10d::Backend>(c10::make_intrusive<StubBackend>()));
+  Group g = Group::from_process_group(pg, {0, 1});
+  EXPECT_EQ(g.size(), 2);
+  EXPECT_EQ(g.control_device().type(), c10::DeviceType::CUDA);
+  at::Tensor x = at::ones({4});
+  try {
+    g.all_reduce_(x);
+    FAIL() << "a CPU tensor on a CUDA-only group was accepted";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("no backend for CPU tensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("torch:"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(g.stats().calls("all_reduce"), 0);  // nothing was issued
 }
 
 // ---------------------------------------------------------------------------- tasks

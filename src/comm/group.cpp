@@ -268,13 +268,10 @@ void Group::count(const std::string& kind, const at::Tensor& sent) {
   auto& e = stats_->by_kind[kind];
   e.calls += 1;
   e.bytes += static_cast<int64_t>(sent.numel()) * static_cast<int64_t>(sent.element_size());
-  if (std::getenv("DION_TRACE_COLLECTIVES"))
-    std::fprintf(stderr, "[dion %s rank %d] %s %s\n", name_.c_str(), rank_, kind.c_str(),
-                 c10::str(sent.sizes()).c_str());
 }
 
 template <typename Issue>
-Work Group::launch(const std::string& kind, const at::Tensor& result, Issue&& issue) {
+Work Group::launch(const std::string& kind, const at::Tensor& sent, const at::Tensor& result, Issue&& issue) {
   auto state = std::make_shared<Work::State>();
   state->result = result;
   state->kind = kind;
@@ -282,22 +279,27 @@ Work Group::launch(const std::string& kind, const at::Tensor& result, Issue&& is
   state->rank = rank_;
   state->size = size_;
   state->timeout = options_.timeout;
+  if (std::getenv("DION_TRACE_COLLECTIVES"))  // before the call: a hang inside it still shows
+    std::fprintf(stderr, "[dion %s rank %d] %s %s\n", name_.c_str(), rank_, kind.c_str(),
+                 c10::str((sent.defined() ? sent : result).sizes()).c_str());
   try {
     state->work = issue();
+  } catch (const CommError&) {
+    throw;  // already names the group (e.g. no backend for the tensor's device)
   } catch (const std::exception& e) {
     throw_comm_error(kind, name_, rank_, size_, options_.timeout, e);
   }
+  if (sent.defined()) count(kind, sent);
   return Work(std::move(state));
 }
 
 Work Group::all_gather_async(const at::Tensor& x) {
   at::Tensor in = x.contiguous();
   if (size_ == 1) return Work::done(in.unsqueeze(0).clone());
-  count("all_gather", in);
   std::vector<int64_t> shape = {size_};
   shape.insert(shape.end(), in.sizes().begin(), in.sizes().end());
   at::Tensor out = at::empty(shape, in.options());  // [size, ..]
-  return launch("all_gather", out, [&] {
+  return launch("all_gather", in, out, [&] {
     std::vector<at::Tensor> inputs = {in};
     std::vector<std::vector<at::Tensor>> outputs(1, out.unbind(0));
     return impl_->backend_for(in, name_).allgather(outputs, inputs);
@@ -309,9 +311,8 @@ Work Group::all_to_all_async(const at::Tensor& x) {
   if (size_ == 1) return Work::done(in.clone());
   TORCH_CHECK(in.size(0) % size_ == 0, "all_to_all on group '", name_, "': dim 0 (", in.size(0),
               ") must be a multiple of the group size (", size_, ")");
-  count("all_to_all", in);
   at::Tensor out = at::empty_like(in);
-  return launch("all_to_all", out, [&] {
+  return launch("all_to_all", in, out, [&] {
     std::vector<int64_t> splits;  // empty: equal splits
     return impl_->backend_for(in, name_).alltoall_base(out, in, splits, splits);
   });
@@ -320,8 +321,7 @@ Work Group::all_to_all_async(const at::Tensor& x) {
 Work Group::all_reduce_async(at::Tensor& x) {
   if (size_ == 1) return Work::done(x);
   TORCH_CHECK(x.is_contiguous(), "all_reduce_ on group '", name_, "' needs a contiguous tensor");
-  count("all_reduce", x);
-  return launch("all_reduce", x, [&] {
+  return launch("all_reduce", x, x, [&] {
     std::vector<at::Tensor> ts = {x};
     return impl_->backend_for(x, name_).allreduce(ts);
   });
@@ -332,8 +332,7 @@ Work Group::broadcast_async(at::Tensor& x, int root) {
   TORCH_CHECK(x.is_contiguous(), "broadcast_ on group '", name_, "' needs a contiguous tensor");
   TORCH_CHECK(root >= 0 && root < size_, "broadcast_ on group '", name_, "': root ", root, " is not in [0, ", size_,
               ")");
-  if (rank_ == root) count("broadcast", x);
-  return launch("broadcast", x, [&] {
+  return launch("broadcast", rank_ == root ? x : at::Tensor(), x, [&] {
     std::vector<at::Tensor> ts = {x};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
@@ -346,7 +345,7 @@ void Group::barrier() {
   // An all_reduce of one element on the control device (a barrier of the CPU backend, or of
   // NCCL for a NCCL-only group).
   at::Tensor one = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(control_device()));
-  launch("barrier", one, [&] {
+  launch("barrier", at::Tensor(), one, [&] {
     std::vector<at::Tensor> ts = {one};
     return impl_->backend_for(one, name_).allreduce(ts);
   }).wait();

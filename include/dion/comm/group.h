@@ -129,9 +129,10 @@ class Group {
 
  private:
   void count(const std::string& kind, const at::Tensor& sent);
-  // The Work of a c10d call made by `issue` (errors at issue time are reported like wait's).
+  // The Work of a c10d call made by `issue` (errors at issue time are reported like wait's);
+  // `sent` (if defined) is counted in stats() once the call was issued.
   template <typename Issue>
-  Work launch(const std::string& kind, const at::Tensor& result, Issue&& issue);
+  Work launch(const std::string& kind, const at::Tensor& sent, const at::Tensor& result, Issue&& issue);
 
   struct Impl;  // the c10d store and backend (group.cpp)
 
