@@ -28,6 +28,31 @@ else()
   message(STATUS "dion: torch built without CUDA: CUDA sources skipped")
 endif()
 
+# Torch's headers are third-party: include them as SYSTEM so -Werror applies to our code only.
+get_target_property(_torch_inc torch INTERFACE_INCLUDE_DIRECTORIES)
+
+# The communication library dion_comm: process groups over c10d (Gloo, NCCL), device meshes,
+# async collectives (Work), one-thread cooperative tasks. Knows nothing of the optimizer.
+# Gloo's headers come from Debian's libgloo-dev (the torch wheel ships the library, not them).
+find_path(GLOO_INCLUDE_DIR gloo/context.h)
+if(NOT GLOO_INCLUDE_DIR)
+  message(FATAL_ERROR "dion: <gloo/context.h> not found: install libgloo-dev (scripts/setup.sh does)")
+endif()
+add_library(dion_comm
+  src/comm/group.cpp
+  src/comm/mesh.cpp
+  src/comm/work.cpp
+  src/comm/tasks.cpp)
+target_include_directories(dion_comm PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
+target_link_libraries(dion_comm PUBLIC ${TORCH_LIBRARIES} PRIVATE dion_warnings)
+target_include_directories(dion_comm SYSTEM PUBLIC ${_torch_inc})
+target_include_directories(dion_comm SYSTEM PRIVATE ${GLOO_INCLUDE_DIR})
+set_target_properties(dion_comm PROPERTIES POSITION_INDEPENDENT_CODE ON)
+target_precompile_headers(dion_comm PRIVATE <ATen/ATen.h>)
+if(DION_HAVE_CUDA)
+  target_compile_definitions(dion_comm PUBLIC DION_HAVE_CUDA)
+endif()
+
 add_library(dion
   src/math/ortho.cpp
   src/math/lr.cpp
@@ -46,9 +71,7 @@ add_library(dion
 target_include_directories(dion PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
 # Position-independent: the Python module links this library into a shared object.
 set_target_properties(dion PROPERTIES POSITION_INDEPENDENT_CODE ON)
-target_link_libraries(dion PUBLIC ${TORCH_LIBRARIES} PRIVATE dion_warnings)
-# Torch's headers are third-party: include them as SYSTEM so -Werror applies to our code only.
-get_target_property(_torch_inc torch INTERFACE_INCLUDE_DIRECTORIES)
+target_link_libraries(dion PUBLIC dion_comm ${TORCH_LIBRARIES} PRIVATE dion_warnings)
 target_include_directories(dion SYSTEM PUBLIC ${_torch_inc})
 target_precompile_headers(dion PRIVATE <ATen/ATen.h>)
 if(DION_HAVE_CUDA)
@@ -60,18 +83,9 @@ if(DION_HAVE_CUDA)
   message(STATUS "dion: CUDA kernels enabled (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, sm_90)")
 endif()
 
-# The distribution layer: process groups, meshes, DDP / FSDP megabatch layouts over c10d.
-# Gloo's headers come from Debian's libgloo-dev (the torch wheel ships the library, not them).
-find_path(GLOO_INCLUDE_DIR gloo/context.h)
-if(NOT GLOO_INCLUDE_DIR)
-  message(FATAL_ERROR "dion: <gloo/context.h> not found: install libgloo-dev (scripts/setup.sh does)")
-endif()
-add_library(dion_dist
-  src/dist/group.cpp
-  src/dist/mesh.cpp
-  src/dist/distributed.cpp)
+# The optimizer's Distribution over dion_comm: DDP / FSDP / FSDP x TP / HSDP layouts.
+add_library(dion_dist src/dist/distributed.cpp)
 target_link_libraries(dion_dist PUBLIC dion PRIVATE dion_warnings)
-target_include_directories(dion_dist SYSTEM PRIVATE ${GLOO_INCLUDE_DIR})
 set_target_properties(dion_dist PROPERTIES POSITION_INDEPENDENT_CODE ON)
 target_precompile_headers(dion_dist PRIVATE <ATen/ATen.h>)
 

@@ -14,9 +14,16 @@
 // param_groups and are pushed here before every step (set_group); state tensors live here and
 // are handed to Python as the same tensor objects (state / set_state).
 //
-// Distribution: set_distribution(process_group, ranks, store, sync_gradients) wraps a
-// torch.distributed ProcessGroup (Gloo) as a dion::dist::Group (Group::from_process_group) and
-// gives the optimizer a dion::dist::Distributed over it; set_sharded_distribution(outer, ...,
+// Distribution: set_distribution(process_group, ranks, sync_gradients) wraps a
+// torch.distributed ProcessGroup (Gloo for CPU tensors, NCCL for CUDA tensors) as a
+// dion::comm::Group (Group::from_process_group) and gives the optimizer a dion::dist::Distributed
+// over it: the optimizer issues its collectives on torch's own backends, from the thread that
+// calls step(), 3 megabatch tasks in flight (dion/comm/tasks.h). Every method that may issue a
+// collective (step, init_state, synchronize_for_checkpoint) releases the GIL first, as torch's
+// own c10d bindings do: a Gloo worker thread that retires a finished collective drops its
+// tensors while holding the backend's queue lock, and dropping a Python-owned tensor takes the
+// GIL; a caller that enqueues a collective while holding the GIL then deadlocks with it (the
+// intermittent hang of earlier versions, docs/distributed.md); set_sharded_distribution(outer, ...,
 // inner, ..., replicate, ...) does the same for legacy Dion's outer / inner shard meshes and
 // replicate mesh (Distributed(outer, inner).replicate(...)); shard(local, global_shape, dim,
 // inner_dim) registers a DTensor's local shard. Python (_optimizers.py) decides what is sharded.
@@ -286,28 +293,14 @@ class PyOptimizer {
     opt_->step();
   }
 
-  // Megabatch tasks in flight (the reference's 3). Without torch's store (no private
-  // connections, see wrap) the optimizer runs one task at a time.
-  static constexpr int kLanes = 3;
+  // Megabatch tasks in flight (the reference's 3), on the calling thread.
+  static constexpr int kTasksInFlight = 3;
 
-  // With torch's store, the optimizer talks over its own Gloo connections between the same ranks
-  // (made at the first step) rather than torch's backend: sharing one backend with torch's own
-  // (DTensor) collectives hung intermittently, and connections made while the constructor can
-  // still fail on some rank were torn down under their peers. Without a store: torch's backend,
-  // one task at a time.
-  void own_connections(const c10::intrusive_ptr<c10d::Store>& kv) {
-    if (kv) dist_->own_connections().lanes(kLanes);
-    else dist_->lanes(1);
-  }
-
-  // DDP / FSDP over a torch.distributed ProcessGroup (its CPU backend: Gloo). `ranks`: the
-  // group's global ranks (dist.get_process_group_ranks); `store`: torch's default store (for the
-  // sub-groups of the overlapped megabatch lanes) or None (one lane). Call before the first step.
-  void set_distribution(const py::object& process_group, std::vector<int> ranks, const py::object& store,
-                        bool sync_gradients) {
-    const c10::intrusive_ptr<c10d::Store> kv = store_of(store);
-    dist_ = std::make_shared<dion::dist::Distributed>(wrap(process_group, std::move(ranks), kv), sync_gradients);
-    own_connections(kv);
+  // DDP / FSDP over a torch.distributed ProcessGroup. `ranks`: the group's global ranks
+  // (dist.get_process_group_ranks). Call before the first step.
+  void set_distribution(const py::object& process_group, std::vector<int> ranks, bool sync_gradients) {
+    dist_ = std::make_shared<dion::dist::Distributed>(wrap(process_group, std::move(ranks)), sync_gradients);
+    dist_->overlap(kTasksInFlight);
     opt_->set_distribution(dist_);
   }
 
@@ -316,15 +309,14 @@ class PyOptimizer {
   // Each group comes with its global ranks, as in set_distribution. Call before the first step.
   void set_sharded_distribution(const py::object& outer, std::vector<int> outer_ranks, const py::object& inner,
                                 std::vector<int> inner_ranks, const py::object& replicate,
-                                std::vector<int> replicate_ranks, const py::object& store, bool sync_gradients) {
-    const c10::intrusive_ptr<c10d::Store> kv = store_of(store);
-    auto outer_group = wrap(outer, std::move(outer_ranks), kv);
+                                std::vector<int> replicate_ranks, bool sync_gradients) {
+    auto outer_group = wrap(outer, std::move(outer_ranks));
     dist_ = inner.is_none()
                 ? std::make_shared<dion::dist::Distributed>(std::move(outer_group))
                 : std::make_shared<dion::dist::Distributed>(std::move(outer_group),
-                                                            wrap(inner, std::move(inner_ranks), kv));
-    if (!replicate.is_none()) dist_->replicate(wrap(replicate, std::move(replicate_ranks), kv), sync_gradients);
-    own_connections(kv);
+                                                            wrap(inner, std::move(inner_ranks)));
+    if (!replicate.is_none()) dist_->replicate(wrap(replicate, std::move(replicate_ranks)), sync_gradients);
+    dist_->overlap(kTasksInFlight);
     opt_->set_distribution(dist_);
   }
 
@@ -341,7 +333,11 @@ class PyOptimizer {
   }
 
   int64_t group_step(size_t g) const { return opt_->options(g).step(); }
-  void init_state() { opt_->init_state(); }
+  // Collective (the first call checks the shard specs across ranks): without the GIL, as step().
+  void init_state() {
+    py::gil_scoped_release no_gil;
+    opt_->init_state();
+  }
 
   // The state of `param` as {key: tensor} (the live tensors), or None before it exists.
   py::object state(const at::Tensor& param) {
@@ -392,34 +388,28 @@ class PyOptimizer {
     throw dion::ValueError(std::string(what) + ": the tensor is not a parameter of this optimizer");
   }
 
-  static c10::intrusive_ptr<c10d::Store> store_of(const py::object& store) {
-    if (store.is_none()) return {};
-    try {
-      return store.cast<c10::intrusive_ptr<c10d::Store>>();
-    } catch (const py::cast_error&) {
-      throw dion::TypeError("expected a torch.distributed.Store or None, got " + type_name(store));
-    }
-  }
-
-  // A torch ProcessGroup as a dion::dist::Group (Group::from_process_group), with the torch
-  // group's timeout where its backend tells it.
-  static std::shared_ptr<dion::dist::Group> wrap(const py::object& process_group, std::vector<int> ranks,
-                                                 const c10::intrusive_ptr<c10d::Store>& store) {
+  // A torch ProcessGroup as a dion::comm::Group (Group::from_process_group): collectives go to
+  // torch's own backends (no connections of our own), with the group's timeout where its backend
+  // tells it.
+  static std::shared_ptr<dion::comm::Group> wrap(const py::object& process_group, std::vector<int> ranks) {
     c10::intrusive_ptr<c10d::ProcessGroup> pg;
     try {
       pg = process_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
     } catch (const py::cast_error&) {
       throw dion::TypeError("expected a torch.distributed.ProcessGroup, got " + type_name(process_group));
     }
-    dion::dist::GroupOptions options;  // the torch group's timeout, where its backend tells it
-    try {
-      if (pg->getSize() > 1) options.timeout = pg->getBackend(c10::DeviceType::CPU)->getBackendOptions()->timeout;
-    } catch (const std::exception&) {
-      // a backend without getBackendOptions: keep the default
+    dion::comm::GroupOptions options;  // the torch group's timeout, where its backend tells it
+    if (pg->getSize() > 1) {
+      for (const c10::Device& d : pg->getDeviceTypes()) {
+        try {
+          options.timeout = pg->getBackend(d.type())->getBackendOptions()->timeout;
+          break;
+        } catch (const std::exception&) {
+          // a backend without getBackendOptions: try the next, or keep the default
+        }
+      }
     }
-    auto wrapped = std::make_shared<dion::dist::Group>(
-        dion::dist::Group::from_process_group(pg, std::move(ranks), store, options));
-    return wrapped;
+    return std::make_shared<dion::comm::Group>(dion::comm::Group::from_process_group(pg, std::move(ranks), {}, options));
   }
 
   static dion::Options defaults_of(const std::string& kind) {
@@ -482,10 +472,10 @@ PYBIND11_MODULE(_C, m) {
       .def("group_step", &PyOptimizer::group_step, py::arg("index"))
       .def("init_state", &PyOptimizer::init_state)
       .def("set_distribution", &PyOptimizer::set_distribution, py::arg("process_group"), py::arg("ranks"),
-           py::arg("store"), py::arg("sync_gradients"))
+           py::arg("sync_gradients"))
       .def("set_sharded_distribution", &PyOptimizer::set_sharded_distribution, py::arg("outer"),
            py::arg("outer_ranks"), py::arg("inner"), py::arg("inner_ranks"), py::arg("replicate"),
-           py::arg("replicate_ranks"), py::arg("store"), py::arg("sync_gradients"))
+           py::arg("replicate_ranks"), py::arg("sync_gradients"))
       .def("shard", &PyOptimizer::shard, py::arg("local"), py::arg("global_shape"), py::arg("dim"),
            py::arg("inner_dim") = -1)
       .def("synchronize_for_checkpoint", &PyOptimizer::synchronize_for_checkpoint)

@@ -16,6 +16,12 @@
 //     instead of computed whole (different summation order, float32).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -27,8 +33,8 @@
 
 #include "dion/dion.h"
 #include "dion/dist/distributed.h"
-#include "dion/dist/group.h"
-#include "dion/dist/mesh.h"
+#include "dion/comm/group.h"
+#include "dion/comm/mesh.h"
 #include "dion/math/dion.h"
 #include "multiprocess.h"
 
@@ -213,7 +219,7 @@ void scenario_batch_sharded(Child& c) {
 
 // HSDP 2 x 2: shard over "fs", replicate over "dp"; gradients are identical across "dp".
 void scenario_hsdp(Child& c) {
-  dion::dist::DeviceMesh mesh(c.world, {{"dp", 2}, {"fs", 2}});
+  dion::comm::DeviceMesh mesh(c.world, {{"dp", 2}, {"fs", 2}});
   auto fs = mesh.axis("fs");
   Problem prob = make_problem({{16, 32}, {16, 32}, {20, 24}}, 3, 5);
   for (const auto& algo : kAlgorithms) {
@@ -233,7 +239,7 @@ void scenario_hsdp(Child& c) {
 // all_to_all stages; NorMuon / NorDion2 sum their per-neuron statistics over "tp"; Dion2 /
 // NorDion2 select exactly (partial L1 norms summed over "tp", gathered over "fs").
 void scenario_tp(Child& c) {
-  dion::dist::DeviceMesh mesh(c.world, {{"fs", 2}, {"tp", 2}});
+  dion::comm::DeviceMesh mesh(c.world, {{"fs", 2}, {"tp", 2}});
   auto fs = mesh.axis("fs"), tp = mesh.axis("tp");
   Problem prob = make_problem({{16, 32}, {16, 32}, {20, 24}, {18, 30}}, 3, 13);
   auto local_of = [&](const at::Tensor& full) {
@@ -263,21 +269,34 @@ void scenario_tp(Child& c) {
   }
 }
 
-// Overlap: 3 lanes of megabatch tasks in flight give bit-identical results to 1 lane (each task
-// runs the same kernels; only the interleaving changes). Step times for both are printed, not
-// asserted (docs/distributed.md quotes them).
-void scenario_lanes(Child& c) {
+// Threads of this process (entries of /proc/self/task).
+int thread_count() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (const dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+// Overlap: 3 megabatch tasks in flight on one thread give bit-identical results to 1 (each task
+// runs the same kernels; only the interleaving changes), start no thread and no process group
+// (the thread count during and between steps stays what it was after the first step), and do
+// interleave: when a step's first orthogonalization runs, a later task has already issued its
+// all_to_all (2 calls seen instead of 1). Step times are printed, not asserted.
+void scenario_overlap(Child& c) {
   std::vector<std::vector<int64_t>> shapes;
   for (int i = 0; i < 6; ++i) shapes.push_back({128 + 16 * i, 256});  // 6 megabatches
   shapes.push_back({64});                                               // an adamw task
-  Problem prob = make_problem(shapes, 3, 17);
+  Problem prob = make_problem(shapes, 4, 17);
   auto group = std::make_shared<Group>(c.world);
   const int W = group->size(), r = group->rank();
   for (const char* algo : {"muon", "nordion2"}) {
     std::vector<std::vector<at::Tensor>> results;
-    for (int lanes : {1, 3}) {
+    for (int in_flight : {1, 3}) {
       auto dist = std::make_shared<Distributed>(group);
-      dist->lanes(lanes);
+      dist->overlap(in_flight);
       std::vector<at::Tensor> params;
       for (size_t i = 0; i < prob.params.size(); ++i) {
         const at::Tensor& full = prob.params[i];
@@ -288,25 +307,78 @@ void scenario_lanes(Child& c) {
           params.push_back(full.clone());
         }
       }
+      // The default orthogonalizer, observed: threads and all_to_all calls so far, per call.
+      std::vector<std::pair<int, int64_t>> seen;  // (threads, all_to_all calls)
+      dion::math::OrthoConfig ortho;
+      ortho.custom = [inner = dion::math::OrthoConfig{}.function(), &seen, &group](const at::Tensor& X, double eps) {
+        seen.emplace_back(thread_count(), group->stats().calls("all_to_all"));
+        return inner(X, eps);
+      };
       std::vector<dion::ParamGroup> groups = {{{params.begin(), params.end() - 1}},
                                               {{params.back()}, {.algorithm = "adamw"}}};
-      dion::Optimizer opt(groups, options_for(algo));
+      dion::Optimizer opt(groups, options_for(algo), ortho);
       opt.set_distribution(dist);
       double seconds = 0;
-      for (const auto& gs : prob.grads) {
+      int threads_after_first = 0;
+      for (size_t t = 0; t < prob.grads.size(); ++t) {
+        const auto& gs = prob.grads[t];
         for (size_t i = 0; i < params.size(); ++i)
           params[i].mutable_grad() = gs[i].dim() == 2 ? dion::dist::shard_tensor(gs[i], 0, W, r) : gs[i].clone();
+        seen.clear();
+        group->stats().clear();
         const auto t0 = std::chrono::steady_clock::now();
         opt.step();
         seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const int after = thread_count();
+        if (t == 0) threads_after_first = after;
+        if (t == 0 || seen.empty()) continue;
+        // Steps 2..: no thread appears or disappears, during the step or across steps.
+        int during_max = 0;
+        for (const auto& [threads, calls] : seen) during_max = std::max(during_max, threads);
+        if (after != threads_after_first || during_max != threads_after_first) {
+          std::printf("[rank %d] %s, %d in flight, step %zu: %d threads after the first step, %d during, %d after\n",
+                      r, algo, in_flight, t + 1, threads_after_first, during_max, after);
+          ++c.failures;
+        }
+        const int64_t expected_calls = in_flight == 1 ? 1 : 2;
+        if (seen.front().second != expected_calls) {
+          std::printf("[rank %d] %s, %d in flight: %lld all_to_all issued before the first orthogonalization, "
+                      "expected %lld\n", r, algo, in_flight, static_cast<long long>(seen.front().second),
+                      static_cast<long long>(expected_calls));
+          ++c.failures;
+        }
       }
-      if (r == 0) std::printf("[rank 0] %s FSDP %d ranks, %d lane(s): %.1f ms per step\n", algo, W, lanes,
-                              1e3 * seconds / static_cast<double>(prob.grads.size()));
+      if (r == 0) std::printf("[rank 0] %s FSDP %d ranks, %d task(s) in flight: %.1f ms per step, %d threads\n", algo,
+                              W, in_flight, 1e3 * seconds / static_cast<double>(prob.grads.size()),
+                              threads_after_first);
       results.push_back(params);
     }
     for (size_t i = 0; i < results[0].size(); ++i)
-      c.compare(std::string(algo) + " 3 lanes vs 1, p" + std::to_string(i), results[1][i], results[0][i], 0.0);
+      c.compare(std::string(algo) + " 3 in flight vs 1, p" + std::to_string(i), results[1][i], results[0][i], 0.0);
   }
+  // Legacy Dion (FSDP rows): its tasks draw random sketches, run serially in task order, so 3 in
+  // flight equals 1 bit for bit too.
+  Problem dion_prob = make_problem({{32, 64}, {32, 64}, {24, 40}, {18, 30}, {24, 40}}, 3, 23);
+  std::vector<std::vector<at::Tensor>> dion_results;
+  for (int in_flight : {1, 3}) {
+    auto dist = std::make_shared<Distributed>(group);
+    dist->overlap(in_flight);
+    std::vector<at::Tensor> params;
+    for (const auto& full : dion_prob.params) {
+      params.push_back(dion::dist::shard_tensor(full, 0, W, r));
+      dist->shard(params.back(), full.sizes().vec(), 0);
+    }
+    at::manual_seed(9);
+    dion::Dion opt({{params}}, dion::Dion::defaults().lr(0.02), dist);
+    opt.init_state();
+    for (const auto& gs : dion_prob.grads) {
+      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = dion::dist::shard_tensor(gs[i], 0, W, r);
+      opt.step();
+    }
+    dion_results.push_back(params);
+  }
+  for (size_t i = 0; i < dion_results[0].size(); ++i)
+    c.compare("dion 3 in flight vs 1, p" + std::to_string(i), dion_results[1][i], dion_results[0][i], 0.0);
 }
 
 // Dion2 with fraction a moves about a of Muon's all_to_all bytes (local selection scope).
@@ -361,7 +433,7 @@ void scenario_dion_ddp(Child& c) {
     opt.init_state();
     auto dist = std::make_shared<Distributed>(group, /*sync_gradients=*/true);
     opt.set_distribution(dist);
-    dist->prepare();  // the one-time shard-spec check (a 4-byte all_reduce) and lanes, before counting
+    dist->prepare();  // the one-time shard-spec check (a 4-byte all_reduce), before counting
     group->stats().clear();
     for (int t = 0; t < static_cast<int>(prob.grads.size()); ++t) {
       for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = rank_grad(prob.grads[t][i], r, t, i);
@@ -412,7 +484,7 @@ struct DionShardCase {
 void dion_shard_case(Child& c, const DionShardCase& k) {
   Problem prob = make_problem(k.shapes, 3, 31);
   std::shared_ptr<Group> outer, inner, replica;
-  std::optional<dion::dist::DeviceMesh> mesh;
+  std::optional<dion::comm::DeviceMesh> mesh;
   if (k.tp || k.hsdp) {
     std::vector<std::pair<std::string, int>> axes;
     if (k.hsdp) axes.push_back({"dp", 2});
@@ -558,7 +630,7 @@ void scenario_heads_splits_errors(Child& c) {
   }
   // A mesh that does not multiply to the world size.
   try {
-    dion::dist::DeviceMesh mesh(c.world, {{"dp", 3}, {"fs", 2}});
+    dion::comm::DeviceMesh mesh(c.world, {{"dp", 3}, {"fs", 2}});
     ++c.failures;
   } catch (const dion::ValueError& e) {
     if (r == 0) std::printf("[rank 0] mesh 3 x 2: ValueError: %s\n", e.what());
@@ -593,7 +665,7 @@ void scenario_dead_rank(Child& c) {
     c.world.all_gather(x);
     std::printf("[rank %d] all_gather returned although rank 1 died\n", c.world.rank());
     ++c.failures;
-  } catch (const dion::dist::CommError& e) {
+  } catch (const dion::comm::CommError& e) {
     std::printf("[rank %d] CommError: %.300s\n", c.world.rank(), e.what());
   }
 }
@@ -610,7 +682,7 @@ TEST(Distributed, FsdpDion2EveryShapeEqualsOneProcessTwoRanks) { expect_all_ok("
 TEST(Distributed, FsdpDion2EveryShapeEqualsOneProcessFourRanks) { expect_all_ok("fsdp_every_shape", 4); }
 TEST(Distributed, Hsdp2x2) { expect_all_ok("hsdp", 4); }
 TEST(Distributed, FsdpTimesTp2x2) { expect_all_ok("tp", 4); }
-TEST(Distributed, OverlapLanesMatchOneLane) { expect_all_ok("lanes", 2); }
+TEST(Distributed, OverlapOnOneThreadMatchesOneTaskInFlight) { expect_all_ok("overlap", 2); }
 TEST(Distributed, Dion2MovesFractionOfMuonBytes) { expect_all_ok("bytes", 2); }
 TEST(Distributed, DionDdpGradientAndCompressedSyncTwoRanks) { expect_all_ok("dion_ddp", 2); }
 TEST(Distributed, DionDdpGradientAndCompressedSyncFourRanks) { expect_all_ok("dion_ddp", 4); }
@@ -637,7 +709,7 @@ int main(int argc, char** argv) {
       {"fsdp_every_shape", scenario_fsdp_every_shape},
       {"batch", scenario_batch_sharded}, {"hsdp", scenario_hsdp},       {"bytes", scenario_bytes},
       {"bad_spec", scenario_bad_spec},   {"dead_rank", scenario_dead_rank}, {"dion_ddp", scenario_dion_ddp},
-      {"tp", scenario_tp},               {"lanes", scenario_lanes},
+      {"tp", scenario_tp},               {"overlap", scenario_overlap},
       {"dion_fsdp", scenario_dion_fsdp}, {"dion_2d", scenario_dion_2d},
       {"heads_splits_errors", scenario_heads_splits_errors}, {"dion_3d", scenario_dion_3d}};
   // A dead peer should be noticed quickly; healthy scenarios get a generous timeout.

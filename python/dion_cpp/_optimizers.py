@@ -22,7 +22,8 @@ DeviceMesh (its group). DTensor parameters (FSDP2 fully_shard, distribute_tensor
 Shard(dim) placement over that group are sharded: the C++ optimizer works on their local
 tensors (`_local_tensor`, the same storage), registered with the global shape and dim, and
 receives their local gradients before each step; Replicate() placements are replicated. The
-C++ step then runs its DDP / FSDP layouts (docs/distributed.md) over the group's Gloo backend.
+C++ step then runs its DDP / FSDP layouts (docs/distributed.md) over the group's own backends
+(Gloo for CPU tensors, NCCL for CUDA tensors), from the thread that calls step().
 State tensors of DTensor parameters are handed back as DTensors over the same local storage.
 Legacy Dion takes the reference's replicate_mesh / outer_shard_mesh / inner_shard_mesh instead:
 DTensor parameters on a mesh whose dims are those 1-D sub-meshes are registered with their
@@ -105,15 +106,6 @@ def _shard_mesh_group(mesh, name: str, replicate_mesh):
     return group if dist.get_world_size(group) > 1 else None
 
 
-def _default_store():
-    """torch's world store (the rendezvous of the C++ overlap lanes' Gloo sub-groups), or None:
-    then the C++ step runs one megabatch task at a time."""
-    try:
-        return dist.distributed_c10d._get_default_store()
-    except (AttributeError, RuntimeError, ValueError):
-        return None
-
-
 class _CppOptimizer(Optimizer):
     """Base class. `kind` names the C++ class and `algorithm` its matrix algorithm;
     `eager_state` mirrors the reference, whose DistributedOrthoBase family creates every
@@ -149,8 +141,7 @@ class _CppOptimizer(Optimizer):
     def _distribute(self, group, sync_gradients: bool) -> None:
         """Give the C++ optimizer its distribution (DDP / FSDP over `group`), if any."""
         if group is not None:
-            self._cpp.set_distribution(group, dist.get_process_group_ranks(group), _default_store(),
-                                       sync_gradients)
+            self._cpp.set_distribution(group, dist.get_process_group_ranks(group), sync_gradients)
 
     # ------------------------------------------------------------------ groups
     def add_param_group(self, param_group: dict) -> None:
@@ -710,7 +701,7 @@ class Dion(_CppOptimizer):
             return dist.get_process_group_ranks(g) if g is not None else []
 
         self._cpp.set_sharded_distribution(outer, ranks(outer), inner, ranks(inner), replicate,
-                                           ranks(replicate), _default_store(), sync_gradients)
+                                           ranks(replicate), sync_gradients)
 
     def _register(self, p: torch.Tensor) -> torch.Tensor:
         """With sharding meshes: find the tensor dims that are Shard over the outer and the inner

@@ -1,4 +1,6 @@
-// DDP and FSDP megabatch orthogonalization over c10d (see include/dion/dist/distributed.h).
+// The optimizer's Distribution over dion_comm groups (see include/dion/dist/distributed.h):
+// DDP / FSDP / FSDP x TP / HSDP megabatch assembly and the per-axis collectives the algorithms
+// use. Everything runs on the caller's thread; see dion/comm/tasks.h for the overlap.
 #include "dion/dist/distributed.h"
 
 #include <ATen/ATen.h>
@@ -98,47 +100,13 @@ void Distributed::shard(const at::Tensor& local, std::vector<int64_t> global_sha
   verified_ = false;
 }
 
-namespace {
-thread_local int tls_lane = 0;
-}
-
-Distributed& Distributed::lanes(int k) {
-  if (k < 1) throw ValueError("Distributed::lanes: need at least 1 lane, got " + std::to_string(k));
-  if (!outer_lanes_.empty()) throw ValueError("Distributed::lanes: set before the first step");
-  lanes_ = k;
+Distributed& Distributed::overlap(int k) {
+  if (k < 1) throw ValueError("Distributed::overlap: need at least 1 task in flight, got " + std::to_string(k));
+  in_flight_ = k;
   return *this;
 }
 
-void Distributed::prepare() {
-  if (own_connections_ && !owned_) {
-    // Private connections between the same ranks, made here (every rank reaches the first step
-    // past all construction-time checks) rather than when the groups were handed over.
-    auto own = [](std::shared_ptr<Group>& g) {
-      if (g && g->size() > 1) g = g->subgroup(g->ranks(), "own");
-    };
-    own(group_);
-    own(inner_);
-    own(replicate_);
-    owned_ = true;
-  }
-  verify();
-  if (lanes_ > 1 && outer_lanes_.empty() && group_->size() > 1) {
-    for (int j = 1; j < lanes_; ++j) {
-      outer_lanes_.push_back(group_->subgroup(group_->ranks(), "lane" + std::to_string(j)));
-      if (inner_) inner_lanes_.push_back(inner_->subgroup(inner_->ranks(), "lane" + std::to_string(j)));
-      if (replicate_ && replicate_->size() > 1)
-        replicate_lanes_.push_back(replicate_->subgroup(replicate_->ranks(), "lane" + std::to_string(j)));
-    }
-  }
-}
-
-void Distributed::use_lane(int lane) { tls_lane = lane; }
-
-Distributed& Distributed::own_connections() {
-  if (!outer_lanes_.empty() || owned_) throw ValueError("Distributed::own_connections: set before the first step");
-  own_connections_ = true;
-  return *this;
-}
+void Distributed::prepare() { verify(); }
 
 Distributed& Distributed::replicate(std::shared_ptr<Group> replicate, bool sync_gradients) {
   if (!replicate) throw ValueError("Distributed::replicate: the group is null (this rank is not a member?)");
@@ -149,16 +117,11 @@ Distributed& Distributed::replicate(std::shared_ptr<Group> replicate, bool sync_
 
 Group* Distributed::axis_group(Axis axis) {
   switch (axis) {
-    case Axis::OUTER: return &outer();
-    case Axis::INNER: return inner_ ? &inner() : nullptr;
-    case Axis::REPLICA: return replicate_ ? &replica() : nullptr;
+    case Axis::OUTER: return group_.get();
+    case Axis::INNER: return inner_.get();
+    case Axis::REPLICA: return replicate_.get();
   }
   return nullptr;
-}
-
-Group& Distributed::replica() {
-  if (tls_lane == 0 || replicate_lanes_.empty()) return *replicate_;
-  return *replicate_lanes_.at(static_cast<size_t>(tls_lane - 1));
 }
 
 const Group* Distributed::axis_group(Axis axis) const {
@@ -194,21 +157,14 @@ at::Tensor Distributed::all_to_all(const at::Tensor& x, Axis axis) {
   return x;
 }
 
-Group& Distributed::outer() {
-  if (tls_lane == 0 || outer_lanes_.empty()) return *group_;
-  return *outer_lanes_.at(static_cast<size_t>(tls_lane - 1));
-}
-
-Group& Distributed::inner() {
-  if (tls_lane == 0 || inner_lanes_.empty()) return *inner_;
-  return *inner_lanes_.at(static_cast<size_t>(tls_lane - 1));
-}
-
 void Distributed::verify() const {
   if (verified_) return;
-  at::Tensor bad = at::full({1}, local_error_.empty() ? 0 : 1, at::kInt);
+  at::Tensor bad = at::full({1}, local_error_.empty() ? 0 : 1, at::TensorOptions(at::kInt).device(group_->control_device()));
   group_->all_reduce_(bad);
-  if (inner_) inner_->all_reduce_(bad);
+  if (inner_) {
+    bad = bad.to(inner_->control_device());
+    inner_->all_reduce_(bad);
+  }
   verified_ = true;
   const int n = bad.item<int>();
   if (n == 0) return;
@@ -234,7 +190,7 @@ void Distributed::sum_over_inner_(at::Tensor& x) {
 }
 
 void Distributed::average_over_replicas_(at::Tensor& x) {
-  Group& g = replicate_ ? replica() : outer();
+  Group& g = replicate_ ? *replicate_ : outer();
   if (g.size() == 1) return;
   g.all_reduce_(x);
   x.div_(g.size());

@@ -7,16 +7,17 @@
 #include <c10/core/GradMode.h>
 
 #include <ATen/ThreadLocalState.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
 #include <cmath>
 #include <exception>
 #include <functional>
 #include <limits>
-#include <thread>
 #include <map>
 #include <sstream>
 
+#include "dion/comm/tasks.h"
 #include "dion/math/dion.h"
 #include "dion/math/dion2.h"
 #include "dion/math/muon.h"
@@ -259,7 +260,7 @@ at::Tensor Optimizer::step(LossClosure closure) {
   // this thread, so the tasks below only read the state map.
   struct Task {
     std::function<void()> run;
-    bool draws_random = false;  // legacy Dion: keep its random draws in one ordered lane
+    bool draws_random = false;  // legacy Dion: its random draws stay in task order
   };
   std::vector<Task> tasks;
   for (const char* phase : {"matrix", "lion", "adamw"}) {
@@ -296,41 +297,16 @@ at::Tensor Optimizer::step(LossClosure closure) {
   return loss;
 }
 
-// Up to Distribution::lanes() tasks in flight. Lane j runs tasks j, j + K, j + 2K, ... on its
-// own thread and its own communication channel, so every rank issues the same collectives in the
-// same order per channel while one lane's collectives overlap another lane's computation.
+// Up to Distribution::tasks_in_flight() tasks in flight, all on this thread (dion/comm/tasks.h):
+// a task that waits for a collective yields to the others in a fixed order, so every rank issues
+// the same collectives in the same order on one group while one task's communication overlaps
+// another's computation. Tasks that draw random numbers run one after another, in order.
 template <typename TaskList>
 void Optimizer::run_tasks(TaskList& tasks) {
-  const int lanes = dist_ ? std::max(1, dist_->lanes()) : 1;
-  if (lanes == 1 || tasks.size() <= 1) {
-    for (auto& t : tasks) t.run();
-    return;
-  }
-  // Tasks that draw random numbers all go to lane 0, in order, so the draws stay reproducible.
-  std::vector<std::vector<size_t>> lane_tasks(lanes);
-  size_t next = 0;
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    if (tasks[i].draws_random) lane_tasks[0].push_back(i);
-    else lane_tasks[next++ % lanes].push_back(i);
-  }
-  std::vector<std::exception_ptr> errors(lanes);
-  const at::ThreadLocalState tls;  // grad mode and friends, for the worker threads
-  std::vector<std::thread> threads;
-  for (int j = 0; j < lanes; ++j) {
-    threads.emplace_back([&, j] {
-      at::ThreadLocalStateGuard guard(tls);
-      dist_->use_lane(j);
-      try {
-        for (size_t i : lane_tasks[j]) tasks[i].run();
-      } catch (...) {
-        errors[j] = std::current_exception();
-      }
-      dist_->use_lane(0);
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  std::vector<comm::Task> list;
+  list.reserve(tasks.size());
+  for (auto& t : tasks) list.push_back({std::move(t.run), t.draws_random});
+  comm::run_tasks(list, dist_ ? dist_->tasks_in_flight() : 1);
 }
 
 // ---------------------------------------------------------------------------- megabatch plan

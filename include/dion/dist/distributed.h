@@ -1,8 +1,9 @@
-// dion/dist/distributed.h — DDP and FSDP layouts for the orthonormal optimizers, over c10d.
+// dion/dist/distributed.h — the optimizer's Distribution over dion_comm groups: DDP, FSDP, FSDP x TP, HSDP.
 //
 // API summary
-//   auto world = dion::dist::Group::init_from_env();
+//   auto world = dion::comm::Group::init_from_env();
 //   auto dist = std::make_shared<dion::dist::Distributed>(std::make_shared<Group>(world));
+//   dist->overlap(3);                                // megabatch tasks in flight (default 3)
 //   dist->shard(w_local, {4096, 1024}, /*dim=*/0);   // FSDP: w_local is this rank's row chunk
 //   opt.set_distribution(dist);                      // parameters not registered: replicated (DDP)
 //   opt.step();
@@ -31,10 +32,16 @@
 #include <unordered_map>
 #include <vector>
 
-#include "dion/dist/group.h"
+#include "dion/comm/group.h"
 #include "dion/optim/distribution.h"
 
 namespace dion::dist {
+
+// The communication types, by their old names (they live in dion_comm).
+using comm::CommError;
+using comm::CommStats;
+using comm::Group;
+using comm::GroupOptions;
 
 struct Chunk {
   int64_t start = 0, length = 0;
@@ -54,14 +61,9 @@ class Distributed : public Distribution {
   // a gradient all-reduce; legacy Dion then syncs only its compressed P and R).
   explicit Distributed(std::shared_ptr<Group> group, bool sync_gradients = false);
 
-  // Megabatch tasks in flight at once (the reference runs 3). Each lane gets its own copy of
-  // the group(s), created at the first step. 1: one task at a time.
-  Distributed& lanes(int k);
-
-  // Talk over new connections between the same ranks (sub-groups made at the first step)
-  // instead of the given groups' backends: for groups that also carry someone else's
-  // collectives, e.g. torch's own (the Python module uses this).
-  Distributed& own_connections();
+  // Megabatch tasks in flight at once (the reference runs 3), all on the calling thread and
+  // over the given groups (dion/comm/tasks.h). 1: one task at a time.
+  Distributed& overlap(int k);
 
   // 2-D sharding (FSDP x TP): `outer` shards one matrix dim (mesh.axis("fs")), `inner` the other
   // (mesh.axis("tp")). Register parameters with shard(local, global_shape, dim, inner_dim).
@@ -93,8 +95,7 @@ class Distributed : public Distribution {
   void average_over_replicas_(at::Tensor& x) override;
   int world_size() const override { return group_->size(); }
   void prepare() override;
-  int lanes() const override { return lanes_; }
-  void use_lane(int lane) override;
+  int tasks_in_flight() const override { return in_flight_; }
 
   Group& group() { return *group_; }
 
@@ -103,18 +104,15 @@ class Distributed : public Distribution {
   at::Tensor orthogonalize_sharded(Group& group, std::vector<at::Tensor> U, const OrthoRequest& request);
   at::Tensor orthogonalize_replicated(std::vector<at::Tensor> U, const OrthoRequest& request);
 
-  Group& outer();  // this thread's lane of the outer group
-  Group& inner();  // ... of the inner (TP) group
-  Group& replica();  // ... of the replicate group
-  Group* axis_group(Axis axis);  // this thread's lane of that axis, or null when absent
+  Group& outer() { return *group_; }
+  Group& inner() { return *inner_; }
+  Group* axis_group(Axis axis);  // that axis's group, or null when absent
   const Group* axis_group(Axis axis) const;
 
   std::shared_ptr<Group> group_;
   std::shared_ptr<Group> inner_;  // TP group for 2-D sharding, or null
   std::shared_ptr<Group> replicate_;  // HSDP replicate group, or null (DDP: the outer group)
-  int lanes_ = 3;
-  bool own_connections_ = false, owned_ = false;
-  std::vector<std::shared_ptr<Group>> outer_lanes_, inner_lanes_, replicate_lanes_;  // lanes 1..K-1
+  int in_flight_ = 3;
   bool sync_gradients_ = false;
   std::unordered_map<const void*, Layout> layouts_;
   mutable std::string local_error_;

@@ -1,12 +1,14 @@
 // dion/optim/distribution.h — the optimizer's view of where parameters live.
 //
-// The optimizers never talk to a communication library. When parameters are replicated (DDP)
-// or sharded (FSDP) across ranks, the training program gives the optimizer a Distribution
-// (dion/dist/distributed.h implements one over c10d). The optimizer asks it two things:
+// The optimizer's communication interface. The algorithm drivers never call c10d or a process
+// group: when parameters are replicated (DDP) or sharded (FSDP, TP, HSDP) across ranks, the
+// training program gives the optimizer a Distribution (dion/dist/distributed.h implements one
+// over dion_comm's groups). The optimizer asks it:
 //   layout(param):    the parameter's global shape and which tensor dim is sharded (if any);
 //   orthogonalize():  turn N local matrices (whole, or shards) into their orthogonalized local
-//                     parts — possibly by assembling whole matrices on other ranks.
-// plus one reduction NorMuon needs on row-sharded matrices (Frobenius norms over all shards).
+//                     parts — possibly by assembling whole matrices on other ranks;
+//   plain collectives over one axis (legacy Dion's P/R traffic, Dion2's norm gathers, NorMuon's
+//   shard-summed norms), and how many megabatch tasks may be in flight.
 // Without a Distribution every parameter is whole and local.
 #pragma once
 
@@ -83,11 +85,11 @@ class Distribution {
   // Called by the optimizer at the start of every step, on every rank, before any task runs
   // (one-time checks and set-up that are themselves collective).
   virtual void prepare() {}
-  // Overlap: up to lanes() megabatch tasks run at once, each on its own thread and its own
-  // communication channel, so that one task's collectives overlap another's computation. The
-  // optimizer calls use_lane(j) on the thread running lane j.
-  virtual int lanes() const { return 1; }
-  virtual void use_lane(int lane) {}
+  // Overlap: up to tasks_in_flight() megabatch tasks in flight at once, all on the calling
+  // thread (dion/comm/tasks.h): a task that waits for a collective yields to the others, in a
+  // fixed order, so that one task's collectives overlap another's computation while every rank
+  // still issues the same collectives in the same order.
+  virtual int tasks_in_flight() const { return 1; }
 };
 
 }  // namespace dion

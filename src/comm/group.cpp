@@ -1,10 +1,13 @@
-// Process groups over c10d (see include/dion/dist/group.h).
+// Process groups over c10d (see include/dion/comm/group.h): rendezvous, backends per device,
+// async collectives returning a Work, byte/call accounting.
+//
+// Not here: waiting (work.cpp), task scheduling (tasks.cpp), meshes (mesh.cpp).
 //
 // Gloo's C++ header is not in the torch wheel; Debian's libgloo-dev supplies <gloo/*.h> so that
 // ProcessGroupGloo.hpp compiles. We only construct the backend through its exported
 // constructor and call the c10d::Backend interface, so the Gloo version of those headers does
 // not matter for the layout of anything we touch.
-#include "dion/dist/group.h"
+#include "dion/comm/group.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -15,30 +18,45 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
-namespace dion::dist {
+#include "work_state.h"
+
+namespace dion::comm {
 
 struct Group::Impl {
   c10::intrusive_ptr<c10d::Store> store;      // the world's TCPStore (shared by subgroups); for a
                                               // wrapped torch ProcessGroup, torch's store or null
-  c10::intrusive_ptr<c10d::Backend> backend;  // this group's Gloo backend
+  c10::intrusive_ptr<c10d::Backend> backend;  // this group's backend for CPU tensors (Gloo), or null
   c10::intrusive_ptr<c10d::ProcessGroup> pg;  // the wrapped torch ProcessGroup (kept alive), or null
-  c10::intrusive_ptr<c10d::Backend> nccl;     // NCCL backend for CUDA tensors, created on first use
+  c10::intrusive_ptr<c10d::Backend> nccl;     // backend for CUDA tensors, found or created on first use
   std::string prefix;                         // rendezvous prefix of this group
   int rank = 0, size = 1;
   std::chrono::milliseconds timeout{0};
 
-  // Gloo for CPU tensors, NCCL for CUDA tensors. The NCCL backend is created by the first
-  // collective on a CUDA tensor, which every rank reaches at the same point.
+  // Gloo for CPU tensors, NCCL for CUDA tensors. Our own NCCL backend is created by the first
+  // collective on a CUDA tensor, which every rank reaches at the same point; a wrapped torch
+  // group lends its own backend for the device.
   c10d::Backend& backend_for(const at::Tensor& t, const std::string& group_name) {
-    if (!t.is_cuda()) return *backend;
+    if (!t.is_cuda()) {
+      if (!backend)
+        throw CommError("group '" + group_name + "' has no backend for CPU tensors (a torch group made with "
+                        "backend='nccl' only: CPU parameters need 'gloo' or 'cpu:gloo,cuda:nccl')");
+      return *backend;
+    }
 #ifdef DION_HAVE_CUDA
     if (!nccl) {
       if (pg) {
-        nccl = pg->getBackend(c10::DeviceType::CUDA);
+        try {
+          nccl = pg->getBackend(c10::DeviceType::CUDA);
+        } catch (const std::exception& e) {
+          throw CommError("group '" + group_name + "' has no backend for CUDA tensors (create it with "
+                          "backend='nccl' or 'cpu:gloo,cuda:nccl'): " + e.what());
+        }
       } else {
         auto opts = c10d::ProcessGroupNCCL::Options::create();
         opts->timeout = timeout;
@@ -70,21 +88,24 @@ int64_t CommStats::total_bytes() const {
 Group::Group() = default;
 
 namespace {
-int env_int(const char* name, bool required, int fallback) {
+// An integer environment variable in [lo, hi]; `fallback` when unset (or a CommError naming the
+// variable when it is required). Errors name the variable, its value and the valid range.
+int env_int(const char* name, bool required, int fallback, long lo, long hi, const std::string& range) {
   const char* v = std::getenv(name);
   if (!v || !*v) {
     if (required)
       throw CommError(std::string("environment variable ") + name +
-                      " is not set (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)");
+                      " is not set (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)");
     return fallback;
   }
   char* end = nullptr;
+  errno = 0;
   const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < 0)
-    throw CommError(std::string("environment variable ") + name + "='" + v + "' is not a non-negative integer");
+  if (end == v || *end != '\0' || errno == ERANGE || x < lo || x > hi)
+    throw CommError(std::string("environment variable ") + name + "='" + v + "' is invalid: it must be an integer " +
+                    range);
   return static_cast<int>(x);
 }
-
 c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                             int size, std::chrono::milliseconds timeout) {
   auto opts = c10d::ProcessGroupGloo::Options::create_default(timeout);
@@ -93,17 +114,22 @@ c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store
 }  // namespace
 
 Group Group::init_from_env(GroupOptions options) {
-  const int size = env_int("WORLD_SIZE", false, 1);
+  const int size = env_int("WORLD_SIZE", false, 1, 1, INT_MAX, ">= 1");
+  const std::string ranks = "in [0, WORLD_SIZE - 1] = [0, " + std::to_string(size - 1) + "]";
+  const int rank = env_int("RANK", size > 1, 0, 0, size - 1, ranks);
+  const int local_rank = env_int("LOCAL_RANK", false, rank, 0, size - 1, ranks);
   if (size <= 1) {
     Group g;
     g.options_ = options;
     return g;
   }
-  const int rank = env_int("RANK", true, 0);
   const char* addr = std::getenv("MASTER_ADDR");
-  if (!addr || !*addr) throw CommError("environment variable MASTER_ADDR is not set");
-  const int port = env_int("MASTER_PORT", true, 0);
-  return create(addr, port, rank, size, options);
+  if (!addr || !*addr)
+    throw CommError("environment variable MASTER_ADDR is not set (the host of rank 0, e.g. 127.0.0.1)");
+  const int port = env_int("MASTER_PORT", true, 0, 1, 65535, "in [1, 65535]");
+  Group g = create(addr, port, rank, size, options);
+  g.local_rank_ = local_rank;
+  return g;
 }
 
 Group Group::create(const std::string& host, int port, int rank, int size, GroupOptions options) {
@@ -112,8 +138,11 @@ Group Group::create(const std::string& host, int port, int rank, int size, Group
     os << "invalid rank " << rank << " for world size " << size << " (need 0 <= rank < size)";
     throw CommError(os.str());
   }
+  if (port < 1 || port > 65535)
+    throw CommError("invalid port " + std::to_string(port) + " for the rendezvous at " + host + " (valid: 1 to 65535)");
   Group g;
   g.rank_ = rank;
+  g.local_rank_ = rank;
   g.size_ = size;
   g.options_ = options;
   g.ranks_.resize(size);
@@ -167,6 +196,7 @@ Group Group::from_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& pg
     throw CommError(os.str());
   }
   g.ranks_ = std::move(ranks);
+  g.local_rank_ = g.rank_;
   if (g.size_ == 1) return g;
   g.impl_ = std::make_shared<Impl>();
   g.impl_->pg = pg;
@@ -181,14 +211,14 @@ Group Group::from_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& pg
     if (!count) count = std::make_shared<int>(0);
     g.subgroups_ = count;
   }
-  try {
-    g.impl_->backend = pg->getBackend(c10::DeviceType::CPU);
-  } catch (const std::exception& e) {
-    throw CommError("from_process_group: group '" + g.name_ + "' has no CPU backend (create it with "
-                    "backend='gloo' or 'cpu:gloo,cuda:nccl'): " + e.what());
-  }
-  if (!g.impl_->backend) throw CommError("from_process_group: group '" + g.name_ + "' has no CPU backend");
+  for (const c10::Device& d : pg->getDeviceTypes())
+    if (d.type() == c10::DeviceType::CPU) g.impl_->backend = pg->getBackend(c10::DeviceType::CPU);
   return g;
+}
+
+c10::Device Group::control_device() const {
+  if (!impl_ || impl_->backend) return c10::Device(c10::DeviceType::CPU);
+  return c10::Device(c10::DeviceType::CUDA);  // the current CUDA device
 }
 
 std::shared_ptr<Group> Group::subgroup(const std::vector<int>& ranks, const std::string& name) const {
@@ -238,84 +268,87 @@ void Group::count(const std::string& kind, const at::Tensor& sent) {
   auto& e = stats_->by_kind[kind];
   e.calls += 1;
   e.bytes += static_cast<int64_t>(sent.numel()) * static_cast<int64_t>(sent.element_size());
-  if (std::getenv("DION_TRACE_COLLECTIVES"))
+}
+
+template <typename Issue>
+Work Group::launch(const std::string& kind, const at::Tensor& sent, const at::Tensor& result, Issue&& issue) {
+  auto state = std::make_shared<Work::State>();
+  state->result = result;
+  state->kind = kind;
+  state->group = name_;
+  state->rank = rank_;
+  state->size = size_;
+  state->timeout = options_.timeout;
+  if (std::getenv("DION_TRACE_COLLECTIVES"))  // before the call: a hang inside it still shows
     std::fprintf(stderr, "[dion %s rank %d] %s %s\n", name_.c_str(), rank_, kind.c_str(),
-                 c10::str(sent.sizes()).c_str());
+                 c10::str((sent.defined() ? sent : result).sizes()).c_str());
+  try {
+    state->work = issue();
+  } catch (const CommError&) {
+    throw;  // already names the group (e.g. no backend for the tensor's device)
+  } catch (const std::exception& e) {
+    throw_comm_error(kind, name_, rank_, size_, options_.timeout, e);
+  }
+  if (sent.defined()) count(kind, sent);
+  return Work(std::move(state));
 }
 
-void Group::fail(const std::string& kind, const std::exception& e) const {
-  std::ostringstream os;
-  os << kind << " on group '" << name_ << "' (rank " << rank_ << " of " << size_
-     << ") failed; timeout " << options_.timeout.count() << " ms. A peer may have died. Cause: " << e.what();
-  throw CommError(os.str());
-}
-
-at::Tensor Group::all_gather(const at::Tensor& x) {
+Work Group::all_gather_async(const at::Tensor& x) {
   at::Tensor in = x.contiguous();
-  if (size_ == 1) return in.unsqueeze(0).clone();
-  count("all_gather", in);
-  std::vector<at::Tensor> inputs = {in};
+  if (size_ == 1) return Work::done(in.unsqueeze(0).clone());
   std::vector<int64_t> shape = {size_};
   shape.insert(shape.end(), in.sizes().begin(), in.sizes().end());
-  at::Tensor out = at::empty(shape, in.options());
-  std::vector<std::vector<at::Tensor>> outputs(1, out.unbind(0));
-  try {
-    impl_->backend_for(in, name_).allgather(outputs, inputs)->wait(options_.timeout);
-  } catch (const std::exception& e) {
-    fail("all_gather", e);
-  }
-  return out;
+  at::Tensor out = at::empty(shape, in.options());  // [size, ..]
+  return launch("all_gather", in, out, [&] {
+    std::vector<at::Tensor> inputs = {in};
+    std::vector<std::vector<at::Tensor>> outputs(1, out.unbind(0));
+    return impl_->backend_for(in, name_).allgather(outputs, inputs);
+  });
 }
 
-at::Tensor Group::all_to_all(const at::Tensor& x) {
+Work Group::all_to_all_async(const at::Tensor& x) {
   at::Tensor in = x.contiguous();
-  if (size_ == 1) return in.clone();
+  if (size_ == 1) return Work::done(in.clone());
   TORCH_CHECK(in.size(0) % size_ == 0, "all_to_all on group '", name_, "': dim 0 (", in.size(0),
               ") must be a multiple of the group size (", size_, ")");
-  count("all_to_all", in);
   at::Tensor out = at::empty_like(in);
-  std::vector<int64_t> splits;  // empty: equal splits
-  try {
-    impl_->backend_for(in, name_).alltoall_base(out, in, splits, splits)->wait(options_.timeout);
-  } catch (const std::exception& e) {
-    fail("all_to_all", e);
-  }
-  return out;
+  return launch("all_to_all", in, out, [&] {
+    std::vector<int64_t> splits;  // empty: equal splits
+    return impl_->backend_for(in, name_).alltoall_base(out, in, splits, splits);
+  });
 }
 
-void Group::all_reduce_(at::Tensor& x) {
-  if (size_ == 1) return;
-  TORCH_CHECK(x.is_contiguous(), "all_reduce_ needs a contiguous tensor");
-  count("all_reduce", x);
-  std::vector<at::Tensor> ts = {x};
-  try {
-    impl_->backend_for(x, name_).allreduce(ts)->wait(options_.timeout);
-  } catch (const std::exception& e) {
-    fail("all_reduce", e);
-  }
+Work Group::all_reduce_async(at::Tensor& x) {
+  if (size_ == 1) return Work::done(x);
+  TORCH_CHECK(x.is_contiguous(), "all_reduce_ on group '", name_, "' needs a contiguous tensor");
+  return launch("all_reduce", x, x, [&] {
+    std::vector<at::Tensor> ts = {x};
+    return impl_->backend_for(x, name_).allreduce(ts);
+  });
 }
 
-void Group::broadcast_(at::Tensor& x, int root) {
-  if (size_ == 1) return;
-  TORCH_CHECK(x.is_contiguous(), "broadcast_ needs a contiguous tensor");
-  if (rank_ == root) count("broadcast", x);
-  std::vector<at::Tensor> ts = {x};
-  c10d::BroadcastOptions opts;
-  opts.rootRank = root;
-  try {
-    impl_->backend_for(x, name_).broadcast(ts, opts)->wait(options_.timeout);
-  } catch (const std::exception& e) {
-    fail("broadcast", e);
-  }
+Work Group::broadcast_async(at::Tensor& x, int root) {
+  if (size_ == 1) return Work::done(x);
+  TORCH_CHECK(x.is_contiguous(), "broadcast_ on group '", name_, "' needs a contiguous tensor");
+  TORCH_CHECK(root >= 0 && root < size_, "broadcast_ on group '", name_, "': root ", root, " is not in [0, ", size_,
+              ")");
+  return launch("broadcast", rank_ == root ? x : at::Tensor(), x, [&] {
+    std::vector<at::Tensor> ts = {x};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    return impl_->backend_for(x, name_).broadcast(ts, opts);
+  });
 }
 
 void Group::barrier() {
   if (size_ == 1) return;
-  try {
-    impl_->backend->barrier()->wait(options_.timeout);
-  } catch (const std::exception& e) {
-    fail("barrier", e);
-  }
+  // An all_reduce of one element on the control device (a barrier of the CPU backend, or of
+  // NCCL for a NCCL-only group).
+  at::Tensor one = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(control_device()));
+  launch("barrier", at::Tensor(), one, [&] {
+    std::vector<at::Tensor> ts = {one};
+    return impl_->backend_for(one, name_).allreduce(ts);
+  }).wait();
 }
 
-}  // namespace dion::dist
+}  // namespace dion::comm

@@ -1,5 +1,5 @@
-// Device mesh (see include/dion/dist/mesh.h).
-#include "dion/dist/mesh.h"
+// Device mesh (see include/dion/comm/mesh.h).
+#include "dion/comm/mesh.h"
 
 #include <algorithm>
 #include <set>
@@ -7,7 +7,7 @@
 
 #include "dion/errors.h"
 
-namespace dion::dist {
+namespace dion::comm {
 
 DeviceMesh::DeviceMesh(Group world, std::vector<std::pair<std::string, int>> axes)
     : world_(std::move(world)), axes_(std::move(axes)) {
@@ -77,4 +77,4 @@ std::shared_ptr<Group> DeviceMesh::flatten(const std::vector<std::string>& names
   return g;
 }
 
-}  // namespace dion::dist
+}  // namespace dion::comm

@@ -1,0 +1,268 @@
+// dion_comm on its own, in one process: environment checks of Group::init_from_env, a group of
+// one (Work, async collectives), and the one-thread task runtime (schedule equal to the
+// reference's AsyncRuntime, serial tasks, errors, no threads). The multi-process behaviour
+// (collectives over Gloo, overlap inside the optimizer) is in test_dist.
+#include <ATen/ATen.h>
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dion/comm/group.h"
+#include "dion/comm/tasks.h"
+
+namespace {
+
+using dion::comm::CommError;
+using dion::comm::Group;
+using dion::comm::Task;
+
+// ---------------------------------------------------------------------------- environment
+
+// Sets torchrun's variables for one test and restores the unset state afterwards.
+class Env : public ::testing::Test {
+ protected:
+  void SetUp() override { clear(); }
+  void TearDown() override { clear(); }
+  static void clear() {
+    for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+  }
+  static void set(const std::vector<std::pair<const char*, const char*>>& vars) {
+    for (const auto& [k, v] : vars) ::setenv(k, v, 1);
+  }
+  // The CommError message init_from_env throws ("" when it does not throw).
+  static std::string error() {
+    try {
+      Group::init_from_env();
+    } catch (const CommError& e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+const std::vector<std::pair<const char*, const char*>> kGood = {
+    {"WORLD_SIZE", "2"}, {"RANK", "0"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+
+TEST_F(Env, NoVariablesMeanOneProcess) {
+  Group g = Group::init_from_env();
+  EXPECT_EQ(g.size(), 1);
+  EXPECT_EQ(g.rank(), 0);
+  EXPECT_EQ(g.local_rank(), 0);
+}
+
+TEST_F(Env, PortOutOfRangeNamesTheVariableAndTheRange) {
+  set(kGood);
+  set({{"MASTER_PORT", "70000"}});
+  const std::string e = error();
+  EXPECT_NE(e.find("MASTER_PORT='70000'"), std::string::npos) << e;
+  EXPECT_NE(e.find("[1, 65535]"), std::string::npos) << e;
+  set({{"MASTER_PORT", "0"}});
+  EXPECT_NE(error().find("[1, 65535]"), std::string::npos);
+  set({{"MASTER_PORT", "29500x"}});
+  EXPECT_NE(error().find("MASTER_PORT='29500x'"), std::string::npos);
+}
+
+TEST_F(Env, RankAndLocalRankMustBeBelowTheWorldSize) {
+  set(kGood);
+  set({{"RANK", "2"}});
+  std::string e = error();
+  EXPECT_NE(e.find("RANK='2'"), std::string::npos) << e;
+  EXPECT_NE(e.find("[0, 1]"), std::string::npos) << e;
+  set({{"RANK", "0"}, {"LOCAL_RANK", "-1"}});
+  e = error();
+  EXPECT_NE(e.find("LOCAL_RANK='-1'"), std::string::npos) << e;
+  set({{"LOCAL_RANK", "0"}, {"RANK", "99999999999999999999"}});
+  EXPECT_NE(error().find("RANK='99999999999999999999'"), std::string::npos);
+}
+
+TEST_F(Env, WorldSizeAndMissingVariables) {
+  set({{"WORLD_SIZE", "0"}});
+  EXPECT_NE(error().find("WORLD_SIZE='0'"), std::string::npos);
+  set({{"WORLD_SIZE", "two"}});
+  EXPECT_NE(error().find(">= 1"), std::string::npos);
+  set({{"WORLD_SIZE", "2"}});
+  EXPECT_NE(error().find("RANK is not set"), std::string::npos);
+  set({{"RANK", "1"}});
+  EXPECT_NE(error().find("MASTER_ADDR is not set"), std::string::npos);
+  set({{"MASTER_ADDR", "127.0.0.1"}});
+  EXPECT_NE(error().find("MASTER_PORT is not set"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------- a group of one
+
+TEST(GroupOfOne, AsyncCollectivesAreLocal) {
+  Group g;
+  at::Tensor x = at::arange(6, at::kFloat).view({2, 3});
+  dion::comm::Work w = g.all_gather_async(x);
+  EXPECT_TRUE(w.waited());
+  at::Tensor all = w.wait();
+  EXPECT_EQ(all.sizes(), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_TRUE(at::equal(all[0], x));
+  EXPECT_TRUE(at::equal(g.all_to_all(x), x));
+  at::Tensor y = x.clone();
+  g.all_reduce_(y);
+  EXPECT_TRUE(at::equal(y, x));
+  EXPECT_EQ(g.stats().total_bytes(), 0);  // nothing went over a wire
+  EXPECT_FALSE(dion::comm::Work().wait().defined());
+}
+
+// A torch group with only a CUDA backend, as init_process_group("nccl") makes: wrapping it is
+// accepted (its control tensors live on the GPU), and a CPU tensor on it is refused with a
+// CommError naming the group, before anything is sent. (No GPU needed: the backend is a stub
+// that is never called; NCCL itself runs only on a multi-GPU machine.)
+TEST(TorchGroup, CudaOnlyGroupIsAcceptedAndRefusesCpuTensors) {
+  struct StubBackend : c10d::Backend {
+    StubBackend() : c10d::Backend(0, 2) {}
+    const std::string getBackendName() const override { return "stub"; }
+  };
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(c10::make_intrusive<c10d::HashStore>(), 0, 2);
+  pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL,
+                 c10::intrusive_ptr<c10d::Backend>(c10::make_intrusive<StubBackend>()));
+  Group g = Group::from_process_group(pg, {0, 1});
+  EXPECT_EQ(g.size(), 2);
+  EXPECT_EQ(g.control_device().type(), c10::DeviceType::CUDA);
+  at::Tensor x = at::ones({4});
+  try {
+    g.all_reduce_(x);
+    FAIL() << "a CPU tensor on a CUDA-only group was accepted";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("no backend for CPU tensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("torch:"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(g.stats().calls("all_reduce"), 0);  // nothing was issued
+}
+
+// ---------------------------------------------------------------------------- tasks
+
+int thread_count() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (const dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+using Trace = std::vector<std::pair<int, int>>;  // (task, phase)
+
+// n tasks, each logging phases 0..2 with a yield between them.
+std::vector<Task> phased_tasks(int n, Trace& trace, std::vector<int>* threads = nullptr) {
+  std::vector<Task> tasks;
+  for (int i = 0; i < n; ++i)
+    tasks.push_back({[i, &trace, threads] {
+      for (int phase = 0; phase < 3; ++phase) {
+        if (phase > 0) dion::comm::yield();
+        trace.emplace_back(i, phase);
+        if (threads) threads->push_back(thread_count());
+      }
+    }});
+  return tasks;
+}
+
+TEST(Tasks, ScheduleIsTheReferenceAsyncRuntimes) {
+  // The reference's AsyncRuntime (dion/opt_utils.py) with max_concurrent_tasks=2 over three
+  // generators `log(i, 0); yield; log(i, 1); yield; log(i, 2)` logs exactly this (run with the
+  // reference's classes).
+  Trace trace;
+  auto tasks = phased_tasks(3, trace);
+  dion::comm::run_tasks(tasks, 2);
+  const Trace reference = {{0, 0}, {1, 0}, {0, 1}, {1, 1}, {0, 2}, {2, 0}, {1, 2}, {2, 1}, {2, 2}};
+  EXPECT_EQ(trace, reference);
+}
+
+TEST(Tasks, OneInFlightRunsInOrderAndNoThreadIsStarted) {
+  Trace one, three;
+  auto a = phased_tasks(5, one);
+  dion::comm::run_tasks(a, 1);
+  for (size_t k = 0; k < one.size(); ++k) EXPECT_EQ(one[k], std::make_pair(static_cast<int>(k / 3), static_cast<int>(k % 3)));
+  std::vector<int> threads;
+  const int before = thread_count();
+  auto b = phased_tasks(5, three, &threads);
+  dion::comm::run_tasks(b, 3);
+  EXPECT_EQ(three.size(), one.size());
+  for (int t : threads) EXPECT_EQ(t, before);
+  EXPECT_EQ(thread_count(), before);
+  EXPECT_NE(three, one);  // interleaved
+}
+
+TEST(Tasks, SerialTasksDoNotOverlapEachOther) {
+  // Tasks 0, 2, 3 serial: each serial task ends before the next serial one starts, while the
+  // plain task 1 interleaves with them.
+  Trace trace;
+  auto tasks = phased_tasks(5, trace);
+  for (int i : {0, 2, 3}) tasks[i].serial = true;
+  dion::comm::run_tasks(tasks, 3);
+  auto pos = [&](int task, int phase) {
+    return std::find(trace.begin(), trace.end(), std::make_pair(task, phase)) - trace.begin();
+  };
+  EXPECT_LT(pos(0, 2), pos(2, 0));
+  EXPECT_LT(pos(2, 2), pos(3, 0));
+  EXPECT_LT(pos(1, 0), pos(0, 2));  // task 1 ran while task 0 was in flight
+}
+
+TEST(Tasks, FirstErrorInTaskOrderAfterTheTasksInFlightFinish) {
+  // Task 1 fails at its second phase, task 0 at its third; task 2 is in flight and finishes;
+  // tasks 3 and 4 never start. The first error in task order (task 0's) is rethrown.
+  Trace trace;
+  std::vector<Task> tasks;
+  for (int i = 0; i < 5; ++i)
+    tasks.push_back({[i, &trace] {
+      for (int phase = 0; phase < 3; ++phase) {
+        if (phase > 0) dion::comm::yield();
+        if ((i == 1 && phase == 1) || (i == 0 && phase == 2))
+          throw std::invalid_argument("task " + std::to_string(i) + " failed");
+        trace.emplace_back(i, phase);
+      }
+    }});
+  try {
+    dion::comm::run_tasks(tasks, 3);
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "task 0 failed");
+  }
+  for (const auto& [task, phase] : trace) EXPECT_LT(task, 3) << "task " << task << " started after a failure";
+  EXPECT_NE(std::find(trace.begin(), trace.end(), std::make_pair(2, 2)), trace.end()) << "task 2 did not finish";
+}
+
+TEST(Tasks, YieldOutsideATaskAndNestedRunsAreInline) {
+  EXPECT_FALSE(dion::comm::in_task());
+  dion::comm::yield();  // no-op
+  Trace inner;
+  std::vector<Task> outer = {{[&] {
+    EXPECT_TRUE(dion::comm::in_task());
+    auto nested = phased_tasks(2, inner);
+    dion::comm::run_tasks(nested, 2);  // inline: 0,0 0,1 0,2 1,0 ...
+  }}, {[] {}}};
+  dion::comm::run_tasks(outer, 2);
+  const Trace sequential = {{0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {1, 2}};
+  EXPECT_EQ(inner, sequential);
+}
+
+TEST(Tasks, DeepStacksAndTorchOpsInsideTasks) {
+  // A task's stack holds ordinary ATen work (a QR and a matmul) and a few MiB of locals.
+  std::vector<at::Tensor> out(3);
+  std::vector<Task> tasks;
+  for (int i = 0; i < 3; ++i)
+    tasks.push_back({[i, &out] {
+      volatile char big[4 << 20];
+      big[0] = static_cast<char>(i);
+      big[sizeof(big) - 1] = big[0];
+      at::Tensor a = at::randn({64, 64}, at::TensorOptions().dtype(at::kDouble));
+      dion::comm::yield();
+      at::Tensor q = std::get<0>(at::linalg_qr(a));
+      out[i] = q.t().mm(q);
+    }});
+  dion::comm::run_tasks(tasks, 3);
+  for (const auto& t : out) EXPECT_TRUE(at::allclose(t, at::eye(64, t.options()), 1e-10, 1e-10));
+}
+
+}  // namespace
