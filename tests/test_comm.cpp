@@ -17,6 +17,7 @@
 
 #include "dion/comm/group.h"
 #include "dion/comm/tasks.h"
+#include "support/threads.h"
 
 namespace {
 
@@ -142,15 +143,7 @@ TEST(TorchGroup, CudaOnlyGroupIsAcceptedAndRefusesCpuTensors) {
 
 // ---------------------------------------------------------------------------- tasks
 
-int thread_count() {
-  int n = 0;
-  if (DIR* d = ::opendir("/proc/self/task")) {
-    while (const dirent* e = ::readdir(d))
-      if (e->d_name[0] != '.') ++n;
-    ::closedir(d);
-  }
-  return n;
-}
+using dion::testing::thread_count;
 
 using Trace = std::vector<std::pair<int, int>>;  // (task, phase)
 

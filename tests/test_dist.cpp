@@ -37,6 +37,7 @@
 #include "dion/comm/mesh.h"
 #include "dion/math/dion.h"
 #include "multiprocess.h"
+#include "threads.h"
 
 namespace {
 
@@ -269,16 +270,7 @@ void scenario_tp(Child& c) {
   }
 }
 
-// Threads of this process (entries of /proc/self/task).
-int thread_count() {
-  int n = 0;
-  if (DIR* d = ::opendir("/proc/self/task")) {
-    while (const dirent* e = ::readdir(d))
-      if (e->d_name[0] != '.') ++n;
-    ::closedir(d);
-  }
-  return n;
-}
+using dion::testing::thread_count;
 
 // Overlap: 3 megabatch tasks in flight on one thread give bit-identical results to 1 (each task
 // runs the same kernels; only the interleaving changes), start no thread and no process group
