@@ -3,15 +3,21 @@
 // reference's AsyncRuntime, serial tasks, errors, no threads). The multi-process behaviour
 // (collectives over Gloo, overlap inside the optimizer) is in test_dist.
 #include <ATen/ATen.h>
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -95,6 +101,50 @@ TEST_F(Env, WorldSizeAndMissingVariables) {
   EXPECT_NE(error().find("MASTER_ADDR is not set"), std::string::npos);
   set({{"MASTER_ADDR", "127.0.0.1"}});
   EXPECT_NE(error().find("MASTER_PORT is not set"), std::string::npos);
+}
+
+// A listening socket whose backlog completes the TCP handshake but which never accept()s nor
+// answers: "a process that accepts but never answers". A client rank must give up within the
+// group's timeout with a message naming the address, the port and what to check, not hang.
+TEST_F(Env, PortThatAcceptsButNeverAnswersFailsWithinTheTimeout) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;  // ephemeral
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 16), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+
+  set({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port.c_str()}});
+  dion::comm::GroupOptions o;
+  o.timeout = std::chrono::seconds(2);
+  const int threads_before = dion::testing::thread_count();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string e;
+  try {
+    Group::init_from_env(o);
+  } catch (const CommError& x) {
+    e = x.what();
+  }
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  // No-hang property, not a speed assertion: it returned, long before a generous bound.
+  EXPECT_LT(waited, std::chrono::seconds(30));
+  EXPECT_NE(e.find("127.0.0.1:" + port), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 1 of 2"), std::string::npos) << e;
+  EXPECT_NE(e.find("2000 ms"), std::string::npos) << e;
+  EXPECT_NE(e.find("is another program listening on that port?"), std::string::npos) << e;
+  EXPECT_NE(e.find("is rank 0 running the same job?"), std::string::npos) << e;
+
+  // Closing the listener resets the pending connection, so the connecting thread left behind
+  // fails and ends; wait for it (bounded) so later tests that count threads see a steady count.
+  ::close(fd);
+  for (int i = 0; i < 300 && dion::testing::thread_count() > threads_before; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(dion::testing::thread_count(), threads_before);
 }
 
 // ---------------------------------------------------------------------------- a group of one

@@ -22,7 +22,10 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
 #include <sstream>
+#include <thread>
+#include <utility>
 
 #include "work_state.h"
 
@@ -155,14 +158,53 @@ Group Group::create(const std::string& host, int port, int rank, int size, Group
   so.waitWorkers = true;
   so.timeout = options.timeout;
   g.impl_ = std::make_shared<Impl>();
+  // The store and the Gloo backend over it; everything captured by value, nothing of `g`.
+  using Rendezvous = std::pair<c10::intrusive_ptr<c10d::Store>, c10::intrusive_ptr<c10d::Backend>>;
+  auto rendezvous = [host, so, rank, size, timeout = options.timeout]() -> Rendezvous {
+    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(host, so);
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("world", store);
+    return {store, make_gloo(prefixed, rank, size, timeout)};
+  };
   try {
-    g.impl_->store = c10::make_intrusive<c10d::TCPStore>(host, so);
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("world", g.impl_->store);
-    g.impl_->backend = make_gloo(prefixed, rank, size, options.timeout);
+    Rendezvous r;
+    if (so.isServer) {
+      // Rank 0 listens: its waits are bounded by torch's own timeout.
+      r = rendezvous();
+    } else {
+      // A client's TCPStore constructor ignores the timeout once the TCP handshake succeeds: a
+      // port held by a process that accepts but never answers would block this rank for as long
+      // as that process lives. So the connection runs on its own thread, bounded by our deadline.
+      std::promise<Rendezvous> done;
+      std::future<Rendezvous> result = done.get_future();
+      std::thread connect([rendezvous, done = std::move(done)]() mutable {
+        try {
+          done.set_value(rendezvous());
+        } catch (...) {
+          done.set_exception(std::current_exception());
+        }
+      });
+      if (result.wait_for(options.timeout) != std::future_status::ready) {
+        // Deliberately left running: it owns everything it touches (captured by value, the
+        // promise included) and blocks in a socket read we cannot cancel. The caller is failing
+        // the start-up; the thread and its socket end with the process.
+        connect.detach();
+        std::ostringstream os;
+        os << "rank " << rank << " of " << size << ": rendezvous at MASTER_ADDR:MASTER_PORT = " << host << ":"
+           << port << " did not finish within the timeout of " << options.timeout.count()
+           << " ms: is another program listening on that port? is rank 0 running the same job?";
+        throw CommError(os.str());
+      }
+      connect.join();
+      r = result.get();  // rethrows the construction's own exception, caught below
+    }
+    g.impl_->store = std::move(r.first);
+    g.impl_->backend = std::move(r.second);
     g.impl_->prefix = "world";
     g.impl_->rank = rank;
     g.impl_->size = size;
     g.impl_->timeout = options.timeout;
+  } catch (const CommError&) {
+    throw;
   } catch (const std::exception& e) {
     std::ostringstream os;
     os << "rank " << rank << " of " << size << ": rendezvous at " << host << ":" << port

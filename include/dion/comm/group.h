@@ -74,7 +74,9 @@ class Group {
   // value and the valid range.
   static Group init_from_env(GroupOptions options = {});
 
-  // Explicit rendezvous: rank 0 hosts the TCPStore at host:port.
+  // Explicit rendezvous: rank 0 hosts the TCPStore at host:port. The other ranks give up after
+  // options.timeout with CommError naming host:port (even when something on that port accepts
+  // the connection but never answers, where torch's TCPStore client would wait forever).
   static Group create(const std::string& host, int port, int rank, int size, GroupOptions options = {});
 
   // Wrap an existing c10d ProcessGroup (torch.distributed's, e.g. from Python): collectives go
