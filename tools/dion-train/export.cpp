@@ -7,12 +7,15 @@
 // What it is not: a converter to the reference's state_dict names, or an optimizer-state export.
 #include "export.h"
 
+#include "cli.h"
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "dion/train/checkpoint.h"
@@ -28,12 +31,7 @@ int run_export(int argc, char** argv) {
   std::string checkpoint, output;
   app.add_option("--checkpoint", checkpoint, "a checkpoint folder (step_*) or a checkpoint_dir (its newest)")->required();
   app.add_option("-o,--output", output, "the .safetensors file to write (default: CHECKPOINT/model.safetensors)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : 2;
-  }
+  if (const std::optional<int> code = parse_args(app, argc, argv)) return *code;
 
   const fs::path ckpt = checkpoint_resolve(checkpoint);
   const CheckpointMeta meta = checkpoint_read_meta(ckpt);

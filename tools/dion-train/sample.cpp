@@ -3,6 +3,8 @@
 // with the GPT-2 tokenizer, and prints the prompt and the generated text.
 #include "sample.h"
 
+#include "cli.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <CLI/CLI.hpp>
@@ -38,12 +40,7 @@ int run_sample(int argc, char** argv) {
   app.add_option("--seed", seed, "sampling seed")->capture_default_str();
   app.add_option("--tokenizer", tokenizer, "folder with encoder.json and vocab.bpe (default: $DION_GPT2_DIR, else the "
                                            "project's data/gpt2)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : 2;
-  }
+  if (const std::optional<int> code = parse_args(app, argc, argv)) return *code;
 
   const fs::path ckpt = checkpoint_resolve(checkpoint);
   if (tokenizer.empty()) {
