@@ -64,6 +64,13 @@ add_library(dion
   src/math/scalar.cpp
   src/optim/options.cpp
   src/optim/optimizer.cpp
+  src/optim/plan.cpp
+  src/optim/collectives.cpp
+  src/optim/drivers/operands.cpp
+  src/optim/drivers/muon.cpp
+  src/optim/drivers/dion2.cpp
+  src/optim/drivers/dion.cpp
+  src/optim/drivers/scalar.cpp
   src/optim/agreement.cpp
   src/optim/state_layout.cpp
   src/optim/checkpoint.cpp

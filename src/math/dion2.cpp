@@ -67,6 +67,17 @@ Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float e
   return out;
 }
 
+std::vector<at::Tensor> dion2_take_selected(at::TensorList M, at::TensorList indices, float ef_decay,
+                                            int64_t select_dim) {
+  std::vector<at::Tensor> U;
+  for (size_t i = 0; i < M.size(); ++i) {
+    at::Tensor sel = M[i].index_select(select_dim, indices[i]);       // [c, n] or [m, c]
+    M[i].index_copy_(select_dim, indices[i], sel * f32(ef_decay));  // error feedback
+    U.push_back(sel);
+  }
+  return U;
+}
+
 void dion2_post(at::TensorList X, at::TensorList U, at::TensorList indices, float lr,
                 float adjusted_lr, float weight_decay, int64_t select_dim) {
   const at::Tensor decay = f32(1.0f - lr * weight_decay);

@@ -90,8 +90,7 @@ double real(int64_t b) {
 
 std::vector<int64_t> describe(const at::Tensor& p, const Options& o, const Layout& L) {
   std::vector<int64_t> row(F_COUNT, 0);
-  const auto& algos = known_algorithms();
-  row[F_ALGORITHM] = std::find(algos.begin(), algos.end(), o.algorithm()) - algos.begin();
+  row[F_ALGORITHM] = static_cast<int64_t>(o.algo());
   row[F_DTYPE] = static_cast<int64_t>(p.scalar_type());
   const int64_t nd = static_cast<int64_t>(L.global_shape.size());
   row[F_NDIM] = nd;

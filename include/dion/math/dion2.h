@@ -41,6 +41,13 @@ Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float e
                     int64_t select_dim, at::ScalarType comm_dtype, int64_t k_override = 0,
                     const std::function<void(at::Tensor&)>& sum_norms = nullptr);
 
+// The same selection when the slices were chosen elsewhere (the whole-matrix top-k of a matrix
+// sharded along select_dim, decided across the shards): U_i = M_i[indices_i] along select_dim
+// (M's dtype), then the error feedback M_i[indices_i] *= ef_decay. indices_i: [c_i] int64, 1-D
+// (c_i may differ between the matrices); M_i [m, n].
+std::vector<at::Tensor> dion2_take_selected(at::TensorList M, at::TensorList indices, float ef_decay,
+                                            int64_t select_dim);
+
 // Weight decay on all of X, then the update on the selected slices only. U is cast to X's
 // dtype before scaling (as the reference does).
 void dion2_post(at::TensorList X, at::TensorList U, at::TensorList indices, float lr,

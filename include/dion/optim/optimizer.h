@@ -36,6 +36,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -113,43 +114,14 @@ class Optimizer : public torch::optim::Optimizer {
   const std::shared_ptr<Distribution>& distribution() const { return dist_; }
 
  protected:
-  // The algorithms a matrix group of this optimizer may use ("*" = any).
-  Optimizer(math::OrthoConfig ortho, const Options& defaults, std::string only_algorithm,
+  // The algorithm a matrix group of this optimizer may use (nullopt: any).
+  Optimizer(math::OrthoConfig ortho, const Options& defaults, std::optional<Algorithm> only_algorithm,
             std::shared_ptr<Distribution> distribution);
   void add_group_checked(std::vector<at::Tensor> params, Options options);
 
-
  private:
-  struct Plan;  // how one megabatch is laid out and communicated (optimizer.cpp)
-  template <typename TaskList>
-  void run_tasks(TaskList& tasks);
-  struct Operands {
-    std::vector<at::Tensor> X, G, M, V;
-    std::vector<int64_t> adjust_shape;
-  };
-  Operands operands(const std::vector<at::Tensor>& batch, const Options& group, const Plan& plan,
-                    bool with_variance);
-  Plan plan_for(const std::vector<at::Tensor>& batch, const Options& group, size_t group_index) const;
-  at::Tensor orthogonalize(std::vector<at::Tensor> U, const Plan& plan, const Options& group,
-                           const math::OrthoFn& fn, const std::vector<int64_t>& split_sizes,
-                           const std::vector<double>& split_scales, int64_t local_size = 0);
-
+  // State is created on the calling thread before the step's tasks run (they only read it).
   ParamState& state_for(const at::Tensor& param, const Options& group);
-  // The parameters' gradients, averaged over the replicas when the Distribution asks the
-  // optimizer to synchronize them.
-  std::vector<at::Tensor> gradients(const std::vector<at::Tensor>& params);
-  math::ColumnShards column_shards(const Plan& plan) const;
-  void step_muon_like(const std::vector<at::Tensor>& params, const Options& group, size_t index);
-  void step_dion2_like(const std::vector<at::Tensor>& params, const Options& group, size_t index);
-  void dion2_exact_global(const std::vector<at::Tensor>& X, const std::vector<at::Tensor>& G,
-                          const std::vector<at::Tensor>& M, const std::vector<at::Tensor>& V, const Plan& plan,
-                          const Options& group, int64_t select_dim, float adjusted_lr);
-  void step_dion(const std::vector<at::Tensor>& params, const Options& group);
-  void step_dion_sharded(const std::vector<at::Tensor>& X, std::vector<at::Tensor> G,
-                         const std::vector<at::Tensor>& M, const std::vector<at::Tensor>& Q, const Layout& layout,
-                         const Options& group);
-  void step_adamw(const std::vector<at::Tensor>& params, const Options& group);
-  void step_lion(const std::vector<at::Tensor>& params, const Options& group);
   void check_group(size_t index, const std::vector<at::Tensor>& params, const Options& group) const;
   void check_loaded_state() const;
   void load_checked(std::vector<torch::serialize::InputArchive>& roots);  // checkpoint.cpp
@@ -157,7 +129,7 @@ class Optimizer : public torch::optim::Optimizer {
 
   math::OrthoConfig ortho_;
   math::OrthoFn ortho_fn_;
-  std::string only_algorithm_ = "*";
+  std::optional<Algorithm> only_algorithm_;
   std::shared_ptr<Distribution> dist_;
   std::vector<int64_t> agreed_;  // what every rank last agreed it optimizes (src/optim/agreement.h)
 };

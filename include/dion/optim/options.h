@@ -1,7 +1,8 @@
 // dion/optim/options.h — per-group hyperparameters and per-parameter state.
 //
-// Options: every hyperparameter a group of any algorithm reads, with chainable setters
-//   (LibTorch style: `Options().lr(0.02).fraction(0.25)`). The named optimizers (Muon, Dion2,
+// Options: the group's algorithm and every hyperparameter a group of any algorithm reads (one
+//   table, dion/optim/hyperparameters.h), with chainable setters (LibTorch style:
+//   `Options().lr(0.02).fraction(0.25)`). The named optimizers (Muon, Dion2,
 //   ...) start from the reference class's defaults; `Override` changes some fields of one
 //   group and leaves the rest at the optimizer's defaults.
 // ParamState: momentum, variance (adamw), variance_neuron (normuon, nordion2), Q (dion),
@@ -20,49 +21,52 @@
 #include <vector>
 
 #include "dion/math/lr.h"
+#include "dion/optim/hyperparameters.h"
 
 namespace dion {
 
 using math::AdjustLR;
 
-// The algorithm names a group may use.
+// The algorithm of a group. Strings ("muon", ...) are the API edge: Options::algorithm(name),
+// the trainer's config, Python. Inside the optimizer only the enum is compared.
+enum class Algorithm { Muon, NorMuon, Dion2, NorDion2, Dion, AdamW, Lion };
+inline constexpr int kAlgorithmCount = 7;
+
+// "muon", "normuon", "dion2", "nordion2", "dion", "adamw", "lion" (the enum's order).
+const char* to_string(Algorithm algorithm);
+// The algorithm named `name`, or nullopt. `aliases`: also "dion3" (= NorDion2), as the
+// trainer's config accepts it.
+std::optional<Algorithm> parse_algorithm(const std::string& name, bool aliases = false);
+// The algorithm names a group may use (the enum's order).
 const std::vector<std::string>& known_algorithms();
-bool is_matrix_algorithm(const std::string& algorithm);  // muon..dion: need ndim >= 2
+bool is_matrix_algorithm(Algorithm algorithm);           // muon..dion: need ndim >= 2
+bool is_matrix_algorithm(const std::string& algorithm);  // false for unknown names
 
 class Options : public torch::optim::OptimizerCloneableOptions<Options> {
  public:
   explicit Options(double lr = 0.01) : lr_(lr) {}
 
-  TORCH_ARG(std::string, algorithm) = "muon";
-  TORCH_ARG(double, lr);
-  TORCH_ARG(double, weight_decay) = 0.01;
-  TORCH_ARG(double, mu) = 0.95;                          // momentum (EF decay for nordion2)
-  TORCH_ARG(double, muon_beta2) = 0.95;                  // normuon / nordion2 variance EMA
-  using betas_t = std::tuple<double, double>;
-  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.95);  // adamw / lion (beta1, beta2)
-  TORCH_ARG(double, epsilon) = 1e-8;
-  TORCH_ARG(double, fraction) = 0.25;                    // dion2 / nordion2: selected fraction
-  TORCH_ARG(double, ef_decay) = 0.95;                    // dion2: error-feedback decay
-  TORCH_ARG(AdjustLR, adjust_lr) = AdjustLR::SPECTRAL_NORM;
-  TORCH_ARG(bool, cautious_wd) = false;
-  TORCH_ARG(bool, nesterov) = false;
-  TORCH_ARG(bool, flatten) = false;                      // 3-D+ params as [dim0, prod(rest)]
-  TORCH_ARG(int64_t, num_heads) = 0;                     // 0 or 1: off; >1: per-head ortho
-  TORCH_ARG(std::vector<int64_t>, split_sizes) = {};     // row blocks of a fused weight
-  TORCH_ARG(std::string, selection_scope) = "local";     // dion2/nordion2 when row-sharded
-  // dion2 on a sharded matrix: select along the dim one process would ("shorter", the default:
-  // the result equals one process's for every shape) or along the sharded dim, as the reference
-  // does ("shard"). docs/distributed.md lists which layouts equal one process.
-  TORCH_ARG(std::string, selection_dim) = "shorter";
-  TORCH_ARG(double, rank_fraction) = 1.0;                // dion: r = rank_fraction * min(m, n)
-  TORCH_ARG(int64_t, rank_multiple_of) = 1;              // dion: round r up to a multiple
-  TORCH_ARG(double, oversample) = 1.25;                  // dion: randomized QR sketch size
-  TORCH_ARG(std::optional<at::ScalarType>, momentum_dtype) = std::nullopt;  // dion mixed precision
-  TORCH_ARG(std::optional<at::ScalarType>, Q_dtype) = std::nullopt;
-  TORCH_ARG(std::optional<at::ScalarType>, variance_dtype) = std::nullopt;
-  TORCH_ARG(int64_t, step) = 0;                          // steps taken by this group
+  // The hyperparameters (dion/optim/hyperparameters.h): chainable setter and getter each.
+#define DION_OPTIONS_FIELD(T, name, default_value, rule, doc) TORCH_ARG(T, name) = default_value;
+  DION_HYPERPARAMETERS(DION_OPTIONS_FIELD)
+#undef DION_OPTIONS_FIELD
+  TORCH_ARG(int64_t, step) = 0;  // steps taken by this group
 
  public:
+  using betas_t = Betas;
+
+  // The group's algorithm. The string setter accepts the names of known_algorithms(); an
+  // unknown name is kept so that validate() can name it in its error.
+  Options& algorithm(Algorithm a) {
+    algorithm_ = a;
+    unknown_algorithm_.clear();
+    return *this;
+  }
+  Options& algorithm(const std::string& name);
+  Options& algorithm(const char* name) { return algorithm(std::string(name)); }
+  std::string algorithm() const;                  // its name
+  Algorithm algo() const { return algorithm_; }   // the enum (valid once validate() passed)
+
   Options& adjust_lr(const std::string& name) {  // "spectral_norm" | "rms_norm" | "none"
     adjust_lr_ = math::adjust_lr_from_string(name);
     return *this;
@@ -76,31 +80,21 @@ class Options : public torch::optim::OptimizerCloneableOptions<Options> {
   // Check every field for `group` (its index, for the message) and throw std::invalid_argument
   // naming the group, the option and the value when one is invalid.
   void validate(size_t group) const;
+
+ private:
+  Algorithm algorithm_ = Algorithm::Muon;
+  std::string unknown_algorithm_;  // an unknown name given to algorithm(name), for validate()
 };
 
 // Fields to change for one group; unset fields keep the optimizer's defaults.
 // C++20 designated initializers read well here:  Override{.algorithm = "adamw", .lr = 3e-4}
-// (fields in declaration order; every field defaults to unset, so -Wextra stays quiet).
+// (fields in declaration order: algorithm, then the hyperparameters in table order; every field
+// defaults to unset, so -Wextra stays quiet).
 struct Override {
   std::optional<std::string> algorithm = std::nullopt;
-  std::optional<double> lr = std::nullopt;
-  std::optional<double> weight_decay = std::nullopt;
-  std::optional<double> mu = std::nullopt;
-  std::optional<double> muon_beta2 = std::nullopt;
-  std::optional<std::tuple<double, double>> betas = std::nullopt;
-  std::optional<double> epsilon = std::nullopt;
-  std::optional<double> fraction = std::nullopt;
-  std::optional<double> ef_decay = std::nullopt;
-  std::optional<AdjustLR> adjust_lr = std::nullopt;
-  std::optional<bool> cautious_wd = std::nullopt;
-  std::optional<bool> nesterov = std::nullopt;
-  std::optional<bool> flatten = std::nullopt;
-  std::optional<int64_t> num_heads = std::nullopt;
-  std::optional<std::vector<int64_t>> split_sizes = std::nullopt;
-  std::optional<std::string> selection_scope = std::nullopt;
-  std::optional<std::string> selection_dim = std::nullopt;
-  std::optional<double> rank_fraction = std::nullopt;
-  std::optional<int64_t> rank_multiple_of = std::nullopt;
+#define DION_OVERRIDE_FIELD(T, name, default_value, rule, doc) std::optional<T> name = std::nullopt;
+  DION_HYPERPARAMETERS(DION_OVERRIDE_FIELD)
+#undef DION_OVERRIDE_FIELD
 
   Options apply(Options base) const;
 };

@@ -1,0 +1,99 @@
+// Legacy Dion: one megabatch's low-rank power-iteration update (the reference's dion/dion.py:
+// dion_update_ddp, dion_update_fsdp, dion_update_fsdp_tp).
+//
+//   P = M Q (M += G first);  P -> orthonormalized;  R = M^T P;  M -= (1 - mu) P R^T;
+//   Q = column-normalized R;  X *= 1 - lr wd;  X -= lr * scale * P Q^T     (dion/math/dion.h)
+//
+// Where P and R travel (collectives.h):
+//   single process / not distributed: all local (math::dion_step)
+//   DDP:  each rank orthonormalizes ~N/W of the batch's P (orthonormalize_P_split_over_replicas);
+//         with optimizer-side gradient sync, P and R are averaged over the replicas instead of
+//         the gradients when that moves fewer bytes: (m + n) r < m n ("compressed")
+//   FSDP (outer) and FSDP x TP (outer x inner): M_batch [a, b] is M or M^T with the
+//         outer-sharded dim as b (so Q [b, r] is sharded like it) and the inner-sharded dim, if
+//         any, as a. P partial over outer: reduce-scattered (1-D) or all-reduced then gathered
+//         over inner (2-D); R partial over inner: summed; Q's column norms summed over outer.
+#include <ATen/ATen.h>
+
+#include "dion/math/dion.h"
+#include "driver.h"
+
+namespace dion::driver {
+
+namespace {
+
+struct DionOperands {
+  std::vector<at::Tensor> G, M, Q;
+};
+
+// Optimizer-side sync of whole gradients (when P and R are not averaged instead).
+void average_gradients(std::vector<at::Tensor>& G, const Collectives& comm) {
+  for (at::Tensor& g : G) {
+    g = g.clone(at::MemoryFormat::Contiguous);
+    comm.average_over_replicas_(g);
+  }
+}
+
+void dion_update_ddp(const Batch& batch, DionOperands ops, const Options& o, const Collectives& comm) {
+  const int64_t m = batch.params[0].size(0), n = batch.params[0].size(1);
+  const int64_t r = ops.Q[0].size(1);
+  const bool sync = comm.sync_gradients();
+  const bool compressed = sync && o.rank_fraction() < 1.0 && (m + n) * r < m * n;
+  if (sync && !compressed) average_gradients(ops.G, comm);
+  math::DionBatch b = math::dion_power(ops.G, ops.M, ops.Q);
+  at::Tensor P = b.P.contiguous();
+  if (compressed) comm.average_over_replicas_(P);
+  P = comm.orthonormalize_P_split_over_replicas(P, f32(o.oversample()));
+  at::Tensor R = math::dion_R(b, P).contiguous();
+  if (compressed) comm.average_over_replicas_(R);
+  math::dion_finish(batch.params, ops.M, ops.Q, b, P, R, f32(o.lr()), f32(o.mu()), f32(o.weight_decay()),
+                    f32(o.epsilon()));
+}
+
+void dion_update_fsdp(const Batch& batch, DionOperands ops, const Layout& L, const Options& o,
+                      const Collectives& comm) {
+  const int64_t m = L.global_shape[0], n = L.global_shape[1];
+  const bool transposed = math::dion_is_transposed_sharded(m, n, L.shard_dim, L.inner_dim);
+  const int64_t r = ops.Q[0].size(1);
+  const bool sync = comm.sync_gradients() && comm.distribution()->axis_size(Axis::REPLICA) > 1;
+  const bool compressed = sync && o.rank_fraction() < 1.0 && (m + n) * r < m * n;
+  if (sync && !compressed) average_gradients(ops.G, comm);
+  math::DionBatch b = math::dion_power(ops.G, ops.M, ops.Q, transposed ? 1 : 0);
+  at::Tensor P = b.P.contiguous();  // [N, a_local, r], partial over outer
+  const float oversample = f32(o.oversample());
+  if (!L.two_d()) {
+    P = comm.reduce_scatter_then_orthonormalize_P(P, oversample, compressed);
+  } else {
+    const int64_t a = transposed ? n : m;
+    const uint64_t seed =
+        static_cast<uint64_t>(o.step()) * 1000003ULL + static_cast<uint64_t>(a) * 131ULL + static_cast<uint64_t>(r);
+    P = comm.all_reduce_then_orthonormalize_P(P, a, oversample, compressed, seed);
+  }
+  at::Tensor R = math::dion_R(b, P).contiguous();  // [N, b_local, r]
+  if (L.two_d()) comm.sum_R_over_inner_(R);
+  if (compressed) comm.average_over_replicas_(R);
+  math::dion_finish(batch.params, ops.M, ops.Q, b, P, R, f32(o.lr()), f32(o.mu()), f32(o.weight_decay()),
+                    f32(o.epsilon()), L.global_shape, comm.sum_over_outer());
+}
+
+}  // namespace
+
+void dion_update(const Batch& batch, const Options& o, const Env& env) {
+  const Collectives& comm = *env.comm;
+  DionOperands ops;
+  for (const at::Tensor& p : batch.params) ops.G.push_back(p.grad());
+  for (ParamState* s : batch.state) {
+    ops.M.push_back(s->momentum());
+    ops.Q.push_back(s->Q());
+  }
+  const Layout layout = layout_of(comm.distribution(), batch.params[0]);
+  if (layout.sharded()) return dion_update_fsdp(batch, std::move(ops), layout, o, comm);
+  if (!comm.distribution() || !layout.replicated) {
+    math::dion_step(batch.params, ops.G, ops.M, ops.Q, f32(o.lr()), f32(o.mu()), f32(o.weight_decay()),
+                    f32(o.epsilon()), f32(o.oversample()));
+    return;
+  }
+  dion_update_ddp(batch, std::move(ops), o, comm);
+}
+
+}  // namespace dion::driver

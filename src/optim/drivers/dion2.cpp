@@ -1,0 +1,152 @@
+// Dion2 and NorDion2: one megabatch's update (the reference's dion2_update_megabatch_async,
+// dion/dion2.py; NorDion2's per-neuron normalization of the selected rows, dion/nordion2.py).
+//
+//   pre:   M += G; select the top fraction of slices (rows or columns) by L1 norm;
+//          U = M[selected]; M[selected] *= ef_decay (NorDion2: mu)      (math::dion2_pre)
+//   ortho: U -> orthogonalized, assembled whole where the layout needs it
+//   norm:  NorDion2 only: per-neuron variance EMA on the selected rows
+//   post:  X *= 1 - lr wd;  X[selected] -= adjusted_lr U                (math::dion2_post)
+//
+// Which slices, on a matrix sharded along one of its two matrix dims (FSDP):
+//   - NorDion2 selects rows; Dion2 along the shorter dim as one process would (selection_dim
+//     "shorter"), or along the sharded dim as the reference does ("shard"; also what 3-D+
+//     sharded matrices do);
+//   - across the sharded dim (tall row-sharded, wide column-sharded, 2-D): partial norms summed
+//     over the shards, every rank keeps its part of the selected slices;
+//   - along the sharded dim, "global" scope (or 2-D sharding): the exact whole-matrix top-k from
+//     the shards' norms (exact_global below); "local": each shard picks its own k.
+#include <ATen/ATen.h>
+
+#include "dion/math/dion2.h"
+#include "dion/math/lr.h"
+#include "dion/math/nordion2.h"
+#include "dion/math/normuon.h"
+#include "driver.h"
+
+namespace dion::driver {
+
+namespace {
+
+// Dion2 / NorDion2 "global" selection on 2-D matrices sharded along the selection dim.
+//
+// The reference sends whole shards and selects on the assembled (bf16) matrices. Here each rank
+// computes the float32 L1 norms of its own slices (a slice along the sharded dim is whole on one
+// rank), the shards' norms give every rank the exact whole-matrix top-k (top_k_over_shards), and
+// only the selected slices travel (padded to the largest per-rank count). The selection equals
+// the single-process one, and communication scales with `fraction` as in the local scope.
+void exact_global(const Operands& ops, const Plan& plan, const Options& o, const Env& env, int64_t select_dim,
+                  float adj) {
+  const auto& [X, G, M, V, adjust_shape] = ops;
+  const Collectives& comm = *env.comm;
+  const bool nor = o.algo() == Algorithm::NorDion2;
+  const int64_t N = static_cast<int64_t>(X.size());
+  const int64_t norm_dim = select_dim == -2 ? -1 : -2;
+  const int64_t global = plan.layout.global_shape[2 + select_dim];
+  const int64_t k = std::min(math::dion2_num_selected(o.fraction(), global), global);
+
+  for (int64_t i = 0; i < N; ++i) M[i].add_(G[i].to(M[i].scalar_type()));  // M += G
+  at::Tensor norms = at::linalg_vector_norm(at::stack(M, 0), 1, at::IntArrayRef{norm_dim}, false);  // [N, local]
+  auto [idx, k_pad] = comm.top_k_over_shards(norms, k, global, plan.world);
+  const float ef = f32(nor ? o.mu() : o.ef_decay());
+  std::vector<at::Tensor> selected = math::dion2_take_selected(M, idx, ef, select_dim);  // [c_i, n] | [m, c_i]
+  std::vector<at::Tensor> U(N);
+  for (int64_t i = 0; i < N; ++i) {  // padded to k_pad slices: the same shape on every rank
+    std::vector<int64_t> shape = M[i].sizes().vec();
+    shape[2 + select_dim] = k_pad;
+    U[i] = at::zeros(shape, M[i].options().dtype(env.ortho->dtype));
+    U[i].narrow(select_dim, 0, idx[i].size(0)).copy_(selected[i]);
+  }
+  at::Tensor O = comm.assemble_orthogonalize(std::move(U), plan, o, *env.ortho_fn, {}, {}, k_pad);  // [N, k_pad | ..]
+  if (nor) {
+    std::vector<at::Tensor> Vsel;
+    for (int64_t i = 0; i < N; ++i) {
+      at::Tensor v = at::zeros({k_pad, 1}, V[i].options().dtype(at::kFloat));
+      v.narrow(0, 0, idx[i].size(0)).copy_(V[i].index_select(0, idx[i]));
+      Vsel.push_back(v);
+    }
+    auto [normed, V_new] = math::normuon_normalize(O, at::stack(Vsel, 0), f32(o.muon_beta2()), {},
+                                                   comm.sum_norms_over_shards(), comm.column_shards(plan));
+    for (int64_t i = 0; i < N; ++i)
+      V[i].index_copy_(0, idx[i], V_new[i].narrow(0, 0, idx[i].size(0)).to(V[i].scalar_type()));
+    O = normed;
+  }
+  std::vector<at::Tensor> Us;
+  for (int64_t i = 0; i < N; ++i) Us.push_back(O[i].narrow(select_dim, 0, idx[i].size(0)));
+  math::dion2_post(X, Us, idx, f32(o.lr()), adj, f32(o.weight_decay()), select_dim);
+}
+
+}  // namespace
+
+void dion2_update(const Batch& batch, const Options& o, const Env& env) {
+  const Collectives& comm = *env.comm;
+  const bool nor = o.algo() == Algorithm::NorDion2;
+  const Plan plan = plan_for(comm.distribution(), batch.params, o, batch.group);
+  Operands ops = operands(batch, plan, nor, comm);
+  const auto& [X, G, M, V, adjust_shape] = ops;
+  const bool matrix_sharded = plan.matrix_sharded();
+  // Slices split across the shards can be selected as one process would: 2-D matrices under
+  // 1-D sharding.
+  const bool across_shards_ok = matrix_sharded && !plan.layout.two_d() && adjust_shape.size() == 2;
+  int64_t select_dim;
+  if (nor) select_dim = -2;
+  else if (matrix_sharded && (o.selection_dim() == "shard" || !across_shards_ok) &&
+           (plan.comm_dim == -2 || plan.comm_dim == -1))
+    select_dim = plan.comm_dim;
+  else select_dim = math::dion2_select_dim(adjust_shape[adjust_shape.size() - 2], adjust_shape.back());
+  const float ef = f32(nor ? o.mu() : o.ef_decay());
+  const float lr = f32(o.lr());
+  const float adj = math::adjusted_lr(lr, o.adjust_lr(), adjust_shape, o.flatten());
+  const math::ShardSum reduce = matrix_sharded && plan.comm_dim == -2 ? comm.sum_norms_over_shards() : nullptr;
+
+  if (across_shards_ok && select_dim != plan.comm_dim) {
+    // Selecting along the unsharded dim (tall row-sharded, wide column-sharded): every slice
+    // is split across the shards; partial L1 norms summed over them give every rank the
+    // single-process top-k, each rank keeps its part of the selected slices [.., local, k],
+    // and the submatrix is assembled along the sharded dim. Either selection scope: the
+    // selection is whole-matrix and the traffic scales with `fraction`.
+    math::Selection sel = math::dion2_pre(G, M, o.fraction(), ef, select_dim, env.ortho->dtype, 0,
+                                          comm.sum_norms_over_shards());
+    at::Tensor O = comm.assemble_orthogonalize(std::move(sel.U), plan, o, *env.ortho_fn, {}, {});
+    math::dion2_post(X, O.unbind(0), sel.indices, lr, adj, f32(o.weight_decay()), select_dim);
+    return;
+  }
+  if (matrix_sharded && (o.selection_scope() == "global" || plan.layout.two_d()) && adjust_shape.size() == 2 &&
+      select_dim == plan.comm_dim) {
+    exact_global(ops, plan, o, env, select_dim, adj);
+    return;
+  }
+  if (matrix_sharded && o.selection_scope() == "global") {
+    // 3-D+ sharded matrices: whole shards travel and the exact top-k is taken on the
+    // assembled matrices (the reference's global scope).
+    const int64_t ndim = static_cast<int64_t>(plan.layout.global_shape.size());
+    const int64_t global_select = plan.layout.global_shape[ndim + select_dim];
+    std::vector<at::Tensor> U = math::dion2_accumulate(G, M, env.ortho->dtype);
+    math::OrthoFn select = math::dion2_select_then(*env.ortho_fn, o.fraction(), select_dim, global_select);
+    at::Tensor O = comm.assemble_orthogonalize(std::move(U), plan, o, select, {}, {});
+    std::vector<at::Tensor> Us = O.unbind(0);
+    if (nor)
+      math::nordion2_post_masked(X, M, V, Us, lr, adj, f32(o.weight_decay()), ef, f32(o.muon_beta2()), reduce);
+    else
+      math::dion2_post_masked(X, M, Us, lr, adj, f32(o.weight_decay()), ef, select_dim);
+    return;
+  }
+  // Local selection: every rank picks the same count k of its own slices.
+  int64_t k = 0;
+  if (matrix_sharded) {
+    const int64_t ndim = static_cast<int64_t>(plan.layout.global_shape.size());
+    const int64_t global = plan.layout.global_shape[ndim + plan.comm_dim];
+    k = math::dion2_num_selected(o.fraction(), (global + plan.world - 1) / plan.world);
+  }
+  math::Selection sel = math::dion2_pre(G, M, o.fraction(), ef, select_dim, env.ortho->dtype, k);
+  at::Tensor O = comm.assemble_orthogonalize(std::move(sel.U), plan, o, *env.ortho_fn, {}, {}, k);
+  if (nor) {
+    auto [normed, V_new] = math::nordion2_normalize_selected(O, at::stack(V, 0), at::stack(sel.indices, 0),
+                                                             f32(o.muon_beta2()), reduce);
+    std::vector<at::Tensor> V_parts = V_new.unbind(0);
+    for (size_t i = 0; i < V.size(); ++i) V[i].copy_(V_parts[i]);
+    O = normed;
+  }
+  math::dion2_post(X, O.unbind(0), sel.indices, lr, adj, f32(o.weight_decay()), select_dim);
+}
+
+}  // namespace dion::driver

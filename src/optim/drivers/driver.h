@@ -1,0 +1,69 @@
+// driver.h — what an algorithm driver gets (private to src/optim).
+//
+// The optimizer (optimizer.cpp) groups parameters, creates their state, buckets each matrix
+// group's parameters into megabatches (same shape and dtype) and runs one task per megabatch
+// (one per scalar group). A task calls the group's driver with:
+//   Batch:   the parameters, their state (created before the task runs: drivers only read the
+//            state map) and the group's index (for messages);
+//   Options: the group's hyperparameters;
+//   Env:     the communication patterns (collectives.h; one process without a Distribution)
+//            and the orthogonalizer.
+// A matrix driver asks plan_for() (plan.h) how its megabatch is laid out. One driver per
+// family, each reading like the reference's file of the same name (microsoft/dion):
+//   muon.cpp   muon, normuon            (dion/muon.py, dion/normuon.py)
+//   dion2.cpp  dion2, nordion2          (dion/dion2.py, dion/nordion2.py)
+//   dion.cpp   legacy dion: DDP, FSDP, FSDP x TP   (dion/dion.py)
+//   scalar.cpp adamw, lion              (dion/scalar_opts.py)
+// The math itself is in src/math/; drivers hold no collectives of their own.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "dion/math/ortho.h"
+#include "dion/optim/options.h"
+#include "../collectives.h"
+#include "../plan.h"
+
+namespace dion::driver {
+
+struct Batch {
+  std::vector<at::Tensor> params;  // X: a megabatch, each [*shape] (a scalar group: any shapes)
+  std::vector<ParamState*> state;  // one per parameter
+  size_t group = 0;                // the group's index
+};
+
+struct Env {
+  const Collectives* comm;
+  const math::OrthoConfig* ortho;
+  const math::OrthoFn* ortho_fn;
+};
+
+using Driver = void (*)(const Batch& batch, const Options& options, const Env& env);
+
+void muon_update(const Batch& batch, const Options& options, const Env& env);   // muon.cpp
+void dion2_update(const Batch& batch, const Options& options, const Env& env);  // dion2.cpp
+void dion_update(const Batch& batch, const Options& options, const Env& env);   // dion.cpp
+void adamw_update(const Batch& batch, const Options& options, const Env& env);  // scalar.cpp
+void lion_update(const Batch& batch, const Options& options, const Env& env);   // scalar.cpp
+
+// The driver of an algorithm.
+Driver driver_for(Algorithm algorithm);
+
+// ---- shared by the matrix drivers (operands.cpp)
+
+// A megabatch's tensors as the math sees them — per-head views [H, hd, n] when num_heads is
+// set — and the shape its learning rate is adjusted for (the global shape, or one head).
+struct Operands {
+  std::vector<at::Tensor> X, G, M, V;  // V: variance_neuron when asked for
+  std::vector<int64_t> adjust_shape;
+};
+Operands operands(const Batch& batch, const Plan& plan, bool with_variance, const Collectives& comm);
+
+inline float f32(double v) { return static_cast<float>(v); }
+// A 0-d float32 tensor: how the reference passes hyperparameters to elementwise kernels.
+at::Tensor scalar32(float v);
+
+}  // namespace dion::driver

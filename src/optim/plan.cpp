@@ -1,0 +1,67 @@
+// Megabatch plans: layout and communication of one megabatch (see plan.h).
+#include "plan.h"
+
+#include <sstream>
+#include <string>
+
+#include "dion/errors.h"
+
+namespace dion {
+
+Layout layout_of(const Distribution* dist, const at::Tensor& p) {
+  return dist ? dist->layout(p) : Layout{p.sizes().vec(), -1, false};
+}
+
+Plan plan_for(const Distribution* dist, const std::vector<at::Tensor>& batch, const Options& o, size_t g) {
+  Plan plan;
+  const at::Tensor& p = batch[0];
+  plan.layout = layout_of(dist, p);
+  plan.world = dist ? dist->world_size() : 1;
+  plan.heads = o.num_heads() > 1 ? o.num_heads() : 0;
+  const Layout& L = plan.layout;
+  const int64_t ndim = static_cast<int64_t>(L.global_shape.size());
+  std::ostringstream shape;
+  shape << c10::IntArrayRef(L.global_shape);
+  const std::string where = "param group " + std::to_string(g) + " (" + o.algorithm() + "), shape " + shape.str();
+  if (plan.heads) {
+    // Whole heads on every rank: orthogonalize locally (the reference does the same).
+    if (L.two_d())
+      throw NotImplementedError(where + ": num_heads with 2-D (FSDP x TP) sharding is not supported");
+    if (L.sharded()) {
+      if (L.shard_dim != 0)
+        throw NotImplementedError(where + ": num_heads needs sharding on dim 0 (the heads dim) or none; "
+                                  "sharded on dim " + std::to_string(L.shard_dim));
+      if (plan.heads % plan.world != 0)
+        throw ValueError(where + ": num_heads (" + std::to_string(plan.heads) +
+                         ") must be divisible by the sharding world size (" + std::to_string(plan.world) +
+                         ") so each rank holds whole heads");
+    }
+    return plan;
+  }
+  if (L.sharded()) {
+    const bool matrix_dim = L.shard_dim >= ndim - 2;
+    if (!o.flatten() && !matrix_dim && !L.two_d()) return plan;  // batch-sharded 3-D+: whole matrices here
+    if (L.two_d() && o.flatten())
+      throw NotImplementedError(where + ": flatten with 2-D (FSDP x TP) sharding is not supported");
+    plan.communicate = true;
+    plan.comm_dim = L.shard_dim - ndim;
+    const Algorithm a = o.algo();
+    if ((a == Algorithm::NorMuon || a == Algorithm::NorDion2) && plan.comm_dim == -1)
+      throw NotImplementedError(where + ": '" + o.algorithm() + "' does not support parameters sharded along the last "
+                                "dimension (per-neuron statistics need whole rows); shard dim 0 instead");
+    if (!o.split_sizes().empty()) {
+      if (plan.comm_dim == -2 && L.global_shape[ndim - 2] % plan.world != 0)
+        throw NotImplementedError(where + ": split_sizes requires dim 0 (" +
+                                  std::to_string(L.global_shape[ndim - 2]) +
+                                  ") to be divisible by the sharding world size (" + std::to_string(plan.world) +
+                                  ") so the assembled matrices have no interspersed padding rows");
+      if (a == Algorithm::NorMuon)
+        throw NotImplementedError(where + ": normuon with split_sizes on sharded parameters is not supported");
+    }
+    return plan;
+  }
+  plan.communicate = L.replicated && batch.size() > 1;  // DDP: split the megabatch across ranks
+  return plan;
+}
+
+}  // namespace dion

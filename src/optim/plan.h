@@ -1,0 +1,36 @@
+// plan.h — how one megabatch is laid out and communicated (private to src/optim).
+//
+// A megabatch (same shape, same dtype parameters of one group) is whole and local, replicated
+// across a group (DDP: the megabatch is split across the ranks), or sharded along one tensor
+// dim (FSDP; a second dim under FSDP x TP). plan_for() mirrors the reference's _get_shard_info
+// and megabatch paths, and refuses the layouts an algorithm cannot run on (naming the group,
+// its algorithm and the shape). Not here: the collectives themselves (collectives.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "dion/optim/distribution.h"
+#include "dion/optim/options.h"
+
+namespace dion {
+
+struct Plan {
+  Layout layout;
+  int64_t heads = 0;         // > 1: per-head views, orthogonalized where they are
+  bool communicate = false;  // false: orthogonalize the local tensors as they are
+  int64_t comm_dim = 0;      // sharded: negative tensor dim the shards concatenate along
+  int64_t world = 1;
+  bool row_sharded() const { return communicate && comm_dim == -2; }
+  bool matrix_sharded() const { return communicate && layout.sharded(); }
+};
+
+// The parameter's layout: the Distribution's, or whole and local without one.
+Layout layout_of(const Distribution* dist, const at::Tensor& param);
+
+// `batch`: one megabatch of group `group` (its index, for messages) with options `o`.
+Plan plan_for(const Distribution* dist, const std::vector<at::Tensor>& batch, const Options& o, size_t group);
+
+}  // namespace dion
