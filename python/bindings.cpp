@@ -86,83 +86,123 @@ std::optional<at::ScalarType> as_dtype(const py::handle& v, size_t g, const char
   return reinterpret_cast<THPDtype*>(v.ptr())->scalar_type;
 }
 
+// One hyperparameter's Python value, converted by the field's type (and rule): the reference's
+// conventions (None for adjust_lr is "none", None for num_heads is off, None for split_sizes is
+// none, a torch.dtype or None for the state dtypes).
+template <typename Rule>
+void from_py(double& out, const py::handle& v, size_t g, const char* key, const Rule&) {
+  out = as_double(v, g, key);
+}
+template <typename Rule>
+void from_py(bool& out, const py::handle& v, size_t, const char*, const Rule&) {
+  out = as_bool(v);
+}
+template <typename Rule>
+void from_py(int64_t& out, const py::handle& v, size_t g, const char* key, const Rule&) {
+  out = as_int(v, g, key);
+}
+void from_py(int64_t& out, const py::handle& v, size_t g, const char* key, const dion::rule::Heads&) {
+  // The reference: None or 1 = off, any other value must be a positive integer.
+  const int64_t heads = v.is_none() ? 0 : as_int(v, g, key);
+  if (!v.is_none() && heads < 1)
+    throw dion::ValueError(where(g, key) + " must be a positive integer if set, got " + std::to_string(heads));
+  out = heads;
+}
+template <typename Rule>
+void from_py(std::string& out, const py::handle& v, size_t g, const char* key, const Rule&) {
+  out = as_string(v, g, key);
+}
+template <typename Rule>
+void from_py(dion::Betas& out, const py::handle& v, size_t g, const char* key, const Rule&) {
+  if (!py::isinstance<py::sequence>(v) || py::len(v) != 2)
+    throw dion::ValueError(where(g, key) + ": invalid " + key + " " + std::string(py::repr(v)) +
+                           " (need a pair (beta1, beta2))");
+  py::sequence s = v.cast<py::sequence>();
+  out = {as_double(s[0], g, key), as_double(s[1], g, key)};
+}
+template <typename Rule>
+void from_py(dion::math::AdjustLR& out, const py::handle& v, size_t g, const char* key, const Rule&) {
+  const std::string name = v.is_none() ? "none" : as_string(v, g, key);
+  try {
+    out = dion::math::adjust_lr_from_string(name);
+  } catch (const std::invalid_argument&) {
+    throw dion::ValueError(where(g, key) + ": invalid value '" + name +
+                           "' (must be 'spectral_norm', 'rms_norm' or None)");
+  }
+}
+template <typename Rule>
+void from_py(dion::SplitSizes& out, const py::handle& v, size_t g, const char* key, const Rule&) {
+  std::vector<int64_t> sizes;
+  if (!v.is_none()) {
+    if (!py::isinstance<py::list>(v) && !py::isinstance<py::tuple>(v))
+      throw dion::ValueError(where(g, key) + " must be a list or tuple of integers, got " + std::string(py::repr(v)));
+    for (const py::handle& s : v) sizes.push_back(as_int(s, g, key));
+    if (sizes.empty()) throw dion::ValueError(where(g, key) + " needs at least 2 block sizes, got []");
+  }
+  out = std::move(sizes);
+}
+template <typename Rule>
+void from_py(dion::OptionalDtype& out, const py::handle& v, size_t g, const char* key, const Rule&) {
+  out = as_dtype(v, g, key);
+}
+
+// A hyperparameter's value as Python sees it (group_options).
+py::object to_py(double v) { return py::float_(v); }
+py::object to_py(bool v) { return py::bool_(v); }
+py::object to_py(int64_t v) { return py::int_(v); }
+py::object to_py(const std::string& v) { return py::str(v); }
+py::object to_py(const dion::Betas& v) { return py::make_tuple(std::get<0>(v), std::get<1>(v)); }
+py::object to_py(dion::math::AdjustLR v) { return py::str(dion::math::to_string(v)); }
+py::object to_py(const dion::SplitSizes& v) { return py::cast(v); }
+py::object to_py(const dion::OptionalDtype& t) {
+  if (!t) return py::none();
+  return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(*t)));
+}
+
 // Every key of a Python param group (or constructor keyword) the C++ Options know, applied onto
-// `o`. Keys it does not know ("params", "initial_lr" from a scheduler, ...) are left alone.
+// `o`: "algorithm", "step" and every hyperparameter of the table (dion/optim/hyperparameters.h)
+// under its own name, plus the reference's other spellings (group keys "beta1" / "beta2",
+// Dion's "rcqr_oversample"). Keys it does not know ("params", "initial_lr" from a scheduler,
+// ...) are left alone.
 dion::Options options_from_dict(dion::Options o, const py::dict& d, size_t g) {
   auto get = [&d](const char* key) -> py::object {
     return d.contains(key) ? py::reinterpret_borrow<py::object>(d[key]) : py::object();
   };
   py::object v;
   if ((v = get("algorithm"))) o.algorithm(as_string(v, g, "algorithm"));
-  if ((v = get("lr"))) o.lr(as_double(v, g, "lr"));
-  if ((v = get("weight_decay"))) o.weight_decay(as_double(v, g, "weight_decay"));
-  if ((v = get("mu"))) o.mu(as_double(v, g, "mu"));
-  if ((v = get("muon_beta2"))) o.muon_beta2(as_double(v, g, "muon_beta2"));
-  if ((v = get("betas"))) {
-    if (!py::isinstance<py::sequence>(v) || py::len(v) != 2)
-      throw dion::ValueError(where(g, "betas") + ": invalid betas " + std::string(py::repr(v)) +
-                             " (need a pair (beta1, beta2))");
-    py::sequence s = v.cast<py::sequence>();
-    o.betas({as_double(s[0], g, "betas"), as_double(s[1], g, "betas")});
+#define DION_FROM_DICT(T, name, default_value, rule_object, doc) \
+  if ((v = get(#name))) {                                        \
+    T value = o.name();                                          \
+    from_py(value, v, g, #name, rule_object);                    \
+    o.name(std::move(value));                                    \
   }
+  DION_HYPERPARAMETERS(DION_FROM_DICT)
+#undef DION_FROM_DICT
   if ((v = get("beta1"))) o.betas({as_double(v, g, "beta1"), std::get<1>(o.betas())});
   if ((v = get("beta2"))) o.betas({std::get<0>(o.betas()), as_double(v, g, "beta2")});
-  if ((v = get("epsilon"))) o.epsilon(as_double(v, g, "epsilon"));
-  if ((v = get("fraction"))) o.fraction(as_double(v, g, "fraction"));
-  if ((v = get("ef_decay"))) o.ef_decay(as_double(v, g, "ef_decay"));
-  if ((v = get("adjust_lr"))) {
-    const std::string name = v.is_none() ? "none" : as_string(v, g, "adjust_lr");
-    try {
-      o.adjust_lr(name);
-    } catch (const std::invalid_argument&) {
-      throw dion::ValueError(where(g, "adjust_lr") + ": invalid value '" + name +
-                             "' (must be 'spectral_norm', 'rms_norm' or None)");
-    }
-  }
-  if ((v = get("cautious_wd"))) o.cautious_wd(as_bool(v));
-  if ((v = get("nesterov"))) o.nesterov(as_bool(v));
-  if ((v = get("flatten"))) o.flatten(as_bool(v));
-  if ((v = get("num_heads"))) {
-    // The reference: None or 1 = off, any other value must be a positive integer.
-    int64_t heads = v.is_none() ? 0 : as_int(v, g, "num_heads");
-    if (!v.is_none() && heads < 1)
-      throw dion::ValueError(where(g, "num_heads") + " must be a positive integer if set, got " +
-                             std::to_string(heads));
-    o.num_heads(heads);
-  }
-  if ((v = get("split_sizes"))) {
-    std::vector<int64_t> sizes;
-    if (!v.is_none()) {
-      if (!py::isinstance<py::list>(v) && !py::isinstance<py::tuple>(v))
-        throw dion::ValueError(where(g, "split_sizes") + " must be a list or tuple of integers, got " +
-                               std::string(py::repr(v)));
-      for (const py::handle& s : v) sizes.push_back(as_int(s, g, "split_sizes"));
-      if (sizes.empty())
-        throw dion::ValueError(where(g, "split_sizes") + " needs at least 2 block sizes, got []");
-    }
-    o.split_sizes(sizes);
-  }
-  if ((v = get("selection_scope"))) o.selection_scope(as_string(v, g, "selection_scope"));
-  if ((v = get("rank_fraction"))) o.rank_fraction(as_double(v, g, "rank_fraction"));
-  if ((v = get("rank_multiple_of"))) o.rank_multiple_of(as_int(v, g, "rank_multiple_of"));
-  if ((v = get("oversample"))) o.oversample(as_double(v, g, "oversample"));
   if ((v = get("rcqr_oversample"))) o.oversample(as_double(v, g, "rcqr_oversample"));
-  if ((v = get("momentum_dtype"))) o.momentum_dtype(as_dtype(v, g, "momentum_dtype"));
-  if ((v = get("Q_dtype"))) o.Q_dtype(as_dtype(v, g, "Q_dtype"));
-  if ((v = get("variance_dtype"))) o.variance_dtype(as_dtype(v, g, "variance_dtype"));
   if ((v = get("step"))) o.step(as_int(v, g, "step"));
   return o;
 }
 
+// Every hyperparameter of `o` (and its algorithm) as {name: value}.
+py::dict dict_of(const dion::Options& o) {
+  py::dict out;
+  out["algorithm"] = o.algorithm();
+#define DION_TO_DICT(T, name, default_value, rule, doc) out[#name] = to_py(o.name());
+  DION_HYPERPARAMETERS(DION_TO_DICT)
+#undef DION_TO_DICT
+  return out;
+}
+
 // The fields of `o` a group may override (everything ParamGroup carries).
 dion::Override override_of(const dion::Options& o) {
-  return {.algorithm = o.algorithm(), .lr = o.lr(), .weight_decay = o.weight_decay(), .mu = o.mu(),
-          .muon_beta2 = o.muon_beta2(), .betas = o.betas(), .epsilon = o.epsilon(),
-          .fraction = o.fraction(), .ef_decay = o.ef_decay(), .adjust_lr = o.adjust_lr(),
-          .cautious_wd = o.cautious_wd(), .nesterov = o.nesterov(), .flatten = o.flatten(),
-          .num_heads = o.num_heads(), .split_sizes = o.split_sizes(),
-          .selection_scope = o.selection_scope(), .rank_fraction = o.rank_fraction(),
-          .rank_multiple_of = o.rank_multiple_of()};
+  dion::Override ov;
+  ov.algorithm = o.algorithm();
+#define DION_OVERRIDE_OF(T, name, default_value, rule, doc) ov.name = o.name();
+  DION_HYPERPARAMETERS(DION_OVERRIDE_OF)
+#undef DION_OVERRIDE_OF
+  return ov;
 }
 
 // ---------------------------------------------------------------------------- orthogonalizer
@@ -221,9 +261,9 @@ class PyOptimizer {
  public:
   // kind: "muon" | "normuon" | "dion2" | "nordion2" | "dion" | "any" (dion::Optimizer);
   // kwargs: the Python constructor's keywords (hyperparameters and orthogonalizer choice).
-  PyOptimizer(const std::string& kind, const py::dict& kwargs) : kind_(kind) {
-    dion::Options base = kind == "any" ? dion::Options() : defaults_of(kind);
-    if (kind == "dion") {
+  PyOptimizer(const std::string& kind, const py::dict& kwargs) : kind_(algorithm_of(kind)) {
+    dion::Options base = kind_ ? defaults_of(*kind_) : dion::Options();
+    if (kind_ == dion::Algorithm::Dion) {
       if (kwargs.contains("power_iters") && as_int(kwargs["power_iters"], 0, "power_iters") != 1)
         throw dion::ValueError("Dion supports power_iters=1 only, got " +
                                std::string(py::repr(kwargs["power_iters"])));
@@ -247,7 +287,7 @@ class PyOptimizer {
     const size_t g = opt_->param_groups().size();
     dion::Options o = options_from_dict(defaults_, group, g);
     opt_->add_param_group(dion::ParamGroup{params, override_of(o)});
-    opt_->options(g) = o;  // fields ParamGroup does not carry (dtypes, oversample, step)
+    opt_->options(g) = o;  // the step counter (ParamGroup carries every hyperparameter)
   }
 
   // Push a Python group's (possibly edited) hyperparameters into C++ group g, checked as
@@ -256,7 +296,7 @@ class PyOptimizer {
   bool set_group(size_t g, const py::dict& group) {
     check_index(g);
     dion::Options o = options_from_dict(opt_->options(g), group, g);
-    const bool changed = o.algorithm() != opt_->options(g).algorithm();
+    const bool changed = o.algo() != opt_->options(g).algo();
     opt_->set_options(g, o);
     return changed;
   }
@@ -265,6 +305,12 @@ class PyOptimizer {
   void check_group(size_t g, const py::dict& group) const {
     check_index(g);
     opt_->check_options(g, options_from_dict(opt_->options(g), group, g));
+  }
+
+  // Group g's algorithm and hyperparameters as C++ holds them (every field of the table).
+  py::dict group_options(size_t g) const {
+    check_index(g);
+    return dict_of(opt_->options(g));
   }
 
   std::string group_algorithm(size_t g) const {
@@ -412,28 +458,40 @@ class PyOptimizer {
     return std::make_shared<dion::comm::Group>(dion::comm::Group::from_process_group(pg, std::move(ranks), {}, options));
   }
 
-  static dion::Options defaults_of(const std::string& kind) {
-    if (kind == "muon") return dion::Muon::defaults();
-    if (kind == "normuon") return dion::NorMuon::defaults();
-    if (kind == "dion2") return dion::Dion2::defaults();
-    if (kind == "nordion2") return dion::NorDion2::defaults();
-    if (kind == "dion") return dion::Dion::defaults();
-    throw dion::ValueError("unknown optimizer kind '" + kind +
-                           "' (valid: muon, normuon, dion2, nordion2, dion, any)");
+  // The class's matrix algorithm: "muon" | "normuon" | "dion2" | "nordion2" | "dion", or
+  // nullopt for "any" (dion::Optimizer).
+  static std::optional<dion::Algorithm> algorithm_of(const std::string& kind) {
+    if (kind == "any") return std::nullopt;
+    const auto a = dion::parse_algorithm(kind);
+    if (!a || !dion::is_matrix_algorithm(*a))
+      throw dion::ValueError("unknown optimizer kind '" + kind + "' (valid: muon, normuon, dion2, nordion2, dion, any)");
+    return a;
   }
 
-  static std::unique_ptr<dion::Optimizer> make(const std::string& kind, const dion::Options& d,
+  static dion::Options defaults_of(dion::Algorithm a) {
+    switch (a) {
+      case dion::Algorithm::Muon: return dion::Muon::defaults();
+      case dion::Algorithm::NorMuon: return dion::NorMuon::defaults();
+      case dion::Algorithm::Dion2: return dion::Dion2::defaults();
+      case dion::Algorithm::NorDion2: return dion::NorDion2::defaults();
+      default: return dion::Dion::defaults();
+    }
+  }
+
+  static std::unique_ptr<dion::Optimizer> make(std::optional<dion::Algorithm> kind, const dion::Options& d,
                                                dion::math::OrthoConfig ortho) {
     const std::vector<dion::ParamGroup> none;
-    if (kind == "muon") return std::make_unique<dion::Muon>(none, d, ortho);
-    if (kind == "normuon") return std::make_unique<dion::NorMuon>(none, d, ortho);
-    if (kind == "dion2") return std::make_unique<dion::Dion2>(none, d, ortho);
-    if (kind == "nordion2") return std::make_unique<dion::NorDion2>(none, d, ortho);
-    if (kind == "dion") return std::make_unique<dion::Dion>(none, d);
-    return std::make_unique<dion::Optimizer>(none, d, ortho);
+    if (!kind) return std::make_unique<dion::Optimizer>(none, d, ortho);
+    switch (*kind) {
+      case dion::Algorithm::Muon: return std::make_unique<dion::Muon>(none, d, ortho);
+      case dion::Algorithm::NorMuon: return std::make_unique<dion::NorMuon>(none, d, ortho);
+      case dion::Algorithm::Dion2: return std::make_unique<dion::Dion2>(none, d, ortho);
+      case dion::Algorithm::NorDion2: return std::make_unique<dion::NorDion2>(none, d, ortho);
+      default: return std::make_unique<dion::Dion>(none, d);
+    }
   }
 
-  std::string kind_;
+  std::optional<dion::Algorithm> kind_;
   dion::Options defaults_;
   std::unique_ptr<dion::Optimizer> opt_;
   std::shared_ptr<dion::dist::Distributed> dist_;  // null: single process
@@ -460,12 +518,20 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
+  // The hyperparameter table (dion/optim/hyperparameters.h): [(name, doc)], in order.
+  m.def("hyperparameters", [] {
+    py::list out;
+    for (const dion::HyperparameterInfo& h : dion::hyperparameters()) out.append(py::make_tuple(h.name, h.doc));
+    return out;
+  });
+
   py::class_<PyOptimizer>(m, "Optimizer")
       .def(py::init<const std::string&, const py::dict&>(), py::arg("kind"), py::arg("kwargs"))
       .def("add_param_group", &PyOptimizer::add_param_group, py::arg("params"), py::arg("group"))
       .def("set_group", &PyOptimizer::set_group, py::arg("index"), py::arg("group"))
       .def("check_group", &PyOptimizer::check_group, py::arg("index"), py::arg("group"))
       .def("group_algorithm", &PyOptimizer::group_algorithm, py::arg("index"))
+      .def("group_options", &PyOptimizer::group_options, py::arg("index"))
       .def("state_dtypes", &PyOptimizer::state_dtypes, py::arg("index"))
       .def("clear_state", &PyOptimizer::clear_state, py::arg("param"))
       .def("step", &PyOptimizer::step)

@@ -11,9 +11,12 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/optim/schedulers/step_lr.h>
+#include <torch/serialize/archive.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <sstream>
 #include <functional>
 #include <string>
 #include <type_traits>
@@ -535,6 +538,109 @@ TEST(Options, EqualitySeesEveryField) {
     change(b);
     EXPECT_FALSE(a == b) << name;
   }
+}
+
+// ---------------------------------------------------------------------------- the table
+// A valid value of each hyperparameter other than `current` (by type, within the field's rule).
+double other_value(double current, const auto& rule) {
+  for (double v : {0.5, 0.75, 1.5, 2.0})
+    if (v != current && rule.ok(v)) return v;
+  ADD_FAILURE() << "no other valid double for a table field";
+  return current;
+}
+bool other_value(bool current, const auto&) { return !current; }
+int64_t other_value(int64_t current, const auto&) { return current == 2 ? 3 : 2; }
+std::string other_value(const std::string& current, const dion::rule::Choice& rule) {
+  return current == rule.a ? rule.b : rule.a;
+}
+dion::Betas other_value(const dion::Betas& current, const auto&) {
+  return current == dion::Betas{0.5, 0.6} ? dion::Betas{0.6, 0.5} : dion::Betas{0.5, 0.6};
+}
+dion::AdjustLR other_value(dion::AdjustLR current, const auto&) {
+  return current == dion::AdjustLR::RMS_NORM ? dion::AdjustLR::NONE : dion::AdjustLR::RMS_NORM;
+}
+dion::SplitSizes other_value(const dion::SplitSizes& current, const auto&) {
+  return current == dion::SplitSizes{4, 4} ? dion::SplitSizes{2, 6} : dion::SplitSizes{4, 4};
+}
+dion::OptionalDtype other_value(const dion::OptionalDtype& current, const auto&) {
+  return current == at::kBFloat16 ? dion::OptionalDtype(at::kHalf) : dion::OptionalDtype(at::kBFloat16);
+}
+
+bool validates(const dion::Options& o) {
+  try {
+    o.validate(0);
+    return true;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+    return false;
+  }
+}
+
+dion::Options round_trip(const dion::Options& o) {
+  torch::serialize::OutputArchive out;
+  o.serialize(out);
+  std::stringstream buffer;
+  out.save_to(buffer);
+  torch::serialize::InputArchive in;
+  in.load_from(buffer);
+  dion::Options back;  // every field at its default until read
+  back.serialize(in);
+  return back;
+}
+
+// Every hyperparameter of the table (dion/optim/hyperparameters.h), one at a time set to another
+// valid value: Override sets it (and only it), == sees it, validate accepts it, both serializers
+// carry it, and it is listed by name. A field the generated code missed fails here.
+TEST(Options, EveryTableFieldThroughOverrideEqualitySerializeAndValidate) {
+  const dion::Options base = dion::Options().algorithm(dion::Algorithm::NorMuon);
+  std::vector<std::string> listed;
+  for (const auto& h : dion::hyperparameters()) listed.push_back(h.name);
+  size_t fields = 0;
+#define CHECK_FIELD(T, name, default_value, rule_object, doc)                                       \
+  {                                                                                                 \
+    ++fields;                                                                                       \
+    SCOPED_TRACE(#name);                                                                            \
+    EXPECT_TRUE(base.name() == T(default_value)) << "the default differs from the table's";         \
+    const T v = other_value(base.name(), rule_object);                                              \
+    EXPECT_FALSE(v == base.name());                                                                 \
+    dion::Override ov;                                                                              \
+    ov.name = v;                                                                                    \
+    const dion::Options o = ov.apply(base);                                                         \
+    EXPECT_TRUE(o.name() == v) << "Override::apply";                                               \
+    EXPECT_FALSE(o == base) << "operator==";                                                        \
+    dion::Options expected = base;                                                                  \
+    expected.name(v);                                                                               \
+    EXPECT_TRUE(o == expected) << "Override::apply changed another field";                          \
+    EXPECT_TRUE(validates(o)) << "validate";                                                        \
+    const dion::Options back = round_trip(o);                                                       \
+    EXPECT_TRUE(back.name() == v) << "serialize";                                                   \
+    EXPECT_TRUE(back == o) << "serialize";                                                          \
+    EXPECT_NE(std::find(listed.begin(), listed.end(), #name), listed.end()) << "hyperparameters()"; \
+  }
+  DION_HYPERPARAMETERS(CHECK_FIELD)
+#undef CHECK_FIELD
+  EXPECT_EQ(fields, listed.size());
+  const dion::Options stepped = dion::Options(base).step(7);
+  EXPECT_TRUE(round_trip(stepped) == stepped) << "step";
+  EXPECT_TRUE(round_trip(dion::Options().algorithm("lion")) == dion::Options().algorithm("lion")) << "algorithm";
+}
+
+TEST(Options, AlgorithmEnumAndNames) {
+  for (int i = 0; i < dion::kAlgorithmCount; ++i) {
+    const auto a = static_cast<dion::Algorithm>(i);
+    EXPECT_EQ(dion::parse_algorithm(dion::to_string(a)), a);
+    EXPECT_EQ(dion::known_algorithms()[static_cast<size_t>(i)], dion::to_string(a));
+    EXPECT_EQ(dion::Options().algorithm(a).algorithm(), dion::to_string(a));
+    EXPECT_EQ(dion::Options().algorithm(dion::to_string(a)).algo(), a);
+  }
+  EXPECT_EQ(dion::parse_algorithm("dion3"), std::nullopt);
+  EXPECT_EQ(dion::parse_algorithm("dion3", /*aliases=*/true), dion::Algorithm::NorDion2);
+  EXPECT_EQ(dion::parse_algorithm("sgd", true), std::nullopt);
+  // An unknown name is kept for validate()'s message, and is not equal to any known algorithm.
+  const dion::Options bad = dion::Options().algorithm("sgd");
+  EXPECT_EQ(bad.algorithm(), "sgd");
+  EXPECT_FALSE(bad == dion::Options());
+  EXPECT_THROW(bad.validate(0), dion::ValueError);
 }
 
 TEST(Options, NamedDefaultsAndAliases) {

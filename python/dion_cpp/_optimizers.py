@@ -580,7 +580,9 @@ def _print_selection_choice(shape, shard_dim: Optional[int]) -> None:
 class Dion2(_CppOptimizer):
     """Dion2 (reference: dion/dion2.py). verbose=True prints, once per matrix shape and layout,
     whether rows or columns are selected (as the reference). triton_post_ortho is accepted and
-    ignored."""
+    ignored. selection_dim (dion_cpp's own): on a sharded matrix, select along the dim one
+    process would ("shorter", the default: equal to one process) or along the sharded dim as the
+    reference does ("shard"); docs/distributed.md."""
 
     kind = algorithm = "dion2"
 
@@ -591,10 +593,11 @@ class Dion2(_CppOptimizer):
                  flatten: bool = False, use_triton: bool = False, use_polar_express: bool = True,
                  use_gram_newton_schulz: bool = False, newton_schulz_func: Optional[Callable] = None,
                  verbose: bool = False, triton_post_ortho: bool = False,
-                 selection_scope: str = "local"):
+                 selection_scope: str = "local", selection_dim: str = "shorter"):
         hyper = dict(lr=lr, ef_decay=ef_decay, fraction=float(fraction), betas=betas,
                      weight_decay=weight_decay, epsilon=epsilon, flatten=flatten,
-                     adjust_lr=adjust_lr, selection_scope=selection_scope)
+                     adjust_lr=adjust_lr, selection_scope=selection_scope,
+                     selection_dim=selection_dim)
         super().__init__(params, hyper, _ortho(use_gram_newton_schulz, use_triton,
                                                use_polar_express, newton_schulz_func),
                          _group_of(distributed_mesh, "distributed_mesh"))

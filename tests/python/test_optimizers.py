@@ -299,3 +299,56 @@ def test_load_state_dict_copies_instead_of_aliasing():
     W = model[0].weight
     assert opt2.state[W]["momentum"] is not opt.state[W]["momentum"]
     assert torch.equal(opt2.state[W]["momentum"], opt.state[W]["momentum"])
+
+
+# ---------------------------------------------------------------------------- the hyperparameter table
+def _other_values(default):
+    """Candidate valid non-default values for a table field, by the default's Python type."""
+    if isinstance(default, bool):
+        return [not default]
+    if isinstance(default, float):
+        return [v for v in (0.5, 0.75, 1.5, 2.0) if v != default]
+    if isinstance(default, int):
+        return [2, 3]
+    if isinstance(default, str):
+        return [v for v in ("global", "shard", "local", "shorter", "rms_norm", "none") if v != default]
+    if isinstance(default, tuple):
+        return [(0.5, 0.6)]
+    if isinstance(default, list):
+        return [[4, 4]]
+    if default is None:
+        return [torch.bfloat16]
+    raise AssertionError(f"no candidate values for {default!r}")
+
+
+def test_every_table_hyperparameter_is_a_group_key():
+    """Every hyperparameter of the C++ table (dion/optim/hyperparameters.h) is a Python group key
+    and keyword: set alone to another valid value it reaches the C++ group, and group_options
+    lists every field."""
+    table = [name for name, _doc in dion_cpp._C.hyperparameters()]
+    assert "selection_dim" in table and "lr" in table
+    opt = dion_cpp._C.Optimizer("any", {})
+    for i, name in enumerate(table):
+        p = torch.randn(8, 8)
+        opt.add_param_group([p], {"params": [p]})
+        before = opt.group_options(i)
+        assert set(before) == set(table) | {"algorithm"}, name
+        for value in _other_values(before[name]):
+            try:
+                opt.set_group(i, {name: value})
+            except ValueError:
+                continue  # outside the field's rule: try the next candidate
+            break
+        after = opt.group_options(i)
+        assert after[name] != before[name], f"{name}: not carried from Python to C++"
+        assert {k: v for k, v in after.items() if k != name} == \
+            {k: v for k, v in before.items() if k != name}, f"{name}: changed another field"
+
+
+def test_dion2_selection_dim_keyword():
+    model = make_model()
+    opt = make_opt(Dion2, model, selection_dim="shard")
+    assert opt.param_groups[0]["selection_dim"] == "shard"
+    assert opt._cpp.group_options(0)["selection_dim"] == "shard"
+    with pytest.raises(ValueError, match="selection_dim"):
+        make_opt(Dion2, make_model(), selection_dim="longer")
