@@ -213,6 +213,89 @@ void scenario_fsdp_every_shape(Child& c) {
         options_for("dion2").fraction(0.25).selection_scope("global").selection_dim("shard"), 0, false);
 }
 
+// Dion2 / NorDion2 equal one process on the layouts that used to select along the FSDP-sharded
+// dim: 2-D (FSDP x TP) sharding of tall matrices (one process selects columns: the inner-sharded
+// dim; column L1 norms summed over "fs", the top-k taken over the "tp" shards' norms), and 3-D
+// parameters sharded on a matrix dim (tall row-sharded: column norms summed over the shards, as
+// for 2-D). Tolerances as in scenario_fsdp_every_shape: 1e-3 where the selected slices reach the
+// orthogonalization in another order than one process's top-k order (the 2-D case's columns
+// arrive rank-major), 1e-5 where they do not (3-D across the shards).
+void scenario_every_layout(Child& c) {
+  dion::comm::DeviceMesh mesh(c.world, {{"fs", 2}, {"tp", 2}});
+  auto fs = mesh.axis("fs"), tp = mesh.axis("tp");
+  const std::vector<std::vector<int64_t>> tall = {{384, 128}, {40, 24}, {40, 24}}, wide = {{24, 40}, {128, 384}};
+  auto local_2d = [&](const at::Tensor& full, int64_t outer_dim) {
+    return dion::dist::shard_tensor(dion::dist::shard_tensor(full, outer_dim, fs->size(), fs->rank()), 1 - outer_dim,
+                                    tp->size(), tp->rank());
+  };
+  auto run_2d = [&](const std::string& what, const std::vector<std::vector<int64_t>>& shapes, int64_t outer_dim,
+                    const dion::Options& opts, double tol, bool expect_equal = true) {
+    Problem prob = make_problem(shapes, 2, 67);
+    auto expected = single(prob, opts);
+    auto dist = std::make_shared<Distributed>(fs, tp);
+    std::vector<at::Tensor> params;
+    for (const auto& full : prob.params) {
+      params.push_back(local_2d(full, outer_dim));
+      dist->shard(params.back(), full.sizes().vec(), outer_dim, 1 - outer_dim);
+    }
+    dion::Optimizer opt(params, opts, {}, dist);
+    for (const auto& gs : prob.grads) {
+      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = local_2d(gs[i], outer_dim);
+      opt.step();
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor part = dion::dist::gather_tensor(*tp, params[i], 1 - outer_dim, prob.params[i].size(1 - outer_dim));
+      at::Tensor full = dion::dist::gather_tensor(*fs, part, outer_dim, prob.params[i].size(outer_dim));
+      if (expect_equal) {
+        c.compare(what + " p" + std::to_string(i), full, expected[i], tol);
+        continue;
+      }
+      // The reference's selection (along the sharded dim): the update must differ from one process.
+      at::Tensor du = full - prob.params[i], de = expected[i] - prob.params[i];
+      const double off = (du - de).abs().max().item<double>() / de.abs().max().item<double>();
+      if (c.world.rank() == 0) std::printf("[rank 0] %s p%zu: update differs from one process by %.3g\n", what.c_str(), i, off);
+      if (i == 0 && off <= 1e-2) c.fail(what + ": selection_dim 'shard' should differ from one process on tall matrices");
+    }
+  };
+  for (const char* scope : {"global", "local"}) {
+    const dion::Options opts = options_for("dion2").fraction(0.25).selection_scope(scope);
+    run_2d(std::string("dion2 fsdp x tp tall ") + scope, tall, 0, opts, 1e-3);   // columns: along tp
+    run_2d(std::string("dion2 fsdp x tp wide ") + scope, wide, 0, opts, 1e-3);   // rows: along fs
+    run_2d(std::string("dion2 fsdp(cols) x tp(rows) tall ") + scope, tall, 1, opts, 1e-3);  // columns: along fs
+    run_2d(std::string("dion2 fsdp(cols) x tp(rows) wide ") + scope, wide, 1, opts, 1e-3);  // rows: along tp
+  }
+  run_2d("nordion2 fsdp x tp tall", tall, 0, options_for("nordion2").fraction(0.25), 1e-3);
+  run_2d("dion2 fsdp x tp tall, selection_dim shard", tall, 0,
+         options_for("dion2").fraction(0.25).selection_dim("shard"), 0, /*expect_equal=*/false);
+  // 3-D parameters sharded on their rows over all 4 ranks (1-D): tall -> columns across shards.
+  auto world = std::make_shared<Group>(c.world);
+  for (const char* scope : {"global", "local"}) {
+    const dion::Options opts = options_for("dion2").fraction(0.25).selection_scope(scope);
+    Problem prob = make_problem({{3, 40, 24}, {2, 64, 16}}, 2, 71);
+    auto expected = single(prob, opts);
+    auto params = run_sharded(prob, opts, world, 1);
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor full = dion::dist::gather_tensor(*world, params[i], 1, prob.params[i].size(1));
+      c.compare(std::string("dion2 3-D tall rows ") + scope + " p" + std::to_string(i), full, expected[i], 1e-5);
+    }
+  }
+  // 2-D sharding of a 3-D parameter: refused (NotImplementedError on every rank, no collective).
+  {
+    Problem prob = make_problem({{2, 16, 16}}, 1, 73);
+    auto dist = std::make_shared<Distributed>(fs, tp);
+    at::Tensor p = dion::dist::shard_tensor(dion::dist::shard_tensor(prob.params[0], 1, 2, fs->rank()), 2, 2, tp->rank());
+    dist->shard(p, prob.params[0].sizes().vec(), 1, 2);
+    dion::Optimizer opt({p}, options_for("dion2"), {}, dist);
+    p.mutable_grad() = at::ones_like(p);
+    try {
+      opt.step();
+      c.fail("dion2 with 2-D sharding of a 3-D parameter should raise NotImplementedError");
+    } catch (const dion::NotImplementedError& e) {
+      if (std::string(e.what()).find("2-D (FSDP x TP)") == std::string::npos) c.fail(std::string("message: ") + e.what());
+    }
+  }
+}
+
 void scenario_batch_sharded(Child& c) {
   // 3-D params sharded on the batch dim: whole matrices on every rank, no communication.
   fsdp_case(c, {{4, 8, 16}, {4, 16, 8}}, 0, kAlgorithms, "global", 0.0);
@@ -674,6 +757,7 @@ TEST(Distributed, FsdpDion2EveryShapeEqualsOneProcessTwoRanks) { expect_all_ok("
 TEST(Distributed, FsdpDion2EveryShapeEqualsOneProcessFourRanks) { expect_all_ok("fsdp_every_shape", 4); }
 TEST(Distributed, Hsdp2x2) { expect_all_ok("hsdp", 4); }
 TEST(Distributed, FsdpTimesTp2x2) { expect_all_ok("tp", 4); }
+TEST(Distributed, Dion2EveryLayoutEqualsOneProcess2x2) { expect_all_ok("every_layout", 4); }
 TEST(Distributed, OverlapOnOneThreadMatchesOneTaskInFlight) { expect_all_ok("overlap", 2); }
 TEST(Distributed, Dion2MovesFractionOfMuonBytes) { expect_all_ok("bytes", 2); }
 TEST(Distributed, DionDdpGradientAndCompressedSyncTwoRanks) { expect_all_ok("dion_ddp", 2); }
@@ -701,7 +785,7 @@ int main(int argc, char** argv) {
       {"fsdp_every_shape", scenario_fsdp_every_shape},
       {"batch", scenario_batch_sharded}, {"hsdp", scenario_hsdp},       {"bytes", scenario_bytes},
       {"bad_spec", scenario_bad_spec},   {"dead_rank", scenario_dead_rank}, {"dion_ddp", scenario_dion_ddp},
-      {"tp", scenario_tp},               {"overlap", scenario_overlap},
+      {"tp", scenario_tp},               {"overlap", scenario_overlap}, {"every_layout", scenario_every_layout},
       {"dion_fsdp", scenario_dion_fsdp}, {"dion_2d", scenario_dion_2d},
       {"heads_splits_errors", scenario_heads_splits_errors}, {"dion_3d", scenario_dion_3d}};
   // A dead peer should be noticed quickly; healthy scenarios get a generous timeout.

@@ -205,6 +205,7 @@ at::Tensor Distributed::orthogonalize(std::vector<at::Tensor> U, const Layout& l
     OrthoRequest inner;
     inner.comm_dim = layout.inner_dim - nd;
     inner.global_size = layout.global_shape[layout.inner_dim];
+    inner.local_size = request.inner_local_size;
     inner.apply = [this, &request](const at::Tensor& whole_inner) {
       return orthogonalize_sharded(outer(), whole_inner.unbind(0), request);
     };

@@ -36,7 +36,8 @@ bool Collectives::sync_gradients() const { return dist_ && dist_->sync_gradients
 
 at::Tensor Collectives::assemble_orthogonalize(std::vector<at::Tensor> U, const Plan& plan, const Options& o,
                                                const math::OrthoFn& fn, const std::vector<int64_t>& split_sizes,
-                                               const std::vector<double>& split_scales, int64_t local_size) const {
+                                               const std::vector<double>& split_scales, int64_t local_size,
+                                               int64_t inner_local_size) const {
   const bool flatten = o.flatten();
   const double eps = o.epsilon();
   auto apply = [&fn, flatten, eps, &split_sizes, &split_scales](const at::Tensor& stacked) {
@@ -55,6 +56,7 @@ at::Tensor Collectives::assemble_orthogonalize(std::vector<at::Tensor> U, const 
     request.global_size = plan.layout.global_shape[ndim + plan.comm_dim];
   }
   request.local_size = local_size;
+  request.inner_local_size = inner_local_size;
   return dist_->orthogonalize(std::move(U), plan.layout, request);
 }
 
@@ -83,14 +85,15 @@ math::ShardSum Collectives::sum_norms_over_shards() const {
 
 // Each rank's slice norms (padded to ceil(global / W) with -inf) travel in one all_gather; every
 // rank then takes the same top-k of the whole matrix's slices, rank-major.
-Collectives::ShardSelection Collectives::top_k_over_shards(at::Tensor norms, int64_t k, int64_t global,
-                                                           int64_t W) const {
-  const int64_t N = norms.size(0), r = rank();
+Collectives::ShardSelection Collectives::top_k_over_shards(at::Tensor norms, int64_t k, int64_t global, Axis holder,
+                                                           Axis splitter) const {
+  const int64_t W = dist_ ? dist_->axis_size(holder) : 1, r = dist_ ? dist_->axis_rank(holder) : 0;
+  const int64_t N = norms.size(0);
   const int64_t padded = (global + W - 1) / W;
-  if (dist_) dist_->sum_over_inner_(norms);  // 2-D sharding: add the other column blocks' partial L1 norms
+  if (dist_) dist_->all_reduce_(norms, splitter);  // 2-D sharding: the other blocks' partial L1 norms
   at::Tensor padded_norms = at::full({N, padded}, -std::numeric_limits<float>::infinity(), norms.options());
   padded_norms.narrow(1, 0, norms.size(1)).copy_(norms);
-  at::Tensor all = dist_ ? dist_->gather_over_shards(padded_norms) : padded_norms.unsqueeze(0);  // [W, N, padded]
+  at::Tensor all = dist_ ? dist_->all_gather(padded_norms, holder) : padded_norms.unsqueeze(0);  // [W, N, padded]
   at::Tensor global_norms = all.permute({1, 0, 2}).reshape({N, W * padded});                     // rank-major slices
   at::Tensor gidx = std::get<1>(at::topk(global_norms, k, -1, true, false));                     // [N, k]
   at::Tensor owner = at::div(gidx, padded, "floor"), local = gidx.remainder(padded);

@@ -50,7 +50,8 @@ class Collectives {
   // of them; FSDP: along the sharded dim), orthogonalized with `fn` and sent back.
   at::Tensor assemble_orthogonalize(std::vector<at::Tensor> U, const Plan& plan, const Options& o,
                                     const math::OrthoFn& fn, const std::vector<int64_t>& split_sizes,
-                                    const std::vector<double>& split_scales, int64_t local_size = 0) const;
+                                    const std::vector<double>& split_scales, int64_t local_size = 0,
+                                    int64_t inner_local_size = 0) const;
   // Sum over the ranks holding the other row shards of the same matrices (null when the plan
   // is not row-sharded): NorMuon's per-neuron statistics.
   math::ShardSum shard_sum(const Plan& plan) const;
@@ -60,15 +61,16 @@ class Collectives {
   // ---- Dion2
   // Add the other shards' partial L1 norms in place (slices split across the shards).
   math::ShardSum sum_norms_over_shards() const;
-  // The whole-matrix top-k over slices held by the shards: `norms` [N, local] are this rank's
-  // slices' norms (partial over the inner group under 2-D sharding: summed here). Returns, for
-  // each matrix, this rank's selected slices (local indices, in top-k order) and the most
-  // slices any rank holds of any matrix (k_pad, the same on every rank).
+  // The whole-matrix top-k over slices held by the shards of axis `holder` (the axis sharding the
+  // selection dim): `norms` [N, local] are this rank's slices' norms, partial over axis
+  // `splitter` under 2-D sharding (summed here; an axis the Distribution lacks is a no-op).
+  // Returns, for each matrix, this rank's selected slices (local indices, in top-k order) and the
+  // most slices any rank holds of any matrix (k_pad, the same on every rank).
   struct ShardSelection {
     std::vector<at::Tensor> mine;  // [c_i] int64 per matrix
     int64_t k_pad = 0;
   };
-  ShardSelection top_k_over_shards(at::Tensor norms, int64_t k, int64_t global, int64_t world) const;
+  ShardSelection top_k_over_shards(at::Tensor norms, int64_t k, int64_t global, Axis holder, Axis splitter) const;
 
   // ---- legacy Dion
   // DDP: each rank orthonormalizes ceil(N / W) of P [N, a, r]; one all_gather shares them.

@@ -41,6 +41,8 @@ struct OrthoRequest {
   int64_t comm_dim = 0;
   int64_t global_size = 0;
   int64_t local_size = 0;
+  // 2-D sharding: the same along the inner (TP) dim (Dion2's selection along that dim), or 0.
+  int64_t inner_local_size = 0;
 };
 
 // The groups a Distribution spans: OUTER shards (FSDP, or the DDP group), INNER shards (TP),

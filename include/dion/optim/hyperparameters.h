@@ -35,32 +35,32 @@ using OptionalDtype = std::optional<at::ScalarType>;  // nullopt: the parameter'
 
 // clang-format off
 #define DION_HYPERPARAMETERS(X)                                                                          \
-  X(double, lr, 0.01, rule::kNonNegative, "learning rate")                                               \
-  X(double, weight_decay, 0.01, rule::kNonNegative, "decoupled weight decay")                            \
-  X(double, mu, 0.95, rule::kDecay, "momentum (muon family); error-feedback decay (nordion2)")           \
-  X(double, muon_beta2, 0.95, rule::kDecay, "normuon / nordion2: per-neuron variance EMA")                \
-  X(::dion::Betas, betas, (::dion::Betas{0.9, 0.95}), rule::kBetas, "adamw / lion (beta1, beta2)")        \
-  X(double, epsilon, 1e-8, rule::kNonNegative, "orthogonalization / adamw epsilon")                       \
-  X(double, fraction, 0.25, rule::kFractionComm, "dion2 / nordion2: fraction of slices selected")         \
-  X(double, ef_decay, 0.95, rule::kDecay, "dion2: error-feedback decay")                                  \
-  X(::dion::math::AdjustLR, adjust_lr, ::dion::math::AdjustLR::SPECTRAL_NORM, rule::kAny,                 \
+  X(double, lr, 0.01, ::dion::rule::kNonNegative, "learning rate")                                               \
+  X(double, weight_decay, 0.01, ::dion::rule::kNonNegative, "decoupled weight decay")                            \
+  X(double, mu, 0.95, ::dion::rule::kDecay, "momentum (muon family); error-feedback decay (nordion2)")           \
+  X(double, muon_beta2, 0.95, ::dion::rule::kDecay, "normuon / nordion2: per-neuron variance EMA")                \
+  X(::dion::Betas, betas, (::dion::Betas{0.9, 0.95}), ::dion::rule::kBetas, "adamw / lion (beta1, beta2)")        \
+  X(double, epsilon, 1e-8, ::dion::rule::kNonNegative, "orthogonalization / adamw epsilon")                       \
+  X(double, fraction, 0.25, ::dion::rule::kFractionComm, "dion2 / nordion2: fraction of slices selected")         \
+  X(double, ef_decay, 0.95, ::dion::rule::kDecay, "dion2: error-feedback decay")                                  \
+  X(::dion::math::AdjustLR, adjust_lr, ::dion::math::AdjustLR::SPECTRAL_NORM, ::dion::rule::kAny,                 \
     "learning-rate scaling by shape: spectral_norm | rms_norm | none")                                   \
-  X(bool, cautious_wd, false, rule::kAny, "weight decay only where update and weight agree in sign")      \
-  X(bool, nesterov, false, rule::kAny, "muon family: Nesterov momentum")                                  \
-  X(bool, flatten, false, rule::kComm, "3-D+ parameters as [dim0, prod(rest)]")                          \
-  X(int64_t, num_heads, 0, rule::kHeads, "0 or 1: off; > 1: orthogonalize each head's rows apart")        \
-  X(::dion::SplitSizes, split_sizes, ::dion::SplitSizes{}, rule::kSplits,                                \
+  X(bool, cautious_wd, false, ::dion::rule::kAny, "weight decay only where update and weight agree in sign")      \
+  X(bool, nesterov, false, ::dion::rule::kAny, "muon family: Nesterov momentum")                                  \
+  X(bool, flatten, false, ::dion::rule::kComm, "3-D+ parameters as [dim0, prod(rest)]")                          \
+  X(int64_t, num_heads, 0, ::dion::rule::kHeads, "0 or 1: off; > 1: orthogonalize each head's rows apart")        \
+  X(::dion::SplitSizes, split_sizes, ::dion::SplitSizes{}, ::dion::rule::kSplits,                                \
     "muon / normuon: row blocks of a fused weight, orthogonalized apart")                               \
-  X(std::string, selection_scope, "local", rule::kScope,                                                  \
+  X(std::string, selection_scope, "local", ::dion::rule::kScope,                                                  \
     "dion2 / nordion2 on row-sharded matrices: local (per shard) | global (whole matrix)")               \
-  X(std::string, selection_dim, "shorter", rule::kSelectionDim,                                           \
+  X(std::string, selection_dim, "shorter", ::dion::rule::kSelectionDim,                                           \
     "dion2 on sharded matrices: shorter (as one process) | shard (the sharded dim, as the reference)")  \
-  X(double, rank_fraction, 1.0, rule::kFractionComm, "dion: r = rank_fraction * min(m, n)")               \
-  X(int64_t, rank_multiple_of, 1, rule::kPositiveComm, "dion: round r up to a multiple of this")         \
-  X(double, oversample, 1.25, rule::kAtLeastOneComm, "dion: randomized-QR sketch oversampling")          \
-  X(::dion::OptionalDtype, momentum_dtype, std::nullopt, rule::kDtypeComm, "dion: momentum dtype")       \
-  X(::dion::OptionalDtype, Q_dtype, std::nullopt, rule::kDtypeComm, "dion: Q dtype")                     \
-  X(::dion::OptionalDtype, variance_dtype, std::nullopt, rule::kAny,                                      \
+  X(double, rank_fraction, 1.0, ::dion::rule::kFractionComm, "dion: r = rank_fraction * min(m, n)")               \
+  X(int64_t, rank_multiple_of, 1, ::dion::rule::kPositiveComm, "dion: round r up to a multiple of this")         \
+  X(double, oversample, 1.25, ::dion::rule::kAtLeastOneComm, "dion: randomized-QR sketch oversampling")          \
+  X(::dion::OptionalDtype, momentum_dtype, std::nullopt, ::dion::rule::kDtypeComm, "dion: momentum dtype")       \
+  X(::dion::OptionalDtype, Q_dtype, std::nullopt, ::dion::rule::kDtypeComm, "dion: Q dtype")                     \
+  X(::dion::OptionalDtype, variance_dtype, std::nullopt, ::dion::rule::kAny,                                      \
     "adamw: variance dtype (must equal the parameter's)")
 // clang-format on
 

@@ -21,6 +21,7 @@
 #include "dion/math/lr.h"
 #include "dion/math/nordion2.h"
 #include "dion/math/normuon.h"
+#include "dion/errors.h"
 #include "driver.h"
 
 namespace dion::driver {
@@ -43,10 +44,13 @@ void exact_global(const Operands& ops, const Plan& plan, const Options& o, const
   const int64_t norm_dim = select_dim == -2 ? -1 : -2;
   const int64_t global = plan.layout.global_shape[2 + select_dim];
   const int64_t k = std::min(math::dion2_num_selected(o.fraction(), global), global);
+  // The axis whose ranks hold whole slices along select_dim, and the one splitting them (2-D).
+  const bool along_inner = plan.layout.two_d() && select_dim == plan.layout.inner_dim - 2;
+  const Axis holder = along_inner ? Axis::INNER : Axis::OUTER, splitter = along_inner ? Axis::OUTER : Axis::INNER;
 
   for (int64_t i = 0; i < N; ++i) M[i].add_(G[i].to(M[i].scalar_type()));  // M += G
   at::Tensor norms = at::linalg_vector_norm(at::stack(M, 0), 1, at::IntArrayRef{norm_dim}, false);  // [N, local]
-  auto [idx, k_pad] = comm.top_k_over_shards(norms, k, global, plan.world);
+  auto [idx, k_pad] = comm.top_k_over_shards(norms, k, global, holder, splitter);
   const float ef = f32(nor ? o.mu() : o.ef_decay());
   std::vector<at::Tensor> selected = math::dion2_take_selected(M, idx, ef, select_dim);  // [c_i, n] | [m, c_i]
   std::vector<at::Tensor> U(N);
@@ -56,7 +60,8 @@ void exact_global(const Operands& ops, const Plan& plan, const Options& o, const
     U[i] = at::zeros(shape, M[i].options().dtype(env.ortho->dtype));
     U[i].narrow(select_dim, 0, idx[i].size(0)).copy_(selected[i]);
   }
-  at::Tensor O = comm.assemble_orthogonalize(std::move(U), plan, o, *env.ortho_fn, {}, {}, k_pad);  // [N, k_pad | ..]
+  at::Tensor O = comm.assemble_orthogonalize(std::move(U), plan, o, *env.ortho_fn, {}, {}, along_inner ? 0 : k_pad,
+                                             along_inner ? k_pad : 0);  // [N, k_pad | ..]
   if (nor) {
     std::vector<at::Tensor> Vsel;
     for (int64_t i = 0; i < N; ++i) {
@@ -84,15 +89,24 @@ void dion2_update(const Batch& batch, const Options& o, const Env& env) {
   Operands ops = operands(batch, plan, nor, comm);
   const auto& [X, G, M, V, adjust_shape] = ops;
   const bool matrix_sharded = plan.matrix_sharded();
-  // Slices split across the shards can be selected as one process would: 2-D matrices under
-  // 1-D sharding.
-  const bool across_shards_ok = matrix_sharded && !plan.layout.two_d() && adjust_shape.size() == 2;
+  const bool two_d = plan.layout.two_d();
+  const size_t nd = adjust_shape.size();
+  if (matrix_sharded && two_d && nd > 2)
+    throw NotImplementedError("param group " + std::to_string(batch.group) + " (" + o.algorithm() +
+                              "): 2-D (FSDP x TP) sharding of parameters with more than 2 dims is not supported "
+                              "by dion2 / nordion2 (the selection would not equal one process's); shard 2-D "
+                              "parameters only, or one dim (docs/distributed.md)");
+  // Where one process's selection can be reproduced: slices split across the shards under 1-D
+  // sharding (partial norms summed; not for flattened 3-D+ parameters), and either sharded dim
+  // of a 2-D matrix under 2-D sharding (exact_global along the outer or the inner dim).
+  const bool across_shards_ok = matrix_sharded && !two_d && (nd == 2 || !o.flatten());
+  const bool as_one_process = across_shards_ok || (matrix_sharded && two_d);
   int64_t select_dim;
   if (nor) select_dim = -2;
-  else if (matrix_sharded && (o.selection_dim() == "shard" || !across_shards_ok) &&
+  else if (matrix_sharded && (o.selection_dim() == "shard" || !as_one_process) &&
            (plan.comm_dim == -2 || plan.comm_dim == -1))
     select_dim = plan.comm_dim;
-  else select_dim = math::dion2_select_dim(adjust_shape[adjust_shape.size() - 2], adjust_shape.back());
+  else select_dim = math::dion2_select_dim(adjust_shape[nd - 2], adjust_shape.back());
   const float ef = f32(nor ? o.mu() : o.ef_decay());
   const float lr = f32(o.lr());
   const float adj = math::adjusted_lr(lr, o.adjust_lr(), adjust_shape, o.flatten());
@@ -110,8 +124,7 @@ void dion2_update(const Batch& batch, const Options& o, const Env& env) {
     math::dion2_post(X, O.unbind(0), sel.indices, lr, adj, f32(o.weight_decay()), select_dim);
     return;
   }
-  if (matrix_sharded && (o.selection_scope() == "global" || plan.layout.two_d()) && adjust_shape.size() == 2 &&
-      select_dim == plan.comm_dim) {
+  if (matrix_sharded && nd == 2 && (two_d || (o.selection_scope() == "global" && select_dim == plan.comm_dim))) {
     exact_global(ops, plan, o, env, select_dim, adj);
     return;
   }
