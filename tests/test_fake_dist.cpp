@@ -1,0 +1,213 @@
+// The optimizer's communication patterns (src/optim/collectives.h) in one process: W simulated
+// ranks (tests/support/fake_distribution.h) step sharded or replicated parameters, and the
+// reassembled result is compared with one process's step on the whole parameters.
+//
+// Tolerances (relative to the largest expected magnitude), as in tests/test_dist.cpp:
+//   - DDP: 0 (every matrix goes through the same kernels as in one process);
+//   - FSDP, Dion2 selecting across the shards: 1e-5 (zero padding rows in the assembled
+//     matrices; partial norms summed in another order); observed 0;
+//   - Dion2 selecting along a sharded dim: 1e-3 (the selected slices reach the
+//     orthogonalization rank-major, not in one process's top-k order: bf16 rounding moves);
+//   - legacy Dion: 1e-5 (each rank draws the sketch; P changes by column signs and rounding).
+// Also pinned: every rank issues the same collectives (the fake throws on a mismatch or a
+// missing member instead of hanging), and a failing rank does not hang the others.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dion/dion.h"
+#include "fake_distribution.h"
+
+namespace {
+
+using dion::testing::FakeWorld;
+
+// FSDP2 chunk `r` of `W` along `dim`.
+at::Tensor chunk_of(const at::Tensor& full, int64_t dim, int W, int r) {
+  const int64_t size = full.size(dim), c = (size + W - 1) / W;
+  const int64_t start = std::min(size, c * r), end = std::min(size, c * (r + 1));
+  return full.narrow(dim, start, end - start).clone(at::MemoryFormat::Contiguous);
+}
+
+struct Problem {
+  std::vector<at::Tensor> params;
+  std::vector<std::vector<at::Tensor>> grads;  // [step][param]
+};
+
+Problem make_problem(const std::vector<std::vector<int64_t>>& shapes, int steps, uint64_t seed) {
+  at::manual_seed(seed);
+  Problem p;
+  for (const auto& s : shapes) p.params.push_back(at::randn(s));
+  for (int t = 0; t < steps; ++t) {
+    std::vector<at::Tensor> g;
+    for (const auto& s : shapes) g.push_back(at::randn(s));
+    p.grads.push_back(g);
+  }
+  return p;
+}
+
+// One process on whole parameters.
+std::vector<at::Tensor> single(const Problem& prob, const dion::Options& opts) {
+  std::vector<at::Tensor> params;
+  for (const auto& p : prob.params) params.push_back(p.clone());
+  at::manual_seed(9);
+  dion::Optimizer opt(params, opts);
+  opt.init_state();
+  for (const auto& gs : prob.grads) {
+    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = gs[i].clone();
+    opt.step();
+  }
+  return params;
+}
+
+// The layout of a run on the fake world: which dims the outer / inner axes shard (-1: none;
+// outer -1 means DDP: every rank holds every parameter).
+struct Sharding {
+  int64_t outer_dim = -1, inner_dim = -1;
+};
+
+at::Tensor local_of(const at::Tensor& full, const FakeWorld& w, int r, Sharding s) {
+  at::Tensor t = full.clone();
+  if (s.outer_dim >= 0) t = chunk_of(t, s.outer_dim, w.outer(), w.axis_rank(dion::Axis::OUTER, r));
+  if (s.inner_dim >= 0) t = chunk_of(t, s.inner_dim, w.inner(), w.axis_rank(dion::Axis::INNER, r));
+  return t;
+}
+
+// Every rank's step on its part; returns each rank's local parameters.
+std::vector<std::vector<at::Tensor>> distributed(FakeWorld& world, const Problem& prob, const dion::Options& opts,
+                                                 Sharding s) {
+  std::vector<std::vector<at::Tensor>> locals(static_cast<size_t>(world.size()));
+  at::manual_seed(9);
+  world.run([&](int r) {
+    auto dist = world.distribution(r);
+    auto& params = locals[static_cast<size_t>(r)];
+    for (const auto& full : prob.params) {
+      params.push_back(local_of(full, world, r, s));
+      if (s.outer_dim >= 0) dist->shard(params.back(), full.sizes().vec(), s.outer_dim, s.inner_dim);
+    }
+    dion::Optimizer opt(params, opts, {}, dist);
+    opt.init_state();
+    for (const auto& gs : prob.grads) {
+      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = local_of(gs[i], world, r, s);
+      opt.step();
+    }
+  });
+  return locals;
+}
+
+// Reassemble parameter i from every rank's part.
+at::Tensor whole(const FakeWorld& w, const std::vector<std::vector<at::Tensor>>& locals, size_t i, Sharding s) {
+  if (s.outer_dim < 0) return locals[0][i];
+  std::vector<at::Tensor> rows;
+  for (int o = 0; o < w.outer(); ++o) {
+    std::vector<at::Tensor> parts;
+    for (int t = 0; t < w.inner(); ++t) parts.push_back(locals[static_cast<size_t>(o * w.inner() + t)][i]);
+    rows.push_back(s.inner_dim >= 0 ? at::cat(parts, s.inner_dim) : parts[0]);
+  }
+  return at::cat(rows, s.outer_dim);
+}
+
+double relative(const at::Tensor& got, const at::Tensor& want) {
+  return (got - want).abs().max().item<double>() / std::max(want.abs().max().item<double>(), 1e-30);
+}
+
+// Returns the largest relative difference of the updates (param - initial) from one process's.
+double expect_like_one_process(const std::string& what, const std::vector<std::vector<int64_t>>& shapes,
+                               const dion::Options& opts, int outer, int inner, Sharding s, double tol) {
+  Problem prob = make_problem(shapes, 2, 41);
+  const auto expected = single(prob, opts);
+  FakeWorld world(outer, inner);
+  const auto locals = distributed(world, prob, opts, s);
+  double worst_update = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const at::Tensor got = whole(world, locals, i, s);
+    worst_update = std::max(worst_update, relative(got - prob.params[i], expected[i] - prob.params[i]));
+    if (tol < 0) continue;  // expected to differ: the caller checks worst_update
+    const double d = relative(got, expected[i]);
+    EXPECT_LE(d, tol) << what << " p" << i;
+    // DDP: every rank must hold the same result.
+    if (s.outer_dim < 0) {
+      for (int r = 1; r < world.size(); ++r) {
+        EXPECT_TRUE(locals[static_cast<size_t>(r)][i].equal(locals[0][i])) << what;
+      }
+    }
+  }
+  // Every rank issued the same collectives, and some were issued.
+  const auto& calls0 = world.distribution(0)->calls();
+  EXPECT_FALSE(calls0.empty()) << what << ": no collective was issued";
+  for (int r = 1; r < world.size(); ++r) {
+    EXPECT_EQ(world.distribution(r)->calls(), calls0) << what;
+  }
+  return worst_update;
+}
+
+dion::Options dion2(double fraction, const char* scope) {
+  return dion::Options(0.02).algorithm("dion2").weight_decay(0.01).fraction(fraction).selection_scope(scope);
+}
+
+const std::vector<std::vector<int64_t>> kTall = {{96, 32}, {40, 24}, {40, 24}}, kWide = {{24, 40}, {32, 96}};
+
+TEST(FakeDistribution, DdpMuonAndDion2EqualOneProcess) {
+  for (const char* algo : {"muon", "normuon", "dion2", "nordion2"})
+    expect_like_one_process(std::string(algo) + " ddp", {{16, 32}, {16, 32}, {16, 32}, {24, 24}},
+                            dion::Options(0.02).algorithm(algo).fraction(0.5), 2, 1, {}, 0.0);
+}
+
+TEST(FakeDistribution, FsdpDion2EqualsOneProcessTwoRanks) {
+  for (const char* scope : {"global", "local"}) {
+    // Tall, row-sharded: columns selected across the shards (partial norms summed).
+    expect_like_one_process(std::string("dion2 fsdp tall rows ") + scope, kTall, dion2(0.25, scope), 2, 1, {0, -1},
+                            1e-5);
+    // Wide, column-sharded: rows selected across the shards.
+    expect_like_one_process(std::string("dion2 fsdp wide cols ") + scope, kWide, dion2(0.25, scope), 2, 1, {1, -1},
+                            1e-5);
+  }
+  // Along the sharded dim: the exact global top-k from the shards' norms (global scope).
+  expect_like_one_process("dion2 fsdp wide rows global", kWide, dion2(0.25, "global"), 2, 1, {0, -1}, 1e-3);
+  expect_like_one_process("nordion2 fsdp tall rows global", kTall,
+                          dion::Options(dion2(0.25, "global")).algorithm("nordion2"), 2, 1, {0, -1}, 1e-3);
+  // The reference's selection (selection_dim "shard": along the sharded rows) is not one
+  // process's on tall matrices: the comparison above would fail for it.
+  EXPECT_GT(expect_like_one_process("dion2 fsdp tall rows, selection_dim shard", kTall,
+                                    dion2(0.25, "global").selection_dim("shard"), 2, 1, {0, -1}, -1),
+            1e-2);
+}
+
+TEST(FakeDistribution, FsdpTimesTpDion2EqualsOneProcess) {
+  for (const char* scope : {"global", "local"}) {
+    expect_like_one_process(std::string("dion2 fsdp x tp tall ") + scope, kTall, dion2(0.25, scope), 2, 2, {0, 1},
+                            1e-3);
+    expect_like_one_process(std::string("dion2 fsdp x tp wide ") + scope, kWide, dion2(0.25, scope), 2, 2, {0, 1},
+                            1e-3);
+  }
+}
+
+TEST(FakeDistribution, FsdpLegacyDionEqualsOneProcess) {
+  const dion::Options opts = dion::Dion::defaults().lr(0.02);
+  // Dion works on M^T when the FSDP dim is 0: wide for row sharding, tall for column sharding.
+  expect_like_one_process("dion fsdp rows", {{16, 32}, {12, 40}}, opts, 2, 1, {0, -1}, 1e-5);
+  expect_like_one_process("dion fsdp cols", {{32, 16}, {40, 12}}, opts, 2, 1, {1, -1}, 1e-5);
+  expect_like_one_process("dion fsdp x tp", {{16, 32}, {12, 40}}, opts, 2, 2, {0, 1}, 1e-5);
+}
+
+TEST(FakeDistribution, MismatchedCollectivesThrowInsteadOfHanging) {
+  FakeWorld world(2);
+  EXPECT_THROW(world.run([&](int r) {
+    at::Tensor x = at::ones({4});
+    if (r == 0) world.distribution(r)->all_reduce_(x, dion::Axis::OUTER);
+    else world.distribution(r)->all_gather(x, dion::Axis::OUTER);
+  }),
+               std::runtime_error);
+  FakeWorld lonely(2);
+  EXPECT_THROW(lonely.run([&](int r) {
+    at::Tensor x = at::ones({4});
+    if (r == 0) lonely.distribution(r)->all_reduce_(x, dion::Axis::OUTER);  // rank 1 never joins
+  }),
+               std::runtime_error);
+}
+
+}  // namespace
