@@ -21,6 +21,7 @@
 
 #include "dion/dion.h"
 #include "fake_distribution.h"
+#include "table_values.h"
 
 namespace {
 
@@ -192,6 +193,44 @@ TEST(FakeDistribution, FsdpLegacyDionEqualsOneProcess) {
   expect_like_one_process("dion fsdp rows", {{16, 32}, {12, 40}}, opts, 2, 1, {0, -1}, 1e-5);
   expect_like_one_process("dion fsdp cols", {{32, 16}, {40, 12}}, opts, 2, 1, {1, -1}, 1e-5);
   expect_like_one_process("dion fsdp x tp", {{16, 32}, {12, 40}}, opts, 2, 2, {0, 1}, 1e-5);
+}
+
+// The cross-rank check compares exactly the table's communication options (rule `comm`): one
+// rank of two changes one hyperparameter; a `comm` field raises ValueError naming it on both
+// ranks, any other field steps normally.
+TEST(FakeDistribution, RanksDisagreeingOnACommunicationOptionRaise) {
+  const dion::Options base = dion::Options(0.02).algorithm(dion::Algorithm::NorMuon);
+  size_t comm_fields = 0;
+#define CHECK_AGREEMENT(T, name, default_value, rule_object, doc)                                            \
+  {                                                                                                          \
+    SCOPED_TRACE(#name);                                                                                     \
+    const bool comm = (rule_object).comm;                                                                    \
+    comm_fields += comm;                                                                                     \
+    dion::Options changed = base;                                                                            \
+    changed.name(dion::testing::other_value(base.name(), rule_object));                                      \
+    FakeWorld world(2);                                                                                      \
+    std::vector<std::string> errors(2);                                                                      \
+    world.run([&](int r) {                                                                                   \
+      at::Tensor p = at::ones({8, 8});                                                                       \
+      dion::Optimizer opt({p}, r == 0 ? base : changed, {}, world.distribution(r));                         \
+      p.mutable_grad() = at::ones_like(p);                                                                   \
+      try {                                                                                                  \
+        opt.step();                                                                                          \
+      } catch (const dion::ValueError& e) {                                                                  \
+        errors[static_cast<size_t>(r)] = e.what();                                                           \
+      }                                                                                                      \
+    });                                                                                                      \
+    for (const std::string& e : errors) {                                                                    \
+      if (comm) {                                                                                            \
+        EXPECT_NE(e.find(std::string("): ") + #name + " is "), std::string::npos) << "no error naming it: " << e; \
+      } else {                                                                                               \
+        EXPECT_EQ(e, "") << "not a communication option";                                                   \
+      }                                                                                                      \
+    }                                                                                                        \
+  }
+  DION_HYPERPARAMETERS(CHECK_AGREEMENT)
+#undef CHECK_AGREEMENT
+  EXPECT_GE(comm_fields, 5u);
 }
 
 TEST(FakeDistribution, MismatchedCollectivesThrowInsteadOfHanging) {

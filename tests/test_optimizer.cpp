@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "dion/dion.h"
+#include "table_values.h"
 
 namespace {
 
@@ -541,31 +542,6 @@ TEST(Options, EqualitySeesEveryField) {
 }
 
 // ---------------------------------------------------------------------------- the table
-// A valid value of each hyperparameter other than `current` (by type, within the field's rule).
-double other_value(double current, const auto& rule) {
-  for (double v : {0.5, 0.75, 1.5, 2.0})
-    if (v != current && rule.ok(v)) return v;
-  ADD_FAILURE() << "no other valid double for a table field";
-  return current;
-}
-bool other_value(bool current, const auto&) { return !current; }
-int64_t other_value(int64_t current, const auto&) { return current == 2 ? 3 : 2; }
-std::string other_value(const std::string& current, const dion::rule::Choice& rule) {
-  return current == rule.a ? rule.b : rule.a;
-}
-dion::Betas other_value(const dion::Betas& current, const auto&) {
-  return current == dion::Betas{0.5, 0.6} ? dion::Betas{0.6, 0.5} : dion::Betas{0.5, 0.6};
-}
-dion::AdjustLR other_value(dion::AdjustLR current, const auto&) {
-  return current == dion::AdjustLR::RMS_NORM ? dion::AdjustLR::NONE : dion::AdjustLR::RMS_NORM;
-}
-dion::SplitSizes other_value(const dion::SplitSizes& current, const auto&) {
-  return current == dion::SplitSizes{4, 4} ? dion::SplitSizes{2, 6} : dion::SplitSizes{4, 4};
-}
-dion::OptionalDtype other_value(const dion::OptionalDtype& current, const auto&) {
-  return current == at::kBFloat16 ? dion::OptionalDtype(at::kHalf) : dion::OptionalDtype(at::kBFloat16);
-}
-
 bool validates(const dion::Options& o) {
   try {
     o.validate(0);
@@ -601,7 +577,7 @@ TEST(Options, EveryTableFieldThroughOverrideEqualitySerializeAndValidate) {
     ++fields;                                                                                       \
     SCOPED_TRACE(#name);                                                                            \
     EXPECT_TRUE(base.name() == T(default_value)) << "the default differs from the table's";         \
-    const T v = other_value(base.name(), rule_object);                                              \
+    const T v = dion::testing::other_value(base.name(), rule_object);                                              \
     EXPECT_FALSE(v == base.name());                                                                 \
     dion::Override ov;                                                                              \
     ov.name = v;                                                                                    \

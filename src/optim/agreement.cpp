@@ -19,11 +19,15 @@ namespace {
 
 // ---------------------------------------------------------------------------- descriptions
 
-// One parameter's description: a fixed row of int64 fields (doubles stored as their bits).
-enum class Kind { INT, REAL, ALGORITHM, DTYPE, SCOPE, SELECTION_DIM, BOOL, SHAPE, SPLITS };
+// One parameter's description: a fixed row of int64 fields (doubles stored as their bits): the
+// layout part below, then every hyperparameter the table (dion/optim/hyperparameters.h) marks as
+// changing communication (`comm` rules), in table order, one or more slots each.
+enum class Kind { INT, REAL, ALGORITHM, DTYPE, CHOICE, BOOL, SHAPE, SPLITS };
 struct Field {
-  const char* name;
-  Kind kind;
+  std::string name;
+  Kind kind = Kind::INT;
+  int start = 0;                          // the field's first column (multi-slot fields)
+  const rule::Choice* choice = nullptr;   // CHOICE: the two names
 };
 constexpr int kMaxDims = 8;    // global shape dims described one by one (the rest folded into the last)
 constexpr int kMaxSplits = 8;  // split_sizes entries described one by one (the rest summed into the last)
@@ -35,48 +39,8 @@ enum : int {
   F_SHARD_DIM = F_SHAPE + kMaxDims,
   F_INNER_DIM,
   F_REPLICATED,
-  F_FRACTION,
-  F_RANK_FRACTION,
-  F_RANK_MULTIPLE_OF,
-  F_OVERSAMPLE,
-  F_SELECTION_SCOPE,
-  F_SELECTION_DIM,
-  F_NUM_HEADS,
-  F_FLATTEN,
-  F_SPLIT_COUNT,
-  F_SPLITS,  // kMaxSplits slots
-  F_MOMENTUM_DTYPE = F_SPLITS + kMaxSplits,
-  F_Q_DTYPE,
-  F_COUNT
+  F_OPTIONS  // the table's communication options from here on
 };
-
-const Field& field(int f) {
-  static const std::vector<Field> table = [] {
-    std::vector<Field> t(F_COUNT, Field{"", Kind::INT});
-    t[F_ALGORITHM] = {"algorithm", Kind::ALGORITHM};
-    t[F_DTYPE] = {"dtype", Kind::DTYPE};
-    t[F_NDIM] = {"global shape", Kind::SHAPE};
-    for (int d = 0; d < kMaxDims; ++d) t[F_SHAPE + d] = {"global shape", Kind::SHAPE};
-    t[F_SHARD_DIM] = {"sharded dim (outer axis)", Kind::INT};
-    t[F_INNER_DIM] = {"sharded dim (inner axis)", Kind::INT};
-    t[F_REPLICATED] = {"replicated", Kind::BOOL};
-    t[F_FRACTION] = {"fraction", Kind::REAL};
-    t[F_RANK_FRACTION] = {"rank_fraction", Kind::REAL};
-    t[F_RANK_MULTIPLE_OF] = {"rank_multiple_of", Kind::INT};
-    t[F_OVERSAMPLE] = {"oversample", Kind::REAL};
-    t[F_SELECTION_SCOPE] = {"selection_scope", Kind::SCOPE};
-    t[F_SELECTION_DIM] = {"selection_dim", Kind::SELECTION_DIM};
-    t[F_NUM_HEADS] = {"num_heads", Kind::INT};
-    t[F_FLATTEN] = {"flatten", Kind::BOOL};
-    t[F_SPLIT_COUNT] = {"split_sizes", Kind::SPLITS};
-    for (int s = 0; s < kMaxSplits; ++s) t[F_SPLITS + s] = {"split_sizes", Kind::SPLITS};
-    t[F_MOMENTUM_DTYPE] = {"momentum_dtype", Kind::DTYPE};
-    t[F_Q_DTYPE] = {"Q_dtype", Kind::DTYPE};
-    return t;
-  }();
-  return table.at(static_cast<size_t>(f));
-}
-
 int64_t bits(double v) {
   int64_t b;
   std::memcpy(&b, &v, sizeof b);
@@ -88,8 +52,96 @@ double real(int64_t b) {
   return v;
 }
 
+// Encoders by the hyperparameter's type: write the value from column `col` (when `row` is not
+// null), return the next column, and describe the columns in `fields` (when not null).
+struct Columns {
+  int64_t* row = nullptr;
+  std::vector<Field>* fields = nullptr;
+  void put(int col, const char* name, Kind kind, int start, int64_t v, const rule::Choice* choice = nullptr) {
+    if (row) row[col] = v;
+    if (fields) {
+      if (static_cast<int>(fields->size()) <= col) fields->resize(static_cast<size_t>(col) + 1);
+      (*fields)[static_cast<size_t>(col)] = Field{name, kind, start, choice};
+    }
+  }
+};
+template <typename Rule>
+int encode(Columns& c, int col, const char* name, double v, const Rule&) {
+  c.put(col, name, Kind::REAL, col, bits(v));
+  return col + 1;
+}
+template <typename Rule>
+int encode(Columns& c, int col, const char* name, bool v, const Rule&) {
+  c.put(col, name, Kind::BOOL, col, v);
+  return col + 1;
+}
+template <typename Rule>
+int encode(Columns& c, int col, const char* name, int64_t v, const Rule&) {
+  c.put(col, name, Kind::INT, col, v);
+  return col + 1;
+}
+int encode(Columns& c, int col, const char* name, const std::string& v, const rule::Choice& choice) {
+  c.put(col, name, Kind::CHOICE, col, v == choice.a ? 0 : v == choice.b ? 1 : -1, &choice);
+  return col + 1;
+}
+template <typename Rule>
+int encode(Columns& c, int col, const char* name, const OptionalDtype& v, const Rule&) {
+  c.put(col, name, Kind::DTYPE, col, v ? static_cast<int64_t>(*v) : -1);
+  return col + 1;
+}
+template <typename Rule>
+int encode(Columns& c, int col, const char* name, const SplitSizes& v, const Rule&) {
+  c.put(col, name, Kind::SPLITS, col, static_cast<int64_t>(v.size()));
+  for (int s = 0; s < kMaxSplits; ++s) c.put(col + 1 + s, name, Kind::SPLITS, col, 0);
+  for (size_t s = 0; s < v.size(); ++s)
+    if (c.row) c.row[col + 1 + std::min<int>(static_cast<int>(s), kMaxSplits - 1)] += v[s];
+  return col + 1 + kMaxSplits;
+}
+template <typename Rule>
+int encode(Columns& c, int col, const char* name, const Betas& v, const Rule&) {
+  c.put(col, name, Kind::REAL, col, bits(std::get<0>(v)));
+  c.put(col + 1, name, Kind::REAL, col, bits(std::get<1>(v)));
+  return col + 2;
+}
+template <typename Rule>
+int encode(Columns& c, int col, const char* name, math::AdjustLR v, const Rule&) {
+  c.put(col, name, Kind::INT, col, static_cast<int64_t>(v));
+  return col + 1;
+}
+
+// The table's communication options of `o`, from column F_OPTIONS; returns the row's width.
+int encode_options(Columns& c, const Options& o) {
+  int col = F_OPTIONS;
+#define DION_AGREEMENT_FIELD(T, name, default_value, rule_object, doc) \
+  if ((rule_object).comm) col = encode(c, col, #name, o.name(), rule_object);
+  DION_HYPERPARAMETERS(DION_AGREEMENT_FIELD)
+#undef DION_AGREEMENT_FIELD
+  return col;
+}
+
+// Every column's description (layout part and options), and the row width.
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = [] {
+    std::vector<Field> t;
+    Columns c{nullptr, &t};
+    const int width = encode_options(c, Options());
+    t.resize(static_cast<size_t>(width));
+    t[F_ALGORITHM] = {"algorithm", Kind::ALGORITHM, F_ALGORITHM};
+    t[F_DTYPE] = {"dtype", Kind::DTYPE, F_DTYPE};
+    t[F_NDIM] = {"global shape", Kind::SHAPE, F_NDIM};
+    for (int d = 0; d < kMaxDims; ++d) t[F_SHAPE + d] = {"global shape", Kind::SHAPE, F_NDIM};
+    t[F_SHARD_DIM] = {"sharded dim (outer axis)", Kind::INT, F_SHARD_DIM};
+    t[F_INNER_DIM] = {"sharded dim (inner axis)", Kind::INT, F_INNER_DIM};
+    t[F_REPLICATED] = {"replicated", Kind::BOOL, F_REPLICATED};
+    return t;
+  }();
+  return table;
+}
+int row_width() { return static_cast<int>(fields().size()); }
+const Field& field(int col) { return fields().at(static_cast<size_t>(col)); }
+
 std::vector<int64_t> describe(const at::Tensor& p, const Options& o, const Layout& L) {
-  std::vector<int64_t> row(F_COUNT, 0);
+  std::vector<int64_t> row(static_cast<size_t>(row_width()), 0);
   row[F_ALGORITHM] = static_cast<int64_t>(o.algo());
   row[F_DTYPE] = static_cast<int64_t>(p.scalar_type());
   const int64_t nd = static_cast<int64_t>(L.global_shape.size());
@@ -101,27 +153,15 @@ std::vector<int64_t> describe(const at::Tensor& p, const Options& o, const Layou
   row[F_SHARD_DIM] = L.shard_dim;
   row[F_INNER_DIM] = L.inner_dim;
   row[F_REPLICATED] = L.replicated;
-  row[F_FRACTION] = bits(o.fraction());
-  row[F_RANK_FRACTION] = bits(o.rank_fraction());
-  row[F_RANK_MULTIPLE_OF] = o.rank_multiple_of();
-  row[F_OVERSAMPLE] = bits(o.oversample());
-  row[F_SELECTION_SCOPE] = o.selection_scope() == "global";
-  row[F_SELECTION_DIM] = o.selection_dim() == "shard";
-  row[F_NUM_HEADS] = o.num_heads();
-  row[F_FLATTEN] = o.flatten();
-  const auto& splits = o.split_sizes();
-  row[F_SPLIT_COUNT] = static_cast<int64_t>(splits.size());
-  for (size_t s = 0; s < splits.size(); ++s)
-    row[F_SPLITS + std::min<size_t>(s, kMaxSplits - 1)] += splits[s];
-  row[F_MOMENTUM_DTYPE] = o.momentum_dtype() ? static_cast<int64_t>(*o.momentum_dtype()) : -1;
-  row[F_Q_DTYPE] = o.Q_dtype() ? static_cast<int64_t>(*o.Q_dtype()) : -1;
+  Columns c{row.data(), nullptr};
+  encode_options(c, o);
   return row;
 }
 
 // The header (one row: the group count and the axis sizes), the per-group parameter counts,
 // and one row per parameter, in group order.
 struct Description {
-  std::vector<int64_t> header, counts, rows;  // rows: [P * F_COUNT]
+  std::vector<int64_t> header, counts, rows;  // rows: [P * row_width()]
   std::vector<std::pair<size_t, size_t>> where;  // row -> (group, position)
   std::vector<int64_t> flat() const {
     std::vector<int64_t> all = header;
@@ -136,7 +176,7 @@ const char* axis_name(Axis a) { return a == Axis::OUTER ? "outer" : a == Axis::I
 
 Description describe_all(const Distribution& dist, const std::vector<torch::optim::OptimizerParamGroup>& groups) {
   Description d;
-  d.header = {static_cast<int64_t>(groups.size()), F_COUNT};
+  d.header = {static_cast<int64_t>(groups.size()), row_width()};
   for (Axis a : kAxes) d.header.push_back(dist.axis_size(a));
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& o = static_cast<const Options&>(groups[g].options());
@@ -237,8 +277,7 @@ std::string value_str(const int64_t* row, int col) {
     case Kind::INT: os << v; break;
     case Kind::REAL: os << real(v); break;
     case Kind::BOOL: os << (v ? "true" : "false"); break;
-    case Kind::SCOPE: os << (v ? "'global'" : "'local'"); break;
-    case Kind::SELECTION_DIM: os << (v ? "'shard'" : "'shorter'"); break;
+    case Kind::CHOICE: os << "'" << (v == 0 ? f.choice->a : v == 1 ? f.choice->b : "?") << "'"; break;
     case Kind::ALGORITHM: {
       const auto& algos = known_algorithms();
       os << "'" << (v >= 0 && v < static_cast<int64_t>(algos.size()) ? algos[static_cast<size_t>(v)] : "?") << "'";
@@ -255,8 +294,8 @@ std::string value_str(const int64_t* row, int col) {
     }
     case Kind::SPLITS: {
       os << "[";
-      const int64_t n = row[F_SPLIT_COUNT];
-      for (int64_t s = 0; s < std::min<int64_t>(n, kMaxSplits); ++s) os << (s ? ", " : "") << row[F_SPLITS + s];
+      const int64_t n = row[f.start];
+      for (int64_t s = 0; s < std::min<int64_t>(n, kMaxSplits); ++s) os << (s ? ", " : "") << row[f.start + 1 + s];
       if (n > kMaxSplits) os << " (last " << n - kMaxSplits + 1 << " summed)";
       os << "]";
       break;
@@ -317,7 +356,7 @@ void check_ranks_agree(Distribution& dist, const std::vector<torch::optim::Optim
 
   const std::vector<Phase> phases = {{0, static_cast<int64_t>(d.header.size()), d.header},
                                      {1, std::max<int64_t>(1, static_cast<int64_t>(d.counts.size())), d.counts},
-                                     {2, F_COUNT, d.rows}};
+                                     {2, row_width(), d.rows}};
   for (const Phase& phase : phases) {
     // Each phase runs only when the previous ones agreed everywhere, so its sizes match on every
     // rank. An empty phase (no groups, no parameters) has nothing to compare.

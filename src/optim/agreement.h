@@ -6,8 +6,8 @@
 // matrix. check_ranks_agree() runs at the start of step() (and in init_state()), on every rank,
 // before any algorithm's collective. It compares a fixed-size description of every parameter —
 // global shape, dtype, layout (shard dims), algorithm and every option that changes
-// communication — across every axis of the Distribution, and raises dion::ValueError on EVERY
-// rank, naming the parameter (group index and position) and both ranks' values.
+// communication (the hyperparameters whose rule says `comm`, dion/optim/hyperparameters.h) —
+// across every axis of the Distribution, and raises dion::ValueError on EVERY rank, naming the parameter (group index and position) and both ranks' values.
 //
 // Cost: one 8-byte all_reduce per axis per step decides whether anything changed on any rank
 // since the last agreement (first step, add_param_group, option edits, load); only then do the
