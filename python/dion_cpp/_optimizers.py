@@ -553,11 +553,14 @@ class NorMuon(_CppOptimizer):
 _printed_selection_configs: set = set()
 
 
-def _print_selection_choice(shape, shard_dim: Optional[int]) -> None:
+def _print_selection_choice(shape, shard_dim: Optional[int], selection_dim: str = "shard") -> None:
+    """selection_dim "shard" reports the reference's choice (along a sharded matrix dim);
+    "shorter" (dion_cpp's default) selects along the shorter dim on 1-D sharded matrices too."""
     ndim = len(shape)
     num_rows, num_cols = shape[-2:]
     normalized = None if shard_dim is None else (shard_dim if shard_dim < 0 else shard_dim - ndim)
-    select_dim = normalized if normalized in (-2, -1) else (-2 if num_rows <= num_cols else -1)
+    shorter_dim = -2 if num_rows <= num_cols else -1
+    select_dim = normalized if normalized in (-2, -1) and selection_dim == "shard" else shorter_dim
     key = (tuple(shape), shard_dim, select_dim)
     if key in _printed_selection_configs:
         return
@@ -567,6 +570,10 @@ def _print_selection_choice(shape, shard_dim: Optional[int]) -> None:
     shorter = "rows" if num_rows <= num_cols else "cols"
     if shard_dim is None:
         mode, reason = "DDP/Single-GPU", f"shorter dim = {shorter} ({min(num_rows, num_cols)})"
+    elif normalized in (-2, -1) and select_dim != normalized:
+        side = "row" if normalized == -2 else "col"
+        mode, reason = "FSDP", (f"{side}-sharded (shard_dim={shard_dim}), shorter dim = {shorter} "
+                                f"({min(num_rows, num_cols)}), norms summed across shards")
     elif normalized == -2:
         mode, reason = "FSDP", f"row-sharded (shard_dim={shard_dim}\u2192-2)"
     elif normalized == -1:
@@ -624,7 +631,7 @@ class Dion2(_CppOptimizer):
                     dims = [pl.dim % p.dim() for i, pl in enumerate(p.placements)
                             if pl.is_shard() and p.device_mesh.size(i) > 1]
                     shard_dim = dims[0] if dims else None
-                _print_selection_choice(tuple(p.shape), shard_dim)
+                _print_selection_choice(tuple(p.shape), shard_dim, group.get("selection_dim", "shorter"))
 
 
 class NorDion2(_CppOptimizer):

@@ -160,7 +160,7 @@ void Optimizer::load_checked(std::vector<torch::serialize::InputArchive>& roots)
     Options o = options(g);
     o.serialize(group);
     const std::string where = "param group " + std::to_string(g);
-    if (o.algorithm() != options(g).algorithm())
+    if (o.algo() != options(g).algo())  // an unknown name is refused by validate() below
       fail(where + ": the checkpoint's algorithm is '" + o.algorithm() + "', this group's is '" +
            options(g).algorithm() + "'");
     const auto& params = param_groups_[g].params();

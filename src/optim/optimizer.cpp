@@ -24,7 +24,7 @@
 namespace dion {
 
 double lm_head_lr_scale(const std::string& scalar_opt, int64_t model_dim) {
-  return scalar_opt == "lion" ? 1.0 / std::sqrt(static_cast<double>(model_dim)) : 1.0;
+  return parse_algorithm(scalar_opt) == Algorithm::Lion ? 1.0 / std::sqrt(static_cast<double>(model_dim)) : 1.0;
 }
 
 namespace {

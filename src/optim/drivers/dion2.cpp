@@ -86,16 +86,16 @@ void dion2_update(const Batch& batch, const Options& o, const Env& env) {
   const Collectives& comm = *env.comm;
   const bool nor = o.algo() == Algorithm::NorDion2;
   const Plan plan = plan_for(comm.distribution(), batch.params, o, batch.group);
-  Operands ops = operands(batch, plan, nor, comm);
-  const auto& [X, G, M, V, adjust_shape] = ops;
   const bool matrix_sharded = plan.matrix_sharded();
   const bool two_d = plan.layout.two_d();
-  const size_t nd = adjust_shape.size();
-  if (matrix_sharded && two_d && nd > 2)
+  if (matrix_sharded && two_d && plan.layout.global_shape.size() > 2)  // before any collective
     throw NotImplementedError("param group " + std::to_string(batch.group) + " (" + o.algorithm() +
                               "): 2-D (FSDP x TP) sharding of parameters with more than 2 dims is not supported "
                               "by dion2 / nordion2 (the selection would not equal one process's); shard 2-D "
                               "parameters only, or one dim (docs/distributed.md)");
+  Operands ops = operands(batch, plan, nor, comm);
+  const auto& [X, G, M, V, adjust_shape] = ops;
+  const size_t nd = adjust_shape.size();
   // Where one process's selection can be reproduced: slices split across the shards under 1-D
   // sharding (partial norms summed; not for flattened 3-D+ parameters), and either sharded dim
   // of a 2-D matrix under 2-D sharding (exact_global along the outer or the inner dim).
