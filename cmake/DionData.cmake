@@ -104,9 +104,18 @@ if(DION_BUILD_BENCH)
   find_package(benchmark QUIET)  # libbenchmark-dev
   if(benchmark_FOUND)
     add_executable(bench_tokenizer ${DION_DATA_ROOT}/bench/tokenizer/bench_tokenizer.cpp)
-    target_link_libraries(bench_tokenizer PRIVATE dion_data benchmark::benchmark dion_warnings)
+    target_link_libraries(bench_tokenizer PRIVATE dion_data benchmark::benchmark CLI11::CLI11
+                                                  dion_warnings)
     target_compile_definitions(bench_tokenizer PRIVATE
       DION_SHARED_DATA_DIR="${DION_SHARED_DATA_DIR}")
+    if(DION_BUILD_TESTS)
+      dion_add_usage_tests(PREFIX bench_tokenizer TARGET bench_tokenizer
+        BAD "text_missing|--text /nonexistent/input.txt|--text"
+            "tokenizer_missing|--tokenizer /nonexistent/gpt2|--tokenizer"
+            "gpt2_dir_is_gone|--gpt2-dir x|--gpt2-dir"
+            "benchmark_flag_value|--benchmark_repetitions=abc|--benchmark_repetitions=abc"
+        HELP "--text[^\n]*\n?[^\n]*Text file.*--tokenizer[^\n]*\n?[^\n]*GPT-2 tokenizer files.*--benchmark_filter")
+    endif()
   else()
     message(STATUS "dion: Google Benchmark not found; bench_tokenizer is not built")
   endif()
