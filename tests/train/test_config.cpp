@@ -117,6 +117,34 @@ TEST(TrainConfig, BadValuesNameTheKeyTheValueAndWhatIsValid) {
   EXPECT_NE(error_of({"--config", "/nonexistent.yaml"}).find("cannot be read"), std::string::npos);
 }
 
+// Three inputs tests/fuzz/fuzz_config.cpp found: a YAML key that is a list or map (was: yaml-cpp's
+// "bad conversion" escaping as a non-ConfigError, exit 1), a folder as --config (was: libstdc++'s
+// "basic_filebuf::underflow", exit 1), and sizes whose product overflows int64 in the checks
+// (was: undefined behaviour, then a nonsense message or none).
+TEST(TrainConfig, FuzzFindingsAreConfigErrors) {
+  test::TempDir tmp("config_fuzz");
+  auto error_of = [](std::vector<std::string> args) -> std::string {
+    try {
+      parse(std::move(args));
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  for (const char* text : {"? [a]\n: 1\n", "{a: 1}: 2\n"}) {
+    {
+      std::ofstream f(tmp / "key.yaml");
+      f << text;
+    }
+    EXPECT_NE(error_of({"--config", (tmp / "key.yaml").string()}).find("line 1: a key must be a plain name"),
+              std::string::npos) << text;
+  }
+  EXPECT_NE(error_of({"--config", tmp.path().string()}).find("is a folder; give a YAML file"), std::string::npos);
+  EXPECT_NE(error_of({"--sequence_length", "4611686018427387904", "--device_batch_size", "4"})
+                .find("is larger than 2^63"),
+            std::string::npos);
+}
+
 TEST(TrainConfig, YamlDumpReadsBackToTheSameConfig) {
   const Config a = parse({"--config", (source_dir() / "configs/shakespeare_dion2.yaml").string(), "--lr", "0.1",
                           "--wandb_job_name", "a: b"});
