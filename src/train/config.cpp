@@ -385,6 +385,8 @@ std::string config_help() {
   os << "dion-train: train the reference's GPT with a dion optimizer (docs/train.md)\n\n"
         "usage:\n"
         "  dion-train [--config FILE.yaml] [--key value ...]   train (command-line values override the file)\n"
+        "  dion-train --nproc N [--config FILE.yaml] [...]     train in N local processes (as torchrun\n"
+        "                                                      --nproc_per_node N; docs/train.md \"Launching\")\n"
         "  dion-train plot RUN_DIR... -o curves.png             loss curves of runs in one PNG\n"
         "  dion-train sample --checkpoint DIR --prompt TEXT     generate text from a checkpoint\n\n"
         "keys (YAML file or --key value; booleans also as a bare --key):\n";
