@@ -12,8 +12,9 @@
 //                    iteration (X X^T 2 r^2 c, A A 2 r^3, B X 2 r^2 c; r = min, c = max dim),
 //                    and that rate / the matmul peak (issue 12's goal for Newton-Schulz: >= 0.75).
 //   optimizer step   ms per dion::Optimizer::step() for each matrix algorithm on that set (fp32
-//                    parameters, random gradients), after 2 warm-up steps; the graph column is
-//                    "n/a" (no CUDA-graph step wrapper yet).
+//                    parameters, random gradients), after 2 warm-up steps; then the same with
+//                    the step captured in a CUDA graph (dion::CudaGraphStep), or why it was
+//                    refused (a step that synchronizes with the host cannot be captured).
 // --quick divides every dimension by 8 (so that the CPU run finishes in seconds): the table's
 // plumbing, not its numbers. What it is not: a test (no thresholds), nor Google Benchmark (one
 // timed loop per row, synchronized with the device, is all the table needs).
@@ -30,6 +31,7 @@
 
 #include "dion/dion.h"
 #include "dion/math/ortho.h"
+#include "dion/optim/cuda_graph.h"
 
 namespace {
 
@@ -51,6 +53,12 @@ double time_it(const at::Device& dev, int reps, const std::function<void()>& fn)
   for (int i = 0; i < reps; ++i) fn();
   sync(dev);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+std::string fmt_ms(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f ms", seconds * 1e3);
+  return buf;
 }
 
 double ortho_flops(int64_t batch, int64_t m, int64_t n) {  // 5 iterations, the reference's count
@@ -120,7 +128,17 @@ int main(int argc, char** argv) {
     dion::Optimizer opt(X, dion::Options(0.02).algorithm(algo));
     opt.step();  // state creation; time_it adds one more untimed step
     const double t = time_it(dev, args.reps, [&] { opt.step(); });
-    std::printf("| optimizer step %s, 160M matrix set | %.2f ms | graphs: n/a |\n", algo, t * 1e3);
+    std::string graphed = "n/a (CPU)";
+    if (dev.is_cuda()) {
+      try {  // the same optimizer, captured after its warm-up steps above
+        dion::CudaGraphStep g(opt, /*warmup_steps=*/0);
+        g.step();  // capture + one replay
+        graphed = fmt_ms(time_it(dev, args.reps, [&] { g.step(); }));
+      } catch (const std::exception& e) {
+        graphed = std::string("refused: ") + std::string(e.what()).substr(0, 80);
+      }
+    }
+    std::printf("| optimizer step %s, 160M matrix set | %.2f ms | graphed: %s |\n", algo, t * 1e3, graphed.c_str());
   }
   return 0;
 }

@@ -75,6 +75,7 @@ add_library(dion
   src/optim/agreement.cpp
   src/optim/state_layout.cpp
   src/optim/checkpoint.cpp
+  src/optim/cuda_graph.cpp
   src/cuda/fused.cpp)
 target_include_directories(dion PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
 # Position-independent: the Python module links this library into a shared object.

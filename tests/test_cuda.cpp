@@ -16,11 +16,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <string>
 
 #include "dion/cuda/fused.h"
 #include "dion/dion.h"
 #include "dion/math/dion.h"
 #include "dion/math/muon.h"
+#include "dion/optim/cuda_graph.h"
 
 namespace {
 
@@ -158,6 +161,85 @@ TEST(Cuda, DionSketchGeneratorOnTheTensorsDevice) {
   EXPECT_TRUE(at::equal(Pa, Pb));
   at::Tensor gram = at::matmul(Pa.mT(), Pa).cpu();
   EXPECT_LE((gram - at::eye(8).expand_as(gram)).abs().max().item<double>(), 1e-4);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- CUDA-graph step
+
+namespace {
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Runs everywhere: a CPU parameter is refused up front with its group, index and device.
+TEST(CudaGraphStep, RefusesParametersNotOnOneCudaDevice) {
+  at::Tensor w = at::randn({8, 8});
+  dion::Optimizer opt({w}, dion::Options(0.02).algorithm("muon"));
+  EXPECT_NE(error_of([&] { dion::CudaGraphStep g(opt); }).find("param group 0, parameter 0 of shape [8, 8] is on cpu"),
+            std::string::npos);
+}
+
+// Eager steps and graphed steps (1 warm-up, capture, replays) from the same start and the same
+// gradients, written into the same gradient tensors, give the same parameters: the replay runs the
+// captured kernels on the new data. Tolerance 1e-6 relative: the kernels are the same; cuBLAS may
+// pick another algorithm inside a capture (its workspace differs), which changes the bf16
+// orthogonalization's accumulation order only. A replay that did nothing would leave the
+// parameters 5 steps behind (relative difference ~ 5 x lr = 0.1), and the test checks they moved.
+TEST(Cuda, GraphedStepsEqualEagerSteps) {
+  SKIP_WITHOUT_CUDA();
+  at::manual_seed(3);
+  const at::Tensor w0 = at::randn({64, 96}, at::TensorOptions().device(at::kCUDA));
+  at::Tensor we = w0.clone(), wg = w0.clone();
+  we.mutable_grad() = at::zeros_like(w0);
+  wg.mutable_grad() = at::zeros_like(w0);
+  dion::Optimizer eager({we}, dion::Options(0.02).algorithm("muon"));
+  dion::Optimizer graphed_opt({wg}, dion::Options(0.02).algorithm("muon"));
+  dion::CudaGraphStep graphed(graphed_opt);
+  for (int t = 0; t < 6; ++t) {
+    const at::Tensor g = at::randn_like(w0);
+    we.mutable_grad().copy_(g);
+    wg.mutable_grad().copy_(g);
+    eager.step();
+    graphed.step();
+  }
+  EXPECT_TRUE(graphed.captured());
+  EXPECT_EQ(graphed.replays(), 5);
+  const double scale = (we - w0).abs().max().item<double>();
+  ASSERT_GT(scale, 0.0);
+  EXPECT_LE((wg - we).abs().max().item<double>() / scale, 1e-6);
+  EXPECT_EQ(static_cast<dion::Options&>(graphed_opt.param_groups()[0].options()).step(), 6);
+}
+
+TEST(Cuda, GraphStepRefusesWhatItCannotReplay) {
+  SKIP_WITHOUT_CUDA();
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  at::Tensor a = at::randn({32, 32}, cuda), b = at::randn({32, 32}, cuda);
+  a.mutable_grad() = at::randn({32, 32}, cuda);  // b has none
+  dion::Optimizer opt({a, b}, dion::Options(0.02).algorithm("muon"));
+  dion::CudaGraphStep graphed(opt, /*warmup_steps=*/0);
+  EXPECT_NE(error_of([&] { graphed.step(); }).find("parameter 1 of shape [32, 32] has no gradient"), std::string::npos);
+  b.mutable_grad() = at::randn({32, 32}, cuda);
+  graphed.step();  // captured
+  ASSERT_TRUE(graphed.captured());
+  opt.param_groups()[0].options().set_lr(0.01);
+  EXPECT_NE(error_of([&] { graphed.step(); }).find("lr changed from 0.020000 to 0.010000"), std::string::npos);
+  graphed.reset();
+  graphed.step();  // captured again with the new lr
+  b.mutable_grad() = at::randn({32, 32}, cuda);
+  EXPECT_NE(error_of([&] { graphed.step(); }).find("parameter 1's gradient is not the tensor"), std::string::npos);
+  graphed.reset();
+  graphed.step();
+  at::Tensor c = at::randn({16, 16}, cuda);
+  c.mutable_grad() = at::randn({16, 16}, cuda);
+  opt.add_param_group(dion::ParamGroup{{c}});
+  EXPECT_NE(error_of([&] { graphed.step(); }).find("parameter set changed"), std::string::npos);
 }
 
 }  // namespace
