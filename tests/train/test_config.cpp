@@ -34,6 +34,16 @@ Config parse(std::vector<std::string> args) {
   return config_parse(int(argv.size()), argv.data());
 }
 
+// The ConfigError's message of parsing `args`, or "(no error)".
+std::string error_of(std::vector<std::string> args) {
+  try {
+    parse(std::move(args));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 // The reference's number: sum(p.numel() for p in GPT(GPTConfig(sequence_len=1024,
 // vocab_size=50304, n_layer=12, n_head=6, n_embd=768)).parameters()) on the meta device.
 constexpr int64_t kReference160MParams = 162201600;
@@ -94,14 +104,6 @@ TEST(TrainConfig, CommandLineOverridesTheFile) {
 }
 
 TEST(TrainConfig, BadValuesNameTheKeyTheValueAndWhatIsValid) {
-  auto error_of = [](std::vector<std::string> args) -> std::string {
-    try {
-      parse(std::move(args));
-    } catch (const ConfigError& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
   EXPECT_NE(error_of({"--lr", "fast"}).find("key 'lr': value 'fast' is not a number"), std::string::npos);
   EXPECT_NE(error_of({"--n_layer", "2.5"}).find("key 'n_layer': value '2.5' is not an integer"), std::string::npos);
   EXPECT_NE(error_of({"--debug", "maybe"}).find("key 'debug': value 'maybe' is not a boolean"), std::string::npos);
@@ -123,14 +125,6 @@ TEST(TrainConfig, BadValuesNameTheKeyTheValueAndWhatIsValid) {
 // (was: undefined behaviour, then a nonsense message or none).
 TEST(TrainConfig, FuzzFindingsAreConfigErrors) {
   test::TempDir tmp("config_fuzz");
-  auto error_of = [](std::vector<std::string> args) -> std::string {
-    try {
-      parse(std::move(args));
-    } catch (const ConfigError& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
   for (const char* text : {"? [a]\n: 1\n", "{a: 1}: 2\n"}) {
     {
       std::ofstream f(tmp / "key.yaml");
