@@ -36,9 +36,9 @@ void check_pair(const char* fn, const char* a_name, const at::Tensor& A, const c
               " and ", B.scalar_type());
 }
 
+#ifdef DION_HAVE_CUDA
 bool bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
-
-#ifndef DION_HAVE_CUDA
+#else
 [[noreturn]] void no_kernels(const char* fn) {
   throw std::runtime_error(std::string(fn) +
                            ": dion-cpp was built without CUDA kernels (torch without CUDA or no nvcc)");
