@@ -22,6 +22,7 @@
 #include "dion/cuda/fused.h"
 #include "dion/dion.h"
 #include "dion/math/dion.h"
+#include "dion/math/dion2.h"
 #include "dion/math/muon.h"
 #include "dion/optim/cuda_graph.h"
 
@@ -100,6 +101,21 @@ TEST(Cuda, MuonPreAndPostOnCudaMatchTheirCpuPath) {
   dion::math::muon_post({X}, {U[0]}, 0.02f, 0.5f, 0.1f, false);
   dion::math::muon_post({Xg}, {Ug[0]}, 0.02f, 0.5f, 0.1f, false);
   EXPECT_LE(max_ulps(Xg.cpu(), X), 1.0);
+}
+
+// Dion2's masked post step (error-feedback decay of the selected rows, decay and update of X)
+// takes the fused decay+update kernel on the GPU and gives what its CPU path gives.
+TEST(Cuda, Dion2PostMaskedOnCudaMatchesItsCpuPath) {
+  SKIP_WITHOUT_CUDA();
+  at::manual_seed(2);
+  at::Tensor X = at::randn({48, 80}), M = at::randn({48, 80});
+  at::Tensor U = at::randn({48, 80}).to(at::kBFloat16);
+  U.narrow(0, 0, 24).zero_();  // half the rows not selected
+  at::Tensor Xg = X.cuda(), Mg = M.cuda(), Ug = U.cuda();
+  dion::math::dion2_post_masked({X}, {M}, {U}, 0.02f, 0.5f, 0.1f, 0.9f, -2);
+  dion::math::dion2_post_masked({Xg}, {Mg}, {Ug}, 0.02f, 0.5f, 0.1f, 0.9f, -2);
+  EXPECT_LE(max_ulps(Xg.cpu(), X), 1.0);
+  EXPECT_LE(max_ulps(Mg.cpu(), M), 1.0);
 }
 
 // One step of each algorithm on CPU and on the GPU from the same X, G: the updates must agree.
