@@ -14,8 +14,9 @@
 #    Tiny Shakespeare: tokens/s, and MFU = 6 x parameters x tokens/s / the measured matmul peak
 #    (attention flops not counted);
 # then prints one markdown table. Logs and the table go to $OUT (the device machine's output
-# folder), else DION_BUILD_DIR/device_check/. Exit status: the GPU tests' (1 if they failed),
-# else 0; the measurements have no thresholds.
+# folder), else DION_BUILD_DIR/device_check/. A step that fails is named under the table and
+# the rest still run; exit status 1 if any step or the GPU tests failed, else 0 (the
+# measurements have no thresholds).
 # --quick: every dimension / 8 and a tiny model for 5 steps: checks the script, not the numbers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -82,15 +83,16 @@ log "test_cuda: ${tests_summary:-see test_cuda.log} (exit $tests_status)"
 bench_args=(--device "$DEVICE")
 [ "$QUICK" = 1 ] && bench_args+=(--quick --reps 2)
 log "device_bench ${bench_args[*]} (log: device_bench.md)"
+failed=()  # steps that failed: reported in the table, and the exit status is 1
 "$BUILD_DIR/bench/device_bench" "${bench_args[@]}" > "$OUT/device_bench.md" 2> "$OUT/device_bench.err" ||
-  { cat "$OUT/device_bench.err"; log "device_bench FAILED"; exit 1; }
+  { tail -5 "$OUT/device_bench.err"; log "device_bench FAILED (rows so far kept)"; failed+=(device_bench); }
 peak_tflops=$(sed -n 's/^| matmul peak[^|]*| \([0-9.e+-]*\) TFLOP\/s.*/\1/p' "$OUT/device_bench.md")
 
 # ---------------------------------------------------------------------------- dion-train
 DATA=$OUT/shakespeare
 if ! compgen -G "$DATA/fineweb_train_*.bin" > /dev/null; then
   "$BUILD_DIR/dion-data" prepare data/tinyshakespeare/input.txt -o "$DATA" --shard-size 32768 \
-    --tokenizer data/gpt2 --overwrite -q > "$OUT/prepare.log" 2>&1
+    --tokenizer data/gpt2 --overwrite -q > "$OUT/prepare.log" 2>&1 || { log "dion-data prepare FAILED"; failed+=(prepare); }
 fi
 if [ "$QUICK" = 1 ]; then
   train_args=(--model_dim 64 --n_layer 2 --n_head 2 --sequence_length 64 --batch_size 4 --device_batch_size 4
@@ -104,11 +106,12 @@ log "dion-train: configs/dion2_160m.yaml on $DEVICE, $steps steps (log: train.lo
 rm -rf "$OUT/train"
 "$BUILD_DIR/dion-train" --config configs/dion2_160m.yaml --data_dir "$DATA" --device "$DEVICE" \
   --run_dir "$OUT/train" --checkpoint_freq 0 --val_loss_every 0 --log_every 1 "${train_args[@]}" \
-  > "$OUT/train.log" 2>&1 || { tail -20 "$OUT/train.log"; log "dion-train FAILED"; exit 1; }
+  > "$OUT/train.log" 2>&1 || { tail -10 "$OUT/train.log"; log "dion-train FAILED"; failed+=(dion-train); }
 params=$(sed -n 's/.*, \([0-9]*\) parameters;.*/\1/p' "$OUT/train.log" | head -1)
 # tokens/s: the mean of the step lines after the first 5 (warm-up), or all of them when fewer.
 toks=$(grep -o '| [0-9]* tok/s' "$OUT/train.log" | grep -o '[0-9]*' |
-       awk '{v[NR]=$1} END {s=0; n=0; from=(NR>10?6:1); for(i=from;i<=NR;i++){s+=v[i]; n++} if(n) printf "%.0f", s/n}')
+       awk '{v[NR]=$1} END {s=0; n=0; from=(NR>10?6:1); for(i=from;i<=NR;i++){s+=v[i]; n++} if(n) printf "%.0f", s/n}' ||
+       true)
 mfu=$(awk -v p="$params" -v t="$toks" -v peak="$peak_tflops" \
       'BEGIN { if (p > 0 && t > 0 && peak > 0) printf "%.1f%%", 100 * 6 * p * t / (peak * 1e12); else print "n/a" }')
 
@@ -120,9 +123,11 @@ mfu=$(awk -v p="$params" -v t="$toks" -v peak="$peak_tflops" \
   echo "| measurement | value | / matmul peak |"
   echo "|---|---|---|"
   cat "$OUT/device_bench.md"
-  echo "| dion-train dion2 160M$([ "$QUICK" = 1 ] && echo ' (quick: tiny model)'), $steps steps, $params parameters | ${toks:-?} tokens/s | MFU ${mfu} |"
+  echo "| dion-train dion2 160M$([ "$QUICK" = 1 ] && echo ' (quick: tiny model)'), $steps steps, ${params:-?} parameters | ${toks:-?} tokens/s | MFU ${mfu} |"
+  [ ${#failed[@]} -eq 0 ] || echo "FAILED: ${failed[*]} (logs in $OUT)"
 } > "$OUT/table.md"
 echo
 cat "$OUT/table.md"
 log "done in $(( $(date +%s) - start )) s; logs in $OUT"
+[ ${#failed[@]} -eq 0 ] || exit 1
 exit "$tests_status"
