@@ -4,7 +4,7 @@
 // Checks: the environment each rank sees (torchrun's variables, one MASTER_PORT for all), the
 // "[rank R] " prefix on every forwarded line of stdout and stderr (a last line without a newline
 // included), the first failure's exit code, SIGTERM to the siblings and SIGKILL after the grace
-// period for one that ignores SIGTERM, SIGINT / SIGTERM to the launcher forwarded, and no
+// period for one that ignores SIGTERM, SIGINT / SIGTERM / SIGHUP to the launcher forwarded, and no
 // process left behind: every recorded pid is gone (kill(pid, 0) fails with ESRCH) once launch()
 // returns, and kill -9 of the launcher takes its children along (PR_SET_PDEATHSIG). No timing
 // assertions: how each rank ended (exit code or signal) shows what the launcher did.
@@ -228,8 +228,9 @@ TEST_P(LaunchSignal, IsForwardedToEveryRankAndIsTheExitCode) {
   expect_all_gone(pids);  // the launcher reaped them before it exited
 }
 
-INSTANTIATE_TEST_SUITE_P(Signals, LaunchSignal, ::testing::Values(SIGINT, SIGTERM),
-                         [](const auto& info) { return std::string(info.param == SIGINT ? "SIGINT" : "SIGTERM"); });
+INSTANTIATE_TEST_SUITE_P(Signals, LaunchSignal, ::testing::Values(SIGINT, SIGTERM, SIGHUP), [](const auto& info) {
+  return std::string(info.param == SIGINT ? "SIGINT" : info.param == SIGTERM ? "SIGTERM" : "SIGHUP");
+});
 
 TEST(Launch, KillNineOfTheLauncherTakesItsChildrenAlong) {
   // Orphans are re-parented to this process (not init), so that they can be waited for here.
