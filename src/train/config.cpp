@@ -248,7 +248,7 @@ void config_load_yaml(Config& config, const std::filesystem::path& file) {
   if (!root.IsMap())
     throw ConfigError(fmt::format("config file '{}': expected a mapping of key: value lines", file.string()));
   for (const auto& kv : root) {
-    if (!kv.first.IsScalar())  // `? [a]: 1`, `{a: 1}: 2` (found by tests/fuzz/fuzz_config.cpp)
+    if (!kv.first.IsScalar())  // `? [a]: 1`, `{a: 1}: 2` (found with tests/fuzz/fuzz_config.cpp)
       throw ConfigError(fmt::format("config file '{}': line {}: a key must be a plain name, not a YAML list or map",
                                     file.string(), kv.first.Mark().line + 1));
     set_from_node(config, kv.first.Scalar(), kv.second, file.string());
@@ -274,7 +274,7 @@ void config_validate(const Config& c) {
   }
   auto fail = [](const std::string& msg) { throw ConfigError(msg); };
   // The products below must fit in int64 (sequence_length 2^62 x device_batch_size 4 overflowed:
-  // found by tests/fuzz/fuzz_config.cpp).
+  // found with tests/fuzz/fuzz_config.cpp).
   int64_t product = 1;
   for (int64_t factor : {c.device_batch_size, c.sequence_length, c.dp_size, c.fs_size, c.tp_size})
     if (__builtin_mul_overflow(product, factor, &product))
