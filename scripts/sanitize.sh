@@ -34,10 +34,11 @@ t0=$(date +%s)
 "$BUILD/dion_data_tests" --gtest_brief=1
 log "dion_data_tests under ASan+UBSan: passed in $(( $(date +%s) - t0 )) s"
 
-fuzz() {  # target, corpus name
+fuzz() {  # target, corpus name (tests/fuzz/NAME.dict, when there is one, is the dictionary)
   local work; work=$(mktemp -d)
+  local dict=(); [ -f "$ROOT/tests/fuzz/$2.dict" ] && dict=(-dict="$ROOT/tests/fuzz/$2.dict")
   # New inputs go to the scratch folder; the committed corpus is only read.
-  "$BUILD/$1" -max_total_time="$FUZZ_SECONDS" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+  "$BUILD/$1" "${dict[@]}" -max_total_time="$FUZZ_SECONDS" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$BUILD/$1-" "$work" "$ROOT/tests/fuzz/corpus/$2" \
     2>"$BUILD/$1.log" || { tail -40 "$BUILD/$1.log"; rm -rf "$work"; log "$1 FAILED (crash input in $BUILD)"; exit 1; }
   rm -rf "$work"
