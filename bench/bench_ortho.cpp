@@ -25,6 +25,8 @@
 // builds this, runs it and prints the markdown table of docs/benchmarks.md.
 #include <benchmark/benchmark.h>
 
+#include <CLI/CLI.hpp>
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/version.h>
@@ -35,11 +37,11 @@
 #include <ctime>
 #include <map>
 #include <set>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "bench_args.h"
 #include "dion/math/ortho.h"
 
 namespace {
@@ -59,62 +61,6 @@ struct BenchGrid {
   bool cpu_clock = false;  // --clock=cpu
 };
 
-const char* kUsage =
-    "bench_ortho [--sizes=256,512,1024] [--batches=1,4,16] [--shapes=square,wide]\n"
-    "            [--dtypes=fp32,bf16] [--methods=newton_schulz,polar_express] [--threads=N]\n"
-    "            [--clock=wall|cpu]\n"
-    "            [Google Benchmark flags, e.g. --benchmark_filter=REGEX]\n"
-    "  shapes: square (s x s), wide (s/4 x s, 1:4), tall (s x s/4, 4:1)\n"
-    "  every orthogonalizer row is preceded by its matmul baseline row\n"
-    "  --clock=cpu (process CPU time, needs --threads=1) for a machine shared with other work\n";
-
-std::vector<std::string> split_commas(const std::string& list) {
-  std::vector<std::string> items;
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t end = list.find(',', start);
-    if (end == std::string::npos) end = list.size();
-    if (end > start) items.push_back(list.substr(start, end - start));
-    start = end + 1;
-  }
-  return items;
-}
-
-int64_t parse_positive(const std::string& flag, const std::string& text) {
-  size_t used = 0;
-  int64_t value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || value <= 0)
-    throw std::invalid_argument(flag + ": expected a positive integer, got '" + text + "'");
-  return value;
-}
-
-std::vector<int64_t> parse_positive_list(const std::string& flag, const std::string& list) {
-  std::vector<int64_t> values;
-  for (const std::string& item : split_commas(list)) values.push_back(parse_positive(flag, item));
-  if (values.empty()) throw std::invalid_argument(flag + ": empty list");
-  return values;
-}
-
-BenchShape shape_from_string(const std::string& name) {
-  if (name == "square") return BenchShape::SQUARE;
-  if (name == "wide") return BenchShape::WIDE;
-  if (name == "tall") return BenchShape::TALL;
-  throw std::invalid_argument("--shapes: unknown shape '" + name +
-                              "': valid values are square, wide, tall");
-}
-
-at::ScalarType dtype_from_string(const std::string& name) {
-  if (name == "fp32") return at::kFloat;
-  if (name == "bf16") return at::kBFloat16;
-  throw std::invalid_argument("--dtypes: unknown dtype '" + name +
-                              "': valid values are fp32, bf16");
-}
-
 const char* dtype_name(at::ScalarType dtype) { return dtype == at::kFloat ? "fp32" : "bf16"; }
 
 const char* method_name(BenchMethod method) {
@@ -126,58 +72,78 @@ const char* method_name(BenchMethod method) {
   return "?";
 }
 
-// Removes the flags above from argv (the rest goes to benchmark::Initialize).
-BenchGrid grid_from_args(int* argc, char** argv) {
-  BenchGrid grid;
-  int kept = 1;
-  for (int i = 1; i < *argc; ++i) {
-    const std::string arg = argv[i];
-    const size_t eq = arg.find('=');
-    const std::string key = arg.substr(0, eq);
-    const std::string value = eq == std::string::npos ? "" : arg.substr(eq + 1);
-    if (key == "--help" || key == "-h") {
-      std::fputs(kUsage, stdout);
-      argv[kept++] = argv[i];  // Google Benchmark prints its own flags too
-    } else if (key == "--sizes") {
-      grid.sizes = parse_positive_list(key, value);
-    } else if (key == "--batches") {
-      grid.batches = parse_positive_list(key, value);
-    } else if (key == "--shapes") {
-      grid.shapes.clear();
-      for (const std::string& s : split_commas(value)) grid.shapes.push_back(shape_from_string(s));
-    } else if (key == "--dtypes") {
-      grid.dtypes.clear();
-      for (const std::string& s : split_commas(value)) grid.dtypes.push_back(dtype_from_string(s));
-    } else if (key == "--methods") {
-      grid.methods.clear();
-      for (const std::string& s : split_commas(value)) {
-        dion::math::OrthoMethod m = dion::math::ortho_method_from_string(s);
-        grid.methods.push_back(m == dion::math::OrthoMethod::NEWTON_SCHULZ
-                                   ? BenchMethod::NEWTON_SCHULZ
-                                   : BenchMethod::POLAR_EXPRESS);
-      }
-    } else if (key == "--threads") {
-      grid.threads = static_cast<int>(parse_positive(key, value));
-    } else if (key == "--clock") {
-      if (value != "wall" && value != "cpu")
-        throw std::invalid_argument("--clock: unknown clock '" + value +
-                                    "': valid values are wall, cpu");
-      grid.cpu_clock = value == "cpu";
-    } else {
-      argv[kept++] = argv[i];
-    }
+// Parses our flags with CLI11 (a bad value is a usage error naming the flag: exit 2; --help
+// explains each one) and leaves Google Benchmark's flags (--benchmark_*) in `rest`, in order.
+// Returns the exit code to stop with, or -1 to run.
+int grid_from_args(int argc, char** argv, BenchGrid* grid, std::vector<std::string>* rest) {
+  CLI::App app{
+      "Orthogonalization throughput on CPU: dion::math::newton_schulz / polar_express (5 steps)\n"
+      "on a batch [B, m, n], each row preceded by its matmul baseline (the Gram product X X^T).",
+      "bench_ortho"};
+  app.allow_extras();  // Google Benchmark's flags pass through to benchmark::Initialize
+  app.footer(
+      "Shapes for a size s: square s x s, wide s/4 x s (1:4), tall s x s/4 (4:1).\n"
+      "Google Benchmark's own flags pass through, e.g. --benchmark_filter=REGEX,\n"
+      "--benchmark_repetitions=N, --benchmark_format=json (--benchmark_list_tests lists the rows).");
+  const std::map<std::string, BenchShape> shapes = {
+      {"square", BenchShape::SQUARE}, {"wide", BenchShape::WIDE}, {"tall", BenchShape::TALL}};
+  const std::map<std::string, at::ScalarType> dtypes = {{"fp32", at::kFloat},
+                                                        {"bf16", at::kBFloat16}};
+  const std::map<std::string, BenchMethod> methods = {
+      {"newton_schulz", BenchMethod::NEWTON_SCHULZ}, {"polar_express", BenchMethod::POLAR_EXPRESS}};
+  std::vector<std::string> shape_names = {"square", "wide"}, dtype_names = {"fp32", "bf16"},
+                           method_names = {"newton_schulz", "polar_express"};
+  std::string clock = "wall";
+  app.add_option("--sizes", grid->sizes, "Matrix sizes s (comma-separated, each >= 1)")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--batches", grid->batches, "Batch sizes B (comma-separated, each >= 1)")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--shapes", shape_names, "Shapes: square, wide, tall (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(shapes))
+      ->capture_default_str();
+  app.add_option("--dtypes", dtype_names, "Compute dtypes: fp32, bf16 (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(dtypes))
+      ->capture_default_str();
+  app.add_option("--methods", method_names,
+                 "Orthogonalizers: newton_schulz, polar_express (comma-separated)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(methods))
+      ->capture_default_str();
+  app.add_option("--threads", grid->threads,
+                 "LibTorch intra-op threads (default: the hardware threads)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--clock", clock,
+                 "wall: monotonic wall time; cpu: the process's CPU time, for a machine shared "
+                 "with other work (needs --threads=1)")
+      ->check(CLI::IsMember({"wall", "cpu"}))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+    grid->shapes.clear();
+    for (const std::string& name : shape_names) grid->shapes.push_back(shapes.at(name));
+    grid->dtypes.clear();
+    for (const std::string& name : dtype_names) grid->dtypes.push_back(dtypes.at(name));
+    grid->methods.clear();
+    for (const std::string& name : method_names) grid->methods.push_back(methods.at(name));
+    grid->cpu_clock = clock == "cpu";
+    if (grid->cpu_clock && grid->threads != 1)
+      throw CLI::ValidationError("--clock", "cpu sums the CPU time of all threads: pass --threads=1");
+    for (int64_t s : grid->sizes)
+      for (BenchShape shape : grid->shapes)
+        if (shape != BenchShape::SQUARE && s % 4 != 0)
+          throw CLI::ValidationError("--sizes", std::to_string(s) +
+                                     " is not a multiple of 4, needed by the wide and tall shapes");
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
   }
-  *argc = kept;
-  if (grid.shapes.empty() || grid.dtypes.empty() || grid.methods.empty())
-    throw std::invalid_argument("--shapes, --dtypes and --methods need at least one value");
-  if (grid.cpu_clock && grid.threads != 1)
-    throw std::invalid_argument("--clock=cpu sums the CPU time of all threads: pass --threads=1");
-  for (int64_t s : grid.sizes)
-    for (BenchShape shape : grid.shapes)
-      if (shape != BenchShape::SQUARE && s % 4 != 0)
-        throw std::invalid_argument("--sizes: " + std::to_string(s) +
-                                    " is not a multiple of 4, needed by the wide and tall shapes");
-  return grid;
+  *rest = app.remaining();
+  return -1;
 }
 
 // ---------------------------------------------------------------------------- flop model
@@ -292,19 +258,14 @@ void register_grid(const BenchGrid& grid) {
 
 int main(int argc, char** argv) {
   BenchGrid grid;
-  try {
-    grid = grid_from_args(&argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_ortho: %s\n%s", e.what(), kUsage);
-    return 2;
-  }
+  std::vector<std::string> rest;
+  if (const int code = grid_from_args(argc, argv, &grid, &rest); code >= 0) return code;
+  if (!init_benchmark(argv[0], rest, "bench_ortho")) return 2;
   const unsigned hw = std::thread::hardware_concurrency();
   at::set_num_threads(grid.threads > 0 ? grid.threads : static_cast<int>(hw > 0 ? hw : 1));
   g_cpu_clock = grid.cpu_clock;
   register_grid(grid);
 
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::AddCustomContext("torch_version", TORCH_VERSION);
   benchmark::AddCustomContext("torch_threads", std::to_string(at::get_num_threads()));
   benchmark::AddCustomContext("bench_clock", grid.cpu_clock ? "cpu" : "wall");

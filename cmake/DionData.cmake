@@ -8,6 +8,8 @@
 #   dion_data_tests  GoogleTest suite (tests/data_tools), with DION_BUILD_TESTS
 #   bench_tokenizer  Google Benchmark (bench/tokenizer), with DION_BUILD_BENCH and benchmark found
 #   fuzz_shard_header, fuzz_tokenizer  libFuzzer targets (tests/fuzz), with DION_FUZZ (clang)
+#   fuzz_config      libFuzzer target of dion-train's config parser (src/train/config.cpp has
+#                    no LibTorch dependency), with DION_FUZZ
 #   DION_SANITIZE    option: build everything here with ASan + UBSan (scripts/sanitize.sh)
 #   DION_SHARED_DATA_DIR  cache path: the read-only ../shared/data the tests read (GPT-2 files,
 #                         Tiny Shakespeare); tests that need it skip when it is absent
@@ -97,6 +99,15 @@ if(DION_FUZZ)
     target_link_options(${_fuzz} PRIVATE -fsanitize=fuzzer)
   endforeach()
   target_compile_definitions(fuzz_tokenizer PRIVATE DION_SHARED_DATA_DIR="${DION_SHARED_DATA_DIR}")
+  # dion-train's config parser: src/train/config.cpp needs yaml-cpp, CLI11 and fmt but not
+  # LibTorch, so it is compiled into its fuzz target here, where the sanitizer build has no torch.
+  find_package(yaml-cpp REQUIRED)  # libyaml-cpp-dev
+  add_executable(fuzz_config ${DION_DATA_ROOT}/tests/fuzz/fuzz_config.cpp
+                             ${DION_DATA_ROOT}/src/train/config.cpp)
+  target_include_directories(fuzz_config PRIVATE ${DION_DATA_ROOT}/include)
+  target_link_libraries(fuzz_config PRIVATE yaml-cpp CLI11::CLI11 fmt::fmt dion_warnings)
+  target_compile_options(fuzz_config PRIVATE -fsanitize=fuzzer)
+  target_link_options(fuzz_config PRIVATE -fsanitize=fuzzer)
 endif()
 
 # ---------------------------------------------------------------------------- benchmark
@@ -104,9 +115,18 @@ if(DION_BUILD_BENCH)
   find_package(benchmark QUIET)  # libbenchmark-dev
   if(benchmark_FOUND)
     add_executable(bench_tokenizer ${DION_DATA_ROOT}/bench/tokenizer/bench_tokenizer.cpp)
-    target_link_libraries(bench_tokenizer PRIVATE dion_data benchmark::benchmark dion_warnings)
+    target_link_libraries(bench_tokenizer PRIVATE dion_data benchmark::benchmark CLI11::CLI11
+                                                  dion_warnings)
     target_compile_definitions(bench_tokenizer PRIVATE
       DION_SHARED_DATA_DIR="${DION_SHARED_DATA_DIR}")
+    if(DION_BUILD_TESTS)
+      dion_add_usage_tests(PREFIX bench_tokenizer TARGET bench_tokenizer
+        BAD "text_missing|--text /nonexistent/input.txt|--text"
+            "tokenizer_missing|--tokenizer /nonexistent/gpt2|--tokenizer"
+            "gpt2_dir_is_gone|--gpt2-dir x|--gpt2-dir"
+            "benchmark_flag_value|--benchmark_repetitions=abc|--benchmark_repetitions=abc"
+        HELP "--text[^\n]*\n?[^\n]*Text file.*--tokenizer[^\n]*\n?[^\n]*GPT-2 tokenizer files.*--benchmark_filter")
+    endif()
   else()
     message(STATUS "dion: Google Benchmark not found; bench_tokenizer is not built")
   endif()

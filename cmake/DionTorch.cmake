@@ -4,11 +4,19 @@ if(DION_DATA_ONLY)
   return()
 endif()
 
-# Name the CUDA architectures up front (H100/H200 = 9.0): otherwise torch's CMake config tries
-# to detect the installed GPUs by compiling and running a CUDA program, which fails here.
+# CUDA architectures of our kernels: torch's own list (the wheel's torch._C._cuda_getArchFlags(),
+# e.g. sm_75 ... sm_120) plus sm_90 (H100/H200), as real code, and PTX of the newest for GPUs
+# after it. DION_CUDA_ARCHITECTURES overrides (CMake's CUDA_ARCHITECTURES syntax, e.g. "90-real").
+# They are set on the target (CUDA_ARCHITECTURES below): torch's CMake ignores
+# CMAKE_CUDA_ARCHITECTURES and puts -gencode flags for TORCH_CUDA_ARCH_LIST into CMAKE_CUDA_FLAGS
+# instead, which are removed there so that the target property is the one list. TORCH_CUDA_ARCH_LIST
+# is still named up front: otherwise torch's CMake config tries to detect the installed GPUs by
+# compiling and running a CUDA program, which fails on a machine without one.
 if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
-  set(TORCH_CUDA_ARCH_LIST "9.0" CACHE STRING "CUDA architectures for CUDA sources")
+  set(TORCH_CUDA_ARCH_LIST "9.0" CACHE STRING "CUDA architectures torch's CMake is told (see DION_CUDA_ARCHITECTURES)")
 endif()
+set(DION_CUDA_ARCHITECTURES "" CACHE STRING
+    "CUDA_ARCHITECTURES of the dion kernels (empty: torch's architectures plus 90)")
 set(CMAKE_CUDA_STANDARD 17)
 include(${CMAKE_CURRENT_LIST_DIR}/DionFindTorch.cmake)  # find_package(Torch), asking python3 if needed
 message(STATUS "dion: LibTorch ${Torch_VERSION} (${TORCH_INSTALL_PREFIX})")
@@ -74,6 +82,7 @@ add_library(dion
   src/optim/agreement.cpp
   src/optim/state_layout.cpp
   src/optim/checkpoint.cpp
+  src/optim/cuda_graph.cpp
   src/cuda/fused.cpp)
 target_include_directories(dion PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
 # Position-independent: the Python module links this library into a shared object.
@@ -83,11 +92,35 @@ target_include_directories(dion SYSTEM PUBLIC ${_torch_inc})
 target_precompile_headers(dion PRIVATE <ATen/ATen.h>)
 if(DION_HAVE_CUDA)
   enable_language(CUDA)
-  set(CMAKE_CUDA_ARCHITECTURES 90)  # H100 / H200
+  set(_dion_archs "${DION_CUDA_ARCHITECTURES}")
+  if(NOT _dion_archs)
+    set(_dion_sm "")
+    if(Python3_EXECUTABLE)  # the wheel's list; a LibTorch without Python: 75 80 86 90 100 120
+      execute_process(COMMAND "${Python3_EXECUTABLE}" -c "import torch; print(torch._C._cuda_getArchFlags())"
+                      RESULT_VARIABLE _rc OUTPUT_VARIABLE _dion_sm ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
+      if(NOT _rc EQUAL 0)
+        set(_dion_sm "")
+      endif()
+    endif()
+    if(NOT _dion_sm)
+      set(_dion_sm "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120")
+    endif()
+    string(REGEX MATCHALL "sm_[0-9]+" _dion_sm "${_dion_sm}")
+    string(REPLACE "sm_" "" _dion_sm "${_dion_sm}")
+    list(APPEND _dion_sm 90)
+    list(REMOVE_DUPLICATES _dion_sm)
+    list(SORT _dion_sm COMPARE NATURAL)
+    list(GET _dion_sm -1 _dion_newest)
+    list(TRANSFORM _dion_sm APPEND "-real" OUTPUT_VARIABLE _dion_archs)
+    list(APPEND _dion_archs "${_dion_newest}-virtual")
+  endif()
+  # torch's -gencode flags would compile a second, different list: the target property decides.
+  string(REGEX REPLACE "-gencode +arch=compute_[0-9a-z]+,code=[a-z_0-9]+" "" CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS}")
   target_sources(dion PRIVATE src/cuda/fused_kernels.cu)
   set_source_files_properties(src/cuda/fused_kernels.cu PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+  set_target_properties(dion PROPERTIES CUDA_ARCHITECTURES "${_dion_archs}")
   target_compile_definitions(dion PUBLIC DION_HAVE_CUDA)
-  message(STATUS "dion: CUDA kernels enabled (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, sm_90)")
+  message(STATUS "dion: CUDA kernels enabled (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, CUDA_ARCHITECTURES ${_dion_archs})")
 endif()
 
 # The optimizer's Distribution over dion_comm: DDP / FSDP / FSDP x TP / HSDP layouts.

@@ -6,7 +6,9 @@
 #   dion_train        static library (include/dion/train, src/train): config, GPT, loader,
 #                     optimizer setup, checkpoints, metrics, the loop
 #   dion-train        the program (tools/dion-train)
+#   dion_launch       static library: the local launcher of `dion-train --nproc N` (launch.cpp)
 #   dion_train_tests  GoogleTest suite (tests/train), with DION_BUILD_TESTS; label "train"
+#   dion_launch_tests GoogleTest suite of the launcher (tests/tools), with launch_child
 if(NOT TARGET dion_data)
   message(STATUS "dion: the data tools are off (DION_SKIP_DATA): dion-train is not built")
   return()
@@ -37,11 +39,15 @@ target_compile_definitions(dion_train PUBLIC FMT_HEADER_ONLY)
 target_precompile_headers(dion_train REUSE_FROM dion_pch)
 set_source_files_properties(${DION_TRAIN_ROOT}/src/train/config.cpp PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
 
+# The local launcher of `dion-train --nproc N` (no LibTorch; its own test runs it on a stub child).
+add_library(dion_launch STATIC ${DION_TRAIN_ROOT}/tools/dion-train/launch.cpp)
+target_link_libraries(dion_launch PRIVATE dion_warnings)
+
 dion_executable(dion-train
   ${DION_TRAIN_ROOT}/tools/dion-train/main.cpp
   ${DION_TRAIN_ROOT}/tools/dion-train/sample.cpp
   ${DION_TRAIN_ROOT}/tools/dion-train/export.cpp)
-target_link_libraries(dion-train PRIVATE dion_train CLI11::CLI11)
+target_link_libraries(dion-train PRIVATE dion_train dion_launch CLI11::CLI11)
 target_compile_definitions(dion-train PRIVATE
   DION_SOURCE_DIR="${DION_TRAIN_ROOT}"
   DION_TRAIN_PLOT_SCRIPT="${DION_TRAIN_ROOT}/tools/dion-train/plot.py")
@@ -59,6 +65,23 @@ if(DION_BUILD_TESTS)
     DION_SOURCE_DIR="${DION_TRAIN_ROOT}"
     DION_TRAIN_EXE="$<TARGET_FILE:dion-train>")
   add_dependencies(dion_train_tests dion-train)
+  # The launcher, on tests/tools/launch_child.cpp as the ranks (multi-process: one at a time).
+  add_executable(launch_child ${DION_TRAIN_ROOT}/tests/tools/launch_child.cpp)
+  target_link_libraries(launch_child PRIVATE dion_warnings)
+  add_executable(dion_launch_tests ${DION_TRAIN_ROOT}/tests/tools/test_launch.cpp)
+  target_link_libraries(dion_launch_tests PRIVATE dion_launch GTest::gtest GTest::gtest_main dion_warnings)
+  target_compile_definitions(dion_launch_tests PRIVATE LAUNCH_CHILD_EXE="$<TARGET_FILE:launch_child>")
+  add_dependencies(dion_launch_tests launch_child)
+  gtest_discover_tests(dion_launch_tests
+    DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
+    PROPERTIES LABELS train TIMEOUT 120 RESOURCE_LOCK multiprocess)
+  dion_add_usage_tests(PREFIX dion_train TARGET dion-train
+    BAD "nproc_zero|--nproc 0|--nproc"
+        "nproc_text|--nproc abc|--nproc"
+        "nproc_missing|--nproc|--nproc"
+        "nproc_bad_key|--nproc 2 --lr fast|key .lr.: value .fast. is not a number"
+    HELP "--nproc N")
+
   gtest_discover_tests(dion_train_tests
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60

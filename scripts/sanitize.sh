@@ -2,7 +2,9 @@
 # dion-cpp: the data library under the sanitizers (issue 13). Builds the data tools alone (no
 # LibTorch) with clang + AddressSanitizer + UndefinedBehaviorSanitizer in build-sanitize/, runs
 # dion_data_tests there (any leak, overflow or undefined behaviour fails), then each libFuzzer
-# target for DION_FUZZ_SECONDS (default 20) from the small committed corpus in tests/fuzz/corpus.
+# target for DION_FUZZ_SECONDS (default 20) from the small committed corpus in tests/fuzz/corpus:
+# the shard header, the tokenizer, and dion-train's config parser (src/train/config.cpp, built
+# into fuzz_config without LibTorch).
 # scripts/test.sh runs it after ctest (DION_SKIP_SANITIZE=1 skips it). About 3 minutes on 2 cores.
 #
 #   scripts/sanitize.sh                    # build + tests + fuzz
@@ -23,7 +25,7 @@ if [ ! -f "$BUILD/build.ninja" ]; then
     -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DDION_DATA_ONLY=ON -DDION_BUILD_BENCH=OFF \
     -DDION_WERROR=OFF -DDION_SANITIZE=ON -DDION_FUZZ=ON >/dev/null
 fi
-cmake --build "$BUILD" -j "$(nproc)" --target dion-data dion_data_tests fuzz_shard_header fuzz_tokenizer
+cmake --build "$BUILD" -j "$(nproc)" --target dion-data dion_data_tests fuzz_shard_header fuzz_tokenizer fuzz_config
 log "built in $(( $(date +%s) - start )) s"
 
 export ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:check_initialization_order=1
@@ -32,16 +34,18 @@ t0=$(date +%s)
 "$BUILD/dion_data_tests" --gtest_brief=1
 log "dion_data_tests under ASan+UBSan: passed in $(( $(date +%s) - t0 )) s"
 
-fuzz() {  # target, corpus name
+fuzz() {  # target, corpus name (tests/fuzz/NAME.dict, when there is one, is the dictionary)
   local work; work=$(mktemp -d)
+  local dict=(); [ -f "$ROOT/tests/fuzz/$2.dict" ] && dict=(-dict="$ROOT/tests/fuzz/$2.dict")
   # New inputs go to the scratch folder; the committed corpus is only read.
-  "$BUILD/$1" -max_total_time="$FUZZ_SECONDS" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+  "$BUILD/$1" "${dict[@]}" -max_total_time="$FUZZ_SECONDS" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$BUILD/$1-" "$work" "$ROOT/tests/fuzz/corpus/$2" \
     2>"$BUILD/$1.log" || { tail -40 "$BUILD/$1.log"; rm -rf "$work"; log "$1 FAILED (crash input in $BUILD)"; exit 1; }
   rm -rf "$work"
   log "$1: $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$BUILD/$1.log" | grep -o '[0-9]*$') runs in ${FUZZ_SECONDS} s, no crash"
 }
 fuzz fuzz_shard_header shard_header
+fuzz fuzz_config config
 gpt2=${DION_GPT2_DIR:-$ROOT/../shared/data/gpt2}
 if [ -f "$gpt2/encoder.json" ] && [ -f "$gpt2/vocab.bpe" ]; then
   DION_GPT2_DIR=$gpt2 fuzz fuzz_tokenizer tokenizer

@@ -42,6 +42,25 @@ else
   log "python packages present (torch $have_torch)"
 fi
 
+# ---------------------------------------------------------------------------- nvcc
+# The CUDA kernels (src/cuda) are compiled and linked whenever torch has CUDA and nvcc is found,
+# GPU or not (CI compiles the CUDA variant on every run). A fresh machine has no nvcc: install
+# the CUDA compiler from NVIDIA's wheels for torch's CUDA version (nvcc, its front end crt, nvvm,
+# the runtime headers, cccl, culibos: about 150 MB, once) into DION_CUDA_DIR.
+CUDA_CMAKE_ARGS=()
+torch_cuda=$($PYTHON -c 'import torch; print(torch.version.cuda or "")')
+if [ -n "$torch_cuda" ] && ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  CUDA_DIR=${DION_CUDA_DIR:-$HOME/.cache/dion-cuda-$torch_cuda}
+  if [ ! -x "$CUDA_DIR/nvidia/cu${torch_cuda%%.*}/bin/nvcc" ]; then
+    log "installing nvcc for CUDA $torch_cuda into $CUDA_DIR (NVIDIA's wheels)"
+    v="==$torch_cuda.*"
+    $PYTHON -m pip install -q --no-deps --target "$CUDA_DIR" "nvidia-cuda-nvcc$v" "nvidia-cuda-crt$v" \
+      "nvidia-nvvm$v" "nvidia-cuda-runtime$v" "nvidia-cuda-cccl$v" "nvidia-cuda-culibos$v"
+    ln -sfn lib "$CUDA_DIR/nvidia/cu${torch_cuda%%.*}/lib64"
+  fi
+  CUDA_CMAKE_ARGS=(-DCMAKE_CUDA_COMPILER="$CUDA_DIR/nvidia/cu${torch_cuda%%.*}/bin/nvcc")
+fi
+
 [ "${DION_SKIP_BUILD:-0}" = "1" ] && exit 0
 
 # ---------------------------------------------------------------------------- configure + build
@@ -55,8 +74,11 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja \
     -DCMAKE_BUILD_TYPE=${DION_BUILD_TYPE:-Release} \
     -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" \
-    -DPython3_EXECUTABLE="$(command -v $PYTHON)"
+    -DPython3_EXECUTABLE="$(command -v $PYTHON)" "${CUDA_CMAKE_ARGS[@]}"
 fi
+grep -q '^CMAKE_CUDA_COMPILER:.*nvcc' "$BUILD_DIR/CMakeCache.txt" &&
+  log "CUDA kernels: compiled ($(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt"))" ||
+  log "CUDA kernels: NOT compiled (torch without CUDA, or no nvcc)"
 log "building (ninja, $(nproc) jobs)"
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 log "done: binaries in $BUILD_DIR"

@@ -1,18 +1,20 @@
 // bench/tokenizer/bench_tokenizer.cpp — GPT-2 tokenizer throughput (Google Benchmark).
 //
-//   bench_tokenizer [--text FILE] [--gpt2-dir DIR] [benchmark flags]
+//   bench_tokenizer [--text FILE] [--tokenizer DIR] [benchmark flags]
 // Defaults: ../shared/data/tinyshakespeare/input.txt and ../shared/data/gpt2. Reports bytes/s
 // of the input text for: encode with a fresh tokenizer per run (empty word cache, what a
 // one-shot `dion-data prepare` sees), encode with a warm cache, and decode. Single thread.
 // bench/tokenizer/compare.py runs this next to tiktoken on the same text.
 #include <benchmark/benchmark.h>
 
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
 
+#include "../bench_args.h"
 #include "dion/data/tokenizer.h"
 
 namespace {
@@ -51,19 +53,27 @@ BENCHMARK(BM_Decode)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 }  // namespace
 
 int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
   std::string text_path = DION_SHARED_DATA_DIR "/tinyshakespeare/input.txt";
   std::string gpt2_dir = DION_SHARED_DATA_DIR "/gpt2";
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--text") == 0 && i + 1 < argc) {
-      text_path = argv[++i];
-    } else if (std::strcmp(argv[i], "--gpt2-dir") == 0 && i + 1 < argc) {
-      gpt2_dir = argv[++i];
-    } else {
-      std::fprintf(stderr, "bench_tokenizer: unknown argument %s\n", argv[i]);
-      return 2;
-    }
+  CLI::App app{"GPT-2 tokenizer throughput, single thread: encode with a cold and a warm word\n"
+               "cache, and decode, in bytes of input text per second.",
+               "bench_tokenizer"};
+  app.allow_extras();  // Google Benchmark's flags pass through to benchmark::Initialize
+  app.footer("Google Benchmark's own flags pass through, e.g. --benchmark_filter=REGEX,\n"
+             "--benchmark_format=json. bench/tokenizer/compare.py runs this beside tiktoken.");
+  app.add_option("--text", text_path, "Text file to tokenize")
+      ->check(CLI::ExistingFile)
+      ->capture_default_str();
+  app.add_option("--tokenizer", gpt2_dir,
+                 "Folder with the GPT-2 tokenizer files encoder.json and vocab.bpe (as dion-data)")
+      ->check(CLI::ExistingDirectory)
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
   }
+  if (!init_benchmark(argv[0], app.remaining(), "bench_tokenizer")) return 2;
   std::ifstream in(text_path, std::ios::binary);
   if (!in) {
     std::fprintf(stderr, "bench_tokenizer: cannot read %s (pass --text FILE)\n", text_path.c_str());

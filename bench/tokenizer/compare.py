@@ -6,7 +6,7 @@ Runs bench_tokenizer (Google Benchmark, single thread) and tiktoken's gpt2 encod
 same ids, and prints MB/s (decimal megabytes of input text per second) and the ratio.
 
   python3 bench/tokenizer/compare.py --bench build/bench_tokenizer \
-      [--text ../shared/data/tinyshakespeare/input.txt] [--gpt2-dir ../shared/data/gpt2] [--repeat 10]
+      [--text ../shared/data/tinyshakespeare/input.txt] [--tokenizer ../shared/data/gpt2] [--repeat 10]
 
 Needs `pip install tiktoken` (a dev-time tool, like scripts/make_tokenizer_vectors.py).
 """
@@ -41,7 +41,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bench", required=True, help="path to the built bench_tokenizer")
     p.add_argument("--text", default=os.path.join(REPO, "..", "shared", "data", "tinyshakespeare", "input.txt"))
-    p.add_argument("--gpt2-dir", default=os.path.join(REPO, "..", "shared", "data", "gpt2"))
+    p.add_argument("--tokenizer", dest="gpt2_dir", default=os.path.join(REPO, "..", "shared", "data", "gpt2"),
+                   help="folder with the GPT-2 files encoder.json and vocab.bpe (as dion-data --tokenizer)")
     p.add_argument("--repeat", type=int, default=10, help="tiktoken runs (median reported)")
     args = p.parse_args()
 
@@ -71,7 +72,7 @@ def main():
         same = [int(x) for x in r.stdout.split()] == want
     else:
         same = None
-    r = subprocess.run([args.bench, "--text", args.text, "--gpt2-dir", args.gpt2_dir,
+    r = subprocess.run([args.bench, "--text", args.text, "--tokenizer", args.gpt2_dir,
                         "--benchmark_format=json"], capture_output=True, text=True, check=True)
     ours = {b["name"].split("/")[0]: b["bytes_per_second"] / 1e6 for b in json.loads(r.stdout)["benchmarks"]}
 

@@ -14,10 +14,38 @@
 namespace dion::cuda::detail {
 cudaError_t decay_and_update(void* x, bool x_bf16, const void* u, bool u_bf16, int64_t n, float decay, float neg_lr,
                              cudaStream_t stream);
+cudaError_t momentum(void* m, bool m_bf16, const void* g, bool g_bf16, void* u, bool u_bf16, int64_t n, float mu,
+                     bool nesterov, bool write_u, cudaStream_t stream);
 }  // namespace dion::cuda::detail
 #endif
 
 namespace dion::cuda {
+
+namespace {
+
+bool float_or_bf16(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
+}
+
+void check_pair(const char* fn, const char* a_name, const at::Tensor& A, const char* b_name, const at::Tensor& B) {
+  TORCH_CHECK(A.is_cuda() && B.is_cuda() && A.device() == B.device(), fn, ": ", a_name, " and ", b_name,
+              " must be CUDA tensors on one device, got ", A.device(), " and ", B.device());
+  TORCH_CHECK(A.sizes() == B.sizes(), fn, ": shapes differ: ", a_name, " ", A.sizes(), ", ", b_name, " ", B.sizes());
+  TORCH_CHECK(A.is_contiguous() && B.is_contiguous(), fn, ": ", a_name, " and ", b_name, " must be contiguous");
+  TORCH_CHECK(float_or_bf16(A) && float_or_bf16(B), fn, ": dtypes must be float32 or bfloat16, got ", A.scalar_type(),
+              " and ", B.scalar_type());
+}
+
+#ifdef DION_HAVE_CUDA
+bool bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
+#else
+[[noreturn]] void no_kernels(const char* fn) {
+  throw std::runtime_error(std::string(fn) +
+                           ": dion-cpp was built without CUDA kernels (torch without CUDA or no nvcc)");
+}
+#endif
+
+}  // namespace
 
 bool available() {
 #ifdef DION_HAVE_CUDA
@@ -27,23 +55,37 @@ bool available() {
 #endif
 }
 
-void decay_and_update_(at::Tensor& X, const at::Tensor& U, float decay, float neg_lr) {
-  TORCH_CHECK(X.is_cuda() && U.is_cuda(), "decay_and_update_: X and U must be CUDA tensors, got ", X.device(),
-              " and ", U.device());
-  TORCH_CHECK(X.sizes() == U.sizes(), "decay_and_update_: shapes differ: X ", X.sizes(), ", U ", U.sizes());
-  TORCH_CHECK(X.is_contiguous() && U.is_contiguous(), "decay_and_update_: X and U must be contiguous");
-  auto ok = [](at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16; };
-  TORCH_CHECK(ok(X.scalar_type()) && ok(U.scalar_type()), "decay_and_update_: dtypes must be float32 or bfloat16, got ",
-              X.scalar_type(), " and ", U.scalar_type());
+bool fusable(const at::Tensor& A, const at::Tensor& B) {
+  return available() && A.defined() && B.defined() && A.is_cuda() && B.is_cuda() && A.device() == B.device() &&
+         A.sizes() == B.sizes() && A.is_contiguous() && B.is_contiguous() && float_or_bf16(A) && float_or_bf16(B);
+}
+
+void decay_and_update_(const at::Tensor& X, const at::Tensor& U, float decay, float neg_lr) {
+  check_pair("decay_and_update_", "X", X, "U", U);
 #ifdef DION_HAVE_CUDA
-  const cudaError_t err = detail::decay_and_update(X.data_ptr(), X.scalar_type() == at::kBFloat16, U.data_ptr(),
-                                                   U.scalar_type() == at::kBFloat16, X.numel(), decay, neg_lr,
-                                                   c10::cuda::getCurrentCUDAStream(X.device().index()).stream());
+  const cudaError_t err =
+      detail::decay_and_update(X.data_ptr(), bf16(X), U.data_ptr(), bf16(U), X.numel(), decay, neg_lr,
+                               c10::cuda::getCurrentCUDAStream(X.device().index()).stream());
   TORCH_CHECK(err == cudaSuccess, "decay_and_update_: CUDA error: ", cudaGetErrorString(err));
 #else
   (void)decay;
   (void)neg_lr;
-  throw std::runtime_error("decay_and_update_: dion-cpp was built without CUDA kernels (torch without CUDA or no nvcc)");
+  no_kernels("decay_and_update_");
+#endif
+}
+
+void momentum_(const at::Tensor& M, const at::Tensor& G, const at::Tensor& U, float mu, bool nesterov) {
+  check_pair("momentum_", "M", M, "G", G);
+  if (U.defined()) check_pair("momentum_", "M", M, "U", U);
+#ifdef DION_HAVE_CUDA
+  const cudaError_t err = detail::momentum(M.data_ptr(), bf16(M), G.data_ptr(), bf16(G),
+                                           U.defined() ? U.data_ptr() : nullptr, U.defined() && bf16(U), M.numel(),
+                                           mu, nesterov, U.defined(), c10::cuda::getCurrentCUDAStream(M.device().index()).stream());
+  TORCH_CHECK(err == cudaSuccess, "momentum_: CUDA error: ", cudaGetErrorString(err));
+#else
+  (void)mu;
+  (void)nesterov;
+  no_kernels("momentum_");
 #endif
 }
 

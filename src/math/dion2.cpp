@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "dion/cuda/fused.h"
 #include "scalar_tensor.h"
 
 #include <algorithm>
@@ -122,13 +123,21 @@ void dion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList U, flo
                        float weight_decay, float ef_decay, int64_t select_dim) {
   const int64_t norm_dim = select_dim == -2 ? -1 : -2;
   const at::Tensor decay = f32(1.0f - lr * weight_decay);
-  for (const at::Tensor& x : X) x.mul_(decay);
   const at::Tensor neg_lr = f32(-adjusted_lr);
   for (size_t i = 0; i < X.size(); ++i) {
+    // On the GPU, decay and update in one kernel, bit-identical to the two ops below — except
+    // for bf16 X with float32 U, where the ops round the product to bf16 before the add.
+    const bool fused = cuda::fusable(X[i], U[i]) &&
+                       !(X[i].scalar_type() == at::kBFloat16 && U[i].scalar_type() == at::kFloat);
+    if (!fused) X[i].mul_(decay);
     at::Tensor sel = U[i].to(at::kFloat).abs().sum(norm_dim, /*keepdim=*/true) > 0;
     at::Tensor ef = f32(ef_decay).to(M[i].scalar_type());
     M[i].mul_(at::where(sel, ef, at::ones({}, M[i].options())));
-    X[i].add_((neg_lr * U[i]).to(X[i].scalar_type()));
+    if (fused) {
+      cuda::decay_and_update_(X[i], U[i], 1.0f - lr * weight_decay, -adjusted_lr);
+    } else {
+      X[i].add_((neg_lr * U[i]).to(X[i].scalar_type()));
+    }
   }
 }
 

@@ -230,6 +230,10 @@ void config_set(Config& config, const std::string& key, const std::string& value
 }
 
 void config_load_yaml(Config& config, const std::filesystem::path& file) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(file, ec))  // (libstdc++ opens a folder, then fails to read it)
+    throw ConfigError(fmt::format("config file '{}': is a folder; give a YAML file (e.g. configs/shakespeare_dion2.yaml)",
+                                  file.string()));
   YAML::Node root;
   try {
     root = YAML::LoadFile(file.string());
@@ -237,11 +241,18 @@ void config_load_yaml(Config& config, const std::filesystem::path& file) {
     throw ConfigError(fmt::format("config file '{}': cannot be read (does it exist?)", file.string()));
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("config file '{}': not valid YAML: {}", file.string(), e.what()));
+  } catch (const std::exception& e) {  // a read error of the stream
+    throw ConfigError(fmt::format("config file '{}': cannot be read: {}", file.string(), e.what()));
   }
   if (root.IsNull()) return;  // empty file
   if (!root.IsMap())
     throw ConfigError(fmt::format("config file '{}': expected a mapping of key: value lines", file.string()));
-  for (const auto& kv : root) set_from_node(config, kv.first.as<std::string>(), kv.second, file.string());
+  for (const auto& kv : root) {
+    if (!kv.first.IsScalar())  // `? [a]: 1`, `{a: 1}: 2` (found with tests/fuzz/fuzz_config.cpp)
+      throw ConfigError(fmt::format("config file '{}': line {}: a key must be a plain name, not a YAML list or map",
+                                    file.string(), kv.first.Mark().line + 1));
+    set_from_node(config, kv.first.Scalar(), kv.second, file.string());
+  }
 }
 
 int64_t Config::val_steps() const {
@@ -262,6 +273,14 @@ void config_validate(const Config& c) {
       throw ConfigError(fmt::format("key '{}': value '{}' is invalid; valid: {}", k.name, value_text(c, k.field), valid));
   }
   auto fail = [](const std::string& msg) { throw ConfigError(msg); };
+  // The products below must fit in int64 (sequence_length 2^62 x device_batch_size 4 overflowed:
+  // found with tests/fuzz/fuzz_config.cpp).
+  int64_t product = 1;
+  for (int64_t factor : {c.device_batch_size, c.sequence_length, c.dp_size, c.fs_size, c.tp_size})
+    if (__builtin_mul_overflow(product, factor, &product))
+      fail(fmt::format("device_batch_size {} x sequence_length {} x dp_size {} x fs_size {} x tp_size {} is larger "
+                       "than 2^63: one of them is far too large",
+                       c.device_batch_size, c.sequence_length, c.dp_size, c.fs_size, c.tp_size));
   if (c.dp_size != 1 || c.fs_size != 1 || c.tp_size != 1)
     fail(fmt::format("dp_size {}, fs_size {}, tp_size {}: parallel layouts: not yet (issue 10); use 1, 1, 1",
                      c.dp_size, c.fs_size, c.tp_size));
@@ -366,6 +385,8 @@ std::string config_help() {
   os << "dion-train: train the reference's GPT with a dion optimizer (docs/train.md)\n\n"
         "usage:\n"
         "  dion-train [--config FILE.yaml] [--key value ...]   train (command-line values override the file)\n"
+        "  dion-train --nproc N [--config FILE.yaml] [...]     train in N local processes (as torchrun\n"
+        "                                                      --nproc_per_node N; docs/train.md \"Launching\")\n"
         "  dion-train plot RUN_DIR... -o curves.png             loss curves of runs in one PNG\n"
         "  dion-train sample --checkpoint DIR --prompt TEXT     generate text from a checkpoint\n\n"
         "keys (YAML file or --key value; booleans also as a bare --key):\n";

@@ -34,6 +34,16 @@ Config parse(std::vector<std::string> args) {
   return config_parse(int(argv.size()), argv.data());
 }
 
+// The ConfigError's message of parsing `args`, or "(no error)".
+std::string error_of(std::vector<std::string> args) {
+  try {
+    parse(std::move(args));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 // The reference's number: sum(p.numel() for p in GPT(GPTConfig(sequence_len=1024,
 // vocab_size=50304, n_layer=12, n_head=6, n_embd=768)).parameters()) on the meta device.
 constexpr int64_t kReference160MParams = 162201600;
@@ -94,14 +104,6 @@ TEST(TrainConfig, CommandLineOverridesTheFile) {
 }
 
 TEST(TrainConfig, BadValuesNameTheKeyTheValueAndWhatIsValid) {
-  auto error_of = [](std::vector<std::string> args) -> std::string {
-    try {
-      parse(std::move(args));
-    } catch (const ConfigError& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
   EXPECT_NE(error_of({"--lr", "fast"}).find("key 'lr': value 'fast' is not a number"), std::string::npos);
   EXPECT_NE(error_of({"--n_layer", "2.5"}).find("key 'n_layer': value '2.5' is not an integer"), std::string::npos);
   EXPECT_NE(error_of({"--debug", "maybe"}).find("key 'debug': value 'maybe' is not a boolean"), std::string::npos);
@@ -115,6 +117,26 @@ TEST(TrainConfig, BadValuesNameTheKeyTheValueAndWhatIsValid) {
   EXPECT_NE(error_of({"--checkpoint_freq", "10"}).find("needs checkpoint_dir"), std::string::npos);
   EXPECT_NE(error_of({"--val_tokens", "1000"}).find("key 'val_tokens'"), std::string::npos);
   EXPECT_NE(error_of({"--config", "/nonexistent.yaml"}).find("cannot be read"), std::string::npos);
+}
+
+// Three inputs tests/fuzz/fuzz_config.cpp found: a YAML key that is a list or map (was: yaml-cpp's
+// "bad conversion" escaping as a non-ConfigError, exit 1), a folder as --config (was: libstdc++'s
+// "basic_filebuf::underflow", exit 1), and sizes whose product overflows int64 in the checks
+// (was: undefined behaviour, then a nonsense message or none).
+TEST(TrainConfig, FuzzFindingsAreConfigErrors) {
+  test::TempDir tmp("config_fuzz");
+  for (const char* text : {"? [a]\n: 1\n", "{a: 1}: 2\n"}) {
+    {
+      std::ofstream f(tmp / "key.yaml");
+      f << text;
+    }
+    EXPECT_NE(error_of({"--config", (tmp / "key.yaml").string()}).find("line 1: a key must be a plain name"),
+              std::string::npos) << text;
+  }
+  EXPECT_NE(error_of({"--config", tmp.path().string()}).find("is a folder; give a YAML file"), std::string::npos);
+  EXPECT_NE(error_of({"--sequence_length", "4611686018427387904", "--device_batch_size", "4"})
+                .find("is larger than 2^63"),
+            std::string::npos);
 }
 
 TEST(TrainConfig, YamlDumpReadsBackToTheSameConfig) {

@@ -2,6 +2,7 @@
 // plot runs, sample text from a checkpoint (docs/train.md).
 //
 //   dion-train [--config FILE.yaml] [--key value ...]        train (src/train/train.cpp)
+//   dion-train --nproc N [--config FILE.yaml] [...]          N local processes (launch.cpp)
 //   dion-train plot RUN_DIR... -o curves.png                  python3 tools/dion-train/plot.py
 //   dion-train sample --checkpoint DIR --prompt TEXT [...]    generate text (sample.cpp)
 //   dion-train export --checkpoint DIR [-o FILE]              weights as safetensors (export.cpp)
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "dion/train/loader.h"
 #include "dion/train/train.h"
 #include "export.h"
+#include "launch.h"
 #include "sample.h"
 
 #ifndef DION_TRAIN_PLOT_SCRIPT
@@ -49,6 +52,18 @@ int run_plot(int argc, char** argv) {
   return fail(1, std::string("plot: cannot run python3: ") + std::strerror(errno));
 }
 
+// `dion-train --nproc N ARGS...`: N copies of `dion-train ARGS...` (launch.h). The configuration
+// is parsed here first, so that a bad one is reported once, not by every rank.
+int run_launcher(int nproc, const std::vector<std::string>& args) {
+  std::vector<const char*> argv;
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  (void)dion::train::config_parse(static_cast<int>(argv.size()), argv.data());  // throws
+  dion::train::tool::LaunchOptions options;
+  options.nproc = nproc;
+  options.argv = args;
+  return dion::train::tool::launch(options).exit_code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -56,6 +71,14 @@ int main(int argc, char** argv) {
   try {
     if (argc >= 2 && std::strcmp(argv[1], "sample") == 0) return dion::train::tool::run_sample(argc - 1, argv + 1);
     if (argc >= 2 && std::strcmp(argv[1], "export") == 0) return dion::train::tool::run_export(argc - 1, argv + 1);
+    std::vector<std::string> args(argv, argv + argc);
+    std::optional<int> nproc;
+    try {
+      nproc = dion::train::tool::take_nproc_flag(args);
+    } catch (const std::invalid_argument& e) {
+      return fail(2, e.what());
+    }
+    if (nproc) return run_launcher(*nproc, args);
     const dion::train::Config config = dion::train::config_parse(argc, argv);
     dion::train::train_run(config);
     return 0;

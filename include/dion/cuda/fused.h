@@ -1,13 +1,22 @@
-// dion/cuda/fused.h — fused CUDA kernels for the optimizers' element-wise post step.
+// dion/cuda/fused.h — fused CUDA kernels for the optimizers' element-wise pre and post steps.
 //
 //   dion::cuda::available()                      compiled with CUDA kernels (DION_HAVE_CUDA)
+//   dion::cuda::fusable(A, B)                    a kernel here can take A and B: available(), both
+//                                                contiguous CUDA tensors of one shape on one
+//                                                device, float32 or bfloat16
 //   dion::cuda::decay_and_update_(X, U, decay, neg_lr)
-//       X = decay * X + neg_lr * U, one pass, float32 math; X float32 or bf16, U float32 or bf16,
-//       both contiguous CUDA tensors of one shape. The unfused form is two kernels and an
-//       intermediate tensor (X.mul_(decay); X.add_(U * neg_lr)).
+//       X.mul_(decay); X.add_(U * neg_lr) in one pass (U * neg_lr rounded to U's dtype, then
+//       added; each step rounded to its ATen result dtype, no FMA contraction): bit-identical
+//       to that ATen composition on the GPU. The unfused form is three kernels and an
+//       intermediate tensor (7 memory passes; this one: 3).
+//   dion::cuda::momentum_(M, G, U, mu, nesterov)
+//       g = G.to(M's dtype); M.mul_(mu).add_(g); and when U is defined,
+//       U = nesterov ? M * mu + g : M, stored in U's dtype (the comm dtype): Muon's momentum
+//       and update in one pass, bit-identical to that ATen composition.
 //
-// The GPU optimizer path is built on these; on CPU (or without CUDA) the library uses ATen ops.
-// Calling a kernel in a build without CUDA throws std::runtime_error.
+// dion::math (muon_pre / muon_post) calls these for CUDA tensors when fusable(); on CPU (or
+// without CUDA) it uses the ATen ops. Calling a kernel in a build without CUDA throws
+// std::runtime_error; bad arguments throw c10::Error naming them.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -16,6 +25,10 @@ namespace dion::cuda {
 
 bool available();
 
-void decay_and_update_(at::Tensor& X, const at::Tensor& U, float decay, float neg_lr);
+bool fusable(const at::Tensor& A, const at::Tensor& B);
+
+void decay_and_update_(const at::Tensor& X, const at::Tensor& U, float decay, float neg_lr);
+
+void momentum_(const at::Tensor& M, const at::Tensor& G, const at::Tensor& U, float mu, bool nesterov);
 
 }  // namespace dion::cuda

@@ -6,7 +6,9 @@
 //          X -= adjusted_lr * U
 //
 // Functions over lists of same-shape local tensors; no layouts, no communication. NorMuon and
-// NorDion2 reuse `post`. Shapes: X, G, M [..., m, n] each; U the same.
+// NorDion2 reuse `post`. On contiguous float32/bf16 CUDA tensors, `pre` and `post` (without
+// cautious weight decay) run as one fused kernel each (dion/cuda/fused.h), bit-identical to the
+// ATen ops they replace; on CPU they are those ATen ops. Shapes: X, G, M [..., m, n] each; U the same.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,0 +1,144 @@
+// bench/device_bench.cpp — the measured rows of scripts/device_check.sh's table, on one device.
+//
+//   device_bench [--device cuda|cpu] [--quick] [--reps N]
+//
+// Prints markdown table rows (no header; device_check.sh prints it) on stdout:
+//   matmul peak      bf16 [n, n] x [n, n] (n = 8192; 1024 with --quick): TFLOP/s = 2 n^3 / time.
+//                    The denominator of every ratio below and of dion-train's MFU.
+//   ortho            dion::math::newton_schulz / polar_express (5 iterations, bf16) on the 160M
+//                    model's matrix set, stacked per shape as the optimizer does: [48, 768, 768]
+//                    (c_q, c_k, c_v, attn c_proj of 12 layers), [12, 768, 3072] (mlp c_proj),
+//                    [12, 3072, 768] (c_fc); TFLOP/s counted with the reference's flops per
+//                    iteration (X X^T 2 r^2 c, A A 2 r^3, B X 2 r^2 c; r = min, c = max dim),
+//                    and that rate / the matmul peak (issue 12's goal for Newton-Schulz: >= 0.75).
+//   optimizer step   ms per dion::Optimizer::step() for each matrix algorithm on that set (fp32
+//                    parameters, random gradients), after 2 warm-up steps; then the same with
+//                    the step captured in a CUDA graph (dion::CudaGraphStep), or why it was
+//                    refused (a step that synchronizes with the host cannot be captured).
+// --quick divides every dimension by 8 (so that the CPU run finishes in seconds): the table's
+// plumbing, not its numbers. What it is not: a test (no thresholds), nor Google Benchmark (one
+// timed loop per row, synchronized with the device, is all the table needs).
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dion/dion.h"
+#include "dion/math/ortho.h"
+#include "dion/optim/cuda_graph.h"
+
+namespace {
+
+struct Args {
+  std::string device = "cuda";
+  bool quick = false;
+  int reps = 10;
+};
+
+void sync(const at::Device& dev) {
+  if (dev.is_cuda()) torch::cuda::synchronize();
+}
+
+// Mean seconds of `reps` calls after one untimed call.
+double time_it(const at::Device& dev, int reps, const std::function<void()>& fn) {
+  fn();
+  sync(dev);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) fn();
+  sync(dev);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+std::string fmt_ms(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f ms", seconds * 1e3);
+  return buf;
+}
+
+double ortho_flops(int64_t batch, int64_t m, int64_t n) {  // 5 iterations, the reference's count
+  const double r = static_cast<double>(std::min(m, n)), c = static_cast<double>(std::max(m, n));
+  return static_cast<double>(batch) * 5 * (2 * r * r * c + 2 * r * r * r + 2 * r * r * c);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  CLI::App app{"The measured rows of scripts/device_check.sh's table (markdown rows on stdout).", "device_bench"};
+  app.add_option("--device", args.device, "Where to measure")->check(CLI::IsMember({"cuda", "cpu"}))->capture_default_str();
+  app.add_flag("--quick", args.quick, "Every dimension / 8: checks the plumbing in seconds, on a CPU too");
+  app.add_option("--reps", args.reps, "Timed repetitions per row")->check(CLI::Range(1, 1000))->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (args.device == "cuda" && !torch::cuda::is_available()) {
+    std::fprintf(stderr, "device_bench: --device cuda but no CUDA device is visible (use --device cpu)\n");
+    return 1;
+  }
+  const at::Device dev(args.device == "cuda" ? at::kCUDA : at::kCPU);
+  const int64_t s = args.quick ? 8 : 1;  // dimension divisor
+  const auto bf16 = at::TensorOptions().device(dev).dtype(at::kBFloat16);
+
+  // ---- matmul peak
+  const int64_t n = 8192 / s;
+  const at::Tensor A = at::randn({n, n}, bf16), B = at::randn({n, n}, bf16);
+  const double t_mm = time_it(dev, args.reps, [&] { (void)at::matmul(A, B); });
+  const double peak = 2.0 * n * n * n / t_mm;
+  std::printf("| matmul peak (bf16 %lldx%lld) | %.3g TFLOP/s | 1.00 |\n", static_cast<long long>(n),
+              static_cast<long long>(n), peak * 1e-12);
+
+  // ---- orthogonalization on the 160M matrix set
+  const std::vector<std::vector<int64_t>> shapes = {{48, 768 / s, 768 / s}, {12, 768 / s, 3072 / s}, {12, 3072 / s, 768 / s}};
+  for (const char* method : {"newton_schulz", "polar_express"}) {
+    double flops = 0, seconds = 0;
+    for (const auto& shape : shapes) {
+      const at::Tensor G = at::randn(shape, bf16);
+      flops += ortho_flops(shape[0], shape[1], shape[2]);
+      seconds += time_it(dev, args.reps, [&] {
+        (void)(std::string(method) == "newton_schulz" ? dion::math::newton_schulz(G, 1e-7, at::kBFloat16)
+                                                      : dion::math::polar_express(G, 1e-6, at::kBFloat16));
+      });
+    }
+    std::printf("| %s, 160M matrix set (%.1f ms) | %.3g TFLOP/s | %.2f |\n", method, seconds * 1e3,
+                flops / seconds * 1e-12, flops / seconds / peak);
+  }
+
+  // ---- optimizer step per algorithm
+  std::vector<std::vector<int64_t>> params;
+  for (int layer = 0; layer < 12; ++layer) {
+    for (int k = 0; k < 4; ++k) params.push_back({768 / s, 768 / s});
+    params.push_back({3072 / s, 768 / s});
+    params.push_back({768 / s, 3072 / s});
+  }
+  for (const char* algo : {"muon", "normuon", "dion2", "nordion2", "dion"}) {
+    std::vector<at::Tensor> X;
+    for (const auto& shape : params) {
+      at::Tensor p = at::randn(shape, at::TensorOptions().device(dev)) * 0.02;
+      p.mutable_grad() = at::randn(shape, at::TensorOptions().device(dev));
+      X.push_back(p);
+    }
+    dion::Optimizer opt(X, dion::Options(0.02).algorithm(algo));
+    opt.step();  // state creation; time_it adds one more untimed step
+    const double t = time_it(dev, args.reps, [&] { opt.step(); });
+    std::string graphed = "n/a (CPU)";
+    if (dev.is_cuda()) {
+      try {  // the same optimizer, captured after its warm-up steps above
+        dion::CudaGraphStep g(opt, /*warmup_steps=*/0);
+        g.step();  // capture + one replay
+        graphed = fmt_ms(time_it(dev, args.reps, [&] { g.step(); }));
+      } catch (const std::exception& e) {
+        graphed = std::string("refused: ") + std::string(e.what()).substr(0, 80);
+      }
+    }
+    std::printf("| optimizer step %s, 160M matrix set | %.2f ms | graphed: %s |\n", algo, t * 1e3, graphed.c_str());
+  }
+  return 0;
+}

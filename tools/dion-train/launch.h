@@ -1,0 +1,57 @@
+// tools/dion-train/launch.h — `dion-train --nproc N`: a local launcher for users without torchrun.
+//
+// launch() starts N child processes of one command line with the environment torchrun sets for
+// one node (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK=0, GROUP_WORLD_SIZE=1,
+// ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; OMP_NUM_THREADS = hardware threads / N
+// unless set, where torchrun sets 1), forwards each child's stdout and stderr
+// line by line with a "[rank R] " prefix (one thread, poll() on the pipes), and:
+//   - when a child exits non-zero (or is killed), sends SIGTERM to the others, SIGKILL to those
+//     still running after `grace`, and returns the first failure's exit code (128 + signal for
+//     a child killed by a signal);
+//   - SIGINT / SIGTERM / SIGHUP to the launcher are forwarded to every child (then SIGKILL after
+//     `grace`), and the launcher returns 128 + that signal;
+//   - a child gets PR_SET_PDEATHSIG(SIGKILL): if the launcher dies (kill -9), its children die.
+// It returns once every child has exited and been reaped: no process outlives it.
+//
+// What it is not: a multi-node launcher or an elastic agent (no restarts, no rendezvous of its
+// own: multi-node jobs use torchrun), and it knows nothing of training (tools/dion-train/main.cpp
+// decides what the children run).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dion::train::tool {
+
+struct LaunchOptions {
+  int nproc = 1;                        // N >= 1
+  std::string exe = "/proc/self/exe";   // the program the children run
+  std::vector<std::string> argv;        // their command line, argv[0] included
+  std::chrono::milliseconds grace{5000};  // SIGTERM -> SIGKILL
+  int out_fd = 1;                       // where the children's prefixed stdout goes
+  int err_fd = 2;                       // ... their stderr, and the launcher's own messages
+  std::string name = "dion-train";      // the launcher's messages start with "<name> --nproc: "
+};
+
+struct LaunchResult {
+  int exit_code = 0;              // 0 when every child exited 0; see the top of this file
+  std::vector<pid_t> pids;        // pid of each rank (all reaped when launch() returns)
+  std::vector<int> rank_codes;    // exit code of each rank; 128 + signal when killed by one
+  int first_failed_rank = -1;     // -1: none failed
+  int signal = 0;                 // the signal the launcher received and forwarded, 0: none
+};
+
+// Starts the children and waits for them (see the top of this file). Throws std::runtime_error
+// for a bad `nproc`, environment (RANK or WORLD_SIZE already set: started by a launcher
+// already; MASTER_PORT not in [1, 65535]) or a failed fork/pipe, before any child starts.
+LaunchResult launch(const LaunchOptions& options);
+
+// Finds `--nproc N` / `--nproc=N` in argv and removes it. Returns N, or nothing when absent.
+// Throws std::invalid_argument naming --nproc when N is not an integer in [1, 1024].
+std::optional<int> take_nproc_flag(std::vector<std::string>& argv);
+
+}  // namespace dion::train::tool
