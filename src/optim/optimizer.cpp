@@ -15,6 +15,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <sstream>
 
 #include "dion/comm/tasks.h"
@@ -41,12 +42,22 @@ std::string shape_str(c10::IntArrayRef s) {
   return os.str();
 }
 
-// Same-shape, same-dtype parameters, in order of first appearance (the reference's dict order).
-std::vector<std::vector<at::Tensor>> megabatches(const std::vector<at::Tensor>& params) {
+// Same-shape, same-dtype, same-layout parameters, in order of first appearance (the reference's
+// dict order). The layout is part of the key: under 2-D sharding a column-parallel [C, C] weight
+// (FSDP on dim 1, TP on dim 0) and a row-parallel one (FSDP on dim 0, TP on dim 1) have the same
+// local shape but are assembled along different dims, so they cannot share a plan.
+std::vector<std::vector<at::Tensor>> megabatches(const std::vector<at::Tensor>& params, const Distribution* dist) {
   std::vector<std::vector<at::Tensor>> out;
-  std::map<std::pair<std::vector<int64_t>, at::ScalarType>, size_t> index;
+  using Key = std::tuple<std::vector<int64_t>, at::ScalarType, std::vector<int64_t>, int64_t, int64_t>;
+  std::map<Key, size_t> index;
   for (const at::Tensor& p : params) {
-    auto key = std::make_pair(p.sizes().vec(), p.scalar_type());
+    Key key{p.sizes().vec(), p.scalar_type(), {}, -1, -1};
+    if (dist) {
+      const Layout L = dist->layout(p);
+      std::get<2>(key) = L.global_shape;
+      std::get<3>(key) = L.shard_dim;
+      std::get<4>(key) = L.inner_dim;
+    }
     auto it = index.find(key);
     if (it == index.end()) {
       index.emplace(key, out.size());
@@ -282,7 +293,7 @@ at::Tensor Optimizer::step(LossClosure closure) {
       } else if (algo == "adamw") {
         tasks.push_back({[this, live, opts] { step_adamw(live, *opts); }});
       } else {
-        for (auto& batch : megabatches(live)) {
+        for (auto& batch : megabatches(live, dist_.get())) {
           if (algo == "muon" || algo == "normuon")
             tasks.push_back({[this, batch, opts, index] { step_muon_like(batch, *opts, index); }});
           else if (algo == "dion2" || algo == "nordion2")
@@ -433,7 +444,7 @@ Optimizer::Operands Optimizer::operands(const std::vector<at::Tensor>& batch, co
 
 void Optimizer::step_muon_like(const std::vector<at::Tensor>& params, const Options& o, size_t g) {
   const bool nor = o.algorithm() == "normuon";
-  for (const auto& batch : megabatches(params)) {
+  for (const auto& batch : megabatches(params, dist_.get())) {
     const Plan plan = plan_for(batch, o, g);
     auto [X, G, M, V, adjust_shape] = operands(batch, o, plan, nor);
     std::vector<double> scales;  // split_sizes excludes num_heads: adjust_shape is the global shape
@@ -461,7 +472,7 @@ void Optimizer::step_muon_like(const std::vector<at::Tensor>& params, const Opti
 
 void Optimizer::step_dion2_like(const std::vector<at::Tensor>& params, const Options& o, size_t g) {
   const bool nor = o.algorithm() == "nordion2";
-  for (const auto& batch : megabatches(params)) {
+  for (const auto& batch : megabatches(params, dist_.get())) {
     const Plan plan = plan_for(batch, o, g);
     auto [X, G, M, V, adjust_shape] = operands(batch, o, plan, nor);
     const bool matrix_sharded = plan.communicate && plan.layout.sharded();
@@ -600,7 +611,7 @@ void Optimizer::dion2_exact_global(const std::vector<at::Tensor>& X, const std::
 }
 
 void Optimizer::step_dion(const std::vector<at::Tensor>& params, const Options& o) {
-  for (const auto& batch : megabatches(params)) {
+  for (const auto& batch : megabatches(params, dist_.get())) {
     std::vector<at::Tensor> G = grads_of(batch), M, Q;
     for (const at::Tensor& p : batch) {
       ParamState& s = state_for(p, o);
