@@ -113,8 +113,6 @@ RunSummary train_run(const Config& c) {
   const at::Device device = c.device == "cuda" ? at::Device(at::kCUDA, int8_t(par.world().local_rank())) : at::Device(at::kCPU);
   const std::string dtype = resolve_dtype(c);
   const bool autocast = dtype == "bf16";
-  if (par.world_size() > 1 && !c.checkpoint_dir.empty())
-    throw ConfigError("key 'checkpoint_dir': checkpoints of parallel runs are not written yet; leave it empty");
 
   std::unique_ptr<Loader> train_loader, val_loader;
   const int64_t drank = par.data_rank(), dsize = par.data_size();
@@ -150,7 +148,7 @@ RunSummary train_run(const Config& c) {
 
   TrainState st;
   if (ckpt) {
-    checkpoint_load_model(*ckpt, model);
+    checkpoint_load_model(*ckpt, model, &par);  // any layout -> this rank's parts
     checkpoint_load_training(*ckpt, opt);
     st = meta->state;
     train_loader->restore(st.loader);
@@ -202,7 +200,8 @@ RunSummary train_run(const Config& c) {
   auto save = [&](int64_t step) {
     st.elapsed_s = elapsed();
     st.loader = train_loader->position();
-    const fs::path p = checkpoint_save(c.checkpoint_dir, model, opt, st, config_yaml);
+    opt.synchronize_for_checkpoint();  // legacy Dion's decoupled momenta (a no-op otherwise)
+    const fs::path p = checkpoint_save(c.checkpoint_dir, model, opt, st, config_yaml, &par);
     last_saved = step;
     say(fmt::format("checkpoint {} written", p.string()));
   };
