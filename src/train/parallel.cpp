@@ -203,11 +203,7 @@ std::shared_ptr<Distribution> Parallel::distribution(GPT& model, bool optimizer_
 }
 
 int64_t Parallel::bytes_sent() const {
-  // Sub-groups count their own traffic; the world group is only used for set-up and the config check.
-  int64_t total = world_.stats().total_bytes();
-  for (const auto* g : {&dp_, &fs_, &tp_, &data_})
-    if (*g && (*g)->size() > 1) total += (*g)->stats().total_bytes();
-  return total;
+  return world_.stats().total_bytes();  // one ledger per process: every sub-group counts into the world's
 }
 
 at::Tensor Parallel::weight(const at::Tensor& param) {

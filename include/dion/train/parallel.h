@@ -107,7 +107,8 @@ class Parallel : public ModelParallel {
   // registered. `optimizer_syncs_gradients`: legacy Dion's replicate_mesh_grad_sync.
   std::shared_ptr<Distribution> distribution(GPT& model, bool optimizer_syncs_gradients) const;
 
-  // Bytes sent by the trainer's collectives so far (all groups of this object).
+  // Bytes this process's collectives sent so far (the trainer's and the optimizer's: every
+  // sub-group counts into the world's CommStats).
   int64_t bytes_sent() const;
 
   // ModelParallel
