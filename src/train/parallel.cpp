@@ -294,6 +294,7 @@ void GradSync::launch(Bucket& b) {
 
 void GradSync::finish() {
   if (!armed_) throw std::logic_error("GradSync::finish without arm()");
+  launched_in_backward_ = int64_t(next_launch_);
   for (Bucket& b : buckets_) b.pending = 0;  // parameters without a gradient this step: zeros
   launch_ready_prefix();
   at::NoGradGuard no_grad;

@@ -296,6 +296,9 @@ RunSummary train_run(const Config& c) {
     const double steps = double(std::max<int64_t>(sum.steps_done, 1));
     say(fmt::format("memory: peak RSS per rank (MB): {}; sent per step by rank 0: model {:.0f} KB, optimizer {:.0f} KB",
                     per_rank, double(model_bytes) / steps / 1024, double(optimizer_bytes) / steps / 1024));
+    if (ddp)
+      say(fmt::format("DDP: {} of {} gradient buckets launched during backward (the last step)",
+                      ddp->launched_during_backward(), ddp->buckets()));
   }
   sum.last_step = st.step;
   sum.best_val_loss = st.best_val_loss;

@@ -116,12 +116,20 @@ TEST_F(ParallelRun, EveryLayoutEqualsOneProcess) {
   };
   for (const Case& c : {Case{"ddp2", 2, 1, 1}, Case{"fsdp2", 1, 2, 1}, Case{"tp2", 1, 1, 2}, Case{"fsdp2xtp2", 1, 2, 2}}) {
     TempDir run(c.name);
-    const auto rs = test::run_train_ranks(c.dp * c.fs * c.tp, tiny(data(), run / "run") + layout(c.dp, c.fs, c.tp));
+    // DDP with 1 MB buckets: lm_head, the blocks and wte in separate buckets (25 MB would be one).
+    const std::vector<std::string> buckets = c.dp > 1 ? std::vector<std::string>{"--ddp_bucket_mb", "1"}
+                                                       : std::vector<std::string>{};
+    const auto rs =
+        test::run_train_ranks(c.dp * c.fs * c.tp, tiny(data(), run / "run") + layout(c.dp, c.fs, c.tp) + buckets);
     expect_all_ok(rs);
     expect_close(ref(), test::read_metrics(run / "run" / "metrics.jsonl"), c.name);
     // Only rank 0 prints the run.
     EXPECT_NE(rs[0].output.find("step 5/5 | val_loss"), std::string::npos) << rs[0].output;
     EXPECT_NE(rs[0].output.find("peak RSS per rank"), std::string::npos) << rs[0].output;
+    if (c.dp > 1) {  // every bucket's all_reduce was launched from a hook, while backward ran
+      EXPECT_NE(rs[0].output.find("DDP: 3 of 3 gradient buckets launched during backward"), std::string::npos)
+          << rs[0].output;
+    }
     for (size_t r = 1; r < rs.size(); ++r) EXPECT_EQ(rs[r].output.find("step 1/5"), std::string::npos) << rs[r].output;
   }
 }
@@ -171,7 +179,7 @@ TEST_F(ParallelRun, KillDashNineDuringSavesLeavesACheckpointThatResumes) {
   const fs::path ck = tmp / "ck";
   std::mt19937 rng(std::random_device{}());
   const int victim = int(rng() % 2);
-  const auto delay = std::chrono::milliseconds(rng() % 600);
+  const auto delay = std::chrono::milliseconds(rng() % 400);
   std::optional<std::chrono::steady_clock::time_point> first_save;
   RankOptions o;
   o.kill_rank = victim;

@@ -138,6 +138,9 @@ class GradSync {
   void arm();
   void finish();
   int64_t buckets() const { return int64_t(buckets_.size()); }
+  // Buckets of the last finish() whose all_reduce was launched from a hook during backward
+  // (the others were launched by finish()).
+  int64_t launched_during_backward() const { return launched_in_backward_; }
 
   void ready(size_t param_index);  // called by the hooks
 
@@ -157,6 +160,7 @@ class GradSync {
   std::vector<size_t> bucket_of_;
   std::vector<Bucket> buckets_;
   size_t next_launch_ = 0;
+  int64_t launched_in_backward_ = 0;
   bool armed_ = false;
 };
 
