@@ -110,6 +110,8 @@ TEST(TrainConfig, BadValuesNameTheKeyTheValueAndWhatIsValid) {
   EXPECT_NE(error_of({"--batch_size", "100", "--device_batch_size", "64"}).find("key 'batch_size': value 100"),
             std::string::npos);
   EXPECT_NE(error_of({"--model_dim", "100", "--n_head", "6"}).find("not divisible by n_head 6"), std::string::npos);
+  EXPECT_NE(error_of({"--tp_size", "2", "--optimizer", "normuon"}).find("key 'tp_size': value 2 with optimizer 'normuon'"),
+            std::string::npos);
   EXPECT_NE(error_of({"--tp_size", "4", "--n_head", "6"}).find("key 'tp_size': value 4 does not divide n_head 6"),
             std::string::npos);
   EXPECT_NE(error_of({"--fs_size", "2", "--batch_size", "6", "--device_batch_size", "2"})
