@@ -9,6 +9,7 @@
 #   dion_launch       static library: the local launcher of `dion-train --nproc N` (launch.cpp)
 #   dion_train_tests  GoogleTest suite (tests/train), with DION_BUILD_TESTS; label "train"
 #   dion_launch_tests GoogleTest suite of the launcher (tests/tools), with launch_child
+#   dion_train_parallel_tests  the multi-process runs (tests/train/test_parallel.cpp)
 if(NOT TARGET dion_data)
   message(STATUS "dion: the data tools are off (DION_SKIP_DATA): dion-train is not built")
   return()
@@ -29,9 +30,10 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/loader.cpp
   ${DION_TRAIN_ROOT}/src/train/metrics.cpp
   ${DION_TRAIN_ROOT}/src/train/optim_setup.cpp
+  ${DION_TRAIN_ROOT}/src/train/parallel.cpp
   ${DION_TRAIN_ROOT}/src/train/train.cpp)
 target_link_libraries(dion_train
-  PUBLIC dion dion_data dion_tb dion_safetensors
+  PUBLIC dion dion_dist dion_data dion_tb dion_safetensors
   PRIVATE yaml-cpp CLI11::CLI11 nlohmann_json::nlohmann_json dion_warnings)
 # <fmt/format.h> resolves to the fmt bundled in torch's include folder (v12) before Debian's (v9,
 # a shared library): use it header-only so that no fmt library symbols are needed.
@@ -86,4 +88,19 @@ if(DION_BUILD_TESTS)
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
     PROPERTIES LABELS train TIMEOUT 300)
+  # Parallel layouts (issue 10): several dion-train processes per test, one such test at a time
+  # (RESOURCE_LOCK multiprocess, shared with the other multi-process suites).
+  dion_executable(dion_train_parallel_tests
+    ${DION_TRAIN_ROOT}/tests/train/test_parallel.cpp
+    ${DION_TRAIN_ROOT}/tests/train/train_test_util.cpp)
+  target_link_libraries(dion_train_parallel_tests PRIVATE
+    dion_train GTest::gtest GTest::gtest_main nlohmann_json::nlohmann_json)
+  target_compile_definitions(dion_train_parallel_tests PRIVATE
+    DION_SOURCE_DIR="${DION_TRAIN_ROOT}"
+    DION_TRAIN_EXE="$<TARGET_FILE:dion-train>")
+  add_dependencies(dion_train_parallel_tests dion-train)
+  gtest_discover_tests(dion_train_parallel_tests
+    WORKING_DIRECTORY ${DION_TRAIN_ROOT}
+    DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
+    PROPERTIES LABELS train TIMEOUT 300 RESOURCE_LOCK multiprocess)
 endif()

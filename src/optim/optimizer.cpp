@@ -11,6 +11,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <tuple>
 #include <sstream>
 
 #include "dion/comm/tasks.h"
@@ -35,12 +36,22 @@ std::string shape_str(c10::IntArrayRef s) {
   return os.str();
 }
 
-// Same-shape, same-dtype parameters, in order of first appearance (the reference's dict order).
-std::vector<std::vector<at::Tensor>> megabatches(const std::vector<at::Tensor>& params) {
+// Same-shape, same-dtype, same-layout parameters, in order of first appearance (the reference's
+// dict order). The layout is part of the key: under 2-D sharding a column-parallel [C, C] weight
+// (FSDP on dim 1, TP on dim 0) and a row-parallel one (FSDP on dim 0, TP on dim 1) have the same
+// local shape but are assembled along different dims, so they cannot share a plan.
+std::vector<std::vector<at::Tensor>> megabatches(const std::vector<at::Tensor>& params, const Distribution* dist) {
   std::vector<std::vector<at::Tensor>> out;
-  std::map<std::pair<std::vector<int64_t>, at::ScalarType>, size_t> index;
+  using Key = std::tuple<std::vector<int64_t>, at::ScalarType, std::vector<int64_t>, int64_t, int64_t>;
+  std::map<Key, size_t> index;
   for (const at::Tensor& p : params) {
-    auto key = std::make_pair(p.sizes().vec(), p.scalar_type());
+    Key key{p.sizes().vec(), p.scalar_type(), {}, -1, -1};
+    if (dist) {
+      const Layout L = dist->layout(p);
+      std::get<2>(key) = L.global_shape;
+      std::get<3>(key) = L.shard_dim;
+      std::get<4>(key) = L.inner_dim;
+    }
     auto it = index.find(key);
     if (it == index.end()) {
       index.emplace(key, out.size());
@@ -254,7 +265,7 @@ at::Tensor Optimizer::step(LossClosure closure) {
       for (const at::Tensor& p : live) state_for(p, o);  // in the group's order (legacy Dion draws Q)
       const size_t index = static_cast<size_t>(&group - param_groups_.data());
       if (phase == Phase::MATRIX)
-        for (auto& batch : megabatches(live)) add_task(std::move(batch), index, &o);
+        for (auto& batch : megabatches(live, dist_.get())) add_task(std::move(batch), index, &o);
       else
         add_task(std::move(live), index, &o);
     }

@@ -75,10 +75,12 @@ const std::vector<Key>& keys() {
       {"use_polar_express", &Config::use_polar_express, "orthogonalize with Polar Express (default: Newton-Schulz, as train.py)"},
       {"use_gram_newton_schulz", &Config::use_gram_newton_schulz, "Gram Newton-Schulz (not implemented: must be false)"},
       // distribution
-      {"dp_size", &Config::dp_size, "data-parallel size (1: one process; more: issue 10)", Check::POSITIVE},
-      {"fs_size", &Config::fs_size, "FSDP size (1: one process; more: issue 10)", Check::POSITIVE},
-      {"tp_size", &Config::tp_size, "tensor-parallel size (1: one process; more: issue 10)", Check::POSITIVE},
-      {"fast_fsdp", &Config::fast_fsdp, "accepted for the reference's configs; no effect in one process"},
+      {"dp_size", &Config::dp_size, "data-parallel (replicated) size; dp_size x fs_size x tp_size = WORLD_SIZE", Check::POSITIVE},
+      {"fs_size", &Config::fs_size, "FSDP (sharded data-parallel) size", Check::POSITIVE},
+      {"tp_size", &Config::tp_size, "tensor-parallel size (divides n_head)", Check::POSITIVE},
+      {"fast_fsdp", &Config::fast_fsdp, "accepted for the reference's configs; no effect (gathered weights are always kept until backward)"},
+      {"comm_timeout_s", &Config::comm_timeout_s, "seconds any collective may wait for the other ranks before the run fails", Check::POSITIVE},
+      {"ddp_bucket_mb", &Config::ddp_bucket_mb, "DDP gradient all-reduce bucket size, MB (launched as their gradients become ready)", Check::POSITIVE},
       // debugging
       {"debug", &Config::debug, "the reference's debug mode (batch 2, device batch 1, 20 steps, <= 2 val batches) on synthetic tokens"},
       {"no_compile", &Config::no_compile, "accepted for the reference's configs; no effect (nothing is compiled at run time)"},
@@ -256,7 +258,7 @@ void config_load_yaml(Config& config, const std::filesystem::path& file) {
 }
 
 int64_t Config::val_steps() const {
-  const int64_t steps = val_tokens / (device_batch_size * sequence_length);
+  const int64_t steps = val_tokens / (device_batch_size * sequence_length * data_parallel_size());
   return debug ? std::min<int64_t>(steps, 2) : steps;
 }
 
@@ -281,9 +283,14 @@ void config_validate(const Config& c) {
       fail(fmt::format("device_batch_size {} x sequence_length {} x dp_size {} x fs_size {} x tp_size {} is larger "
                        "than 2^63: one of them is far too large",
                        c.device_batch_size, c.sequence_length, c.dp_size, c.fs_size, c.tp_size));
-  if (c.dp_size != 1 || c.fs_size != 1 || c.tp_size != 1)
-    fail(fmt::format("dp_size {}, fs_size {}, tp_size {}: parallel layouts: not yet (issue 10); use 1, 1, 1",
-                     c.dp_size, c.fs_size, c.tp_size));
+  if (c.tp_size > 1 && (c.optimizer == "normuon" || c.optimizer == "nordion2" || c.optimizer == "dion3"))
+    fail(fmt::format("key 'tp_size': value {} with optimizer '{}' is not supported: its per-neuron statistics need "
+                     "whole rows (the optimizer's outer shard dim must be 0), but under tensor parallelism the "
+                     "column-parallel c_q, c_k, c_v, c_fc have TP on dim 0 and the FSDP dim on 1; valid: tp_size 1 "
+                     "(dp_size and fs_size work), or optimizer muon, dion2, dion, adamw, lion", c.tp_size, c.optimizer));
+  if (c.n_head % c.tp_size != 0)
+    fail(fmt::format("key 'tp_size': value {} does not divide n_head {} (tensor parallelism splits the heads); "
+                     "valid: a divisor of n_head", c.tp_size, c.n_head));
   if (c.model_dim % c.n_head != 0)
     fail(fmt::format("key 'model_dim': value {} is not divisible by n_head {}; valid: a multiple of n_head",
                      c.model_dim, c.n_head));
@@ -358,6 +365,12 @@ Config config_parse(int argc, const char* const* argv) {
   }
   config_validate(c);
   return c;
+}
+
+std::vector<std::pair<std::string, std::string>> config_items(const Config& c) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Key& k : keys()) out.emplace_back(k.name, value_text(c, k.field));
+  return out;
 }
 
 std::string config_to_yaml(const Config& c) {

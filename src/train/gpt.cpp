@@ -16,6 +16,14 @@ namespace {
 at::Tensor rms_norm_last(const at::Tensor& x) {  // F.rms_norm(x, (x.size(-1),)), eps = finfo.eps
   return at::rms_norm(x, {x.size(-1)});
 }
+// The weight a layer computes with: the parameter itself, or what the parallel layout makes of it.
+at::Tensor weight_of(ModelParallel* par, const at::Tensor& w) { return par ? par->weight(w) : w; }
+// nn.Linear without bias (the same at::linear call torch::nn::Linear makes).
+at::Tensor linear(ModelParallel* par, const torch::nn::Linear& l, const at::Tensor& x) {
+  return at::linear(x, weight_of(par, l->weight));
+}
+at::Tensor tp_enter(ModelParallel* par, const at::Tensor& x) { return par ? par->tp_enter(x) : x; }
+at::Tensor tp_exit(ModelParallel* par, const at::Tensor& x) { return par ? par->tp_exit(x) : x; }
 }  // namespace
 
 // ---------------------------------------------------------------------------- rotary
@@ -54,9 +62,12 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& cfg)
 
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1);
-  at::Tensor q = c_q(x).view({B, T, n_head_, head_dim_});  // [B, T, H, D]
-  at::Tensor k = c_k(x).view({B, T, n_head_, head_dim_});
-  at::Tensor v = c_v(x).view({B, T, n_head_, head_dim_});
+  ModelParallel* par = parallel.get();
+  const int64_t H = n_head_ / (par ? par->tp_size() : 1);  // this rank's heads
+  const at::Tensor xt = tp_enter(par, x);
+  at::Tensor q = linear(par, c_q, xt).view({B, T, H, head_dim_});  // [B, T, H, D]
+  at::Tensor k = linear(par, c_k, xt).view({B, T, H, head_dim_});
+  at::Tensor v = linear(par, c_v, xt).view({B, T, H, head_dim_});
   auto [cos, sin] = rotary_cos_sin(T, head_dim_, x.device());
   q = apply_rotary(q, cos, sin);
   k = apply_rotary(k, cos, sin);
@@ -64,8 +75,8 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   k = rms_norm_last(k);
   at::Tensor y = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                   /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
-  y = y.transpose(1, 2).contiguous().view({B, T, -1});  // [B, T, C]
-  return c_proj(y);
+  y = y.transpose(1, 2).contiguous().view({B, T, -1});  // [B, T, C / tp]
+  return tp_exit(par, linear(par, c_proj, y));          // [B, T, C]
 }
 
 MLPImpl::MLPImpl(const GPTConfig& cfg) {
@@ -74,7 +85,9 @@ MLPImpl::MLPImpl(const GPTConfig& cfg) {
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
-  return c_proj(at::relu(c_fc(x)).square());  // relu squared
+  ModelParallel* par = parallel.get();
+  at::Tensor h = at::relu(linear(par, c_fc, tp_enter(par, x))).square();  // relu squared [B, T, 4C / tp]
+  return tp_exit(par, linear(par, c_proj, h));
 }
 
 BlockImpl::BlockImpl(const GPTConfig& cfg) {
@@ -118,19 +131,29 @@ void GPTImpl::init_weights() {
   init_linear(lm_head);
 }
 
+void GPTImpl::set_parallel(std::shared_ptr<ModelParallel> parallel) {
+  parallel_ = parallel;
+  for (Block& b : blocks_) {
+    b->attn->parallel = parallel;
+    b->mlp->parallel = parallel;
+  }
+}
+
 at::Tensor GPTImpl::hidden(const at::Tensor& idx) {
-  at::Tensor x = wte(idx);  // [B, T, C]
+  at::Tensor x = at::embedding(weight_of(parallel_.get(), wte->weight), idx);  // [B, T, C] (as nn.Embedding)
   for (Block& b : blocks_) x = b(x);
   return rms_norm_last(x);
 }
 
 at::Tensor GPTImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {
-  at::Tensor logits = lm_head(hidden(idx)).to(at::kFloat);  // [B, T, V] fp32
+  at::Tensor logits = linear(parallel_.get(), lm_head, hidden(idx)).to(at::kFloat);  // [B, T, V] fp32
   return at::cross_entropy_loss(logits.view({-1, logits.size(-1)}), targets.view({-1}), /*weight=*/{},
                                 at::Reduction::Mean, /*ignore_index=*/-1);
 }
 
-at::Tensor GPTImpl::logits(const at::Tensor& idx) { return lm_head(hidden(idx)).to(at::kFloat); }
+at::Tensor GPTImpl::logits(const at::Tensor& idx) {
+  return linear(parallel_.get(), lm_head, hidden(idx)).to(at::kFloat);
+}
 
 std::vector<at::Tensor> GPTImpl::block_params() { return h->parameters(); }
 

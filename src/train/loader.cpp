@@ -87,7 +87,7 @@ Batch ShardLoader::next() {
 }
 
 LoaderPosition ShardLoader::position() const {
-  return {shard_, offset_, files_[shard_].filename().string()};
+  return {shard_, offset_ - rank_ * B_ * T_, files_[shard_].filename().string()};  // rank 0's: global
 }
 
 void ShardLoader::restore(const LoaderPosition& pos) {
@@ -97,11 +97,12 @@ void ShardLoader::restore(const LoaderPosition& pos) {
                                     pos.shard, pos.shard_name, pos.shard,
                                     pos.shard >= 0 && pos.shard < int64_t(files_.size())
                                         ? files_[pos.shard].filename().string() : std::string("(none)")));
-  if (pos.offset < 0 || pos.offset + B_ * T_ + 1 > token_counts_[pos.shard])
-    throw DataLoadError(fmt::format("the checkpoint's loader offset {} does not fit shard '{}' ({} tokens)",
-                                    pos.offset, pos.shard_name, token_counts_[pos.shard]));
+  const int64_t mine = pos.offset + rank_ * B_ * T_;
+  if (pos.offset < 0 || mine + B_ * T_ + 1 > token_counts_[pos.shard])
+    throw DataLoadError(fmt::format("the checkpoint's loader offset {} (this rank's: {}) does not fit shard '{}' "
+                                    "({} tokens)", pos.offset, mine, pos.shard_name, token_counts_[pos.shard]));
   open_shard(pos.shard);
-  offset_ = pos.offset;
+  offset_ = mine;
 }
 
 std::string ShardLoader::describe() const {
@@ -112,13 +113,17 @@ std::string ShardLoader::describe() const {
 
 // ---------------------------------------------------------------------------- synthetic
 
-SyntheticLoader::SyntheticLoader(int64_t B, int64_t T, uint64_t seed)
-    : B_(B), T_(T), seed_(seed), gen_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
+SyntheticLoader::SyntheticLoader(int64_t B, int64_t T, uint64_t seed, int64_t rank, int64_t world)
+    : B_(B), T_(T), seed_(seed), rank_(rank), world_(world), gen_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
 
 Batch SyntheticLoader::next() {
-  at::Tensor buf = at::randint(0, data::Gpt2Tokenizer::kVocabSize, {B_ * T_ + 1}, gen_, at::kLong);
-  ++drawn_;
-  return {buf.slice(0, 0, B_ * T_).view({B_, T_}), buf.slice(0, 1).view({B_, T_})};
+  at::Tensor mine;
+  for (int64_t r = 0; r < world_; ++r) {  // one batch per data-parallel rank; keep ours
+    at::Tensor buf = at::randint(0, data::Gpt2Tokenizer::kVocabSize, {B_ * T_ + 1}, gen_, at::kLong);
+    ++drawn_;
+    if (r == rank_) mine = buf;
+  }
+  return {mine.slice(0, 0, B_ * T_).view({B_, T_}), mine.slice(0, 1).view({B_, T_})};
 }
 
 void SyntheticLoader::reset() {
@@ -130,7 +135,9 @@ LoaderPosition SyntheticLoader::position() const { return {0, drawn_, "synthetic
 
 void SyntheticLoader::restore(const LoaderPosition& pos) {
   reset();
-  for (int64_t i = 0; i < pos.offset; ++i) next();
+  for (int64_t i = 0; i < pos.offset; ++i)
+    (void)at::randint(0, data::Gpt2Tokenizer::kVocabSize, {B_ * T_ + 1}, gen_, at::kLong);
+  drawn_ = pos.offset;
 }
 
 std::string SyntheticLoader::describe() const {

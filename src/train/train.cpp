@@ -1,14 +1,17 @@
 // src/train/train.cpp — the training loop of dion-train (train.h): the reference train.py's
-// main() for one process.
+// main(), for one process or one rank of a (dp, fs, tp) mesh (dion/train/parallel.h).
 #include "dion/train/train.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <fmt/format.h>
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <optional>
 
 #include "dion/train/autocast.h"
@@ -18,6 +21,7 @@
 #include "dion/train/metrics.h"
 #include "dion/train/tensorboard.h"
 #include "dion/train/optim_setup.h"
+#include "dion/train/parallel.h"
 #include "dion/train/schedule.h"
 
 namespace dion::train {
@@ -37,13 +41,24 @@ std::string format_duration(double s) {
   return fmt::format("{}s", t);
 }
 
+bool g_main_rank = true;  // only rank 0 prints
+
 void say(const std::string& line) {
+  if (!g_main_rank) return;
   std::fputs((line + "\n").c_str(), stdout);
   std::fflush(stdout);
 }
 
-// Mean loss over the validation batches (the reference: val_steps batches from the start).
-double validate(GPT& model, Loader& val, int64_t steps, const at::Device& device, bool autocast) {
+// Mean over the data-parallel ranks of a per-rank sum `local` of `count` values (collective).
+double mean_over_data(Parallel& par, const at::Tensor& local, int64_t count) {
+  at::Tensor t = local.detach().to(at::kCPU, at::kDouble).reshape({1}).contiguous();
+  par.data_group()->all_reduce_(t);
+  return t.item<double>() / double(count * par.data_size());
+}
+
+// Mean loss over the validation batches (the reference: val_steps batches from the start, each
+// data-parallel rank its own slice).
+double validate(GPT& model, Loader& val, int64_t steps, const at::Device& device, bool autocast, Parallel& par) {
   model->eval();
   at::NoGradGuard no_grad;
   val.reset();
@@ -54,7 +69,29 @@ double validate(GPT& model, Loader& val, int64_t steps, const at::Device& device
     sum += model->loss(b.x.to(device), b.y.to(device));
   }
   model->train();
-  return sum.item<double>() / double(steps);
+  return mean_over_data(par, sum, steps);
+}
+
+// Every rank must run the same configuration: one all_gather of a hash per key; a difference
+// names the first differing key and the ranks (ConfigError on every rank).
+void check_config_agrees(comm::Group& world, const Config& c) {
+  if (world.size() == 1) return;
+  const auto items = config_items(c);
+  at::Tensor h = at::empty({int64_t(items.size())}, at::kLong);
+  for (size_t i = 0; i < items.size(); ++i) h[int64_t(i)] = int64_t(std::hash<std::string>{}(items[i].second) >> 1);
+  at::Tensor all = world.all_gather(h);  // [world, keys]
+  for (int r = 1; r < world.size(); ++r)
+    for (size_t i = 0; i < items.size(); ++i)
+      if (!at::equal(all[r][int64_t(i)], all[0][int64_t(i)]))
+        throw ConfigError(fmt::format("key '{}' differs between rank 0 and rank {} (this rank {} has '{}'): every rank "
+                                      "must run the same configuration",
+                                      items[i].first, r, world.rank(), items[i].second));
+}
+
+double peak_rss_mb() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_maxrss) / 1024.0;  // KiB on Linux
 }
 
 }  // namespace
@@ -68,17 +105,23 @@ RunSummary train_run(const Config& c) {
   // ---------------------------------------------------------------- checks before any write
   if (c.device == "cuda" && !at::globalContext().hasCUDA())
     throw ConfigError("key 'device': value 'cuda' but this machine (or this LibTorch) has no CUDA device; valid: cpu");
-  const at::Device device(c.device == "cuda" ? at::kCUDA : at::kCPU);
+  comm::GroupOptions gopt;
+  gopt.timeout = std::chrono::milliseconds(int64_t(c.comm_timeout_s * 1000));
+  Parallel par(comm::Group::init_from_env(gopt), MeshShape{c.dp_size, c.fs_size, c.tp_size});
+  g_main_rank = par.is_main();
+  check_config_agrees(par.world(), c);
+  const at::Device device = c.device == "cuda" ? at::Device(at::kCUDA, int8_t(par.world().local_rank())) : at::Device(at::kCPU);
   const std::string dtype = resolve_dtype(c);
   const bool autocast = dtype == "bf16";
 
   std::unique_ptr<Loader> train_loader, val_loader;
+  const int64_t drank = par.data_rank(), dsize = par.data_size();
   if (c.debug) {
-    train_loader = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed));
-    val_loader = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed) + 1);
+    train_loader = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed), drank, dsize);
+    val_loader = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed) + 1, drank, dsize);
   } else {
-    train_loader = std::make_unique<ShardLoader>(c.data_dir, "train", c.device_batch_size, c.sequence_length);
-    val_loader = std::make_unique<ShardLoader>(c.data_dir, "val", c.device_batch_size, c.sequence_length);
+    train_loader = std::make_unique<ShardLoader>(c.data_dir, "train", c.device_batch_size, c.sequence_length, drank, dsize);
+    val_loader = std::make_unique<ShardLoader>(c.data_dir, "val", c.device_batch_size, c.sequence_length, drank, dsize);
   }
   std::optional<fs::path> ckpt;
   std::optional<CheckpointMeta> meta;
@@ -92,14 +135,20 @@ RunSummary train_run(const Config& c) {
   GPT model(gcfg);
   at::manual_seed(uint64_t(c.seed));  // after construction, as the reference (built on meta) draws
   model->init_weights();
+  par.shard_model(model);  // whole, identical weights on every rank -> this rank's parts
   model->to(device);
   TrainOptimizer topt = build_optimizer(c, model);
   dion::Optimizer& opt = *topt.optimizer;
+  if (auto dist = par.distribution(model, c.replicate_mesh_grad_sync)) opt.set_distribution(dist);
   opt.init_state();
+  // DDP / HSDP: the trainer sums gradients over dp, unless legacy Dion syncs them itself.
+  std::unique_ptr<GradSync> ddp;
+  if (par.shape().dp > 1 && !c.replicate_mesh_grad_sync)
+    ddp = std::make_unique<GradSync>(par.dp_group(), model->parameters(), int64_t(c.ddp_bucket_mb * 1024 * 1024));
 
   TrainState st;
   if (ckpt) {
-    checkpoint_load_model(*ckpt, model);
+    checkpoint_load_model(*ckpt, model, &par);  // any layout -> this rank's parts
     checkpoint_load_training(*ckpt, opt);
     st = meta->state;
     train_loader->restore(st.loader);
@@ -107,14 +156,16 @@ RunSummary train_run(const Config& c) {
 
   // ---------------------------------------------------------------- run folder
   const fs::path run_dir = c.resolved_run_dir();
-  fs::create_directories(run_dir);
   const std::string config_yaml = config_to_yaml(c);
-  {
+  std::optional<MetricsWriter> metrics;
+  std::optional<EventWriter> tensorboard;
+  if (par.is_main()) {  // one writer of the run folder
+    fs::create_directories(run_dir);
     std::ofstream f(run_dir / "config.yaml");
     f << config_yaml;
+    metrics.emplace(run_dir / "metrics.jsonl", ckpt ? st.step : -1);
+    tensorboard.emplace((run_dir / "tb").string());  // TensorBoard: `tensorboard --logdir RUN_DIR/tb`
   }
-  MetricsWriter metrics(run_dir / "metrics.jsonl", ckpt ? st.step : -1);
-  EventWriter tensorboard((run_dir / "tb").string());  // TensorBoard: `tensorboard --logdir RUN_DIR/tb`
 
   const int64_t N = c.num_iterations;
   const int64_t accum = c.grad_accum_steps();
@@ -130,6 +181,11 @@ RunSummary train_run(const Config& c) {
   say(fmt::format("  run dir: {}; checkpoints: {}", run_dir.string(),
                   c.checkpoint_dir.empty() ? std::string("none")
                                            : fmt::format("{} every {} steps", c.checkpoint_dir, c.checkpoint_freq)));
+  if (par.world_size() > 1)
+    say(fmt::format("  layout: {} processes = dp {} x fs {} x tp {}; {} data-parallel ranks; DDP buckets: {}",
+                    par.world_size(), c.dp_size, c.fs_size, c.tp_size, dsize,
+                    ddp ? fmt::format("{} of <= {} MB", ddp->buckets(), c.ddp_bucket_mb)
+                        : std::string(c.replicate_mesh_grad_sync ? "none (the optimizer syncs)" : "none")));
   if (ckpt) say(fmt::format("  resumed from {} (step {} done)", ckpt->string(), st.step));
 
   // ---------------------------------------------------------------- loop
@@ -138,12 +194,14 @@ RunSummary train_run(const Config& c) {
   const double elapsed0 = st.elapsed_s;
   auto elapsed = [&] { return elapsed0 + seconds_since(t_start); };
   double steps_ms_total = 0;
+  int64_t model_bytes = 0, optimizer_bytes = 0;  // sent by this rank, all steps of this invocation
   int64_t steps_timed = 0;
   int64_t last_saved = -1;
   auto save = [&](int64_t step) {
     st.elapsed_s = elapsed();
     st.loader = train_loader->position();
-    const fs::path p = checkpoint_save(c.checkpoint_dir, model, opt, st, config_yaml);
+    opt.synchronize_for_checkpoint();  // legacy Dion's decoupled momenta (a no-op otherwise)
+    const fs::path p = checkpoint_save(c.checkpoint_dir, model, opt, st, config_yaml, &par);
     last_saved = step;
     say(fmt::format("checkpoint {} written", p.string()));
   };
@@ -152,20 +210,23 @@ RunSummary train_run(const Config& c) {
   for (int64_t step = st.step + 1; step <= N; ++step) {
     const bool last = step == N;
     if (last || (c.val_loss_every > 0 && step % c.val_loss_every == 0)) {
-      const double vl = validate(model, *val_loader, c.val_steps(), device, autocast);
+      const double vl = validate(model, *val_loader, c.val_steps(), device, autocast, par);
       if (st.best_val_step < 0 || vl < st.best_val_loss) {
         st.best_val_loss = vl;
         st.best_val_step = step;
       }
-      metrics.val(step, vl, st.tokens, elapsed());
-      tensorboard.add_scalar("val/loss", vl, step);
-      tensorboard.flush();
+      if (metrics) {
+        metrics->val(step, vl, st.tokens, elapsed());
+        tensorboard->add_scalar("val/loss", vl, step);
+        tensorboard->flush();
+      }
       say(fmt::format("step {}/{} | val_loss {:.4f} | best {:.4f} @ step {}", step, N, vl, st.best_val_loss,
                       st.best_val_step));
     }
     if (last) break;
 
     const Clock::time_point t0 = Clock::now();
+    const int64_t bytes0 = par.bytes_sent();
     at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
     for (int64_t i = 0; i < accum; ++i) {
       Batch b = train_loader->next();
@@ -175,14 +236,21 @@ RunSummary train_run(const Config& c) {
         loss = model->loss(b.x.to(device), b.y.to(device));
       }
       loss_sum += loss.detach();
-      (loss / double(accum)).backward();
+      if (ddp && i == accum - 1) ddp->arm();  // the last micro-batch's gradients are summed over dp
+      // Divided by the GLOBAL micro-batch count: every gradient reduction is then a plain sum.
+      (loss / double(accum * dsize)).backward();
     }
+    if (ddp) ddp->finish();
     const double t_fwd_bwd = seconds_since(t0);
+    const int64_t bytes1 = par.bytes_sent();
     const double factor = lr_factor(step, N, c.warmup_ratio, c.warmdown_ratio);
     for (size_t g = 0; g < topt.base_lrs.size(); ++g) opt.options(g).lr(topt.base_lrs[g] * factor);
     opt.step();
     opt.zero_grad(true);
-    const double train_loss = loss_sum.item<double>() / double(accum);
+    const int64_t bytes2 = par.bytes_sent();
+    model_bytes += bytes1 - bytes0;
+    optimizer_bytes += bytes2 - bytes1;
+    const double train_loss = mean_over_data(par, loss_sum, accum);
     const double step_s = seconds_since(t0);
 
     st.step = step;
@@ -194,10 +262,12 @@ RunSummary train_run(const Config& c) {
     }
     const double ms_avg = steps_timed ? steps_ms_total / double(steps_timed) : step_s * 1000;
     const double lr = topt.base_lrs[0] * factor;
-    metrics.train(step, train_loss, lr, st.tokens, double(tokens_per_step) / step_s, step_s * 1000, elapsed());
-    tensorboard.add_scalar("train/loss", train_loss, step);
-    tensorboard.add_scalar("train/lr", lr, step);
-    tensorboard.add_scalar("train/tokens_per_s", double(tokens_per_step) / step_s, step);
+    if (metrics) {
+      metrics->train(step, train_loss, lr, st.tokens, double(tokens_per_step) / step_s, step_s * 1000, elapsed());
+      tensorboard->add_scalar("train/loss", train_loss, step);
+      tensorboard->add_scalar("train/lr", lr, step);
+      tensorboard->add_scalar("train/tokens_per_s", double(tokens_per_step) / step_s, step);
+    }
     if (step % c.log_every == 0 || step == N - 1) {
       std::string line = fmt::format("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | {:.0f} ms/step | ETA {}",
                                      step + 1, N, train_loss, lr, double(tokens_per_step) / step_s, step_s * 1000,
@@ -218,6 +288,18 @@ RunSummary train_run(const Config& c) {
   }
   if (!sum.stopped_early && !c.checkpoint_dir.empty() && last_saved != st.step && st.step >= 0) save(st.step);
 
+  {  // peak memory of every rank (one all_gather), printed by rank 0
+    at::Tensor mine = at::tensor({peak_rss_mb()}, at::kDouble);
+    at::Tensor all = par.world().all_gather(mine).reshape({-1});
+    std::string per_rank;
+    for (int r = 0; r < par.world_size(); ++r) per_rank += fmt::format("{}{:.0f}", r ? ", " : "", all[r].item<double>());
+    const double steps = double(std::max<int64_t>(sum.steps_done, 1));
+    say(fmt::format("memory: peak RSS per rank (MB): {}; sent per step by rank 0: model {:.0f} KB, optimizer {:.0f} KB",
+                    per_rank, double(model_bytes) / steps / 1024, double(optimizer_bytes) / steps / 1024));
+    if (ddp)
+      say(fmt::format("DDP: {} of {} gradient buckets launched during backward (the last step)",
+                      ddp->launched_during_backward(), ddp->buckets()));
+  }
   sum.last_step = st.step;
   sum.best_val_loss = st.best_val_loss;
   sum.best_val_step = st.best_val_step;

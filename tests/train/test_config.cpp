@@ -112,7 +112,13 @@ TEST(TrainConfig, BadValuesNameTheKeyTheValueAndWhatIsValid) {
   EXPECT_NE(error_of({"--batch_size", "100", "--device_batch_size", "64"}).find("key 'batch_size': value 100"),
             std::string::npos);
   EXPECT_NE(error_of({"--model_dim", "100", "--n_head", "6"}).find("not divisible by n_head 6"), std::string::npos);
-  EXPECT_NE(error_of({"--fs_size", "2"}).find("parallel layouts: not yet (issue 10)"), std::string::npos);
+  EXPECT_NE(error_of({"--tp_size", "2", "--optimizer", "normuon"}).find("key 'tp_size': value 2 with optimizer 'normuon'"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--tp_size", "4", "--n_head", "6"}).find("key 'tp_size': value 4 does not divide n_head 6"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--fs_size", "2", "--batch_size", "6", "--device_batch_size", "2"})
+                .find("not divisible by device_batch_size 2 x data-parallel ranks 2"),
+            std::string::npos);
   EXPECT_NE(error_of({"--warmup_ratio", "1.5"}).find("valid: a value in [0, 1]"), std::string::npos);
   EXPECT_NE(error_of({"--checkpoint_freq", "10"}).find("needs checkpoint_dir"), std::string::npos);
   EXPECT_NE(error_of({"--val_tokens", "1000"}).find("key 'val_tokens'"), std::string::npos);

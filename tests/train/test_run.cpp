@@ -201,7 +201,7 @@ TEST_F(TrainRun, BadConfigsFailWithTheKeyAndWriteNothing) {
       {{"--lr", "abc"}, "key 'lr': value 'abc' is not a number"},
       {{"--batch_size", "10", "--device_batch_size", "4"}, "key 'batch_size': value 10 is not divisible by device_batch_size 4"},
       {{"--model_dim", "60", "--n_head", "8"}, "key 'model_dim': value 60 is not divisible by n_head 8"},
-      {{"--dp_size", "2"}, "parallel layouts: not yet (issue 10)"},
+      {{"--dp_size", "2"}, "dp_size 2 x fs_size 1 x tp_size 1 = 2, but WORLD_SIZE is 1"},
       {{"--optimizer", "sgd"}, "key 'optimizer': value 'sgd' is invalid; valid: one of: adamw, lion, muon, normuon, dion2"},
   };
   for (const Case& c : cases) {

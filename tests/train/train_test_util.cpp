@@ -1,13 +1,20 @@
 // tests/train/train_test_util.cpp — helpers of the dion-train tests (train_test_util.h).
 #include "train_test_util.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -69,6 +76,103 @@ ProcResult run_train(const std::vector<std::string>& args) {
   r.output = ss.str();
   fs::remove(out_file);
   return r;
+}
+
+namespace {
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+std::vector<ProcResult> run_train_ranks(int world, const std::vector<std::string>& args, const RankOptions& o) {
+  const int deadline_s = o.deadline_s, kill_rank = o.kill_rank;
+  const int port = free_port();
+  const std::string tag = std::to_string(::getpid()) + "." + std::to_string(std::rand());
+  std::vector<fs::path> outs;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    outs.push_back(fs::temp_directory_path() / ("dion_train_rank" + std::to_string(r) + "." + tag));
+    std::vector<std::string> env_text = {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r),
+                                         "WORLD_SIZE=" + std::to_string(world), "MASTER_ADDR=127.0.0.1",
+                                         "MASTER_PORT=" + std::to_string(port), "OMP_NUM_THREADS=1"};
+    for (char** e = environ; *e; ++e) {
+      const std::string kv = *e;
+      const std::string key = kv.substr(0, kv.find('='));
+      if (key != "RANK" && key != "LOCAL_RANK" && key != "WORLD_SIZE" && key != "MASTER_ADDR" &&
+          key != "MASTER_PORT" && key != "OMP_NUM_THREADS")
+        env_text.push_back(kv);
+    }
+    std::vector<char*> envp;
+    for (std::string& e : env_text) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, outs.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    std::vector<std::string> all = {DION_TRAIN_EXE};
+    all.insert(all.end(), args.begin(), args.end());
+    if (r == 0) all.insert(all.end(), o.rank0_extra.begin(), o.rank0_extra.end());
+    std::vector<char*> argv;
+    for (std::string& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    if (posix_spawn(&pid, DION_TRAIN_EXE, &fa, nullptr, argv.data(), envp.data()) != 0) pid = -1;
+    posix_spawn_file_actions_destroy(&fa);
+    pids.push_back(pid);
+  }
+  std::vector<ProcResult> res(world);
+  std::vector<bool> done(world, false);
+  for (int r = 0; r < world; ++r)
+    if (pids[r] < 0) {
+      done[r] = true;
+      res[r].output = "posix_spawn failed";
+    }
+  bool killed = kill_rank < 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::count(done.begin(), done.end(), false) > 0) {
+    for (int r = 0; r < world; ++r) {
+      int status = 0;
+      if (!done[r] && ::waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        res[r].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        done[r] = true;
+      }
+    }
+    if (!killed && !done[kill_rank] && o.kill_when(read_file(outs[0]))) {
+      ::kill(pids[kill_rank], SIGKILL);
+      killed = true;
+    }
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(deadline_s)) {
+      for (int r = 0; r < world; ++r)
+        if (!done[r]) {
+          ::kill(pids[r], SIGKILL);
+          ::waitpid(pids[r], nullptr, 0);
+          res[r].exit_code = -1;
+          done[r] = true;
+        }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (int r = 0; r < world; ++r) {
+    res[r].output = read_file(outs[r]);
+    fs::remove(outs[r]);
+  }
+  return res;
 }
 
 fs::path shakespeare_shards(const fs::path& dir, int64_t shard_size) {

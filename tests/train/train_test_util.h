@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,18 @@ ProcResult run_train(const std::vector<std::string>& args);
 // Starts build/dion-train with `args`, stdout and stderr to `output`; returns the pid (-1 on
 // failure) without waiting.
 int spawn_train(const std::vector<std::string>& args, const std::filesystem::path& output);
+
+// Runs `world` copies of build/dion-train with `args` as the ranks of one job: each gets
+// torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT,
+// OMP_NUM_THREADS=1); waits for all (killing every rank still running after `deadline_s`,
+// exit_code -1).
+struct RankOptions {
+  int deadline_s = 120;
+  std::vector<std::string> rank0_extra;  // appended to rank 0's arguments only
+  int kill_rank = -1;                    // >= 0: SIGKILL this rank once kill_when(rank 0's output)
+  std::function<bool(const std::string&)> kill_when;
+};
+std::vector<ProcResult> run_train_ranks(int world, const std::vector<std::string>& args, const RankOptions& options = {});
 
 // Tokenizes the committed Tiny Shakespeare into `dir` with `shard_size`-token shards (the first
 // is val, the rest train), once per process per (dir); returns dir.

@@ -75,11 +75,13 @@ struct Config {
   bool time_optimizer = false;
   bool use_polar_express = false;
   bool use_gram_newton_schulz = false;
-  // ---- distribution (one process for now: issue 10)
+  // ---- distribution (dion/train/parallel.h): dp_size * fs_size * tp_size = WORLD_SIZE
   int64_t dp_size = 1;
   int64_t fs_size = 1;
   int64_t tp_size = 1;
   bool fast_fsdp = false;
+  double comm_timeout_s = 300;  // every collective of the run waits at most this long
+  double ddp_bucket_mb = 25;    // DDP gradient all-reduce bucket size
   // ---- debugging / reference flags without an effect here
   bool debug = false;
   bool no_compile = false;
@@ -96,8 +98,12 @@ struct Config {
   std::string config_file;  // the --config path ("" without one); not a key
 
   // Derived values (after validation).
-  int64_t grad_accum_steps() const { return batch_size / device_batch_size; }
-  int64_t val_steps() const;  // val_tokens / (device_batch_size * sequence_length), debug: <= 2
+  // Data-parallel ranks: every (dp, fs) mesh position reads its own slice of the batch.
+  int64_t data_parallel_size() const { return dp_size * fs_size; }
+  // Per rank: batch_size / (device_batch_size x data-parallel ranks).
+  int64_t grad_accum_steps() const { return batch_size / (device_batch_size * data_parallel_size()); }
+  // Per rank: val_tokens / (device_batch_size x sequence_length x data-parallel ranks), debug: <= 2.
+  int64_t val_steps() const;
   std::filesystem::path resolved_run_dir() const;
 };
 
@@ -113,6 +119,8 @@ void config_load_yaml(Config& config, const std::filesystem::path& file);
 void config_set(Config& config, const std::string& key, const std::string& value);
 // Checks every key and the relations between keys. Throws ConfigError.
 void config_validate(const Config& config);
+// Every key and its value as text (table order): what the ranks of a run compare.
+std::vector<std::pair<std::string, std::string>> config_items(const Config& config);
 // The resolved configuration as YAML (every key, table order).
 std::string config_to_yaml(const Config& config);
 // --help: every key, its type, default and help line.

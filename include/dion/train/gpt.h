@@ -16,7 +16,12 @@
 // Shapes: idx, targets [B, T] int64; x [B, T, C]; q, k, v [B, T, H, D] (D = C / H);
 // logits [B, T, V].
 //
-// What it is not: no parallelism, no optimizer, no autocast (the caller sets it up).
+// Parallel layouts: with set_parallel(), every weight is read through ModelParallel::weight()
+// (FSDP gathers shards there) and the attention / MLP run Megatron-style tensor parallel over
+// ModelParallel's TP group (column-parallel c_q, c_k, c_v, c_fc; row-parallel c_proj; n_head /
+// tp heads per rank). dion/train/parallel.h implements it; without it every weight is whole.
+//
+// What it is not: no optimizer, no autocast (the caller sets it up), no collectives itself.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -30,6 +35,20 @@
 namespace dion::train {
 
 inline constexpr int64_t kVocabSize = 50304;  // GPT-2's 50257 rounded up to a multiple of 128
+
+// How the GPT computes when its parameters are sharded across ranks (dion/train/parallel.h).
+class ModelParallel {
+ public:
+  virtual ~ModelParallel() = default;
+  // The tensor to compute with for `param` (this rank's part of a TP-split weight, whole
+  // otherwise), differentiable back to `param`.
+  virtual at::Tensor weight(const at::Tensor& param) = 0;
+  // Entering a TP region: identity forward, gradient summed over TP ranks in backward.
+  virtual at::Tensor tp_enter(const at::Tensor& x) = 0;
+  // Leaving a TP region (after a row-parallel matmul): sum over TP ranks forward, identity backward.
+  virtual at::Tensor tp_exit(const at::Tensor& x) = 0;
+  virtual int64_t tp_size() const = 0;
+};
 
 struct GPTConfig {
   int64_t sequence_len = 1024;
@@ -45,6 +64,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
 
   torch::nn::Linear c_q{nullptr}, c_k{nullptr}, c_v{nullptr}, c_proj{nullptr};
+  std::shared_ptr<ModelParallel> parallel;  // null: whole weights
 
  private:
   int64_t n_head_, head_dim_;
@@ -57,6 +77,7 @@ class MLPImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
 
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  std::shared_ptr<ModelParallel> parallel;  // null: whole weights
 };
 TORCH_MODULE(MLP);
 
@@ -89,6 +110,11 @@ class GPTImpl : public torch::nn::Module {
 
   const GPTConfig& config() const { return config_; }
 
+  // Compute through `parallel` from now on (nullptr: whole weights). The parameters themselves
+  // are resharded by the caller (dion/train/parallel.h).
+  void set_parallel(std::shared_ptr<ModelParallel> parallel);
+  const std::shared_ptr<ModelParallel>& parallel() const { return parallel_; }
+
  private:
   at::Tensor hidden(const at::Tensor& idx);  // final-normed hidden states [B, T, C]
 
@@ -98,6 +124,7 @@ class GPTImpl : public torch::nn::Module {
   torch::nn::ModuleList h{nullptr};
   std::vector<Block> blocks_;
   torch::nn::Linear lm_head{nullptr};
+  std::shared_ptr<ModelParallel> parallel_;
 };
 TORCH_MODULE(GPT);
 

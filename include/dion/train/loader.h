@@ -14,8 +14,13 @@
 // batch; ours resumes at exactly the batch the uninterrupted run would read.)
 //
 // SyntheticLoader: uniform random tokens in [0, 50257) from its own generator seeded with
-// `seed`; its position is the number of batches drawn (the generator is re-seeded and advanced
-// on restore).
+// `seed`; data-parallel rank r of `world` takes batches r, r + world, ... of that one stream (so
+// the global batch is the same at every world size); its position is the number of batches
+// drawn from the stream, all ranks together (re-seeded and advanced on restore).
+//
+// Positions are GLOBAL (data-parallel rank 0's): ShardLoader's offset is rank 0's, and each
+// rank adds rank * B * T itself, so that a position saved at one world size restores at
+// another (at a shard boundary the rank-count-dependent wrap rule can differ: see docs/train.md).
 //
 // What it does not do: shuffle, or decide rank / world (the caller passes them).
 #pragma once
@@ -84,7 +89,7 @@ class ShardLoader : public Loader {
 
 class SyntheticLoader : public Loader {
  public:
-  SyntheticLoader(int64_t B, int64_t T, uint64_t seed);
+  SyntheticLoader(int64_t B, int64_t T, uint64_t seed, int64_t rank = 0, int64_t world = 1);
   Batch next() override;
   void reset() override;
   LoaderPosition position() const override;
@@ -94,6 +99,7 @@ class SyntheticLoader : public Loader {
  private:
   int64_t B_, T_;
   uint64_t seed_;
+  int64_t rank_ = 0, world_ = 1;
   int64_t drawn_ = 0;
   at::Generator gen_;
 };

@@ -1,0 +1,167 @@
+// dion/train/parallel.h — the parallel layout of a training run: the (dp, fs, tp) device mesh,
+// where each GPT parameter lives, how the model computes with shards, and the data-parallel
+// gradient all-reduce. The reference's train.py init_distributed + models/gpt_model.py
+// parallelize_gpt_model, over dion_comm groups.
+//
+//   Parallel par(world, {dp, fs, tp});     // collective: builds the mesh; dp*fs*tp == world size
+//   par.shard_model(model);                // parameters -> this rank's shards; model computes through par
+//   auto dist = par.distribution(sync);    // the optimizer's Distribution (null for one process)
+//   GradSync ddp(par.dp_group(), params, bucket_bytes);   // DDP / HSDP gradient sum over dp
+//
+// Mesh: axes (dp, fs, tp), row-major with tp fastest (torch's init_device_mesh):
+//   rank = (d * fs + f) * tp + t. Data: the flattened (dp, fs) index d * fs + f reads its own
+//   slice of the global batch; the tp ranks of one (d, f) read the same data.
+// Parameters (FSDP2 contiguous chunks, dion::dist::shard_range; tp splits are even):
+//   tp > 1:  c_q, c_k, c_v, c_fc column-parallel: rows (dim 0) split over tp; c_proj row-parallel:
+//            columns (dim 1) split over tp; wte and lm_head: rows split over tp at rest, gathered
+//            over tp for compute (every tp rank computes the same full embedding / logits, as the
+//            reference's Replicate() output layouts; backward keeps this rank's rows of the
+//            identical full gradient).
+//   fs > 1:  every parameter also sharded over fs along the dim tp does not split (dim 0 without
+//            tp; with tp: dim 1 of c_q, c_k, c_v, c_fc, wte, lm_head, dim 0 of c_proj), as the
+//            reference's fully_shard shard_placement_fn. Gathered for compute by an autograd
+//            function (forward all_gather; backward reduce-scatter = all_to_all + sum over fs).
+//            Gathered weights are kept until backward (reshard_after_forward = False).
+//   dp > 1:  replicated over dp; gradients summed over dp by GradSync (buckets of ~25 MB,
+//            all_reduce launched from post-accumulate-grad hooks as their gradients become ready,
+//            in bucket order on every rank, waited before the optimizer step) — unless legacy
+//            Dion syncs them itself (replicate_mesh_grad_sync).
+// Gradient scale: the trainer divides every micro-batch loss by the GLOBAL number of
+// micro-batches (accumulation steps x data-parallel ranks), so every reduction is a plain sum and
+// the result is the 1-rank gradient up to the order of the fp32 additions.
+//
+// Collectives run on the thread that calls forward / backward (the CPU autograd engine runs
+// backward on the caller's thread), in graph order, identical on every rank.
+// What it is not: the training loop, checkpoints (checkpoint.h), a launcher.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dion/comm/group.h"
+#include "dion/comm/mesh.h"
+#include "dion/comm/work.h"
+#include "dion/optim/distribution.h"
+#include "dion/train/gpt.h"
+
+namespace dion::train {
+
+struct MeshShape {
+  int64_t dp = 1, fs = 1, tp = 1;
+  int64_t world() const { return dp * fs * tp; }
+};
+
+// Where one parameter lives: global shape, the dim split over fs and over tp (-1: none), and
+// whether the tp shards are gathered for compute (wte, lm_head) or computed with as they are.
+struct ParamPlacement {
+  std::string name;
+  std::vector<int64_t> global_shape;
+  int64_t fs_dim = -1, tp_dim = -1;
+  bool tp_gather = false;
+};
+
+// The placement of every GPT parameter (by name) at a layout; pure function of the names.
+ParamPlacement placement_of(const std::string& name, const std::vector<int64_t>& global_shape, const MeshShape& mesh);
+
+// This rank's part of a whole tensor at a placement (tp chunk, then fs chunk), and the inverse
+// bookkeeping: the [start, length) box of this part in the global tensor, per dim.
+at::Tensor local_part(const at::Tensor& full, const ParamPlacement& p, int fs_size, int fs_rank, int tp_size,
+                      int tp_rank);
+struct Box {
+  std::vector<int64_t> start, length;
+};
+Box local_box(const ParamPlacement& p, int fs_size, int fs_rank, int tp_size, int tp_rank);
+
+class Parallel : public ModelParallel {
+ public:
+  // Collective over `world`. Throws ConfigError (on every rank) when dp*fs*tp != world size.
+  Parallel(comm::Group world, MeshShape shape);
+
+  int rank() const { return world_.rank(); }
+  int world_size() const { return world_.size(); }
+  bool is_main() const { return world_.rank() == 0; }
+  const MeshShape& shape() const { return shape_; }
+  int data_rank() const;  // index of this rank's (dp, fs) position: d * fs + f
+  int data_size() const { return int(shape_.dp * shape_.fs); }
+  int fs_rank() const { return fs_->rank(); }
+  int tp_rank() const { return tp_->rank(); }
+
+  comm::Group& world() { return world_; }
+  const std::shared_ptr<comm::Group>& dp_group() const { return dp_; }
+  const std::shared_ptr<comm::Group>& fs_group() const { return fs_; }
+  const std::shared_ptr<comm::Group>& tp_group() const { return tp_; }
+  const std::shared_ptr<comm::Group>& data_group() const { return data_; }  // dp x fs flattened
+
+  // Replace every parameter of `model` (whole, identical on every rank) by this rank's part
+  // (Tensor::set_data: names and identities stay) and make the model compute through this.
+  void shard_model(GPT& model);
+  const ParamPlacement& placement(const at::Tensor& param) const;
+  const std::vector<ParamPlacement>& placements() const { return ordered_; }  // model order
+
+  // The optimizer's Distribution for this layout (null for one process), every parameter
+  // registered. `optimizer_syncs_gradients`: legacy Dion's replicate_mesh_grad_sync.
+  std::shared_ptr<Distribution> distribution(GPT& model, bool optimizer_syncs_gradients) const;
+
+  // Bytes this process's collectives sent so far (the trainer's and the optimizer's: every
+  // sub-group counts into the world's CommStats).
+  int64_t bytes_sent() const;
+
+  // ModelParallel
+  at::Tensor weight(const at::Tensor& param) override;
+  at::Tensor tp_enter(const at::Tensor& x) override;
+  at::Tensor tp_exit(const at::Tensor& x) override;
+  int64_t tp_size() const override { return shape_.tp; }
+
+ private:
+  comm::Group world_;
+  MeshShape shape_;
+  std::unique_ptr<comm::DeviceMesh> mesh_;
+  std::shared_ptr<comm::Group> dp_, fs_, tp_, data_;
+  std::unordered_map<const void*, ParamPlacement> placements_;
+  std::vector<ParamPlacement> ordered_;
+};
+
+// Data-parallel gradient sum over `group` (DDP, HSDP's dp axis): bucketed all_reduce launched
+// from the parameters' post-accumulate-grad hooks while backward runs.
+//   sync.arm();       before the LAST micro-batch's backward (earlier ones only accumulate)
+//   loss.backward();  buckets are launched as they fill, in bucket order
+//   sync.finish();    launches what is left, waits every bucket, writes the sums into .grad
+class GradSync {
+ public:
+  GradSync(std::shared_ptr<comm::Group> group, std::vector<at::Tensor> params, int64_t bucket_bytes);
+  ~GradSync();
+  void arm();
+  void finish();
+  int64_t buckets() const { return int64_t(buckets_.size()); }
+  // Buckets of the last finish() whose all_reduce was launched from a hook during backward
+  // (the others were launched by finish()).
+  int64_t launched_during_backward() const { return launched_in_backward_; }
+
+  void ready(size_t param_index);  // called by the hooks
+
+ private:
+  struct Bucket {
+    std::vector<size_t> members;  // indices into params_
+    size_t pending = 0;
+    at::Tensor flat;
+    comm::Work work;
+    bool launched = false;
+  };
+  void launch_ready_prefix();
+  void launch(Bucket& b);
+
+  std::shared_ptr<comm::Group> group_;
+  std::vector<at::Tensor> params_;
+  std::vector<size_t> bucket_of_;
+  std::vector<Bucket> buckets_;
+  size_t next_launch_ = 0;
+  int64_t launched_in_backward_ = 0;
+  bool armed_ = false;
+};
+
+}  // namespace dion::train
