@@ -1,0 +1,11 @@
+# cmake/DionBench.cmake — dion-bench, the benchmark program (tools/dion-bench, docs/benchmarks.md).
+#
+# Included by cmake/DionTorch.cmake after dion_executable exists. Needs CLI11 and nlohmann-json,
+# found by cmake/DionData.cmake (skipped with DION_SKIP_DATA, like dion-train).
+if(NOT TARGET CLI11::CLI11 OR NOT TARGET nlohmann_json::nlohmann_json)
+  message(STATUS "dion: CLI11 / nlohmann-json not found (DION_SKIP_DATA?): dion-bench is not built")
+  return()
+endif()
+dion_executable(dion-bench tools/dion-bench/main.cpp tools/dion-bench/measure.cpp)
+target_include_directories(dion-bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tools/dion-bench)
+target_link_libraries(dion-bench PRIVATE CLI11::CLI11 nlohmann_json::nlohmann_json)
