@@ -91,8 +91,11 @@ OrthoFn OrthoConfig::function() const {
   if (custom) return custom;
   const at::ScalarType dt = dtype;
   const bool tiled = path == OrthoPath::FAST;
-  if (use_gram_newton_schulz)  // the reference passes no epsilon: the package's 1e-7
-    return [dt, tiled](const at::Tensor& X, double) { return gram_newton_schulz(X, 1e-7, dt, tiled); };
+  if (use_gram_newton_schulz)  // the reference passes no epsilon (the package's 1e-7) and
+    // computes in fp16 whatever the optimizer's dtype (see gram_newton_schulz)
+    return [tiled](const at::Tensor& X, double) {
+      return gram_newton_schulz(X, 1e-7, at::kHalf, tiled);
+    };
   if (path == OrthoPath::FAST) {
     const OrthoMethod m = method;
     return [dt, m](const at::Tensor& X, double eps) { return orthogonalize_fast(X, m, eps, dt); };

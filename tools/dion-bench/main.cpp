@@ -134,7 +134,7 @@ void run_ortho(const Common& common, const OrthoArgs& a) {
           [&] { sink = at::bmm(X, W); },
           [&] { sink = dion::math::polar_express(G, 1e-6, dt); },
           [&] { sink = dion::math::orthogonalize_fast(G, OrthoMethod::POLAR_EXPRESS, 1e-6, dt); },
-          [&] { sink = dion::math::gram_newton_schulz(G, 1e-7, dt, true); },
+          [&] { sink = dion::math::gram_newton_schulz(G, 1e-7, at::kHalf, true); },
       };
       const auto times = interleave(fns, a.reps, /*warmup=*/1);
       const double mm_flops = 2.0 * B * r * r * c;
@@ -156,7 +156,7 @@ void run_ortho(const Common& common, const OrthoArgs& a) {
         for (int i = 1; i < 4; ++i) {
           at::Tensor U = i == 1 ? ex
                                 : (i == 2 ? dion::math::orthogonalize_fast(G[0], OrthoMethod::POLAR_EXPRESS, 1e-6, dt)
-                                          : dion::math::gram_newton_schulz(G[0], 1e-7, dt, true))
+                                          : dion::math::gram_newton_schulz(G[0], 1e-7, at::kHalf, true))
                                       .to(at::kDouble);
           row[names[i]]["sv_min"] = singular_extreme(U, false);
           row[names[i]]["sv_max"] = singular_extreme(U, true);
