@@ -103,11 +103,18 @@ at::Tensor iterate(const at::Tensor& G, const std::array<Coeffs, N>& coeffs, dou
   at::Tensor norm = at::linalg_vector_norm(X, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true);
   X.div_(norm.mul_(scale).add_(epsilon));
   int cur = 0;
-  for (const Coeffs& k : coeffs) {
-    newton_schulz_step(ws.X[cur], ws.X[1 - cur], ws, k, tiled);
+  for (size_t i = 0; i + 1 < coeffs.size(); ++i) {
+    newton_schulz_step(ws.X[cur], ws.X[1 - cur], ws, coeffs[i], tiled);
     cur = 1 - cur;
   }
-  return finish(p, G, ws.X[cur]);
+  if (p.tall) {
+    newton_schulz_step(ws.X[cur], ws.X[1 - cur], ws, coeffs.back(), tiled);
+    return finish(p, G, ws.X[1 - cur]);
+  }
+  // Wide: the last step writes the result tensor itself (no copy out of the workspace).
+  at::Tensor out = at::empty(p.G3.sizes(), X.options());
+  newton_schulz_step(ws.X[cur], out, ws, coeffs.back(), tiled);
+  return out.view(G.sizes());
 }
 
 }  // namespace
