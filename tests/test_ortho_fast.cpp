@@ -208,12 +208,11 @@ TEST(GramNewtonSchulz, RankDeficientStaysBounded) {
 }
 
 // Against the package itself (tests/data/gram, recorded in fp16 with its torch backend and no
-// compilation). With dtype fp16 and tiled = false we run the same operations in the same order
-// on the same kernels, except the tall case (we iterate on G^T: the products are the
-// transposes of the package's) and the square case (our normalization divides the fp16 copy,
-// the package divides in fp32 first): measured max |diff| 0 (wide), 7.3e-4 (tall), 8.5e-4
-// (square), under 3 fp16 ulps (2.4e-4 at 0.3) of entries up to 0.39. These matrices are under
-// the block-row threshold, so tiled = true takes the same batched products. Asserted 2e-3.
+// compilation). With dtype fp16 we run the same operations in the same order and orientation
+// on the same kernels; only the square case differs (our normalization divides the fp16 copy,
+// the package divides in fp32 first). Measured max |diff|: 0 for wide and tall, 8.5e-4 for
+// square (under 3 fp16 ulps of entries up to 0.39). These matrices are under the block-row
+// threshold, so tiled = true takes the same batched products. Asserted 2e-3.
 TEST(GramNewtonSchulz, MatchesTheGramNewtonSchulzPackage) {
   const auto st = dion::testing::load_safetensors(std::string(DION_SOURCE_DIR) +
                                                   "/tests/data/gram/gram_newton_schulz.safetensors");

@@ -4,9 +4,10 @@
 // What it is not: the exact path (ortho.cpp keeps the reference's operation order); nothing
 // here is bit-identical to the reference, the differences are bf16 rounding (tests/test_ortho).
 //
-// Orientation: every iteration runs on the wide form X [B, r, c], r = min(m, n) <= c, so the
-// Gram matrix is X X^T [B, r, r]. A tall input is copied transposed into the workspace once
-// and the result copied back transposed once (two passes over m x n, against 5 x 3 products).
+// Orientation: X keeps the input's layout [B, m, n]; the Gram matrix is on the small side,
+// X X^T [B, m, m] for wide and X^T X [B, n, n] for tall inputs (a transposed operand is a flag
+// to the GEMM, not a copy), and the polynomial multiplies from that side (B X, resp. X B).
+// Nothing is transposed in memory, and the last step writes the result tensor itself.
 #include "dion/math/ortho.h"
 
 #include <ATen/ATen.h>
@@ -28,10 +29,11 @@ using detail::Coeffs;
 
 // ---------------------------------------------------------------------------- workspaces
 
-// Buffers of one (batch, r, c, dtype): two of the iterate and five Gram-sized ones. Reused by
-// every later call with the same key on this thread (the optimizer calls from one thread).
+// Buffers of one (batch, m, n, dtype): two of the iterate [B, m, n] and five Gram-sized ones
+// [B, r, r], r = min(m, n). Reused by every later call with the same key on this thread (the
+// optimizer calls from one thread).
 struct Workspace {
-  at::Tensor X[2];   // [B, r, c]
+  at::Tensor X[2];   // [B, m, n]
   at::Tensor S[5];   // [B, r, r]: A, B (Newton-Schulz); R, Z, RZ, Q, Q' (Gram)
 };
 
@@ -41,15 +43,16 @@ using WorkspaceKey = std::tuple<int64_t, int64_t, int64_t, at::ScalarType>;
 // has a handful of megabatch shapes, so in practice nothing is evicted).
 constexpr size_t kMaxWorkspaces = 32;
 
-Workspace& workspace_for(int64_t batch, int64_t r, int64_t c, at::ScalarType dtype) {
+Workspace& workspace_for(int64_t batch, int64_t m, int64_t n, at::ScalarType dtype) {
   thread_local std::map<WorkspaceKey, Workspace> cache;
-  const WorkspaceKey key{batch, r, c, dtype};
+  const WorkspaceKey key{batch, m, n, dtype};
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   if (cache.size() >= kMaxWorkspaces) cache.clear();
   const auto opts = at::TensorOptions().dtype(dtype);
+  const int64_t r = std::min(m, n);
   Workspace ws;
-  for (at::Tensor& x : ws.X) x = at::empty({batch, r, c}, opts);
+  for (at::Tensor& x : ws.X) x = at::empty({batch, m, n}, opts);
   for (at::Tensor& s : ws.S) s = at::empty({batch, r, r}, opts);
   return cache.emplace(key, std::move(ws)).first->second;
 }
@@ -57,9 +60,8 @@ Workspace& workspace_for(int64_t batch, int64_t r, int64_t c, at::ScalarType dty
 // ---------------------------------------------------------------------------- shared steps
 
 struct Prepared {
-  at::Tensor G3;      // the input viewed as [B, m, n]
-  bool tall;          // m > n: the workspace holds G^T
-  int64_t r, c;       // wide shape in the workspace
+  at::Tensor G3;  // the input viewed as [B, m, n]
+  bool tall;      // m > n: Gram matrix X^T X, polynomial applied from the right
   Workspace* ws;
 };
 
@@ -69,27 +71,42 @@ Prepared prepare(const at::Tensor& G, at::ScalarType dtype, const char* who) {
   Prepared p;
   p.G3 = G.dim() == 2 ? G.unsqueeze(0) : G.reshape({-1, G.size(-2), G.size(-1)});
   p.tall = G.size(-2) > G.size(-1);
-  p.r = p.tall ? G.size(-1) : G.size(-2);
-  p.c = p.tall ? G.size(-2) : G.size(-1);
-  p.ws = &workspace_for(p.G3.size(0), p.r, p.c, dtype);
+  p.ws = &workspace_for(p.G3.size(0), p.G3.size(1), p.G3.size(2), dtype);
   return p;
 }
 
-// The result [..., m, n] from the wide iterate X [B, r, c] (a fresh tensor: never a workspace).
-at::Tensor finish(const Prepared& p, const at::Tensor& G, const at::Tensor& X) {
-  at::Tensor out = at::empty(p.G3.sizes(), X.options());
-  out.copy_(p.tall ? X.mT() : X);
-  return out.view(G.sizes());
+// P = X X^T (wide) or X^T X (tall) [B, r, r].
+void small_gram(const at::Tensor& P, const at::Tensor& X, bool tall, bool tiled) {
+  if (tall)
+    symmetric_product_out(P, X.mT(), X, at::Tensor(), 0.0, 1.0, tiled);
+  else
+    gram_out(P, X, tiled);
 }
 
-// One polynomial step X' = a X + (b A + c A^2) X with A = X X^T, into `next`.
-void newton_schulz_step(const at::Tensor& X, at::Tensor next, Workspace& ws,
-                        const Coeffs& k, bool tiled) {
-  at::Tensor& A = ws.S[0];
-  at::Tensor& B = ws.S[1];
-  gram_out(A, X, tiled);                                  // A = X X^T     [B, r, r]
+// out = a X + B X (wide) or a X + X B (tall); B [B, r, r] symmetric.
+void apply_add(at::Tensor out, const at::Tensor& X, const at::Tensor& B, double a, bool tall) {
+  if (tall)
+    at::baddbmm_out(out, X, X, B, a, 1.0);
+  else
+    at::baddbmm_out(out, X, B, X, a, 1.0);
+}
+
+// out = Q X (wide) or X Q (tall).
+void apply(at::Tensor out, const at::Tensor& Q, const at::Tensor& X, bool tall) {
+  if (tall)
+    at::bmm_out(out, X, Q);
+  else
+    at::bmm_out(out, Q, X);
+}
+
+// One polynomial step X' = a X + (b A + c A^2) X with A the small Gram matrix, into `next`.
+void newton_schulz_step(const at::Tensor& X, const at::Tensor& next, Workspace& ws,
+                        const Coeffs& k, bool tall, bool tiled) {
+  const at::Tensor& A = ws.S[0];
+  const at::Tensor& B = ws.S[1];
+  small_gram(A, X, tall, tiled);                          // A [B, r, r]
   symmetric_product_out(B, A, A, A, k.b, k.c, tiled);    // B = b A + c A A
-  at::baddbmm_out(next, X, B, X, k.a, 1.0);               // X' = a X + B X [B, r, c]
+  apply_add(next, X, B, k.a, tall);                       // X' = a X + B X   [B, m, n]
 }
 
 template <size_t N>
@@ -98,22 +115,18 @@ at::Tensor iterate(const at::Tensor& G, const std::array<Coeffs, N>& coeffs, dou
   Prepared p = prepare(G, dtype, who);
   Workspace& ws = *p.ws;
   at::Tensor X = ws.X[0];
-  X.copy_(p.tall ? p.G3.mT() : p.G3);
+  X.copy_(p.G3);
   // X / (||X||_F * scale + epsilon), the norm of the compute-dtype copy as in the reference.
   at::Tensor norm = at::linalg_vector_norm(X, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true);
   X.div_(norm.mul_(scale).add_(epsilon));
   int cur = 0;
-  for (size_t i = 0; i + 1 < coeffs.size(); ++i) {
-    newton_schulz_step(ws.X[cur], ws.X[1 - cur], ws, coeffs[i], tiled);
+  for (size_t i = 0; i + 1 < N; ++i) {
+    newton_schulz_step(ws.X[cur], ws.X[1 - cur], ws, coeffs[i], p.tall, tiled);
     cur = 1 - cur;
   }
-  if (p.tall) {
-    newton_schulz_step(ws.X[cur], ws.X[1 - cur], ws, coeffs.back(), tiled);
-    return finish(p, G, ws.X[1 - cur]);
-  }
-  // Wide: the last step writes the result tensor itself (no copy out of the workspace).
+  // The last step writes the result tensor itself (never a workspace).
   at::Tensor out = at::empty(p.G3.sizes(), X.options());
-  newton_schulz_step(ws.X[cur], out, ws, coeffs.back(), tiled);
+  newton_schulz_step(ws.X[cur], out, ws, coeffs.back(), p.tall, tiled);
   return out.view(G.sizes());
 }
 
@@ -138,24 +151,24 @@ at::Tensor gram_newton_schulz(const at::Tensor& G, double epsilon, at::ScalarTyp
   }
   Prepared p = prepare(G, dtype, "gram_newton_schulz");
   Workspace& ws = *p.ws;
+  const bool tall = p.tall;
   // X = (G / (||G||_F + epsilon)).to(dtype), the norm and the division in fp32 (the package's).
-  const at::Tensor G3 = p.tall ? p.G3.mT() : p.G3;
   const at::Tensor norm =
-      at::linalg_vector_norm(G3, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true, at::kFloat);
+      at::linalg_vector_norm(p.G3, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true, at::kFloat);
   int cur = 0;
-  ws.X[cur].copy_(G3.to(at::kFloat).div(norm.add(epsilon)));
+  ws.X[cur].copy_(p.G3.to(at::kFloat).div(norm.add(epsilon)));
 
-  at::Tensor &R = ws.S[0], &Z = ws.S[1], &RZ = ws.S[2];
+  const at::Tensor &R = ws.S[0], &Z = ws.S[1], &RZ = ws.S[2];
   at::Tensor Q = ws.S[3], Qn = ws.S[4];
-  gram_out(R, ws.X[cur], tiled);  // R = X X^T [B, r, r]
+  small_gram(R, ws.X[cur], tall, tiled);  // R [B, r, r]
   const int last = static_cast<int>(coeffs.size()) - 1;
   for (int i = 0; i <= last; ++i) {
     const Coeffs& k = coeffs[static_cast<size_t>(i)];
     const bool restart = i == detail::kGramResetStep;
-    if (restart) {  // X <- Q X, R = X X^T: drop the accumulated rounding of R
-      at::bmm_out(ws.X[1 - cur], Q, ws.X[cur]);
+    if (restart) {  // X <- Q X, R = its Gram matrix: drop the accumulated rounding of R
+      apply(ws.X[1 - cur], Q, ws.X[cur], tall);
       cur = 1 - cur;
-      gram_out(R, ws.X[cur], tiled);
+      small_gram(R, ws.X[cur], tall, tiled);
     }
     symmetric_product_out(Z, R, R, R, k.b, k.c, tiled);  // Z = b R + c R R
     if (i == 0 || restart) {
@@ -170,8 +183,9 @@ at::Tensor gram_newton_schulz(const at::Tensor& G, double epsilon, at::ScalarTyp
       symmetric_product_out(R, Z, RZ, RZ, k.a, 1.0, tiled);  // R = a RZ + Z RZ
     }
   }
-  at::bmm_out(ws.X[1 - cur], Q, ws.X[cur]);  // Q X [B, r, c]
-  return finish(p, G, ws.X[1 - cur]);
+  at::Tensor out = at::empty(p.G3.sizes(), ws.X[cur].options());
+  apply(out, Q, ws.X[cur], tall);  // Q X (X Q when tall): the result
+  return out.view(G.sizes());
 }
 
 }  // namespace dion::math
