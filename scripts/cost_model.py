@@ -59,7 +59,9 @@ HARDWARE = {
 
 
 def matrices(model):
-    """[(m, n, count)] of the model's matrix parameters."""
+    """[(m, n, count)] of the model's matrix parameters (a list of them is taken as is)."""
+    if isinstance(model, list):
+        return model
     d, L, f, kv = model["d"], model["layers"], model["ffn"], model["kv"]
     shapes = {(d, d): 2 * L, (kv, d): 2 * L, (f, d): 2 * L, (d, f): L}
     return [(m, n, c) for (m, n), c in shapes.items()]
@@ -100,7 +102,7 @@ def step_cost(model, algo, dp, fs, tp, hw, fraction=0.25, rank_div=4, comm_bytes
                 bytes_ += payload
                 link_s += link(payload * dp, dp, 1, W)
         else:  # dion
-            r = max(1, int(min(m, n) / rank_div))
+            r = max(1, int(min(m, n) / rank_div + 1e-9))
             flops += count * (4 * m * n * r / S + 2 * (m / fs) * r * r)
             if fs > 1:  # R = M^T P summed over the row shards: all_reduce [n / tp, r]
                 payload = count * (n / tp) * r * comm_bytes
@@ -110,10 +112,15 @@ def step_cost(model, algo, dp, fs, tp, hw, fraction=0.25, rank_div=4, comm_bytes
                 payload = count * (m / fs) * r * comm_bytes
                 bytes_ += payload
                 link_s += link(payload, tp, 2, tp)
-            if dp > 1:  # compressed sync of P and R over the replicas
-                payload = count * (m / fs + n / tp) * r * comm_bytes
+            if dp > 1:  # compressed sync of P and R over the replicas, or of the gradient
+                # itself when that is smaller (rank_fraction 1), as the reference does
+                mm, nn = m / fs, n / tp
+                payload = count * min((mm + nn) * r, mm * nn) if rank_div > 1 else count * mm * nn
+                payload *= comm_bytes
                 bytes_ += payload
                 link_s += link(payload, dp, 2, W)
+    if algo == "dion" and dp > 1:
+        bytes_ += 8  # two 4-byte all_reduces per step (measured: cmd_check)
     return flops / hw["matmul"] + link_s, bytes_, flops
 
 
@@ -182,29 +189,30 @@ def cmd_check(args):
     if not m:
         print("check: the byte lines were not found in test_dist's output:\n" + text[-2000:])
         return 1
-    model = {"d": 64, "layers": 0, "ffn": 64, "kv": 64}
-    muon_pred = sum(2 * count * mm * nn * 4 / 2 for mm, nn, count in [(64, 64, 4)])
-    for name, measured, pred in [("muon fsdp 2 ranks", int(m.group(1)), muon_pred),
-                                 ("dion2 0.25 fsdp 2 ranks", int(m.group(2)), 0.25 * muon_pred)]:
-        ok = abs(measured - pred) <= 0.02 * pred
-        failures += not ok
-        print(f"{name}: measured {measured} B, model {pred:.0f} B, "
-              f"{'ok' if ok else 'MISMATCH'} ({measured / pred:.3f})")
-    del model
-    # Dion DDP compressed sync (scenario_dion_ddp): all_reduce of P [m, k] and R [n, k], fp32,
-    # 3 steps, shapes below; rank_fraction 1: the full gradient instead.
-    shapes = [(64, 32), (64, 32), (64, 32), (32, 48), (40, 40)]
-    for rf, measured in re.findall(r"dion ddp rank_fraction ([\d.]+): all_reduce bytes (\d+)", text):
-        rf, measured = float(rf), int(measured)
-        pred = 0
-        for mm, nn in shapes:
-            k = max(1, int(rf * min(mm, nn)))
-            pred += ((mm + nn) * k if rf < 1 and (mm + nn) * k < mm * nn else mm * nn) * 4
-        pred *= 3
+    hw = HARDWARE["cpu-here"]
+
+    def compare(name, measured, pred):
         ok = measured == pred
-        failures += not ok
-        print(f"dion ddp rank_fraction {rf}: measured {measured} B, model {pred} B, "
-              f"{'exact' if ok else 'MISMATCH'}")
+        print(f"{name}: measured {measured} B, model {pred:.0f} B, {'exact' if ok else 'MISMATCH'}")
+        return not ok
+
+    # scenario_bytes: 4 matrices 64 x 64, FSDP rows over 2 ranks, one step; the all_to_all
+    # payload in the communication dtype (OrthoConfig::dtype, bf16).
+    mats = [(64, 64, 4)]
+    failures += compare("muon fsdp 2 ranks", int(m.group(1)),
+                        step_cost(mats, "muon", 1, 2, 1, hw, comm_bytes=2)[1])
+    failures += compare("dion2 0.25 fsdp 2 ranks", int(m.group(2)),
+                        step_cost(mats, "dion2", 1, 2, 1, hw, fraction=0.25, comm_bytes=2)[1])
+    # scenario_dion_ddp: these shapes, 3 steps, fp32 all_reduce of P and R (or the gradient).
+    mats = [(64, 32, 3), (32, 48, 1), (40, 40, 1)]
+    found = re.findall(r"dion ddp rank_fraction ([\d.]+): all_reduce bytes (\d+)", text)
+    for i, (rf, measured) in enumerate(found):  # the 2-rank test prints first, then 4 ranks
+        dp = 2 if i < 2 else 4
+        pred = 3 * step_cost(mats, "dion", dp, 1, 1, hw, rank_div=1 / float(rf), comm_bytes=4)[1]
+        failures += compare(f"dion ddp {dp} ranks rank_fraction {rf}", int(measured), pred)
+    if len(found) != 4:
+        print(f"check: expected 4 dion ddp lines (2 and 4 ranks), found {len(found)}")
+        failures += 1
     return 1 if failures else 0
 
 
