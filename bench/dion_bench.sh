@@ -33,7 +33,7 @@ if [ "$QUICK" = 1 ]; then
   "$BIN" --json "$JSON" micro --sizes 256,512 --reps 2 >&2
   SETS=256x2
 else
-  "$BIN" --json "$JSON" ortho --check --dtypes bf16,fp32 --reps 5 >&2
+  "$BIN" --json "$JSON" ortho --check --dtypes bf16,fp32 --reps 3 >&2
   "$BIN" --json "$JSON" step --reps 3 >&2
   "$BIN" --json "$JSON" micro --reps 3 >&2
   SETS=768x2,256x4

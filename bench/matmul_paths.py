@@ -5,7 +5,8 @@
 
 Times X X^T for X [1, s, s] bf16 on one thread (process CPU time) through at::matmul with the
 transposed view (what bench_ortho's baseline and the exact path call), at::bmm on the same
-operands, at::matmul with a contiguous transpose, and a 2-D at::mm; then at::matmul on two
+operands, at::matmul with a contiguous transpose, a 2-D at::mm, at::bmm in fp16 and fp32; then
+at::matmul on two
 threads by the wall clock (the old page's method) . Prints GFLOP/s per call and the load average.
 """
 import argparse
@@ -37,6 +38,10 @@ def main():
                      ("at::matmul(X, contiguous X^T)", lambda: X @ Xt),
                      ("at::mm(X[0], X[0].T)", lambda: X[0] @ X[0].T)]:
         print(f"  1 thread, CPU time   {name:32s} {rate(fn, flops):6.0f} GFLOP/s")
+    for dtype in (torch.float16, torch.float32):
+        Y = X.to(dtype)
+        print(f"  1 thread, CPU time   {'at::bmm, ' + str(dtype):32s} "
+              f"{rate(lambda: torch.bmm(Y, Y.mT), flops):6.0f} GFLOP/s")
     torch.set_num_threads(2)
     print(f"  2 threads, wall time {'at::matmul(X, X.mT)':32s} "
           f"{rate(lambda: X @ X.mT, flops, time.perf_counter):6.0f} GFLOP/s")

@@ -96,9 +96,18 @@ def main():
             finally:
                 _C.set_ortho_path("exact")
             if args.compiled:
+                # A fresh compilation per class and set: dynamo's recompile limit would otherwise
+                # stop a fullgraph function after a few parameter sets (FailOnRecompileLimitHit).
+                torch._dynamo.reset()
                 variants["ref_compiled"] = cr.build(dion, name, kw, values, grads, kinds, True)
 
+            counts = {k: 0 for k in variants}
+
             def run(key, opt):
+                # Legacy Dion's randomized QR draws from the global generator: the k-th step of
+                # every variant sees the same seed (as bench/compare_reference.py does).
+                counts[key] += 1
+                torch.manual_seed(1000 + counts[key])
                 if key == "ref_eager":
                     with torch.compiler.set_stance("force_eager"):
                         opt.step()
@@ -107,11 +116,14 @@ def main():
 
             row = {"set": size, "class": name}
             for key, (opt, _) in variants.items():  # first step: state creation, compilation
-                t0 = time.process_time()
+                t0, w0 = time.process_time(), time.perf_counter()
                 run(key, opt)
-                row[key] = {"first_ms": (time.process_time() - t0) * 1e3}
+                row[key] = {"first_ms": (time.process_time() - t0) * 1e3,
+                            "first_wall_ms": (time.perf_counter() - w0) * 1e3}
             for key, (opt, _) in variants.items():
                 run(key, opt)  # a steady step before counting
+                counts[key] += 1
+                torch.manual_seed(1000 + counts[key])
                 if key == "ref_eager":
                     with torch.compiler.set_stance("force_eager"):
                         row[key]["alloc_bytes"] = step_bytes(torch, opt)

@@ -130,12 +130,13 @@ def cmd_table(args):
     model = MODELS[args.model]
     hw = HARDWARE[args.hw]
     dp, fs, tp = (int(x) for x in args.layout.split(","))
-    print(f"| algorithm | step ms | MB per rank | GFLOP per rank |  ({args.model}, {args.hw}, "
-          f"dp {dp} fs {fs} tp {tp}) |")
-    print("|---|--:|--:|--:|--|")
+    print(f"{args.model} on {args.hw}, dp {dp} x fs {fs} x tp {tp} = {dp * fs * tp} ranks "
+          "(predicted; time = compute + communication, no overlap)\n")
+    print("| algorithm | step ms | payload MB per rank | GFLOP per rank |")
+    print("|---|--:|--:|--:|")
     for name, algo, kw in variants():
         t, b, f = step_cost(model, algo, dp, fs, tp, hw, **kw)
-        print(f"| {name} | {t * 1e3:.1f} | {b / 1e6:.1f} | {f / 1e9:.1f} | |")
+        print(f"| {name} | {t * 1e3:.1f} | {b / 1e6:.1f} | {f / 1e9:.1f} |")
 
 
 def variants():
