@@ -82,7 +82,9 @@ void symmetric_product_out(const at::Tensor& P, const at::Tensor& M1, const at::
                            const at::Tensor& S, double beta, double alpha, bool tiled) {
   check_product(P, M1, M2, S);
   const int64_t batch = P.size(0), m = P.size(1);
-  if (!tiled || m < kSymmetricMinRows || !P.device().is_cpu()) {
+  const int64_t k = M1.size(2);
+  const bool blocks = m >= kSymmetricMinRows || (m >= kSymmetricMinRowsLongK && k >= kSymmetricLongK);
+  if (!tiled || !blocks || !P.device().is_cpu()) {
     at::Tensor out = P;  // the _out functions take a non-const handle
     if (S.defined() && beta != 0.0) {
       at::baddbmm_out(out, S, M1, M2, beta, alpha);

@@ -7,7 +7,7 @@
 // one at::addmm_out per block row and matrix, written in place into P (no temporary), then the
 // strictly upper blocks are copied from the lower ones by a cache-blocked transpose. With T
 // blocks the product costs (T + 1) / (2 T) of the full one: 0.625 at T = 4.
-// Below kSymmetricMinRows rows (or with tiled = false) it is one batched at::baddbmm_out /
+// Below the thresholds below (or with tiled = false) it is one batched at::baddbmm_out /
 // at::bmm_out over the whole batch instead: on this CPU oneDNN's batched small products run
 // at their full rate while block rows of a small matrix lose more to per-call costs than the
 // triangle saves (measured by dion-bench; see docs/benchmarks.md).
@@ -24,8 +24,15 @@
 
 namespace dion::math {
 
-// Rows from which the block-row path is used (smaller products: one batched call).
-constexpr int64_t kSymmetricMinRows = 512;
+// When the block-row path is used: from kSymmetricMinRows rows, or from kSymmetricMinRowsLongK
+// rows when the reduction is at least kSymmetricLongK long (X X^T of a 1:4 matrix). Measured
+// with dion-bench (one thread, bf16): per-matrix block rows beat one batched product for
+// 768 x 3072 (K = 3072, 10-20 % faster) and 2048 x 2048, and lose to it for 512 x 512 and
+// 768 x 768 batches (K = 512, 768: 10-20 % slower), where the smaller GEMMs' per-call costs
+// exceed the saved flops.
+constexpr int64_t kSymmetricMinRows = 1024;
+constexpr int64_t kSymmetricMinRowsLongK = 512;
+constexpr int64_t kSymmetricLongK = 2048;
 // Rows per block row (the last block takes the remainder).
 constexpr int64_t kSymmetricBlockRows = 256;
 
