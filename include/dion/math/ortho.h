@@ -12,7 +12,7 @@
 // Two paths compute them (OrthoConfig::path):
 //   - EXACT: newton_schulz / polar_express below, every operation in the reference's order and
 //     dtype, so that the same LibTorch kernels give the reference's bits (the exact.* tests);
-//   - FAST (opt-in; measured 1.4-2x faster on one core, docs/benchmarks.md): orthogonalize_fast, the
+//   - FAST (opt-in; measured 1.6-2x faster in bf16 on one core, docs/benchmarks.md): orthogonalize_fast, the
 //     same polynomial with (1) symmetric products X X^T and A A by lower block rows plus a
 //     mirror (dion/math/symmetric.h), (2) b A + c A A and a X + B X fused into one
 //     baddbmm each, on at::bmm rather than at::matmul (which takes a slower strided path for
