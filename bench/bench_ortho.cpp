@@ -8,9 +8,11 @@
 // What it measures: one call of dion::math::newton_schulz / polar_express (5 steps) on a batch
 // G [B, m, n] already in the compute dtype, next to a plain matmul baseline of the same size
 // registered just before it and run in the same process:
-//   matmul/<dtype>/<m>x<n>/b<B>         the Gram product X X^T ([B, m, n] x [B, n, m]) for
-//                                       m <= n, X^T X for tall inputs: the orthogonalizer's
-//                                       first matmul, 2 r^2 c flops (r = min(m, n), c = max).
+//   matmul/<dtype>/<m>x<n>/b<B>         the Gram product's shape [B, r, c] x [B, c, r] through
+//                                       at::bmm on contiguous operands made before timing
+//                                       (at::matmul with a transposed 3-D operand takes a path
+//                                       3x slower: bench/matmul_paths.py), 2 r^2 c flops
+//                                       (r = min(m, n), c = max).
 //   <method>/<dtype>/<m>x<n>/b<B>       the orthogonalizer, with counters
 //     GFLOP/s   flops of 5 iterations / time; per iteration X X^T 2 r^2 c, A A 2 r^3,
 //               B X 2 r^2 c, elementwise 3 r^2 + 2 r c (normalization not counted);
@@ -198,8 +200,7 @@ double clock_seconds() {
 
 at::Tensor run_case(const BenchCase& c, const at::Tensor& G) {  // G [B, m, n]
   switch (c.method) {
-    case BenchMethod::MATMUL:
-      return c.m <= c.n ? at::matmul(G, G.mT()) : at::matmul(G.mT(), G);  // [B, r, r]
+    case BenchMethod::MATMUL: return {};  // timed in bench_case on prepared operands
     case BenchMethod::NEWTON_SCHULZ: return dion::math::newton_schulz(G, 1e-7, c.dtype);
     case BenchMethod::POLAR_EXPRESS: return dion::math::polar_express(G, 1e-6, c.dtype);
   }
@@ -214,12 +215,15 @@ void bench_case(benchmark::State& state, const BenchCase& c) {
                                                            ? matmul_flops(c.m, c.n)
                                                            : ortho_flops(c.m, c.n));
   const std::string warm_key = std::string(method_name(c.method)) + "/" + key;
-  if (flops < kWarmupMaxFlops && g_warmed.insert(warm_key).second)
-    benchmark::DoNotOptimize(run_case(c, G));
 
+  // The matmul baseline's operands: X [B, r, c] and X^T [B, c, r], both contiguous.
+  const at::Tensor X = c.m <= c.n ? G : G.mT().contiguous();
+  const at::Tensor Xt = X.mT().contiguous();
+  auto call = [&] { return c.method == BenchMethod::MATMUL ? at::bmm(X, Xt) : run_case(c, G); };
+  if (flops < kWarmupMaxFlops && g_warmed.insert(warm_key).second) benchmark::DoNotOptimize(call());
   const double start = clock_seconds();
   for (auto _ : state) {
-    at::Tensor U = run_case(c, G);
+    at::Tensor U = call();
     benchmark::DoNotOptimize(U);
   }
   const double seconds = (clock_seconds() - start) / static_cast<double>(state.iterations());

@@ -63,6 +63,8 @@ endif()
 
 add_library(dion
   src/math/ortho.cpp
+  src/math/ortho_fast.cpp
+  src/math/symmetric.cpp
   src/math/lr.cpp
   src/math/muon.cpp
   src/math/normuon.cpp
@@ -148,6 +150,8 @@ include(${CMAKE_CURRENT_LIST_DIR}/DionTrainIO.cmake)
 add_subdirectory(examples)
 # The GPT training program dion-train (tools/dion-train, docs/train.md).
 include(${CMAKE_CURRENT_LIST_DIR}/DionTrain.cmake)
+# The benchmark program dion-bench (tools/dion-bench, docs/benchmarks.md).
+include(${CMAKE_CURRENT_LIST_DIR}/DionBench.cmake)
 if(DION_BUILD_TESTS)
   add_subdirectory(tests)
 endif()

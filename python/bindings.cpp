@@ -237,15 +237,18 @@ dion::math::OrthoFn python_ortho(py::object fn) {
 }
 
 // Constructor keywords that choose the orthogonalizer: use_polar_express, newton_schulz_func,
-// use_gram_newton_schulz (not implemented), use_triton (ignored: the C++ kernels are used).
+// use_gram_newton_schulz (Gram Newton-Schulz in fp16, as the reference), use_triton (ignored:
+// the C++ kernels are used). The path (exact: the reference's bits; fast) is process-wide:
+// dion_cpp._C.set_ortho_path("fast") (docs/benchmarks.md).
+dion::math::OrthoPath g_ortho_path = dion::math::OrthoPath::EXACT;
+
 dion::math::OrthoConfig ortho_from_kwargs(const py::dict& kw) {
   dion::math::OrthoConfig ortho;
+  ortho.path = g_ortho_path;
   if (kw.contains("use_polar_express") && !as_bool(kw["use_polar_express"]))
     ortho.method = dion::math::OrthoMethod::NEWTON_SCHULZ;
   if (kw.contains("use_gram_newton_schulz") && as_bool(kw["use_gram_newton_schulz"]))
-    throw dion::NotImplementedError(
-        "use_gram_newton_schulz=True: Gram Newton-Schulz is not implemented in dion-cpp; use the "
-        "default Polar Express (use_polar_express=True) or pass newton_schulz_func");
+    ortho.use_gram_newton_schulz = true;
   if (kw.contains("newton_schulz_func") && !kw["newton_schulz_func"].is_none()) {
     py::object fn = py::reinterpret_borrow<py::object>(kw["newton_schulz_func"]);
     if (!PyCallable_Check(fn.ptr()))
@@ -524,6 +527,18 @@ PYBIND11_MODULE(_C, m) {
     for (const dion::HyperparameterInfo& h : dion::hyperparameters()) out.append(py::make_tuple(h.name, h.doc));
     return out;
   });
+
+  m.def(
+      "set_ortho_path",
+      [](const std::string& path) {
+        try {
+          g_ortho_path = dion::math::ortho_path_from_string(path);
+        } catch (const std::invalid_argument& e) {
+          throw dion::ValueError(e.what());
+        }
+      },
+      py::arg("path"), "'exact' (default: the reference's bits) or 'fast', for optimizers built later");
+  m.def("get_ortho_path", [] { return dion::math::to_string(g_ortho_path); });
 
   py::class_<PyOptimizer>(m, "Optimizer")
       .def(py::init<const std::string&, const py::dict&>(), py::arg("kind"), py::arg("kwargs"))

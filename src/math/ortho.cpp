@@ -7,7 +7,8 @@
 
 #include <ATen/ATen.h>
 
-#include <array>
+#include "ortho_coeffs.h"
+
 #include <map>
 #include <stdexcept>
 
@@ -15,29 +16,9 @@ namespace dion::math {
 
 namespace {
 
-struct Coeffs {
-  double a, b, c;
-};
-
-// Muon's quintic Newton-Schulz coefficients, one triple per step (reference:
-// newton_schulz_triton.zeropower_via_newtonschulz5).
-constexpr std::array<Coeffs, 5> kNewtonSchulz = {{
-    {4.0848, -6.8946, 2.9270},
-    {3.9505, -6.3029, 2.6377},
-    {3.7418, -5.5913, 2.3037},
-    {2.8769, -3.1427, 1.2046},
-    {2.8366, -3.0525, 1.2012},
-}};
-
-// Polar Express coefficients for 5 steps, safety factor 2e-2, cushion 2 (arXiv 2505.16932);
-// the 1.02 safety factor is baked into all but the last polynomial.
-constexpr std::array<Coeffs, 5> kPolarExpress = {{
-    {8.156554524902461, -22.48329292557795, 15.878769915207462},
-    {4.042929935166739, -2.808917465908714, 0.5000178451051316},
-    {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
-    {3.285753657755655, -2.3681294933425376, 0.46449024233003106},
-    {2.3465413258596377, -1.7097828382687081, 0.42323551169305323},
-}};
+using detail::Coeffs;
+using detail::kNewtonSchulz;
+using detail::kPolarExpress;
 
 void check_matrix(const at::Tensor& G, const char* who) {
   TORCH_CHECK(G.dim() >= 2, who, ": expected a matrix or a batch of matrices [..., m, n], got shape ",
@@ -97,9 +78,28 @@ at::Tensor polar_express(const at::Tensor& G, double epsilon, at::ScalarType dty
   return X;
 }
 
+OrthoPath ortho_path_from_string(const std::string& name) {
+  if (name == "exact") return OrthoPath::EXACT;
+  if (name == "fast") return OrthoPath::FAST;
+  throw std::invalid_argument("unknown orthogonalizer path '" + name +
+                              "': valid values are 'exact' and 'fast'");
+}
+
+std::string to_string(OrthoPath path) { return path == OrthoPath::EXACT ? "exact" : "fast"; }
+
 OrthoFn OrthoConfig::function() const {
   if (custom) return custom;
   const at::ScalarType dt = dtype;
+  const bool tiled = path == OrthoPath::FAST;
+  if (use_gram_newton_schulz)  // the reference passes no epsilon (the package's 1e-7) and
+    // computes in fp16 whatever the optimizer's dtype (see gram_newton_schulz)
+    return [tiled](const at::Tensor& X, double) {
+      return gram_newton_schulz(X, 1e-7, at::kHalf, tiled);
+    };
+  if (path == OrthoPath::FAST) {
+    const OrthoMethod m = method;
+    return [dt, m](const at::Tensor& X, double eps) { return orthogonalize_fast(X, m, eps, dt); };
+  }
   if (method == OrthoMethod::NEWTON_SCHULZ)
     return [dt](const at::Tensor& X, double eps) { return newton_schulz(X, eps, dt); };
   return [dt](const at::Tensor& X, double eps) { return polar_express(X, eps, dt); };

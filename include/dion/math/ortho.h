@@ -9,6 +9,20 @@
 // smaller Gram matrix (X X^T for wide, X^T X for tall inputs), and return the compute dtype.
 // An all-zero matrix maps to all zeros (epsilon keeps the division finite).
 //
+// Two paths compute them (OrthoConfig::path):
+//   - EXACT: newton_schulz / polar_express below, every operation in the reference's order and
+//     dtype, so that the same LibTorch kernels give the reference's bits (the exact.* tests);
+//   - FAST (opt-in; measured 1.6-2x faster in bf16 on one core, docs/benchmarks.md): orthogonalize_fast, the
+//     same polynomial with (1) symmetric products X X^T and A A by lower block rows plus a
+//     mirror (dion/math/symmetric.h), (2) b A + c A A and a X + B X fused into one
+//     baddbmm each, on at::bmm rather than at::matmul (which takes a slower strided path for
+//     a transposed operand at batch 1), (3) workspaces reused across calls (a per-thread cache
+//     keyed by batch, shape and dtype), so a call allocates its result and little else.
+//     Its results differ from the exact path's by bf16 rounding (measured in tests/test_ortho).
+// A third orthogonalizer, gram_newton_schulz (the reference's use_gram_newton_schulz=True, the
+// gram-newton-schulz package's algorithm), iterates on the m x m Gram matrix of a non-square
+// input and applies the accumulated polynomial to X at the end, with a restart at step 2.
+//
 // What it is not: no momentum, no learning rate, no communication. The optimizers call these
 // through an OrthoFn so that a user-supplied orthogonalizer can replace them.
 //
@@ -19,6 +33,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace dion::math {
 
@@ -41,11 +56,44 @@ at::Tensor newton_schulz(const at::Tensor& G, double epsilon = 1e-7,
 at::Tensor polar_express(const at::Tensor& G, double epsilon = 1e-6,
                          at::ScalarType dtype = at::kBFloat16);
 
-// Which orthogonalizer an optimizer uses. `custom`, when set, wins over `method`.
+// EXACT: the reference's operation order (bit-identical on the same kernels); FAST: see above.
+enum class OrthoPath { EXACT, FAST };
+
+// "exact" | "fast"; throws std::invalid_argument naming the valid values.
+OrthoPath ortho_path_from_string(const std::string& name);
+std::string to_string(OrthoPath path);
+
+// The fast path of newton_schulz / polar_express (same coefficients, normalization and
+// orientation; see the comment at the top). G [..., m, n] -> U [..., m, n] in `dtype`.
+at::Tensor orthogonalize_fast(const at::Tensor& G, OrthoMethod method, double epsilon,
+                              at::ScalarType dtype = at::kBFloat16);
+
+// Gram Newton-Schulz (the reference's use_gram_newton_schulz=True; gram-newton-schulz 0.1.6):
+// X = G / (||G||_F + epsilon) (the norm in fp32), then for a non-square matrix, with
+// R = X X^T (m <= n; X^T X when tall) and the package's Polar Express coefficients:
+//   Z = b R + c R^2;  Q = Z + a I at steps 0 and 2, else Q = a Q + Q Z;
+//   R <- a RZ + Z RZ with RZ = a R + R Z (R tracks the Gram matrix of Q X);
+//   at step 2 (the restart) X <- Q X and R = X X^T are recomputed; the result is Q X.
+// A square matrix takes the standard 5-step iteration with the same coefficients (as the
+// package does). Every product between two m x m polynomials in R is symmetric, so `tiled`
+// computes them as symmetric products; tiled = false uses full batched products in the
+// package's operation order (its torch backend). epsilon: the package's 1e-7. dtype: the
+// package's fp16 by default; in bf16 the iterated Gram polynomial loses too much (singular
+// values up to 1.8 at condition number 100, tests/test_ortho_fast.cpp), so OrthoConfig always
+// runs it in fp16, as the reference does.
+at::Tensor gram_newton_schulz(const at::Tensor& G, double epsilon = 1e-7,
+                              at::ScalarType dtype = at::kHalf, bool tiled = true);
+
+// Which orthogonalizer an optimizer uses. `custom`, when set, wins over everything else;
+// use_gram_newton_schulz wins over `method` (as in the reference, where it implies Polar Express).
 struct OrthoConfig {
   OrthoMethod method = OrthoMethod::POLAR_EXPRESS;
   at::ScalarType dtype = at::kBFloat16;  // compute (and communication) dtype
   OrthoFn custom;                        // optional user-supplied orthogonalizer
+  bool use_gram_newton_schulz = false;   // the reference's flag of the same name
+  // EXACT stays the default: every reference-vector test, the distributed bit-identity checks
+  // and the trainer's expected losses rely on the reference's bits (docs/benchmarks.md).
+  OrthoPath path = OrthoPath::EXACT;
 
   OrthoFn function() const;               // the callable the optimizers use
 };

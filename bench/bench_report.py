@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Markdown for docs/benchmarks.md from dion-bench's JSON tables (one object per line).
+
+    python3 bench/bench_report.py build/dion_bench.jsonl > section.md
+
+Reads the tables written by `dion-bench --json` (ortho, step, micro) and by
+bench/reference_step.py (reference_step); prints one markdown section per table, each with
+the machine line recorded with it (load average, threads, CPU flags) and, where the issue sets
+a goal, whether it is met. Formatting only: every number comes from the JSON.
+"""
+import json
+import sys
+
+MIB = 2 ** 20
+
+
+def machine_line(m):
+    parts = [f"load average {m.get('loadavg', '?')}", f"{m.get('torch_threads', '?')} thread(s)"]
+    if m.get("cpu"):
+        parts.append(m["cpu"])
+    if m.get("cpu_flags"):
+        parts.append("flags " + " ".join(m["cpu_flags"]))
+    parts.append(f"torch {m.get('torch_version', '?')}")
+    if m.get("time_utc"):
+        parts.append(m["time_utc"])
+    return "- machine: " + "; ".join(parts)
+
+
+def goal(value, target, lower_is_better=False):
+    ok = value <= target if lower_is_better else value >= target
+    return f"{value:.2f} {'met' if ok else 'NOT met'}"
+
+
+def ortho(t):
+    print("### Orthogonalizers vs the same-dtype matmul (`dion-bench ortho`)\n")
+    print(machine_line(t["machine"]))
+    print(f"- median of {t['reps']} interleaved repetitions, process CPU time; rate = the "
+          "reference's flops 5 (4 r^2 c + 2 r^3) / time, as a multiple of the matmul's rate "
+          "(`[B, r, c] x [B, c, r]`, contiguous); goal (bf16): 1.3x square, 1.6x 1:4")
+    print()
+    print("| dtype | m x n x B | matmul ms (GFLOP/s) | exact ms (x rate) | fast ms (x rate) | "
+          "gram fp16 ms (x rate) | sv exact | sv fast | sv gram | fast - exact max abs |")
+    print("|---|---|--:|--:|--:|--:|--|--|--|--:|")
+    for r in t["rows"]:
+        mm, ex, fa, gr = r["matmul"], r["exact"], r["fast"], r["gram"]
+        square = r["m"] == r["n"]
+        target = 1.3 if square else 1.6
+        fast_x = (goal(fa["x_matmul_rate"], target) if r["dtype"] == "bf16"
+                  else f"{fa['x_matmul_rate']:.2f}")
+        sv = lambda v: (f"[{v['sv_min']:.3f}, {v['sv_max']:.3f}]" if "sv_min" in v else "—")  # noqa
+        diff = f"{fa['max_abs_diff_to_exact']:.1e}" if "max_abs_diff_to_exact" in fa else "—"
+        print(f"| {r['dtype']} | {r['m']} x {r['n']} x {r['batch']} | {mm['ms']:.2f} "
+              f"({mm['gflops']:.0f}) | {ex['ms']:.1f} ({ex['x_matmul_rate']:.2f}) | "
+              f"{fa['ms']:.1f} ({fast_x}) | {gr['ms']:.1f} ({gr['x_matmul_rate']:.2f}) | "
+              f"{sv(ex)} | {sv(fa)} | {sv(gr)} | {diff} |")
+    print()
+
+
+def step(t):
+    print("### Optimizer step per path, C++ (`dion-bench step`)\n")
+    print(machine_line(t["machine"]))
+    print(f"- median of {t['reps']} interleaved steps, process CPU time; bytes: allocated by one "
+          "steady step (counting CPU allocator); diff: max |p - p_exact| / max |p_exact| after "
+          f"all steps; peak RSS {t['peak_rss_bytes'] / MIB:.0f} MiB")
+    print()
+    print("| set | algorithm | exact ms | fast ms (/ exact) | gram ms | exact MiB/step | "
+          "fast MiB/step | gram MiB/step | first step exact / fast ms | diff fast | diff gram |")
+    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for r in t["rows"]:
+        ex = r["exact"]
+        fa, gr = r.get("fast"), r.get("gram")
+        cell = lambda v, k, f: (f.format(v[k]) if v else "—")  # noqa: E731
+        mib = lambda v: f"{v['alloc_bytes'] / MIB:.1f}" if v else "—"  # noqa: E731
+        ratio = f" ({fa['ms'] / ex['ms']:.2f})" if fa else ""
+        print(f"| {r['set']} | {r['algo']} | {ex['ms']:.1f} | "
+              f"{cell(fa, 'ms', '{:.1f}')}{ratio} | {cell(gr, 'ms', '{:.1f}')} | "
+              f"{ex['alloc_bytes'] / MIB:.1f} | {mib(fa)} | {mib(gr)} | "
+              f"{ex['first_ms']:.0f} / {cell(fa, 'first_ms', '{:.0f}')} | "
+              f"{cell(fa, 'max_rel_diff_to_exact', '{:.1e}')} | "
+              f"{cell(gr, 'max_rel_diff_to_exact', '{:.1e}')} |")
+    print()
+
+
+def reference(t):
+    print("### Optimizer step vs microsoft/dion, one Python process (`bench/reference_step.py`)\n")
+    print(machine_line(t["machine"]))
+    print(f"- median of {t['reps']} interleaved steps, process CPU time, one thread; bytes: "
+          "allocated by one steady step (torch.profiler, both sides); goals: fast / eager <= 0.7, "
+          "fast / compiled <= 0.8, bytes fast / reference <= 0.25")
+    print()
+    has_c = any("ref_compiled" in r for r in t["rows"])
+    head = "| set | class | ref eager ms | ours exact ms | ours fast ms | fast / eager |"
+    rule = "|---|---|--:|--:|--:|--:|"
+    if has_c:
+        head += " ref compiled ms (first step, wall) | fast / compiled |"
+        rule += "--:|--:|"
+    head += (" ref MiB/step | fast MiB/step | bytes fast / ref | first step ms: ref eager / fast |"
+             " exact identical | fast diff |")
+    rule += "--:|--:|--:|--:|--|--:|"
+    print(head)
+    print(rule)
+    for r in t["rows"]:
+        re, ox, of = r["ref_eager"], r["ours_exact"], r["ours_fast"]
+        line = (f"| {r['set']} | {r['class']} | {re['ms']:.1f} | {ox['ms']:.1f} | {of['ms']:.1f} | "
+                f"{goal(of['ms'] / re['ms'], 0.7, True)} |")
+        if has_c:
+            rc = r.get("ref_compiled")
+            line += (f" {rc['ms']:.1f} ({rc.get('first_wall_ms', rc['first_ms']) / 1e3:.1f} s) | "
+                     f"{goal(of['ms'] / rc['ms'], 0.8, True)} |" if rc else " — | — |")
+        ratio = of["alloc_bytes"] / re["alloc_bytes"] if re["alloc_bytes"] else float("nan")
+        line += (f" {re['alloc_bytes'] / MIB:.1f} | {of['alloc_bytes'] / MIB:.1f} | "
+                 f"{goal(ratio, 0.25, True)} | {re['first_ms']:.0f} / {of['first_ms']:.0f} | "
+                 f"{'yes' if ox['max_rel_diff_to_ref_eager'] == 0 else 'no'} | "
+                 f"{of['max_rel_diff_to_ref_eager']:.1e} |")
+        print(line)
+    print()
+
+
+def micro(t):
+    print("### Dion's microbenchmark: one [s, s] parameter (`dion-bench micro`)\n")
+    print(machine_line(t["machine"]))
+    print(f"- median of {t['reps']} interleaved steps, process CPU time, exact path")
+    print()
+    print("| s | Muon ms | Dion rank s/4 ms | Dion rank s/16 ms | Dion r/4 / Muon | Dion r/16 / Muon |")
+    print("|--:|--:|--:|--:|--:|--:|")
+    for r in t["rows"]:
+        print(f"| {r['size']} | {r['muon']:.2f} | {r['dion_r4']:.2f} | {r['dion_r16']:.2f} | "
+              f"{r['dion_r4'] / r['muon']:.2f} | {r['dion_r16'] / r['muon']:.2f} |")
+    print()
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    with open(sys.argv[1]) as f:
+        tables = [json.loads(line) for line in f if line.strip()]
+    writers = {"ortho": ortho, "step": step, "reference_step": reference, "micro": micro}
+    for t in tables:
+        writers[t["table"]](t)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+// The fast orthogonalizer path and Gram Newton-Schulz (dion/math/ortho.h, dion/math/symmetric.h).
+//
+// What this pins:
+//   - symmetric products: the block-row path equals the full batched product up to summation
+//     order, its result is exactly symmetric, and the mirror copies bits;
+//   - orthogonalize_fast: the same singular-value bands as the exact path (tests/test_ortho.cpp
+//     derives them: Polar Express [0.83, 1.17], Newton-Schulz [0.94, 1.17]) on every shape
+//     class (batched small, block-row square, wide, tall), and a bounded distance to the exact
+//     path's output;
+//   - gram_newton_schulz: its band, rank-deficient and zero inputs, and the gram-newton-schulz
+//     package's own output (tests/data/gram, tests/reference/make_gram_vectors.py);
+//   - workspaces: a second call does not overwrite the first call's result;
+//   - OrthoConfig: path / use_gram_newton_schulz dispatch, and an optimizer step on each path.
+//
+// Gram Newton-Schulz's band. Its coefficients (the package's Polar Express, safety 1.05) map a
+// normalized singular value s in [3e-3, 1] to [0.8461, 1.1236] (the scalar composition in
+// float64 on a 2e5-point grid). It computes in fp16, as the package does: the Gram matrix R is
+// a degree-2 quantity whose rounding error is then iterated, and in bf16 (3 fewer mantissa
+// bits) the largest singular value reached 1.25-1.84 at condition number 100 on these shapes.
+// Asserted in fp16: [0.80, 1.20] (about 40 fp16 ulps outside the float64 band, room for the
+// bf16-like cases above to fail; a missed restart reaches 30-700 on the rank-deficient input).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dion/dion.h"
+#include "dion/math/symmetric.h"
+#include "matrices.h"
+#include "safetensors.h"
+
+namespace {
+
+using dion::math::OrthoMethod;
+using dion::testing::all_finite;
+using dion::testing::conditioned;
+using dion::testing::max_abs_diff;
+using dion::testing::svdvals;
+
+// Shapes that take each code path (dion/math/symmetric.h): batched (small), block rows from
+// 1024 rows (square, with a short last block merged: 1030 = 4 x 256 + 6) and from 512 rows
+// with a long reduction (520 x 2100), tall (Gram matrix X^T X, polynomial from the right).
+const std::vector<std::vector<int64_t>> kFastShapes = {
+    {3, 48, 160}, {2, 96, 32}, {1, 1030, 1030}, {1, 520, 2100}, {1, 2100, 520}};
+
+double rel_fro(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor d = a.to(at::kDouble) - b.to(at::kDouble);
+  return (d.norm() / b.to(at::kDouble).norm()).item<double>();
+}
+
+// ---------------------------------------------------------------------------- symmetric
+
+// fp32: the block rows call the same GEMM on sub-blocks, so each entry is the same dot
+// product, possibly summed in another order: a few fp32 ulps of the largest entry (|P| ~ K for
+// unit normal inputs). Asserted 1e-5 relative to max |P|; a wrong block
+// (offset by one block, missing mirror) is off by O(1) relative.
+TEST(Symmetric, BlockRowsMatchTheFullProduct) {
+  at::manual_seed(3);
+  // (m, k): batched, batched, block rows from 1024 rows, block rows for a long reduction.
+  for (auto [m, k] : std::vector<std::pair<int64_t, int64_t>>{{100, 300}, {600, 300}, {1030, 300}, {520, 2100}}) {
+    const at::Tensor X = at::randn({2, m, k});
+    const at::Tensor S = at::matmul(X, X.mT()) / static_cast<double>(k);  // symmetric
+    at::Tensor P = at::empty({2, m, m}), Q = at::empty({2, m, m});
+    dion::math::gram_out(P, X, /*tiled=*/true);
+    dion::math::gram_out(Q, X, /*tiled=*/false);
+    const double scale = Q.abs().max().item<double>();
+    EXPECT_LE(max_abs_diff(P, Q) / scale, 1e-5) << "gram m=" << m;
+    EXPECT_TRUE(at::equal(P, P.mT())) << "gram m=" << m;
+    // b S + c S S, a symmetric product of two symmetric matrices.
+    dion::math::symmetric_product_out(P, S, S, S, -2.5, 0.75, true);
+    dion::math::symmetric_product_out(Q, S, S, S, -2.5, 0.75, false);
+    EXPECT_LE(max_abs_diff(P, Q) / Q.abs().max().item<double>(), 1e-5) << "product m=" << m;
+    // Exactly symmetric when mirrored (block rows; the reduction of S S is m long). One full
+    // GEMM is symmetric only up to rounding: it may sum (i, j) and (j, i) in other orders.
+    if (m >= dion::math::kSymmetricMinRows ||
+        (m >= dion::math::kSymmetricMinRowsLongK && m >= dion::math::kSymmetricLongK)) {
+      EXPECT_TRUE(at::equal(P, P.mT())) << "product m=" << m;
+    }
+  }
+}
+
+TEST(Symmetric, MirrorCopiesTheLowerTriangleExactly) {
+  at::manual_seed(4);
+  for (at::ScalarType dt : {at::kBFloat16, at::kFloat, at::kDouble}) {
+    const at::Tensor A = at::randn({3, 37, 37}).to(dt);
+    at::Tensor P = A.clone();
+    dion::math::mirror_lower_to_upper(P);
+    EXPECT_TRUE(at::equal(P.tril(), A.tril())) << dt;          // lower and diagonal kept
+    EXPECT_TRUE(at::equal(P.triu(1), A.tril(-1).mT())) << dt;  // upper = lower^T, bit for bit
+  }
+  at::Tensor bad = at::zeros({2, 3, 4});
+  EXPECT_THROW(dion::math::mirror_lower_to_upper(bad), c10::Error);
+}
+
+TEST(Symmetric, ShapeErrorsNameTheShapes) {
+  at::Tensor P = at::empty({1, 8, 8});
+  try {
+    dion::math::symmetric_product_out(P, at::randn({1, 8, 5}), at::randn({1, 4, 8}), {}, 0, 1);
+    FAIL() << "expected c10::Error";
+  } catch (const c10::Error& e) {
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "do not chain", e.what());
+  }
+}
+
+// ---------------------------------------------------------------------------- fast path
+
+// Accuracy against the exact path. Both compute the same polynomial in bf16; the fast path
+// rounds b A + c A^2 and a X + B X once (fused in the GEMM) where the exact path rounds each
+// term, and sums block rows in another order, so the two bf16 outputs differ by bf16 rounding:
+// measured 1.2-4.9e-2 relative Frobenius distance. The meaningful bound is against the
+// exact iteration in fp32: the fast bf16 output must be as close to it as the exact bf16 output
+// is (measured ratio 0.40-0.56: one rounding instead of two); asserted <= 1.25 x. A wrong
+// coefficient or a missing step moves the output by 0.1 or more relative.
+TEST(OrthoFast, SingularValueBandsAndAccuracy) {
+  at::manual_seed(5);
+  struct Band {
+    OrthoMethod method;
+    double lo, hi, eps;
+  };
+  for (const Band& b : {Band{OrthoMethod::POLAR_EXPRESS, 0.83, 1.17, 1e-6},
+                        Band{OrthoMethod::NEWTON_SCHULZ, 0.94, 1.17, 1e-7}}) {
+    for (const auto& shape : kFastShapes) {
+      const at::Tensor G = conditioned(shape, 0.1);
+      const at::Tensor U = dion::math::orthogonalize_fast(G, b.method, b.eps, at::kBFloat16);
+      ASSERT_EQ(U.sizes(), G.sizes());
+      ASSERT_EQ(U.scalar_type(), at::kBFloat16);
+      const at::Tensor sv = svdvals(U);
+      const double lo = sv.min().item<double>(), hi = sv.max().item<double>();
+      auto exact = [&](at::ScalarType dt) {
+        return b.method == OrthoMethod::POLAR_EXPRESS ? dion::math::polar_express(G, b.eps, dt)
+                                                      : dion::math::newton_schulz(G, b.eps, dt);
+      };
+      const at::Tensor E16 = exact(at::kBFloat16), E32 = exact(at::kFloat);
+      const double d_fast = rel_fro(U, E32), d_exact = rel_fro(E16, E32);
+      std::printf("fast %s [%ld, %ld, %ld]: sv [%.4f, %.4f]; rel. distance to exact fp32: "
+                  "fast %.2e, exact bf16 %.2e; fast to exact bf16 %.2e\n",
+                  dion::math::to_string(b.method).c_str(), long(shape[0]), long(shape[1]),
+                  long(shape[2]), lo, hi, d_fast, d_exact, rel_fro(U, E16));
+      EXPECT_GE(lo, b.lo);
+      EXPECT_LE(hi, b.hi);
+      EXPECT_LE(d_fast, 1.25 * d_exact);
+    }
+  }
+}
+
+TEST(OrthoFast, FloatComputeIsCloseToExact) {
+  // fp32: the only differences are summation order and the fused epilogues: 1e-5 relative
+  // (measured about 1e-6).
+  at::manual_seed(7);
+  const at::Tensor G = conditioned({2, 64, 200}, 0.1);
+  const at::Tensor U = dion::math::orthogonalize_fast(G, OrthoMethod::POLAR_EXPRESS, 1e-6, at::kFloat);
+  EXPECT_LE(rel_fro(U, dion::math::polar_express(G, 1e-6, at::kFloat)), 1e-5);
+}
+
+TEST(OrthoFast, ResultsAreNotWorkspaces) {
+  // Two calls with the same shape share a workspace: the first result must survive the second.
+  at::manual_seed(8);
+  for (const auto& shape : kFastShapes) {
+    const at::Tensor G1 = at::randn(shape), G2 = at::randn(shape);
+    const at::Tensor U1 = dion::math::orthogonalize_fast(G1, OrthoMethod::POLAR_EXPRESS, 1e-6, at::kBFloat16);
+    const at::Tensor keep = U1.clone();
+    const at::Tensor U2 = dion::math::orthogonalize_fast(G2, OrthoMethod::POLAR_EXPRESS, 1e-6, at::kBFloat16);
+    const at::Tensor V1 = dion::math::gram_newton_schulz(G1);
+    const at::Tensor keep_v = V1.clone();
+    dion::math::gram_newton_schulz(G2);
+    EXPECT_TRUE(at::equal(U1, keep));
+    EXPECT_TRUE(at::equal(V1, keep_v));
+    EXPECT_FALSE(at::equal(U1, U2));
+    // And the same input gives the same bits again (nothing left over from the last call).
+    EXPECT_TRUE(at::equal(dion::math::orthogonalize_fast(G1, OrthoMethod::POLAR_EXPRESS, 1e-6, at::kBFloat16), keep));
+  }
+}
+
+TEST(OrthoFast, ZeroMapsToZero) {
+  for (const auto& shape : kFastShapes) {
+    const at::Tensor Z = at::zeros(shape);
+    EXPECT_TRUE(at::equal(dion::math::orthogonalize_fast(Z, OrthoMethod::POLAR_EXPRESS, 1e-6, at::kBFloat16),
+                          Z.to(at::kBFloat16)));
+    EXPECT_TRUE(at::equal(dion::math::gram_newton_schulz(Z), Z.to(at::kBFloat16)));
+  }
+}
+
+// ---------------------------------------------------------------------------- Gram NS
+
+TEST(GramNewtonSchulz, SingularValueBand) {
+  at::manual_seed(9);
+  for (const auto& shape : kFastShapes) {
+    for (double smin : {0.1, 0.01}) {
+      const at::Tensor G = conditioned(shape, smin);
+      const at::Tensor U = dion::math::gram_newton_schulz(G);
+      ASSERT_TRUE(all_finite(U));
+      const at::Tensor sv = svdvals(U);
+      const double lo = sv.min().item<double>(), hi = sv.max().item<double>();
+      std::printf("gram [%ld, %ld, %ld] cond %.0f: sv [%.4f, %.4f]\n", long(shape[0]),
+                  long(shape[1]), long(shape[2]), 1 / smin, lo, hi);
+      EXPECT_LE(hi, 1.20);
+      if (smin == 0.1) {  // normalized s >= 3e-3 only at condition 10
+        EXPECT_GE(lo, 0.80);
+      }
+    }
+  }
+}
+
+TEST(GramNewtonSchulz, RankDeficientStaysBounded) {
+  // Rank 8 plus 1e-3 noise: the noise directions stay small, nothing blows up (without the
+  // restart at step 2 the largest singular value reaches 30-700 here, in bf16).
+  at::manual_seed(10);
+  const at::Tensor G = at::matmul(at::randn({2, 256, 8}), at::randn({2, 8, 1024})) +
+                       1e-3 * at::randn({2, 256, 1024});
+  const at::Tensor U = dion::math::gram_newton_schulz(G);
+  ASSERT_TRUE(all_finite(U));
+  EXPECT_LE(svdvals(U).max().item<double>(), 1.20);
+}
+
+// Against the package itself (tests/data/gram, recorded in fp16 with its torch backend and no
+// compilation). With dtype fp16 we run the same operations in the same order and orientation
+// on the same kernels; only the square case differs (our normalization divides the fp16 copy,
+// the package divides in fp32 first). Measured max |diff|: 0 for wide and tall, 8.5e-4 for
+// square (under 3 fp16 ulps of entries up to 0.39). These matrices are under the block-row
+// threshold, so tiled = true takes the same batched products. Asserted 2e-3.
+TEST(GramNewtonSchulz, MatchesTheGramNewtonSchulzPackage) {
+  const auto st = dion::testing::load_safetensors(std::string(DION_SOURCE_DIR) +
+                                                  "/tests/data/gram/gram_newton_schulz.safetensors");
+  for (const char* name : {"wide", "tall", "square", "wide_1to3"}) {
+    const at::Tensor G = st.at(std::string(name) + ".G");
+    const at::Tensor want = st.at(std::string(name) + ".U");
+    const at::Tensor ours = dion::math::gram_newton_schulz(G, 1e-7, at::kHalf, /*tiled=*/false);
+    const at::Tensor tiled = dion::math::gram_newton_schulz(G, 1e-7, at::kHalf, true);
+    const double d = max_abs_diff(ours, want), dt = max_abs_diff(tiled, want);
+    std::printf("package %s: max |diff| untiled %.2e, tiled %.2e (max |U| %.3f)\n", name, d,
+                dt, want.abs().max().item<double>());
+    EXPECT_LE(d, 2e-3) << name;
+    EXPECT_LE(dt, 2e-3) << name;
+  }
+}
+
+// ---------------------------------------------------------------------------- configuration
+
+TEST(OrthoConfigPaths, DispatchAndNames) {
+  at::manual_seed(11);
+  const at::Tensor G = at::randn({2, 24, 40});
+  dion::math::OrthoConfig c;
+  EXPECT_EQ(c.path, dion::math::OrthoPath::EXACT);  // the reference's bits by default
+  c.path = dion::math::OrthoPath::FAST;
+  EXPECT_TRUE(at::equal(c.function()(G, 1e-6),
+                        dion::math::orthogonalize_fast(G, OrthoMethod::POLAR_EXPRESS, 1e-6, at::kBFloat16)));
+  c.use_gram_newton_schulz = true;
+  EXPECT_TRUE(at::equal(c.function()(G, 1e-6), dion::math::gram_newton_schulz(G, 1e-7)));
+  for (auto p : {dion::math::OrthoPath::EXACT, dion::math::OrthoPath::FAST})
+    EXPECT_EQ(dion::math::ortho_path_from_string(dion::math::to_string(p)), p);
+  EXPECT_THROW(dion::math::ortho_path_from_string("quick"), std::invalid_argument);
+}
+
+// Every Newton-Schulz algorithm runs on each path; after 3 steps the parameters are within
+// bf16 rounding of the exact path's (relative 2e-2 of the largest entry: lr 0.02 times a
+// bf16-rounded update, accumulated 3 times, is far below; a wrong orthogonalizer changes the
+// update by O(1) and the parameters by ~lr relative).
+TEST(OrthoConfigPaths, OptimizersStepOnEveryPath) {
+  for (const char* algo : {"muon", "normuon", "dion2", "nordion2"}) {
+    std::vector<at::Tensor> finals;
+    for (int path = 0; path < 3; ++path) {
+      at::manual_seed(12);
+      std::vector<at::Tensor> ps = {at::randn({64, 64}), at::randn({48, 160}), at::randn({160, 48})};
+      for (auto& p : ps) p.mutable_grad() = at::randn(p.sizes());
+      dion::math::OrthoConfig o;
+      o.path = path == 0 ? dion::math::OrthoPath::EXACT : dion::math::OrthoPath::FAST;
+      o.use_gram_newton_schulz = path == 2;
+      dion::Optimizer opt(std::vector<dion::ParamGroup>{{ps}}, dion::Options(0.02).algorithm(algo), o);
+      const at::Tensor before = ps[1].clone();
+      for (int s = 0; s < 3; ++s) opt.step();
+      ASSERT_FALSE(at::equal(before, ps[1])) << algo;
+      finals.push_back(at::cat({ps[0].flatten(), ps[1].flatten(), ps[2].flatten()}));
+    }
+    const double scale = finals[0].abs().max().item<double>();
+    EXPECT_LE(max_abs_diff(finals[1], finals[0]) / scale, 2e-2) << algo << " fast";
+    EXPECT_LE(max_abs_diff(finals[2], finals[0]) / scale, 2e-2) << algo << " gram";
+  }
+}
+
+}  // namespace

@@ -1,0 +1,405 @@
+// tools/dion-bench — dion-cpp's benchmark program (docs/benchmarks.md).
+//
+//   dion-bench ortho  [--shapes 2048x2048x1,...] [--dtypes bf16,fp32] [--reps N] [--check]
+//   dion-bench step   [--sets 768x2,256x4] [--algos muon,...] [--paths exact,fast,gram]
+//   dion-bench micro  [--sizes 256,512,1024,2048] [--reps N]
+//   dion-bench all    (the three, with their defaults)
+//   common: --threads N (default 1) --json FILE (append one JSON object per table)
+//
+// What it measures, always interleaved in one process (round r runs the variants in order,
+// round r+1 in reverse) on the process CPU clock, medians reported, machine load average,
+// threads and CPU flags recorded with every table:
+//   ortho: each orthogonalizer path on one batch G [B, m, n] next to the same-dtype matmul
+//          [B, r, c] x [B, c, r] (r = min(m, n), c = max, both operands contiguous); effective
+//          rate = the reference's flops 5 (4 r^2 c + 2 r^3) per matrix / time;
+//   step:  one optimizer step per algorithm and orthogonalizer path on a GPT parameter set
+//          (per block q, k, v, o [d, d], up [4d, d], down [d, 4d]; embedding and lm_head
+//          [8192, d] in adamw / lion groups), with bytes allocated per step (a counting CPU
+//          allocator), the first step's time, and the largest difference to the exact path;
+//   micro: Dion's microbenchmark: one [s, s] parameter, time per step for Muon and Dion at
+//          rank s/4 and s/16.
+// The reference side (microsoft/dion eager and compiled) is bench/reference_step.py, which
+// bench/dion_bench.sh runs next to this program; bench/bench_report.py writes the markdown.
+//
+// What it is not: a test (no timing asserts) and not a GPU benchmark.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dion/math/ortho.h"
+#include "dion/optim/optimizer.h"
+#include "measure.h"
+
+namespace {
+
+using dion::bench::interleave;
+using dion::bench::median;
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------- arguments
+
+struct Common {
+  int threads = 1;
+  std::string json_path;
+};
+
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// "AxBxC" -> {A, B, C}; throws naming the flag.
+std::vector<int64_t> parse_dims(const std::string& flag, const std::string& text, size_t count) {
+  std::vector<int64_t> dims;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, 'x')) {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != part.size() || v <= 0)
+      throw CLI::ValidationError(flag, "'" + text + "': expected positive integers joined by 'x'");
+    dims.push_back(v);
+  }
+  if (dims.size() != count)
+    throw CLI::ValidationError(flag, "'" + text + "': expected " + std::to_string(count) +
+                                         " numbers joined by 'x'");
+  return dims;
+}
+
+at::ScalarType parse_dtype(const std::string& name) {
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "fp32") return at::kFloat;
+  throw CLI::ValidationError("--dtypes", "'" + name + "': valid values are bf16, fp32");
+}
+
+void emit(const Common& common, json table) {
+  table["machine"] = dion::bench::machine_info();
+  if (!common.json_path.empty()) {
+    std::ofstream out(common.json_path, std::ios::app);
+    if (!out) throw std::runtime_error("--json: cannot open " + common.json_path + " for append");
+    out << table.dump() << "\n";
+  }
+}
+
+// ---------------------------------------------------------------------------- ortho
+
+struct OrthoArgs {
+  std::string shapes = "2048x2048x1,512x512x4,512x512x16,768x3072x1,3072x768x1";
+  std::string dtypes = "bf16";
+  int reps = 5;
+  bool check = false;
+};
+
+double singular_extreme(const at::Tensor& U, bool max) {
+  const at::Tensor s = at::linalg_svdvals(U.to(at::kDouble));
+  return (max ? s.max() : s.min()).item<double>();
+}
+
+void run_ortho(const Common& common, const OrthoArgs& a) {
+  using dion::math::OrthoMethod;
+  json rows = json::array();
+  std::printf("%-6s %-16s %9s %9s %9s %9s  %s\n", "dtype", "m x n x B", "matmul", "exact",
+              "fast", "gram", "(ms; rate / matmul rate)");
+  for (const std::string& dt_name : split(a.dtypes)) {
+    const at::ScalarType dt = parse_dtype(dt_name);
+    for (const std::string& shape : split(a.shapes)) {
+      const auto d = parse_dims("--shapes", shape, 3);
+      const int64_t m = d[0], n = d[1], B = d[2];
+      const int64_t r = std::min(m, n), c = std::max(m, n);
+      at::manual_seed(0);
+      const auto opts = at::TensorOptions().dtype(dt);
+      const at::Tensor G = at::randn({B, m, n}, opts);
+      const at::Tensor X = at::randn({B, r, c}, opts), W = at::randn({B, c, r}, opts);
+      at::Tensor sink;
+      std::vector<std::function<void()>> fns = {
+          [&] { sink = at::bmm(X, W); },
+          [&] { sink = dion::math::polar_express(G, 1e-6, dt); },
+          [&] { sink = dion::math::orthogonalize_fast(G, OrthoMethod::POLAR_EXPRESS, 1e-6, dt); },
+          [&] { sink = dion::math::gram_newton_schulz(G, 1e-7, at::kHalf, true); },
+      };
+      const auto times = interleave(fns, a.reps, /*warmup=*/1);
+      const double mm_flops = 2.0 * B * r * r * c;
+      const double ref_flops = 5.0 * B * (4.0 * r * r * c + 2.0 * r * r * r);
+      json row = {{"dtype", dt_name}, {"m", m}, {"n", n}, {"batch", B}};
+      const char* names[] = {"matmul", "exact", "fast", "gram"};
+      double ms[4];
+      for (int i = 0; i < 4; ++i) {
+        const double s = median(times[static_cast<size_t>(i)]);
+        ms[i] = s * 1e3;
+        row[names[i]] = {{"ms", ms[i]},
+                         {"gflops", (i == 0 ? mm_flops : ref_flops) / s * 1e-9},
+                         {"reps_ms", times[static_cast<size_t>(i)]}};
+      }
+      const double mm_rate = mm_flops / ms[0];
+      for (int i = 1; i < 4; ++i) row[names[i]]["x_matmul_rate"] = ref_flops / ms[i] / mm_rate;
+      if (a.check) {  // orthogonality and distance to the exact path, on the first matrix
+        const at::Tensor ex = dion::math::polar_express(G[0], 1e-6, dt).to(at::kDouble);
+        for (int i = 1; i < 4; ++i) {
+          at::Tensor U = i == 1 ? ex
+                                : (i == 2 ? dion::math::orthogonalize_fast(G[0], OrthoMethod::POLAR_EXPRESS, 1e-6, dt)
+                                          : dion::math::gram_newton_schulz(G[0], 1e-7, at::kHalf, true))
+                                      .to(at::kDouble);
+          row[names[i]]["sv_min"] = singular_extreme(U, false);
+          row[names[i]]["sv_max"] = singular_extreme(U, true);
+          row[names[i]]["max_abs_diff_to_exact"] = (U - ex).abs().max().item<double>();
+        }
+      }
+      std::printf("%-6s %-16s %9.2f %9.2f %9.2f %9.2f  exact %.2fx fast %.2fx gram %.2fx\n",
+                  dt_name.c_str(), shape.c_str(), ms[0], ms[1], ms[2], ms[3],
+                  row["exact"]["x_matmul_rate"].get<double>(),
+                  row["fast"]["x_matmul_rate"].get<double>(),
+                  row["gram"]["x_matmul_rate"].get<double>());
+      std::fflush(stdout);
+      rows.push_back(row);
+    }
+  }
+  emit(common, {{"table", "ortho"}, {"reps", a.reps}, {"rows", rows}});
+}
+
+// ---------------------------------------------------------------------------- step
+
+struct StepArgs {
+  std::string sets = "768x2,256x4";
+  std::string algos = "muon,normuon,dion2,nordion2,dion";
+  std::string paths = "exact,fast,gram";
+  int reps = 3;
+  int64_t vocab = 8192;
+};
+
+struct ParamSet {
+  std::vector<at::Tensor> matrices, adamw, lion;
+};
+
+// The GPT parameter set of bench/compare_reference.py (same shapes, same groups).
+ParamSet make_params(int64_t d, int64_t layers, int64_t vocab) {
+  ParamSet p;
+  auto param = [](std::vector<int64_t> shape) {
+    at::Tensor v = at::randn(shape) * (shape.size() == 1 ? 1.0 : 1.0 / std::sqrt(double(shape.back())));
+    v.mutable_grad() = at::randn(shape) * 1e-2;
+    return v;
+  };
+  for (int64_t l = 0; l < layers; ++l) {
+    for (int i = 0; i < 4; ++i) p.matrices.push_back(param({d, d}));
+    p.matrices.push_back(param({4 * d, d}));
+    p.matrices.push_back(param({d, 4 * d}));
+    p.adamw.push_back(param({d}));
+    p.adamw.push_back(param({d}));
+  }
+  p.adamw.push_back(param({vocab, d}));
+  p.adamw.push_back(param({d}));
+  p.lion.push_back(param({vocab, d}));
+  return p;
+}
+
+std::vector<at::Tensor> clone_params(const std::vector<at::Tensor>& ps) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : ps) {
+    at::Tensor c = p.detach().clone();
+    c.mutable_grad() = p.grad().clone();
+    out.push_back(c);
+  }
+  return out;
+}
+
+struct Built {
+  std::unique_ptr<dion::Optimizer> opt;
+  std::vector<at::Tensor> matrices;  // this optimizer's copies
+};
+
+Built build(const ParamSet& base, const std::string& algo, const std::string& path) {
+  Built b;
+  b.matrices = clone_params(base.matrices);
+  std::vector<dion::ParamGroup> groups = {
+      {b.matrices},
+      {clone_params(base.adamw), {.algorithm = "adamw", .lr = 0.003}},
+      {clone_params(base.lion), {.algorithm = "lion", .lr = 0.0003}},
+  };
+  dion::Options o(0.02);
+  o.algorithm(algo).weight_decay(0.01);
+  if (algo == "dion") o.rank_fraction(0.25);
+  dion::math::OrthoConfig ortho;
+  ortho.path = path == "exact" ? dion::math::OrthoPath::EXACT : dion::math::OrthoPath::FAST;
+  ortho.use_gram_newton_schulz = path == "gram";
+  at::manual_seed(1234);
+  b.opt = std::make_unique<dion::Optimizer>(groups, o, ortho);
+  return b;
+}
+
+void run_step(const Common& common, const StepArgs& a) {
+  json rows = json::array();
+  const auto paths = split(a.paths);
+  for (const std::string& set : split(a.sets)) {
+    const auto d = parse_dims("--sets", set, 2);
+    at::manual_seed(0);
+    const ParamSet base = make_params(d[0], d[1], a.vocab);
+    for (const std::string& algo : split(a.algos)) {
+      std::vector<Built> opts;
+      std::vector<std::string> names;
+      for (const std::string& p : paths) {
+        if (algo == "dion" && p != "exact") continue;  // legacy Dion has no Newton-Schulz
+        opts.push_back(build(base, algo, p));
+        names.push_back(p);
+      }
+      json row = {{"set", set}, {"algo", algo}};
+      // First step (includes state creation), then bytes allocated by one steady step.
+      for (size_t i = 0; i < opts.size(); ++i) {
+        const double t0 = dion::bench::cpu_seconds();
+        opts[i].opt->step();
+        row[names[i]]["first_ms"] = (dion::bench::cpu_seconds() - t0) * 1e3;
+      }
+      for (size_t i = 0; i < opts.size(); ++i) {
+        opts[i].opt->step();  // workspaces exist after one call of each shape
+        dion::bench::AllocCounter::begin();
+        opts[i].opt->step();
+        row[names[i]]["alloc_bytes"] = dion::bench::AllocCounter::bytes();
+        row[names[i]]["alloc_calls"] = dion::bench::AllocCounter::calls();
+      }
+      std::vector<std::function<void()>> fns;
+      for (Built& b : opts) fns.push_back([&b] { b.opt->step(); });
+      const auto times = interleave(fns, a.reps, 0);
+      // Every optimizer has taken 3 + reps steps on the same gradients: compare the matrices.
+      for (size_t i = 0; i < opts.size(); ++i) {
+        row[names[i]]["ms"] = median(times[i]) * 1e3;
+        row[names[i]]["reps_ms"] = times[i];
+        double diff = 0, scale = 0;
+        for (size_t k = 0; k < opts[i].matrices.size(); ++k) {
+          const at::Tensor ref = opts[0].matrices[k].to(at::kDouble);
+          diff = std::max(diff, (opts[i].matrices[k].to(at::kDouble) - ref).abs().max().item<double>());
+          scale = std::max(scale, ref.abs().max().item<double>());
+        }
+        row[names[i]]["max_rel_diff_to_" + names[0]] = scale > 0 ? diff / scale : diff;
+      }
+      std::printf("%-7s %-9s", set.c_str(), algo.c_str());
+      for (size_t i = 0; i < opts.size(); ++i)
+        std::printf("  %s %8.1f ms (first %8.1f) %7.1f MiB/step", names[i].c_str(),
+                    row[names[i]]["ms"].get<double>(), row[names[i]]["first_ms"].get<double>(),
+                    row[names[i]]["alloc_bytes"].get<double>() / (1 << 20));
+      std::printf("\n");
+      std::fflush(stdout);
+      rows.push_back(row);
+    }
+  }
+  emit(common, {{"table", "step"}, {"reps", a.reps}, {"peak_rss_bytes", dion::bench::peak_rss_bytes()},
+                {"rows", rows}});
+}
+
+// ---------------------------------------------------------------------------- micro
+
+struct MicroArgs {
+  std::string sizes = "256,512,1024,2048";
+  int reps = 3;
+};
+
+void run_micro(const Common& common, const MicroArgs& a) {
+  json rows = json::array();
+  std::printf("%-6s %12s %12s %12s\n", "size", "muon ms", "dion r/4", "dion r/16");
+  for (const std::string& s_text : split(a.sizes)) {
+    const int64_t s = parse_dims("--sizes", s_text, 1)[0];
+    at::manual_seed(0);
+    const at::Tensor base = at::randn({s, s}) / std::sqrt(double(s));
+    const at::Tensor grad = at::randn({s, s}) * 1e-2;
+    struct Variant {
+      std::string name;
+      std::string algo;
+      double rank_fraction;
+    };
+    const std::vector<Variant> variants = {
+        {"muon", "muon", 1.0}, {"dion_r4", "dion", 0.25}, {"dion_r16", "dion", 1.0 / 16}};
+    std::vector<std::unique_ptr<dion::Optimizer>> opts;
+    std::vector<at::Tensor> keep;
+    for (const Variant& v : variants) {
+      at::Tensor p = base.clone();
+      p.mutable_grad() = grad.clone();
+      keep.push_back(p);
+      dion::Options o(0.01);
+      o.algorithm(v.algo).rank_fraction(v.rank_fraction);
+      opts.push_back(std::make_unique<dion::Optimizer>(std::vector<dion::ParamGroup>{{{p}}}, o));
+    }
+    std::vector<std::function<void()>> fns;
+    for (auto& o : opts) fns.push_back([&o] { o->step(); });
+    const auto times = interleave(fns, a.reps, 1);
+    json row = {{"size", s}};
+    for (size_t i = 0; i < variants.size(); ++i) row[variants[i].name] = median(times[i]) * 1e3;
+    std::printf("%-6lld %12.2f %12.2f %12.2f\n", static_cast<long long>(s),
+                row["muon"].get<double>(), row["dion_r4"].get<double>(),
+                row["dion_r16"].get<double>());
+    std::fflush(stdout);
+    rows.push_back(row);
+  }
+  emit(common, {{"table", "micro"}, {"reps", a.reps}, {"rows", rows}});
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- main
+
+int main(int argc, char** argv) {
+  CLI::App app{"dion-bench: orthogonalizers vs matmul, optimizer steps, Dion's microbenchmark "
+               "(CPU; interleaved repetitions, process CPU time, medians)"};
+  app.require_subcommand(1);
+  Common common;
+  app.add_option("--threads", common.threads, "intra-op threads (1: CPU time is the work's own)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--json", common.json_path, "append one JSON object per table to this file");
+
+  OrthoArgs ortho;
+  CLI::App* c_ortho = app.add_subcommand("ortho", "orthogonalizer paths vs the same-dtype matmul");
+  c_ortho->add_option("--shapes", ortho.shapes, "m x n x batch list")->capture_default_str();
+  c_ortho->add_option("--dtypes", ortho.dtypes, "bf16,fp32")->capture_default_str();
+  c_ortho->add_option("--reps", ortho.reps, "timed repetitions")->check(CLI::PositiveNumber);
+  c_ortho->add_flag("--check", ortho.check, "singular-value band and difference to the exact path");
+
+  StepArgs step;
+  CLI::App* c_step = app.add_subcommand("step", "optimizer step per algorithm and orthogonalizer path");
+  c_step->add_option("--sets", step.sets, "d x layers list of GPT parameter sets")->capture_default_str();
+  c_step->add_option("--algos", step.algos, "muon,normuon,dion2,nordion2,dion")->capture_default_str();
+  c_step->add_option("--paths", step.paths, "exact,fast,gram (the first is the diff baseline)")
+      ->capture_default_str();
+  c_step->add_option("--reps", step.reps, "timed steps")->check(CLI::PositiveNumber);
+  c_step->add_option("--vocab", step.vocab, "embedding / lm_head rows")->check(CLI::PositiveNumber);
+
+  MicroArgs micro;
+  CLI::App* c_micro = app.add_subcommand("micro", "Dion's microbenchmark: step time vs matrix size");
+  c_micro->add_option("--sizes", micro.sizes, "matrix sizes")->capture_default_str();
+  c_micro->add_option("--reps", micro.reps, "timed steps")->check(CLI::PositiveNumber);
+
+  CLI::App* c_all = app.add_subcommand("all", "ortho, step and micro with their defaults");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    at::set_num_threads(common.threads);
+    dion::bench::AllocCounter::install();
+    for (const std::string& p : split(step.paths))
+      if (p != "exact" && p != "fast" && p != "gram")
+        throw CLI::ValidationError("--paths", "'" + p + "': valid values are exact, fast, gram");
+    std::printf("load average %s; %d thread(s)\n",
+                dion::bench::machine_info()["loadavg"].get<std::string>().c_str(),
+                at::get_num_threads());
+    if (c_ortho->parsed() || c_all->parsed()) run_ortho(common, ortho);
+    if (c_step->parsed() || c_all->parsed()) run_step(common, step);
+    if (c_micro->parsed() || c_all->parsed()) run_micro(common, micro);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dion-bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
