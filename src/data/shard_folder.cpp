@@ -64,17 +64,17 @@ ShardFolder shard_folder_read(const fs::path& dir, std::string_view prefix_view)
     if (i > 0 && found[i].number == found[i - 1].number) {
       throw DataError(fmt::format("folder {}: {} and {} have the same shard number {}: shards "
                                   "of two sets are mixed; {}",
-                                  dir, found[i - 1].path.filename(), found[i].path.filename(),
+                                  dir, found[i - 1].path.filename().string(), found[i].path.filename().string(),
                                   found[i].number, hint));
     }
     if (found[i].number != want) {
       throw DataError(fmt::format(
-          "folder {}: no shard number {} ({}); the set jumps to {}: a shard is missing, or "
+          "folder {}: no shard number {} ({}, {}); the set jumps to {}: a shard is missing, or "
           "shards of two sets are mixed; {}",
-          dir, shard_name(prefix, "*", want),
+          dir, want, shard_name(prefix, "*", want),
           i == 0 ? std::string("the set must start at 0")
                  : fmt::format("it would come after {}", found[i - 1].path.filename().string()),
-          found[i].path.filename(), hint));
+          found[i].path.filename().string(), hint));
     }
   }
 
@@ -96,7 +96,7 @@ ShardFolder shard_folder_read(const fs::path& dir, std::string_view prefix_view)
           "folder {}: {} holds {} tokens but {} holds {}: in one set every shard of a split but "
           "the last holds the same number of tokens (--shard-size) and the last no more, so "
           "these come from two sets; {}",
-          dir, first.path.filename(), first.header.token_count, s.path.filename(),
+          dir, first.path.filename().string(), first.header.token_count, s.path.filename().string(),
           s.header.token_count, hint));
     }
   }
