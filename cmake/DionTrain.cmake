@@ -91,7 +91,7 @@ if(DION_BUILD_TESTS)
         "max_tokens_text|sample --checkpoint ck --max_tokens abc|--max_tokens"
         "max_tokens_zero|sample --checkpoint ck --max_tokens 0|--max_tokens"
         "temperature_negative|sample --checkpoint ck --temperature -1|--temperature"
-        "top_k_negative|sample --checkpoint ck --top_k -3|--top_k"
+        "top_k_negative|sample --checkpoint ck --top_k -3|--top_k: Value -3 not in range 0 to 2147483647"
         "seed_text|sample --checkpoint ck --seed abc|--seed"
         "unknown_flag|sample --checkpoint ck --no-such-flag|--no-such-flag")
   dion_add_usage_tests(PREFIX dion_train_export TARGET dion-train
