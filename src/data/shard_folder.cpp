@@ -57,7 +57,10 @@ ShardFolder shard_folder_read(const fs::path& dir, std::string_view prefix_view)
   }
   if (ec) throw DataError(fmt::format("folder {}: cannot list it: {}", dir, ec.message()));
   std::sort(found.begin(), found.end(),
-            [](const Named& a, const Named& b) { return a.number < b.number; });
+            [](const Named& a, const Named& b) {  // by number, then name: messages do not
+              return a.number != b.number ? a.number < b.number   // depend on the listing order
+                                          : a.path.filename() < b.path.filename();
+            });
 
   for (size_t i = 0; i < found.size(); ++i) {
     const int64_t want = static_cast<int64_t>(i);
