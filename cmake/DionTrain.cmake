@@ -98,6 +98,16 @@ if(DION_BUILD_TESTS)
     BAD "no_checkpoint|export|--checkpoint is required"
         "output_missing_value|export --checkpoint ck -o|--output"
         "unknown_flag|export --checkpoint ck --no-such-flag|--no-such-flag")
+  # Each subcommand's --help explains every option (exit 0).
+  foreach(_sub sample export plot)
+    add_test(NAME dion_train_${_sub}.help COMMAND dion-train ${_sub} --help)
+  endforeach()
+  set_tests_properties(dion_train_sample.help PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION
+    "--checkpoint[^\n]*a checkpoint folder.*--prompt[^\n]*text to continue.*--max_tokens[^\n]*\n?[^\n]*tokens to generate.*--temperature.*--top_k.*--seed.*--tokenizer")
+  set_tests_properties(dion_train_export.help PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION
+    "--checkpoint[^\n]*a checkpoint folder.*-o,--output[^\n]*the .safetensors file")
+  set_tests_properties(dion_train_plot.help PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION
+    "RUN_DIR[^\n]*a run folder holding metrics.jsonl.*--output[^\n]*\n?[^\n]*the PNG to write.*--smooth")
   # `dion-train plot` (plot.py): bad arguments exit 2 (argparse), bad data or output path 1,
   # each with a message and never a Python traceback (tests/train/plot_cli_test.sh).
   foreach(_case missing_run_dir run_dir_without_metrics output_folder_missing output_is_a_folder
