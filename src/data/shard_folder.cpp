@@ -32,8 +32,8 @@ ShardFolder shard_folder_read(const fs::path& dir, std::string_view prefix_view)
   const std::string hint = fmt::format(
       "a folder must hold one set, as one dion-data prepare or download wrote it: "
       "{}_{{val,train}}_NNNNNN.bin numbered 0, 1, 2, ... without gaps, only the last shard of "
-      "each split short; move the other files away, or prepare the folder again with "
-      "--overwrite",
+      "each split short; move the other files away, rerun the dion-data download that "
+      "fetched them (it resumes and fills gaps), or prepare the folder again with --overwrite",
       prefix);
   struct Named {
     int64_t number;
