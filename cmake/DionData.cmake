@@ -45,6 +45,7 @@ add_library(dion_data STATIC
   ${DION_DATA_ROOT}/src/data/file_util.cpp
   ${DION_DATA_ROOT}/src/data/prepare.cpp
   ${DION_DATA_ROOT}/src/data/shard.cpp
+  ${DION_DATA_ROOT}/src/data/shard_folder.cpp
   ${DION_DATA_ROOT}/src/data/shard_set.cpp
   ${DION_DATA_ROOT}/src/data/tokenizer.cpp)
 target_include_directories(dion_data PUBLIC ${DION_DATA_ROOT}/include)

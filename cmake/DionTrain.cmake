@@ -83,6 +83,39 @@ if(DION_BUILD_TESTS)
         "nproc_missing|--nproc|--nproc"
         "nproc_bad_key|--nproc 2 --lr fast|key .lr.: value .fast. is not a number"
     HELP "--nproc N")
+  # The subcommands' flags (CLI11 through tools/dion-train/cli.h): exit 2 naming the flag, before
+  # any checkpoint is read (so a missing CHECKPOINT path does not matter here).
+  dion_add_usage_tests(PREFIX dion_train_sample TARGET dion-train
+    BAD "no_checkpoint|sample|--checkpoint is required"
+        "checkpoint_missing_value|sample --checkpoint|--checkpoint"
+        "max_tokens_text|sample --checkpoint ck --max_tokens abc|--max_tokens"
+        "max_tokens_zero|sample --checkpoint ck --max_tokens 0|--max_tokens"
+        "temperature_negative|sample --checkpoint ck --temperature -1|--temperature"
+        "top_k_negative|sample --checkpoint ck --top_k -3|--top_k: Value -3 not in range 0 to 2147483647"
+        "seed_text|sample --checkpoint ck --seed abc|--seed"
+        "unknown_flag|sample --checkpoint ck --no-such-flag|--no-such-flag")
+  dion_add_usage_tests(PREFIX dion_train_export TARGET dion-train
+    BAD "no_checkpoint|export|--checkpoint is required"
+        "output_missing_value|export --checkpoint ck -o|--output"
+        "unknown_flag|export --checkpoint ck --no-such-flag|--no-such-flag")
+  # Each subcommand's --help explains every option (exit 0).
+  foreach(_sub sample export plot)
+    add_test(NAME dion_train_${_sub}.help COMMAND dion-train ${_sub} --help)
+  endforeach()
+  set_tests_properties(dion_train_sample.help PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION
+    "--checkpoint[^\n]*a checkpoint folder.*--prompt[^\n]*text to continue.*--max_tokens[^\n]*\n?[^\n]*tokens to generate.*--temperature.*--top_k.*--seed.*--tokenizer")
+  set_tests_properties(dion_train_export.help PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION
+    "--checkpoint[^\n]*a checkpoint folder.*-o,--output[^\n]*the .safetensors file")
+  set_tests_properties(dion_train_plot.help PROPERTIES TIMEOUT 60 PASS_REGULAR_EXPRESSION
+    "RUN_DIR[^\n]*a run folder holding metrics.jsonl.*--output[^\n]*\n?[^\n]*the PNG to write.*--smooth")
+  # `dion-train plot` (plot.py): bad arguments exit 2 (argparse), bad data or output path 1,
+  # each with a message and never a Python traceback (tests/train/plot_cli_test.sh).
+  foreach(_case missing_run_dir run_dir_without_metrics output_folder_missing output_is_a_folder
+                no_run_dir output_missing_value bad_smooth unknown_flag)
+    add_test(NAME dion_train_plot.${_case}
+             COMMAND sh ${DION_TRAIN_ROOT}/tests/train/plot_cli_test.sh $<TARGET_FILE:dion-train> ${_case})
+    set_tests_properties(dion_train_plot.${_case} PROPERTIES LABELS train TIMEOUT 60)
+  endforeach()
 
   gtest_discover_tests(dion_train_tests
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "dion/data/error.h"
+#include "dion/data/shard_folder.h"
 #include "dion/data/tokenizer.h"
 
 namespace dion::train {
@@ -26,28 +27,25 @@ ShardLoader::ShardLoader(const fs::path& dir, const std::string& split, int64_t 
                                     "`dion-data prepare TEXT -o {}` or fetch FineWeb with `dion-data download`",
                                     dir.string(), dir.string()));
   const std::string head = prefix + "_" + split + "_";
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(head, 0) == 0 && name.size() > 4 && name.ends_with(".bin")) files_.push_back(entry.path());
+  data::ShardFolder folder;
+  try {
+    folder = data::shard_folder_read(dir, prefix);  // one consistent set, or an error naming the files
+  } catch (const data::DataError& e) {
+    throw DataLoadError(e.what());
   }
-  std::sort(files_.begin(), files_.end());
-  if (files_.empty())
+  const std::vector<data::ShardFolderEntry>& shards = split == "val" ? folder.val : folder.train;
+  if (shards.empty())
     throw DataLoadError(fmt::format("data_dir '{}': no {}*.bin shards. Make them with `dion-data prepare TEXT -o {}`",
                                     dir.string(), head, dir.string()));
   const int64_t need = B * T * world + 1;
-  for (const fs::path& f : files_) {
-    data::ShardHeader h;
-    try {
-      h = data::shard_read_header(f);
-    } catch (const data::DataError& e) {
-      throw DataLoadError(e.what());
-    }
-    if (h.token_count < need)
+  for (const data::ShardFolderEntry& s : shards) {
+    if (s.header.token_count < need)
       throw DataLoadError(fmt::format("shard '{}' holds {} tokens, fewer than one batch needs "
                                       "(device_batch_size x sequence_length x ranks + 1 = {}); use a smaller "
                                       "batch or bigger shards",
-                                      f.string(), h.token_count, need));
-    token_counts_.push_back(h.token_count);
+                                      s.path.string(), s.header.token_count, need));
+    files_.push_back(s.path);
+    token_counts_.push_back(s.header.token_count);
   }
   checked_.assign(files_.size(), false);
   reset();

@@ -19,6 +19,7 @@
 #include "dion/data/error.h"
 #include "dion/data/prepare.h"
 #include "dion/data/shard.h"
+#include "dion/data/shard_folder.h"
 #include "test_util.h"
 
 namespace dion::test {
@@ -194,6 +195,120 @@ TEST(PrepareSafety, ShardsWrittenByAnotherProgramMeanwhileAreNotMixedIn) {
     expect_contains(e.what(), {"changed while prepare ran", "would be mixed"});
   }
   EXPECT_EQ(list_dir(out.path()), std::vector<std::string>{"fineweb_train_000777.bin"});
+}
+
+// A folder already inconsistent before any run (shards of two corpora, a gap, a stray copy):
+// the readers (the trainer's loader, through shard_folder_read) refuse it naming the files.
+TEST(PrepareSafety, InconsistentShardFoldersAreRefusedNamingTheFiles) {
+  const std::vector<uint16_t> full(50, 7), shorter(20, 7);
+  auto expect_refused = [](const fs::path& dir, const std::vector<std::string>& parts) {
+    try {
+      data::shard_folder_read(dir, "fineweb");
+      ADD_FAILURE() << "no error for " << dir;
+    } catch (const DataError& e) {
+      expect_contains(e.what(), parts);
+      expect_contains(e.what(), {dir.string(), "numbered 0, 1, 2, ... without gaps"});
+    }
+  };
+  {  // One set as prepare writes it: val 0, train 1.. full, the last train shard short.
+    TempDir d;
+    write_file(d / "fineweb_val_000000.bin", shard_bytes(full));
+    write_file(d / "fineweb_train_000001.bin", shard_bytes(full));
+    write_file(d / "fineweb_train_000002.bin", shard_bytes(shorter));
+    write_file(d / "other_train_000005.bin", shard_bytes(shorter));  // another prefix: ignored
+    const data::ShardFolder f = data::shard_folder_read(d.path(), "fineweb");
+    ASSERT_EQ(f.val.size(), 1u);
+    ASSERT_EQ(f.train.size(), 2u);
+    EXPECT_EQ(f.train[1].path.filename(), "fineweb_train_000002.bin");
+    EXPECT_EQ(f.train[1].header.token_count, 20);
+  }
+  {  // Two corpora: one run's val_000001 (--val-fraction) beside the other's train_000001.
+    TempDir d;
+    write_file(d / "fineweb_val_000000.bin", shard_bytes(full));
+    write_file(d / "fineweb_val_000001.bin", shard_bytes(full));
+    write_file(d / "fineweb_train_000001.bin", shard_bytes(full));
+    expect_refused(d.path(), {"fineweb_train_000001.bin", "fineweb_val_000001.bin",
+                              "the same shard number 1", "two sets are mixed"});
+  }
+  {  // The same number written with more digits.
+    TempDir d;
+    write_file(d / "fineweb_val_000000.bin", shard_bytes(full));
+    write_file(d / "fineweb_train_000001.bin", shard_bytes(full));
+    write_file(d / "fineweb_train_0000001.bin", shard_bytes(full));
+    expect_refused(d.path(), {"fineweb_train_000001.bin", "fineweb_train_0000001.bin"});
+  }
+  {  // A gap in the numbering.
+    TempDir d;
+    write_file(d / "fineweb_val_000000.bin", shard_bytes(full));
+    write_file(d / "fineweb_train_000001.bin", shard_bytes(full));
+    write_file(d / "fineweb_train_000003.bin", shard_bytes(full));
+    expect_refused(d.path(), {"no shard number 2", "fineweb_*_000002.bin",
+                              "after fineweb_train_000001.bin", "jumps to fineweb_train_000003.bin"});
+  }
+  {  // No shard 0.
+    TempDir d;
+    write_file(d / "fineweb_train_000001.bin", shard_bytes(full));
+    expect_refused(d.path(), {"no shard number 0", "must start at 0"});
+  }
+  {  // A short shard before the last one: the end of a smaller run's set among a bigger one's.
+    TempDir d;
+    write_file(d / "fineweb_val_000000.bin", shard_bytes(full));
+    write_file(d / "fineweb_train_000001.bin", shard_bytes(full));
+    write_file(d / "fineweb_train_000002.bin", shard_bytes(shorter));
+    write_file(d / "fineweb_train_000003.bin", shard_bytes(full));
+    expect_refused(d.path(), {"fineweb_train_000001.bin holds 50 tokens",
+                              "fineweb_train_000002.bin holds 20", "from two sets"});
+  }
+  {  // The last shard longer than the others.
+    TempDir d;
+    write_file(d / "fineweb_val_000000.bin", shard_bytes(full));
+    write_file(d / "fineweb_train_000001.bin", shard_bytes(shorter));
+    write_file(d / "fineweb_train_000002.bin", shard_bytes(full));
+    expect_refused(d.path(), {"fineweb_train_000001.bin holds 20 tokens",
+                              "fineweb_train_000002.bin holds 50"});
+  }
+  {  // A stray copy that the old glob fineweb_train_*.bin would have read as part of the set.
+    TempDir d;
+    write_file(d / "fineweb_val_000000.bin", shard_bytes(full));
+    write_file(d / "fineweb_train_000001.bin", shard_bytes(full));
+    write_file(d / "fineweb_train_000001 (copy).bin", shard_bytes(full));
+    expect_refused(d.path(), {"fineweb_train_000001 (copy).bin is not a shard name"});
+  }
+  {  // A bad header is named as shard_read_header names it.
+    TempDir d;
+    write_file(d / "fineweb_val_000000.bin", shard_bytes(full, 42));
+    try {
+      data::shard_folder_read(d.path(), "fineweb");
+      ADD_FAILURE() << "no error for a bad magic";
+    } catch (const DataError& e) {
+      expect_contains(e.what(), {"fineweb_val_000000.bin", "bad magic 42"});
+    }
+  }
+}
+
+// prepare's output folder already holding a mixed set: refused without --overwrite; with it,
+// replaced whole (every old shard goes, the strays of the other corpus too), leaving one set.
+TEST(PrepareSafety, InconsistentOutputFolderIsRefusedOrReplacedWhole) {
+  DION_SKIP_WITHOUT_GPT2();
+  TempDir in, out;
+  write_file(in / "a.txt", corpus(20, 1));
+  write_file(in / "b.txt", corpus(12, 2));
+  ASSERT_EQ(run_dion_data(prepare_args(in / "a.txt", out.path())).exit_code, 0);
+  // Shards of another corpus beside a's: a duplicate number and one far past a's last shard.
+  write_file(out / "fineweb_val_000001.bin", shard_bytes({1, 2, 3}));
+  write_file(out / "fineweb_train_000777.bin", shard_bytes({1, 2, 3}));
+  const std::map<std::string, std::string> mixed = snapshot(out.path());
+  EXPECT_THROW(data::shard_folder_read(out.path(), "fineweb"), DataError);
+
+  const RunResult refused = run_dion_data(prepare_args(in / "b.txt", out.path()));
+  EXPECT_EQ(refused.exit_code, 1) << refused.err;
+  expect_contains(refused.err, {out.path().string(), "already has", "--overwrite"});
+  EXPECT_EQ(snapshot(out.path()), mixed);
+
+  const RunResult replaced = run_dion_data(prepare_args(in / "b.txt", out.path(), {"--overwrite"}));
+  EXPECT_EQ(replaced.exit_code, 0) << replaced.err;
+  EXPECT_EQ(snapshot(out.path()), expected_set(corpus(12, 2)));
+  EXPECT_NO_THROW(data::shard_folder_read(out.path(), "fineweb"));
 }
 
 TEST(PrepareSafety, OwnShardsAmongTheInputsAreNotReadAsText) {

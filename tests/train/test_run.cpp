@@ -263,6 +263,41 @@ TEST_F(TrainRun, BadShardsAndMissingDataFailAndWriteNothing) {
 
 // ---------------------------------------------------------------------------- the other modes
 
+// A data folder that is already inconsistent (shards of two prepare runs, a missing shard) is
+// refused before anything is written, naming the files (the rules: dion/data/shard_folder.h).
+TEST_F(TrainRun, InconsistentShardFolderIsRefusedNamingTheFiles) {
+  TempDir tmp("mixedshards");
+  const fs::path run = tmp / "run";
+  struct Case {
+    const char* name;
+    std::vector<std::pair<std::string, std::string>> files;  // fixture shard -> name in the folder
+    std::vector<std::string> message;
+  };
+  const std::vector<Case> cases = {
+      {"two corpora",
+       {{"fineweb_val_000000.bin", "fineweb_val_000000.bin"},
+        {"fineweb_train_000001.bin", "fineweb_train_000001.bin"},
+        {"fineweb_val_000000.bin", "fineweb_val_000001.bin"}},
+       {"fineweb_train_000001.bin and fineweb_val_000001.bin have the same shard number 1"}},
+      {"gap",
+       {{"fineweb_val_000000.bin", "fineweb_val_000000.bin"},
+        {"fineweb_train_000001.bin", "fineweb_train_000001.bin"},
+        {"fineweb_train_000002.bin", "fineweb_train_000003.bin"}},
+       {"no shard number 2", "fineweb_train_000003.bin"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const fs::path d = tmp / c.name;
+    fs::create_directories(d);
+    for (const auto& [from, to] : c.files) fs::copy_file(data() / from, d / to);
+    const ProcResult r = run_train(tiny_args(d, run) + std::vector<std::string>{"--num_iterations", "2"});
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find(d.string()), std::string::npos) << r.output;
+    for (const std::string& m : c.message) EXPECT_NE(r.output.find(m), std::string::npos) << m << "\n" << r.output;
+    EXPECT_FALSE(fs::exists(run));
+  }
+}
+
 TEST_F(TrainRun, DebugModeTrainsOnSyntheticTokensWithoutData) {
   TempDir tmp("debug");
   ProcResult r = run_train({"--debug", "--data_dir", (tmp / "no_data").string(), "--run_dir", (tmp / "run").string(),

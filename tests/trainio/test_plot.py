@@ -7,6 +7,7 @@ every kind of bad input -> exit status 1, a message naming the file and line, no
 import importlib.util
 import json
 import math
+import os
 import struct
 import subprocess
 import sys
@@ -192,4 +193,29 @@ def test_missing_folder_file_and_data(tmp_path):
 
     r = run_plot("-o", out)  # no run folder
     assert r.returncode == 2 and "RUN_DIR" in r.stderr
+    assert not out.exists()
+
+
+def test_missing_packages_and_undecodable_config_are_errors_not_tracebacks(tmp_path):
+    # A package that fails to import stands in for one that is not installed.
+    fake = tmp_path / "fake"
+    for package in ("matplotlib", "yaml"):
+        (fake / package).mkdir(parents=True)
+        (fake / package / "__init__.py").write_text(f"raise ImportError('no {package} here')\n")
+    env = dict(os.environ, PYTHONPATH=str(fake))
+    run = make_run(tmp_path / "run", steps=3)
+    out = tmp_path / "c.png"
+    r = subprocess.run([sys.executable, PLOT_PY, str(run), "-o", str(out)], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 1, r.stderr
+    assert "needs the Python package matplotlib" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    named = make_run(tmp_path / "named", steps=3, name="x")
+    r = subprocess.run([sys.executable, PLOT_PY, str(named), "-o", str(out)], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 1, r.stderr
+    assert "needs the Python package PyYAML" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    (named / "config.yaml").write_bytes(b"name: \xff\xfe\n")
+    r = run_plot(named, "-o", out)
+    assert r.returncode == 1, r.stderr
+    assert f"{named / 'config.yaml'}: not valid YAML" in r.stderr and "Traceback" not in r.stderr
     assert not out.exists()

@@ -91,11 +91,15 @@ def run_label(run_dir):
     """"name" from RUN_DIR/config.yaml if present, else the folder's name."""
     config = os.path.join(run_dir, "config.yaml")
     if os.path.isfile(config):
-        import yaml  # only needed here
+        try:
+            import yaml  # only needed here
+        except ImportError:
+            raise PlotError(f"{config}: reading it needs the Python package PyYAML: pip install "
+                            "pyyaml") from None
         try:
             with open(config, encoding="utf-8") as f:
                 doc = yaml.safe_load(f)
-        except yaml.YAMLError as e:
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
             raise PlotError(f"{config}: not valid YAML ({e})") from None
         if isinstance(doc, dict) and doc.get("name") not in (None, ""):
             return str(doc["name"])
@@ -133,7 +137,11 @@ def auto_weight(n_points):
 
 
 def plot(runs, out, title, log, smoothing):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotError("drawing needs the Python package matplotlib: pip install matplotlib "
+                        "(requirements.txt lists it)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -198,6 +206,9 @@ def main(argv=None):
         folder = os.path.dirname(os.path.abspath(args.output))
         if not os.path.isdir(folder):
             raise PlotError(f"{args.output}: folder {folder} does not exist")
+        if os.path.isdir(args.output):
+            raise PlotError(f"-o {args.output}: is a folder; give the PNG file to write, e.g. "
+                            f"{os.path.join(args.output, 'curves.png')}")
         runs = [load_run(r) for r in args.runs]
         plot(runs, args.output, args.title, args.log, smoothing)
     except PlotError as e:

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -36,7 +37,7 @@ int run_sample(int argc, char** argv) {
   app.add_option("--prompt", prompt, "text to continue");
   app.add_option("--max_tokens", o.max_tokens, "tokens to generate")->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(100000)));
   app.add_option("--temperature", o.temperature, "softmax temperature (0: greedy)")->capture_default_str()->check(CLI::Range(0.0, 100.0));
-  app.add_option("--top_k", o.top_k, "sample among the k most likely tokens (0: all)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--top_k", o.top_k, "sample among the k most likely tokens (0: all; more than the vocabulary: all)")->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(INT32_MAX)));
   app.add_option("--seed", seed, "sampling seed")->capture_default_str();
   app.add_option("--tokenizer", tokenizer, "folder with encoder.json and vocab.bpe (default: $DION_GPT2_DIR, else the "
                                            "project's data/gpt2)");
