@@ -14,7 +14,19 @@ if(DION_BUILD_TESTS)
   add_test(NAME dion_bench_ortho_smoke COMMAND dion-bench ortho --shapes 64x96x2,96x64x1 --reps 1 --check)
   add_test(NAME dion_bench_step_smoke COMMAND dion-bench step --sets 64x1 --vocab 128 --reps 1)
   add_test(NAME dion_bench_micro_smoke COMMAND dion-bench micro --sizes 64 --reps 1)
-  add_test(NAME dion_bench_bad_shape COMMAND dion-bench ortho --shapes 64x0x1)
-  set_tests_properties(dion_bench_bad_shape PROPERTIES
-                       PASS_REGULAR_EXPRESSION "--shapes.*expected positive integers")
+  # A bad value: exit 2 naming the flag, before anything is measured (cmake/DionUsageTests.cmake).
+  dion_add_usage_tests(PREFIX dion_bench TARGET dion-bench
+    BAD "no_subcommand||subcommand is required"
+        "shape_zero|ortho --shapes 64x0x1|--shapes"
+        "shape_short|ortho --shapes 64x64|--shapes"
+        "dtype|ortho --dtypes fp8|--dtypes"
+        "reps_zero|ortho --reps 0|--reps"
+        "reps_text|micro --reps abc|--reps"
+        "sets|step --sets abc|--sets"
+        "algos|step --algos adam|--algos"
+        "paths|step --paths slow|--paths"
+        "sizes_negative|micro --sizes -3|--sizes"
+        "threads|--threads 0 ortho|--threads"
+        "unknown|ortho --no-such-flag|--no-such-flag"
+    HELP "ortho.*step.*micro")
 endif()

@@ -28,6 +28,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -350,6 +351,35 @@ void run_micro(const Common& common, const MicroArgs& a) {
 
 }  // namespace
 
+// ---------------------------------------------------------------------------- argument check
+
+// Every list flag is checked before anything is measured: a bad value is a usage error naming
+// the flag (exit 2), not an error after minutes of other tables.
+void check_list(const std::string& flag, const std::string& text, const std::vector<std::string>& valid) {
+  const std::vector<std::string> items = split(text);
+  if (items.empty()) throw CLI::ValidationError(flag, "empty list");
+  for (const std::string& item : items) {
+    if (valid.empty()) continue;
+    if (std::find(valid.begin(), valid.end(), item) == valid.end()) {
+      std::string names;
+      for (const std::string& v : valid) names += (names.empty() ? "" : ", ") + v;
+      throw CLI::ValidationError(flag, "'" + item + "': valid values are " + names);
+    }
+  }
+}
+
+void check_args(const OrthoArgs& o, const StepArgs& s, const MicroArgs& m) {
+  check_list("--shapes", o.shapes, {});
+  for (const std::string& t : split(o.shapes)) parse_dims("--shapes", t, 3);
+  check_list("--dtypes", o.dtypes, {"bf16", "fp32"});
+  check_list("--sets", s.sets, {});
+  for (const std::string& t : split(s.sets)) parse_dims("--sets", t, 2);
+  check_list("--algos", s.algos, {"muon", "normuon", "dion2", "nordion2", "dion"});
+  check_list("--paths", s.paths, {"exact", "fast", "gram"});
+  check_list("--sizes", m.sizes, {});
+  for (const std::string& t : split(m.sizes)) parse_dims("--sizes", t, 1);
+}
+
 // ---------------------------------------------------------------------------- main
 
 int main(int argc, char** argv) {
@@ -358,14 +388,14 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   Common common;
   app.add_option("--threads", common.threads, "intra-op threads (1: CPU time is the work's own)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1 << 30));
   app.add_option("--json", common.json_path, "append one JSON object per table to this file");
 
   OrthoArgs ortho;
   CLI::App* c_ortho = app.add_subcommand("ortho", "orthogonalizer paths vs the same-dtype matmul");
   c_ortho->add_option("--shapes", ortho.shapes, "m x n x batch list")->capture_default_str();
   c_ortho->add_option("--dtypes", ortho.dtypes, "bf16,fp32")->capture_default_str();
-  c_ortho->add_option("--reps", ortho.reps, "timed repetitions")->check(CLI::PositiveNumber);
+  c_ortho->add_option("--reps", ortho.reps, "timed repetitions")->check(CLI::Range(1, 1 << 30));
   c_ortho->add_flag("--check", ortho.check, "singular-value band and difference to the exact path");
 
   StepArgs step;
@@ -374,23 +404,30 @@ int main(int argc, char** argv) {
   c_step->add_option("--algos", step.algos, "muon,normuon,dion2,nordion2,dion")->capture_default_str();
   c_step->add_option("--paths", step.paths, "exact,fast,gram (the first is the diff baseline)")
       ->capture_default_str();
-  c_step->add_option("--reps", step.reps, "timed steps")->check(CLI::PositiveNumber);
-  c_step->add_option("--vocab", step.vocab, "embedding / lm_head rows")->check(CLI::PositiveNumber);
+  c_step->add_option("--reps", step.reps, "timed steps")->check(CLI::Range(1, 1 << 30));
+  c_step->add_option("--vocab", step.vocab, "embedding / lm_head rows")->check(CLI::Range(1, 1 << 30));
 
   MicroArgs micro;
   CLI::App* c_micro = app.add_subcommand("micro", "Dion's microbenchmark: step time vs matrix size");
   c_micro->add_option("--sizes", micro.sizes, "matrix sizes")->capture_default_str();
-  c_micro->add_option("--reps", micro.reps, "timed steps")->check(CLI::PositiveNumber);
+  c_micro->add_option("--reps", micro.reps, "timed steps")->check(CLI::Range(1, 1 << 30));
 
   CLI::App* c_all = app.add_subcommand("all", "ortho, step and micro with their defaults");
 
-  CLI11_PARSE(app, argc, argv);
+  try {  // --help: exit 0; a usage error names the flag: exit 2 (as every dion program)
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    check_args(ortho, step, micro);
+  } catch (const CLI::ValidationError& e) {
+    std::fprintf(stderr, "dion-bench: %s\nRun with --help for more information.\n", e.what());
+    return 2;
+  }
   try {
     at::set_num_threads(common.threads);
     dion::bench::AllocCounter::install();
-    for (const std::string& p : split(step.paths))
-      if (p != "exact" && p != "fast" && p != "gram")
-        throw CLI::ValidationError("--paths", "'" + p + "': valid values are exact, fast, gram");
     std::printf("load average %s; %d thread(s)\n",
                 dion::bench::machine_info()["loadavg"].get<std::string>().c_str(),
                 at::get_num_threads());
