@@ -48,16 +48,18 @@ at::Tensor reduce_scatter(comm::Group& g, const at::Tensor& full, int64_t dim) {
   return parts.sum(0).narrow(0, 0, mine.length).movedim(0, dim).contiguous();
 }
 
-// FSDP: forward all_gather of the shards along `dim`; backward reduce-scatter of the gradient.
-// TP-replicated compute (reduce = false): backward keeps this rank's chunk of the gradient,
-// which is identical on every rank of the group.
+// The backward of a gather: forward returns `gathered` (the all_gather of `local` along `dim`,
+// done by the caller, possibly prefetched); backward reduce-scatters the gradient to `local`
+// (FSDP) or, for TP-replicated compute (reduce = false), keeps this rank's chunk of the
+// gradient, which is identical on every rank of the group.
 struct GatherFn : torch::autograd::Function<GatherFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, int64_t group, int64_t dim, int64_t global,
-                            bool reduce) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, const at::Tensor& gathered, int64_t group,
+                            int64_t dim, bool reduce) {
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
     ctx->saved_data["reduce"] = reduce;
-    return dist::gather_tensor(from_handle(group), local.detach(), dim, global);
+    (void)local;
+    return gathered;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     comm::Group& g = from_handle(ctx->saved_data["group"]);
@@ -72,6 +74,40 @@ struct GatherFn : torch::autograd::Function<GatherFn> {
     return {local, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
+
+// FSDP with reshard_after_forward: y = x W^T with W [out, in] the fs-gather of `local`, given
+// as `full` (gathered by the caller); saves x and `local` only, gathers W again in backward,
+// dW reduce-scattered to `local`. The backward computes what at::linear's autograd computes
+// (mm's backward formulas: dx = dy W, dW = dy^T x over the flattened leading dims), so the
+// gradients are the kept-weight run's bit for bit.
+struct GatheredLinearFn : torch::autograd::Function<GatheredLinearFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& local, const at::Tensor& full,
+                            int64_t group, int64_t dim, int64_t global) {
+    ctx->save_for_backward({x, local});
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["global"] = global;
+    return at::linear(x, full);  // [.., out]; `full` is freed when the caller drops it
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    comm::Group& g = from_handle(ctx->saved_data["group"]);
+    const int64_t dim = ctx->saved_data["dim"].toInt();
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];  // [.., in]
+    at::Tensor w = dist::gather_tensor(g, saved[1], dim, ctx->saved_data["global"].toInt());  // [out, in]
+    const at::Tensor dy = grads[0].reshape({-1, grads[0].size(-1)});                          // [N, out]
+    at::Tensor dx = dy.mm(w).view(x.sizes());                                                 // [.., in]
+    at::Tensor dw = dy.t().mm(x.reshape({-1, x.size(-1)}));                                   // [out, in]
+    return {dx, reduce_scatter(g, dw, dim), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The FSDP unit a parameter belongs to: "transformer.h.<i>." for a block's, else its own name.
+std::string unit_of(const std::string& name) {
+  const std::string pre = "transformer.h.";
+  if (name.rfind(pre, 0) != 0) return name;
+  return name.substr(0, name.find('.', pre.size()) + 1);
+}
 
 // Identity forward; the gradient summed over the TP group in backward.
 struct TpEnterFn : torch::autograd::Function<TpEnterFn> {
@@ -156,21 +192,46 @@ Parallel::Parallel(comm::Group world, MeshShape shape) : world_(std::move(world)
 
 int Parallel::data_rank() const { return int(mesh_->coordinate("dp") * shape_.fs + mesh_->coordinate("fs")); }
 
-void Parallel::shard_model(GPT& model) {
-  at::NoGradGuard no_grad;
+void Parallel::place(GPT& model) {
   placements_.clear();
   ordered_.clear();
   for (auto& item : model->named_parameters()) {
-    at::Tensor& p = item.value();
+    const at::Tensor& p = item.value();
     ParamPlacement pl = placement_of(item.key(), p.sizes().vec(), shape_);
     if (pl.tp_dim >= 0 && !pl.tp_gather && p.size(pl.tp_dim) % shape_.tp != 0)
       throw ConfigError(fmt::format("parameter '{}' has {} along dim {}, not divisible by tp_size {}", item.key(),
                                     p.size(pl.tp_dim), pl.tp_dim, shape_.tp));
-    if (shape_.world() > 1) p.set_data(local_part(p, pl, fs_->size(), fs_->rank(), tp_->size(), tp_->rank()));
     placements_[p.unsafeGetTensorImpl()] = pl;
     ordered_.push_back(pl);
   }
-  if (shape_.world() > 1) model->set_parallel(std::shared_ptr<ModelParallel>(this, [](ModelParallel*) {}));
+}
+
+void Parallel::shard_model(GPT& model) {
+  at::NoGradGuard no_grad;
+  place(model);
+  if (shape_.world() == 1) return;
+  for (auto& item : model->named_parameters()) {
+    at::Tensor& p = item.value();
+    // A copy, so that the whole tensor is freed.
+    p.set_data(local_part(p, placement(p), fs_->size(), fs_->rank(), tp_->size(), tp_->rank()).clone());
+  }
+  model->set_parallel(std::shared_ptr<ModelParallel>(this, [](ModelParallel*) {}));
+}
+
+void Parallel::init_model(GPT& model) {
+  place(model);
+  std::unordered_map<std::string, const ParamPlacement*> by_name;
+  for (const ParamPlacement& pl : ordered_) by_name[pl.name] = &pl;
+  if (shape_.world() == 1) {
+    model->init_weights();
+    return;
+  }
+  model->init_weights([&](const std::string& name, const at::Tensor& full) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw std::logic_error("parallel layout: init_weights drew an unknown parameter '" + name + "'");
+    return local_part(full, *it->second, fs_->size(), fs_->rank(), tp_->size(), tp_->rank()).clone();
+  });
+  model->set_parallel(std::shared_ptr<ModelParallel>(this, [](ModelParallel*) {}));
 }
 
 const ParamPlacement& Parallel::placement(const at::Tensor& param) const {
@@ -206,14 +267,74 @@ int64_t Parallel::bytes_sent() const {
   return world_.stats().total_bytes();  // one ledger per process: every sub-group counts into the world's
 }
 
+comm::Work Parallel::gather_async(const at::Tensor& param, const ParamPlacement& pl) {
+  return dist::gather_tensor_async(*fs_, param.detach(), pl.fs_dim, pl.global_shape[pl.fs_dim]);
+}
+
+at::Tensor Parallel::fs_gathered(const at::Tensor& param, const ParamPlacement& pl) {
+  ++gathers_;
+  const void* key = param.unsafeGetTensorImpl();
+  const int64_t dim = pl.fs_dim, global = pl.global_shape[dim];
+  auto now = [&] { return dist::join_gathered(gather_async(param, pl).wait(), dim, global); };
+  if (!order_done_) {  // the first forward: record the order
+    if (order_.empty() || key != order_[0]) {
+      order_.push_back(key);
+      order_unit_.push_back(unit_of(pl.name));
+      order_param_[key] = param;
+      return now();
+    }
+    order_done_ = true;
+  }
+  const size_t n = order_.size();
+  if (key == order_[0]) pos_ = 0;  // a forward begins
+  if (pos_ >= n || order_[pos_] != key) {
+    // A forward that differs from the recorded one (same on every rank): no prefetch until the
+    // next begins; what is in flight is waited and dropped.
+    for (const void* k : order_)
+      if (auto it = inflight_.find(k); it != inflight_.end()) it->second.wait();
+    inflight_.clear();
+    pos_ = n;
+    return now();
+  }
+  if (pos_ == 0 || order_unit_[pos_] != order_unit_[pos_ - 1]) {
+    // The first weight of a unit: issue the next unit's gathers before this unit computes.
+    size_t next = pos_ + 1;
+    while (next < n && order_unit_[next] == order_unit_[pos_]) ++next;
+    for (size_t k = next; k < n && order_unit_[k] == order_unit_[next]; ++k)
+      if (!inflight_.count(order_[k])) {
+        const at::Tensor& p = order_param_.at(order_[k]);
+        inflight_[order_[k]] = gather_async(p, placement(p));
+      }
+  }
+  ++pos_;
+  if (auto it = inflight_.find(key); it != inflight_.end()) {
+    at::Tensor all = it->second.wait();
+    inflight_.erase(it);
+    ++prefetched_;
+    return dist::join_gathered(all, dim, global);
+  }
+  return now();
+}
+
 at::Tensor Parallel::weight(const at::Tensor& param) {
   const ParamPlacement& pl = placement(param);
   at::Tensor w = param;
   if (pl.fs_dim >= 0 && fs_->size() > 1)
-    w = GatherFn::apply(w, to_handle(fs_.get()), pl.fs_dim, pl.global_shape[pl.fs_dim], true);
-  if (pl.tp_gather && tp_->size() > 1)
-    w = GatherFn::apply(w, to_handle(tp_.get()), pl.tp_dim, pl.global_shape[pl.tp_dim], false);
+    w = GatherFn::apply(w, fs_gathered(param, pl), to_handle(fs_.get()), pl.fs_dim, true);
+  if (pl.tp_gather && tp_->size() > 1) {
+    at::Tensor full = dist::gather_tensor(*tp_, w.detach(), pl.tp_dim, pl.global_shape[pl.tp_dim]);
+    w = GatherFn::apply(w, full, to_handle(tp_.get()), pl.tp_dim, false);
+  }
   return w;
+}
+
+at::Tensor Parallel::linear(const at::Tensor& x, const at::Tensor& param) {
+  const ParamPlacement& pl = placement(param);
+  // As the reference: the blocks' weights only (wte / lm_head: reshard_after_forward=False).
+  if (reshard_after_forward_ && pl.fs_dim >= 0 && fs_->size() > 1 && !pl.tp_gather && unit_of(pl.name) != pl.name)
+    return GatheredLinearFn::apply(x, param, fs_gathered(param, pl), to_handle(fs_.get()), pl.fs_dim,
+                                   pl.global_shape[pl.fs_dim]);
+  return ModelParallel::linear(x, param);
 }
 
 at::Tensor Parallel::tp_enter(const at::Tensor& x) {
