@@ -82,23 +82,24 @@ struct GatherFn : torch::autograd::Function<GatherFn> {
 // gradients are the kept-weight run's bit for bit.
 struct GatheredLinearFn : torch::autograd::Function<GatheredLinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& local, const at::Tensor& full,
-                            int64_t group, int64_t dim, int64_t global) {
+                            int64_t parallel, int64_t group, int64_t dim) {
     ctx->save_for_backward({x, local});
+    ctx->saved_data["parallel"] = parallel;
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
-    ctx->saved_data["global"] = global;
     return at::linear(x, full);  // [.., out]; `full` is freed when the caller drops it
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* par = reinterpret_cast<Parallel*>(intptr_t(ctx->saved_data["parallel"].toInt()));
     comm::Group& g = from_handle(ctx->saved_data["group"]);
-    const int64_t dim = ctx->saved_data["dim"].toInt();
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor& x = saved[0];  // [.., in]
-    at::Tensor w = dist::gather_tensor(g, saved[1], dim, ctx->saved_data["global"].toInt());  // [out, in]
-    const at::Tensor dy = grads[0].reshape({-1, grads[0].size(-1)});                          // [N, out]
-    at::Tensor dx = dy.mm(w).view(x.sizes());                                                 // [.., in]
-    at::Tensor dw = dy.t().mm(x.reshape({-1, x.size(-1)}));                                   // [out, in]
-    return {dx, reduce_scatter(g, dw, dim), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const at::Tensor& x = saved[0];                                        // [.., in]
+    at::Tensor w = par->regathered(saved[1]);                              // [out, in]
+    const at::Tensor dy = grads[0].reshape({-1, grads[0].size(-1)});       // [N, out]
+    at::Tensor dx = dy.mm(w).view(x.sizes());                              // [.., in]
+    at::Tensor dw = dy.t().mm(x.reshape({-1, x.size(-1)}));                // [out, in]
+    return {dx, reduce_scatter(g, dw, ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -271,56 +272,58 @@ comm::Work Parallel::gather_async(const at::Tensor& param, const ParamPlacement&
   return dist::gather_tensor_async(*fs_, param.detach(), pl.fs_dim, pl.global_shape[pl.fs_dim]);
 }
 
-at::Tensor Parallel::fs_gathered(const at::Tensor& param, const ParamPlacement& pl) {
-  ++gathers_;
+at::Tensor Parallel::fs_gathered(Prefetch& pf, const at::Tensor& param, const ParamPlacement& pl) {
+  ++pf.gathers;
   const void* key = param.unsafeGetTensorImpl();
   const int64_t dim = pl.fs_dim, global = pl.global_shape[dim];
   auto now = [&] { return dist::join_gathered(gather_async(param, pl).wait(), dim, global); };
-  if (!order_done_) {  // the first forward: record the order
-    if (order_.empty() || key != order_[0]) {
-      order_.push_back(key);
-      order_unit_.push_back(unit_of(pl.name));
-      order_param_[key] = param;
+  if (!pf.recorded) {  // the first pass: record the order
+    if (pf.order.empty() || key != pf.order[0]) {
+      pf.order.push_back(key);
+      pf.unit.push_back(unit_of(pl.name));
+      pf.param[key] = param;
       return now();
     }
-    order_done_ = true;
+    pf.recorded = true;
   }
-  const size_t n = order_.size();
-  if (key == order_[0]) pos_ = 0;  // a forward begins
-  if (pos_ >= n || order_[pos_] != key) {
-    // A forward that differs from the recorded one (same on every rank): no prefetch until the
-    // next begins; what is in flight is waited and dropped.
-    for (const void* k : order_)
-      if (auto it = inflight_.find(k); it != inflight_.end()) it->second.wait();
-    inflight_.clear();
-    pos_ = n;
+  const size_t n = pf.order.size();
+  if (key == pf.order[0]) pf.pos = 0;  // a pass begins
+  if (pf.pos >= n || pf.order[pf.pos] != key) {
+    // A pass that differs from the recorded one (the same on every rank): no prefetch until the
+    // next begins; what is in flight is waited (in recorded order) and dropped.
+    for (const void* k : pf.order)
+      if (auto it = pf.inflight.find(k); it != pf.inflight.end()) it->second.wait();
+    pf.inflight.clear();
+    pf.pos = n;
     return now();
   }
-  if (pos_ == 0 || order_unit_[pos_] != order_unit_[pos_ - 1]) {
+  if (pf.pos == 0 || pf.unit[pf.pos] != pf.unit[pf.pos - 1]) {
     // The first weight of a unit: issue the next unit's gathers before this unit computes.
-    size_t next = pos_ + 1;
-    while (next < n && order_unit_[next] == order_unit_[pos_]) ++next;
-    for (size_t k = next; k < n && order_unit_[k] == order_unit_[next]; ++k)
-      if (!inflight_.count(order_[k])) {
-        const at::Tensor& p = order_param_.at(order_[k]);
-        inflight_[order_[k]] = gather_async(p, placement(p));
+    size_t next = pf.pos + 1;
+    while (next < n && pf.unit[next] == pf.unit[pf.pos]) ++next;
+    for (size_t k = next; k < n && pf.unit[k] == pf.unit[next]; ++k)
+      if (!pf.inflight.count(pf.order[k])) {
+        const at::Tensor& p = pf.param.at(pf.order[k]);
+        pf.inflight[pf.order[k]] = gather_async(p, placement(p));
       }
   }
-  ++pos_;
-  if (auto it = inflight_.find(key); it != inflight_.end()) {
+  ++pf.pos;
+  if (auto it = pf.inflight.find(key); it != pf.inflight.end()) {
     at::Tensor all = it->second.wait();
-    inflight_.erase(it);
-    ++prefetched_;
+    pf.inflight.erase(it);
+    ++pf.prefetched;
     return dist::join_gathered(all, dim, global);
   }
   return now();
 }
 
+at::Tensor Parallel::regathered(const at::Tensor& param) { return fs_gathered(bwd_, param, placement(param)); }
+
 at::Tensor Parallel::weight(const at::Tensor& param) {
   const ParamPlacement& pl = placement(param);
   at::Tensor w = param;
   if (pl.fs_dim >= 0 && fs_->size() > 1)
-    w = GatherFn::apply(w, fs_gathered(param, pl), to_handle(fs_.get()), pl.fs_dim, true);
+    w = GatherFn::apply(w, fs_gathered(fwd_, param, pl), to_handle(fs_.get()), pl.fs_dim, true);
   if (pl.tp_gather && tp_->size() > 1) {
     at::Tensor full = dist::gather_tensor(*tp_, w.detach(), pl.tp_dim, pl.global_shape[pl.tp_dim]);
     w = GatherFn::apply(w, full, to_handle(tp_.get()), pl.tp_dim, false);
@@ -332,8 +335,8 @@ at::Tensor Parallel::linear(const at::Tensor& x, const at::Tensor& param) {
   const ParamPlacement& pl = placement(param);
   // As the reference: the blocks' weights only (wte / lm_head: reshard_after_forward=False).
   if (reshard_after_forward_ && pl.fs_dim >= 0 && fs_->size() > 1 && !pl.tp_gather && unit_of(pl.name) != pl.name)
-    return GatheredLinearFn::apply(x, param, fs_gathered(param, pl), to_handle(fs_.get()), pl.fs_dim,
-                                   pl.global_shape[pl.fs_dim]);
+    return GatheredLinearFn::apply(x, param, fs_gathered(fwd_, param, pl), int64_t(reinterpret_cast<intptr_t>(this)),
+                                   to_handle(fs_.get()), pl.fs_dim);
   return ModelParallel::linear(x, param);
 }
 

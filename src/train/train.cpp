@@ -302,8 +302,9 @@ RunSummary train_run(const Config& c) {
       say(fmt::format("DDP: {} of {} gradient buckets launched during backward (the last step)",
                       ddp->launched_during_backward(), ddp->buckets()));
     if (par.shape().fs > 1)
-      say(fmt::format("FSDP: {} of {} forward weight gathers prefetched; reshard_after_forward {}", par.prefetched(),
-                      par.gathers(), par.reshard_after_forward()));
+      say(fmt::format("FSDP: {} of {} forward weight gathers prefetched, {} of {} backward re-gathers; "
+                      "reshard_after_forward {}", par.prefetched(), par.gathers(), par.regathers_prefetched(),
+                      par.regathers(), par.reshard_after_forward()));
   }
   sum.last_step = st.step;
   sum.best_val_loss = st.best_val_loss;

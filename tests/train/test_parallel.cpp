@@ -143,10 +143,16 @@ TEST_F(ParallelRun, EveryLayoutEqualsOneProcess) {
       // the unit before it computed (wte, the first gathered, never is).
       const size_t at = rs[0].output.find("FSDP: ");
       ASSERT_NE(at, std::string::npos) << rs[0].output;
-      long prefetched = 0, gathers = 0;
-      ASSERT_EQ(std::sscanf(rs[0].output.c_str() + at, "FSDP: %ld of %ld", &prefetched, &gathers), 2) << rs[0].output;
+      long prefetched = 0, gathers = 0, re_prefetched = 0, regathers = 0;
+      ASSERT_EQ(std::sscanf(rs[0].output.c_str() + at,
+                            "FSDP: %ld of %ld forward weight gathers prefetched, %ld of %ld backward re-gathers",
+                            &prefetched, &gathers, &re_prefetched, &regathers),
+                4)
+          << rs[0].output;
       EXPECT_GT(prefetched, 0) << rs[0].output;
       EXPECT_LT(prefetched, gathers) << rs[0].output;
+      EXPECT_GT(re_prefetched, 0) << rs[0].output;  // backward re-gathers (reshard_after_forward)
+      EXPECT_LT(re_prefetched, regathers) << rs[0].output;
       EXPECT_NE(rs[0].output.find("reshard_after_forward true", at), std::string::npos) << rs[0].output;
     }
     if (c.fs > 1 && c.tp == 1) {

@@ -29,6 +29,7 @@
 //            Prefetch: the first forward records the order in which weights are gathered; from
 //            then on, when a block's first weight is needed, the fs all_gathers of the next
 //            block's weights are issued (async) before this block computes, and waited when used.
+//            Backward's re-gathers (reshard_after_forward) are prefetched the same way.
 //            The order is the same on every rank (same model code), so the collectives match.
 //   dp > 1:  replicated over dp; gradients summed over dp by GradSync (buckets of ~25 MB,
 //            all_reduce launched from post-accumulate-grad hooks as their gradients become ready,
@@ -116,9 +117,14 @@ class Parallel : public ModelParallel {
   // reshard_after_forward, = not --fast_fsdp).
   void set_reshard_after_forward(bool on) { reshard_after_forward_ = on; }
   bool reshard_after_forward() const { return reshard_after_forward_; }
-  // FSDP gathers of the forward passes so far, and how many of them were prefetched.
-  int64_t gathers() const { return gathers_; }
-  int64_t prefetched() const { return prefetched_; }
+  // FSDP gathers of the forward passes so far, and how many of them were prefetched; the same
+  // for backward's re-gathers (reshard_after_forward).
+  int64_t gathers() const { return fwd_.gathers; }
+  int64_t prefetched() const { return fwd_.prefetched; }
+  int64_t regathers() const { return bwd_.gathers; }
+  int64_t regathers_prefetched() const { return bwd_.prefetched; }
+  // backward's re-gather of `param` (fs), prefetched when it can be (GatheredLinearFn).
+  at::Tensor regathered(const at::Tensor& param);
   const ParamPlacement& placement(const at::Tensor& param) const;
   const std::vector<ParamPlacement>& placements() const { return ordered_; }  // model order
 
@@ -146,19 +152,23 @@ class Parallel : public ModelParallel {
   std::vector<ParamPlacement> ordered_;
 
   void place(GPT& model);  // placements_, ordered_ from the global shapes
-  // This rank's fs-gathered `param` for forward: the prefetched gather when there is one.
-  at::Tensor fs_gathered(const at::Tensor& param, const ParamPlacement& pl);
+  // Prefetch along a recorded order of fs gathers (one for forward, one for backward's
+  // re-gathers): the order the first pass gathered in (parameter identities, the unit of each),
+  // where the current pass is in it, and the gathers in flight.
+  struct Prefetch {
+    std::vector<const void*> order;
+    std::vector<std::string> unit;
+    std::unordered_map<const void*, at::Tensor> param;
+    bool recorded = false;
+    size_t pos = 0;
+    std::unordered_map<const void*, comm::Work> inflight;
+    int64_t gathers = 0, prefetched = 0;
+  };
+  // This rank's fs-gathered `param`: the prefetched gather when there is one.
+  at::Tensor fs_gathered(Prefetch& pf, const at::Tensor& param, const ParamPlacement& pl);
   comm::Work gather_async(const at::Tensor& param, const ParamPlacement& pl);
   bool reshard_after_forward_ = false;
-  // Prefetch: the recorded forward gather order (parameter identities, block of each), where
-  // the current forward is in it, and the gathers in flight.
-  std::vector<const void*> order_;
-  std::vector<std::string> order_unit_;
-  std::unordered_map<const void*, at::Tensor> order_param_;
-  bool order_done_ = false;
-  size_t pos_ = 0;
-  std::unordered_map<const void*, comm::Work> inflight_;
-  int64_t gathers_ = 0, prefetched_ = 0;
+  Prefetch fwd_, bwd_;
 };
 
 // Data-parallel gradient sum over `group` (DDP, HSDP's dp axis): bucketed all_reduce launched
