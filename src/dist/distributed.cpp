@@ -42,11 +42,19 @@ std::string shape_str(c10::IntArrayRef s) {
 }  // namespace
 
 at::Tensor gather_tensor(Group& group, const at::Tensor& local, int64_t dim, int64_t global_size) {
-  const int W = group.size();
-  const int64_t chunk = (global_size + W - 1) / W;
-  at::Tensor all = group.all_gather(pad_to(local, dim, chunk));  // [W, ..chunk..]
-  at::Tensor full = at::cat(all.unbind(0), dim);
-  return full.narrow(dim, 0, global_size).contiguous();
+  return join_gathered(gather_tensor_async(group, local, dim, global_size).wait(), dim, global_size);
+}
+
+comm::Work gather_tensor_async(Group& group, const at::Tensor& local, int64_t dim, int64_t global_size) {
+  const int64_t chunk = (global_size + group.size() - 1) / group.size();
+  // A copy: the collective may read its input after this returns, and `local` may change.
+  at::Tensor in = pad_to(local, dim, chunk);
+  if (in.is_same(local)) in = local.clone();
+  return group.all_gather_async(in);  // -> [W, ..chunk..]
+}
+
+at::Tensor join_gathered(const at::Tensor& all, int64_t dim, int64_t global_size) {
+  return at::cat(all.unbind(0), dim).narrow(dim, 0, global_size).contiguous();
 }
 
 Distributed::Distributed(std::shared_ptr<Group> outer, std::shared_ptr<Group> inner)

@@ -20,11 +20,18 @@ at::Tensor rms_norm_last(const at::Tensor& x) {  // F.rms_norm(x, (x.size(-1),))
 at::Tensor weight_of(ModelParallel* par, const at::Tensor& w) { return par ? par->weight(w) : w; }
 // nn.Linear without bias (the same at::linear call torch::nn::Linear makes).
 at::Tensor linear(ModelParallel* par, const torch::nn::Linear& l, const at::Tensor& x) {
-  return at::linear(x, weight_of(par, l->weight));
+  return par ? par->linear(x, l->weight) : at::linear(x, l->weight);
+}
+// A placeholder of w's shape that holds one element (GPTConfig::placeholder_weights).
+void make_placeholder(at::Tensor& w) {
+  at::NoGradGuard no_grad;
+  w.set_data(at::zeros({}, w.options()).expand(w.sizes()));
 }
 at::Tensor tp_enter(ModelParallel* par, const at::Tensor& x) { return par ? par->tp_enter(x) : x; }
 at::Tensor tp_exit(ModelParallel* par, const at::Tensor& x) { return par ? par->tp_exit(x) : x; }
 }  // namespace
+
+at::Tensor ModelParallel::linear(const at::Tensor& x, const at::Tensor& param) { return at::linear(x, weight(param)); }
 
 // ---------------------------------------------------------------------------- rotary
 
@@ -109,26 +116,35 @@ GPTImpl::GPTImpl(const GPTConfig& cfg) : config_(cfg) {
     h->push_back(blocks_.back());
   }
   lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(cfg.n_embd, cfg.vocab_size).bias(false)));
+  if (cfg.placeholder_weights)
+    for (at::Tensor& p : parameters()) make_placeholder(p);
 }
 
-void GPTImpl::init_weights() {
+void GPTImpl::init_weights(const KeepFn& keep) {
   at::NoGradGuard no_grad;
-  auto init_linear = [](torch::nn::Linear& l) {
+  // Each weight drawn whole into a fresh tensor (the same draws as normal_ in place), then kept
+  // (or cut) before the next is drawn.
+  auto draw = [&](const std::string& name, at::Tensor& w, double std) {
+    at::Tensor full = at::empty(w.sizes(), w.options().memory_format(at::MemoryFormat::Contiguous)).normal_(0.0, std);
+    w.set_data(keep ? keep(name, full) : full);
+  };
+  auto init_linear = [&](const std::string& name, torch::nn::Linear& l) {
     const double fan_out = double(l->weight.size(0)), fan_in = double(l->weight.size(1));
-    const double std = 1.0 / std::sqrt(fan_in) * std::min(1.0, std::sqrt(fan_out / fan_in));
-    l->weight.normal_(0.0, std);
+    draw(name, l->weight, 1.0 / std::sqrt(fan_in) * std::min(1.0, std::sqrt(fan_out / fan_in)));
   };
   // The reference's Module.apply order: children first, depth first, in registration order.
-  wte->weight.normal_(0.0, 1.0);
-  for (Block& b : blocks_) {
-    init_linear(b->attn->c_q);
-    init_linear(b->attn->c_k);
-    init_linear(b->attn->c_v);
-    init_linear(b->attn->c_proj);
-    init_linear(b->mlp->c_fc);
-    init_linear(b->mlp->c_proj);
+  draw("transformer.wte.weight", wte->weight, 1.0);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    Block& b = blocks_[i];
+    const std::string pre = "transformer.h." + std::to_string(i) + ".";
+    init_linear(pre + "attn.c_q.weight", b->attn->c_q);
+    init_linear(pre + "attn.c_k.weight", b->attn->c_k);
+    init_linear(pre + "attn.c_v.weight", b->attn->c_v);
+    init_linear(pre + "attn.c_proj.weight", b->attn->c_proj);
+    init_linear(pre + "mlp.c_fc.weight", b->mlp->c_fc);
+    init_linear(pre + "mlp.c_proj.weight", b->mlp->c_proj);
   }
-  init_linear(lm_head);
+  init_linear("lm_head.weight", lm_head);
 }
 
 void GPTImpl::set_parallel(std::shared_ptr<ModelParallel> parallel) {

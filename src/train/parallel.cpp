@@ -48,16 +48,18 @@ at::Tensor reduce_scatter(comm::Group& g, const at::Tensor& full, int64_t dim) {
   return parts.sum(0).narrow(0, 0, mine.length).movedim(0, dim).contiguous();
 }
 
-// FSDP: forward all_gather of the shards along `dim`; backward reduce-scatter of the gradient.
-// TP-replicated compute (reduce = false): backward keeps this rank's chunk of the gradient,
-// which is identical on every rank of the group.
+// The backward of a gather: forward returns `gathered` (the all_gather of `local` along `dim`,
+// done by the caller, possibly prefetched); backward reduce-scatters the gradient to `local`
+// (FSDP) or, for TP-replicated compute (reduce = false), keeps this rank's chunk of the
+// gradient, which is identical on every rank of the group.
 struct GatherFn : torch::autograd::Function<GatherFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, int64_t group, int64_t dim, int64_t global,
-                            bool reduce) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, const at::Tensor& gathered, int64_t group,
+                            int64_t dim, bool reduce) {
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
     ctx->saved_data["reduce"] = reduce;
-    return dist::gather_tensor(from_handle(group), local.detach(), dim, global);
+    (void)local;
+    return gathered;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     comm::Group& g = from_handle(ctx->saved_data["group"]);
@@ -72,6 +74,41 @@ struct GatherFn : torch::autograd::Function<GatherFn> {
     return {local, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
+
+// FSDP with reshard_after_forward: y = x W^T with W [out, in] the fs-gather of `local`, given
+// as `full` (gathered by the caller); saves x and `local` only, gathers W again in backward,
+// dW reduce-scattered to `local`. The backward computes what at::linear's autograd computes
+// (mm's backward formulas: dx = dy W, dW = dy^T x over the flattened leading dims), so the
+// gradients are the kept-weight run's bit for bit.
+struct GatheredLinearFn : torch::autograd::Function<GatheredLinearFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& local, const at::Tensor& full,
+                            int64_t parallel, int64_t group, int64_t dim) {
+    ctx->save_for_backward({x, local});
+    ctx->saved_data["parallel"] = parallel;
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    return at::linear(x, full);  // [.., out]; `full` is freed when the caller drops it
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* par = reinterpret_cast<Parallel*>(intptr_t(ctx->saved_data["parallel"].toInt()));
+    comm::Group& g = from_handle(ctx->saved_data["group"]);
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];                                        // [.., in]
+    at::Tensor w = par->regathered(saved[1]);                              // [out, in]
+    const at::Tensor dy = grads[0].reshape({-1, grads[0].size(-1)});       // [N, out]
+    at::Tensor dx = dy.mm(w).view(x.sizes());                              // [.., in]
+    at::Tensor dw = dy.t().mm(x.reshape({-1, x.size(-1)}));                // [out, in]
+    return {dx, reduce_scatter(g, dw, ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+// The FSDP unit a parameter belongs to: "transformer.h.<i>." for a block's, else its own name.
+std::string unit_of(const std::string& name) {
+  const std::string pre = "transformer.h.";
+  if (name.rfind(pre, 0) != 0) return name;
+  return name.substr(0, name.find('.', pre.size()) + 1);
+}
 
 // Identity forward; the gradient summed over the TP group in backward.
 struct TpEnterFn : torch::autograd::Function<TpEnterFn> {
@@ -156,21 +193,46 @@ Parallel::Parallel(comm::Group world, MeshShape shape) : world_(std::move(world)
 
 int Parallel::data_rank() const { return int(mesh_->coordinate("dp") * shape_.fs + mesh_->coordinate("fs")); }
 
-void Parallel::shard_model(GPT& model) {
-  at::NoGradGuard no_grad;
+void Parallel::place(GPT& model) {
   placements_.clear();
   ordered_.clear();
   for (auto& item : model->named_parameters()) {
-    at::Tensor& p = item.value();
+    const at::Tensor& p = item.value();
     ParamPlacement pl = placement_of(item.key(), p.sizes().vec(), shape_);
     if (pl.tp_dim >= 0 && !pl.tp_gather && p.size(pl.tp_dim) % shape_.tp != 0)
       throw ConfigError(fmt::format("parameter '{}' has {} along dim {}, not divisible by tp_size {}", item.key(),
                                     p.size(pl.tp_dim), pl.tp_dim, shape_.tp));
-    if (shape_.world() > 1) p.set_data(local_part(p, pl, fs_->size(), fs_->rank(), tp_->size(), tp_->rank()));
     placements_[p.unsafeGetTensorImpl()] = pl;
     ordered_.push_back(pl);
   }
-  if (shape_.world() > 1) model->set_parallel(std::shared_ptr<ModelParallel>(this, [](ModelParallel*) {}));
+}
+
+void Parallel::shard_model(GPT& model) {
+  at::NoGradGuard no_grad;
+  place(model);
+  if (shape_.world() == 1) return;
+  for (auto& item : model->named_parameters()) {
+    at::Tensor& p = item.value();
+    // A copy, so that the whole tensor is freed.
+    p.set_data(local_part(p, placement(p), fs_->size(), fs_->rank(), tp_->size(), tp_->rank()).clone());
+  }
+  model->set_parallel(std::shared_ptr<ModelParallel>(this, [](ModelParallel*) {}));
+}
+
+void Parallel::init_model(GPT& model) {
+  place(model);
+  std::unordered_map<std::string, const ParamPlacement*> by_name;
+  for (const ParamPlacement& pl : ordered_) by_name[pl.name] = &pl;
+  if (shape_.world() == 1) {
+    model->init_weights();
+    return;
+  }
+  model->init_weights([&](const std::string& name, const at::Tensor& full) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw std::logic_error("parallel layout: init_weights drew an unknown parameter '" + name + "'");
+    return local_part(full, *it->second, fs_->size(), fs_->rank(), tp_->size(), tp_->rank()).clone();
+  });
+  model->set_parallel(std::shared_ptr<ModelParallel>(this, [](ModelParallel*) {}));
 }
 
 const ParamPlacement& Parallel::placement(const at::Tensor& param) const {
@@ -206,14 +268,76 @@ int64_t Parallel::bytes_sent() const {
   return world_.stats().total_bytes();  // one ledger per process: every sub-group counts into the world's
 }
 
+comm::Work Parallel::gather_async(const at::Tensor& param, const ParamPlacement& pl) {
+  return dist::gather_tensor_async(*fs_, param.detach(), pl.fs_dim, pl.global_shape[pl.fs_dim]);
+}
+
+at::Tensor Parallel::fs_gathered(Prefetch& pf, const at::Tensor& param, const ParamPlacement& pl) {
+  ++pf.gathers;
+  const void* key = param.unsafeGetTensorImpl();
+  const int64_t dim = pl.fs_dim, global = pl.global_shape[dim];
+  auto now = [&] { return dist::join_gathered(gather_async(param, pl).wait(), dim, global); };
+  if (!pf.recorded) {  // the first pass: record the order
+    if (pf.order.empty() || key != pf.order[0]) {
+      pf.order.push_back(key);
+      pf.unit.push_back(unit_of(pl.name));
+      pf.param[key] = param;
+      return now();
+    }
+    pf.recorded = true;
+  }
+  const size_t n = pf.order.size();
+  if (key == pf.order[0]) pf.pos = 0;  // a pass begins
+  if (pf.pos >= n || pf.order[pf.pos] != key) {
+    // A pass that differs from the recorded one (the same on every rank): no prefetch until the
+    // next begins; what is in flight is waited (in recorded order) and dropped.
+    for (const void* k : pf.order)
+      if (auto it = pf.inflight.find(k); it != pf.inflight.end()) it->second.wait();
+    pf.inflight.clear();
+    pf.pos = n;
+    return now();
+  }
+  if (pf.pos == 0 || pf.unit[pf.pos] != pf.unit[pf.pos - 1]) {
+    // The first weight of a unit: issue the next unit's gathers before this unit computes.
+    size_t next = pf.pos + 1;
+    while (next < n && pf.unit[next] == pf.unit[pf.pos]) ++next;
+    for (size_t k = next; k < n && pf.unit[k] == pf.unit[next]; ++k)
+      if (!pf.inflight.count(pf.order[k])) {
+        const at::Tensor& p = pf.param.at(pf.order[k]);
+        pf.inflight[pf.order[k]] = gather_async(p, placement(p));
+      }
+  }
+  ++pf.pos;
+  if (auto it = pf.inflight.find(key); it != pf.inflight.end()) {
+    at::Tensor all = it->second.wait();
+    pf.inflight.erase(it);
+    ++pf.prefetched;
+    return dist::join_gathered(all, dim, global);
+  }
+  return now();
+}
+
+at::Tensor Parallel::regathered(const at::Tensor& param) { return fs_gathered(bwd_, param, placement(param)); }
+
 at::Tensor Parallel::weight(const at::Tensor& param) {
   const ParamPlacement& pl = placement(param);
   at::Tensor w = param;
   if (pl.fs_dim >= 0 && fs_->size() > 1)
-    w = GatherFn::apply(w, to_handle(fs_.get()), pl.fs_dim, pl.global_shape[pl.fs_dim], true);
-  if (pl.tp_gather && tp_->size() > 1)
-    w = GatherFn::apply(w, to_handle(tp_.get()), pl.tp_dim, pl.global_shape[pl.tp_dim], false);
+    w = GatherFn::apply(w, fs_gathered(fwd_, param, pl), to_handle(fs_.get()), pl.fs_dim, true);
+  if (pl.tp_gather && tp_->size() > 1) {
+    at::Tensor full = dist::gather_tensor(*tp_, w.detach(), pl.tp_dim, pl.global_shape[pl.tp_dim]);
+    w = GatherFn::apply(w, full, to_handle(tp_.get()), pl.tp_dim, false);
+  }
   return w;
+}
+
+at::Tensor Parallel::linear(const at::Tensor& x, const at::Tensor& param) {
+  const ParamPlacement& pl = placement(param);
+  // As the reference: the blocks' weights only (wte / lm_head: reshard_after_forward=False).
+  if (reshard_after_forward_ && pl.fs_dim >= 0 && fs_->size() > 1 && !pl.tp_gather && unit_of(pl.name) != pl.name)
+    return GatheredLinearFn::apply(x, param, fs_gathered(fwd_, param, pl), int64_t(reinterpret_cast<intptr_t>(this)),
+                                   to_handle(fs_.get()), pl.fs_dim);
+  return ModelParallel::linear(x, param);
 }
 
 at::Tensor Parallel::tp_enter(const at::Tensor& x) {

@@ -132,10 +132,12 @@ RunSummary train_run(const Config& c) {
 
   // ---------------------------------------------------------------- model and optimizer
   const GPTConfig gcfg{c.sequence_length, kVocabSize, c.n_layer, c.n_head, c.model_dim};
-  GPT model(gcfg);
+  GPTConfig placeholder = gcfg;
+  placeholder.placeholder_weights = true;  // never the whole model: init_model draws one weight at a time
+  GPT model(placeholder);
   at::manual_seed(uint64_t(c.seed));  // after construction, as the reference (built on meta) draws
-  model->init_weights();
-  par.shard_model(model);  // whole, identical weights on every rank -> this rank's parts
+  par.init_model(model);  // the weights of one process; each rank keeps its parts
+  par.set_reshard_after_forward(c.reshard_after_forward && !c.fast_fsdp);
   model->to(device);
   TrainOptimizer topt = build_optimizer(c, model);
   dion::Optimizer& opt = *topt.optimizer;
@@ -299,6 +301,10 @@ RunSummary train_run(const Config& c) {
     if (ddp)
       say(fmt::format("DDP: {} of {} gradient buckets launched during backward (the last step)",
                       ddp->launched_during_backward(), ddp->buckets()));
+    if (par.shape().fs > 1)
+      say(fmt::format("FSDP: {} of {} forward weight gathers prefetched, {} of {} backward re-gathers; "
+                      "reshard_after_forward {}", par.prefetched(), par.gathers(), par.regathers_prefetched(),
+                      par.regathers(), par.reshard_after_forward()));
   }
   sum.last_step = st.step;
   sum.best_val_loss = st.best_val_loss;

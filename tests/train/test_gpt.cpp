@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -68,6 +69,30 @@ TEST(TrainGpt, RotaryIsTheReferencesFormula) {
   EXPECT_TRUE(at::equal(y.select(1, 0), x.select(1, 0)));
   // A rotation keeps each (x1, x2) pair's norm (up to the bf16 rounding of cos and sin: 1e-2).
   EXPECT_TRUE(at::allclose(y.norm(2, -1), x.norm(2, -1), 1e-2, 1e-2));
+}
+
+TEST(TrainGpt, PlaceholderWeightsThenInitGiveTheSameWeights) {
+  // GPTConfig::placeholder_weights: 4-byte placeholders until init_weights, which draws each
+  // weight as in place (the same generator draws in the same order) and passes it to `keep`.
+  GPTConfig cfg{16, 64, 2, 2, 16};
+  GPT whole(cfg);
+  at::manual_seed(7);
+  whole->init_weights();
+  cfg.placeholder_weights = true;
+  GPT lazy(cfg);
+  for (const at::Tensor& p : lazy->parameters()) EXPECT_EQ(p.storage().nbytes(), size_t(4));
+  std::vector<std::string> kept;
+  at::manual_seed(7);
+  lazy->init_weights([&](const std::string& name, const at::Tensor& full) {
+    kept.push_back(name);
+    return full;
+  });
+  auto a = whole->named_parameters(), b = lazy->named_parameters();
+  ASSERT_EQ(kept.size(), a.size());
+  for (const auto& item : a) {
+    EXPECT_TRUE(at::equal(item.value(), b[item.key()])) << item.key();
+    EXPECT_NE(std::find(kept.begin(), kept.end(), item.key()), kept.end()) << item.key();
+  }
 }
 
 TEST(TrainGpt, CausalLogitsDoNotSeeTheFuture) {

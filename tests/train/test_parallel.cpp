@@ -2,7 +2,8 @@
 // torchrun's variables (Gloo over loopback), on the committed Tiny Shakespeare.
 //
 // - Equal results: the same config and global batch at 1 process, 2-rank DDP, 2-rank FSDP, 2-rank
-//   TP and 2 x 2 FSDP x TP give the same losses (tolerances below).
+//   TP and 2 x 2 FSDP x TP give the same losses (tolerances below). FSDP prefetched gathers;
+//   reshard_after_forward (default) and --fast_fsdp give bit-identical losses.
 // - Checkpoints move between layouts: saved at 2-rank FSDP, resumed at 1 and at 2 x 2 FSDP x TP;
 //   saved at 1, resumed at 2-rank FSDP: the resumed losses equal the uninterrupted run's.
 // - kill -9 of a rank during the saves leaves a complete checkpoint that resumes (the loop of 20
@@ -137,6 +138,36 @@ TEST_F(ParallelRun, EveryLayoutEqualsOneProcess) {
           << rs[0].output;
     }
     for (size_t r = 1; r < rs.size(); ++r) EXPECT_EQ(rs[r].output.find("step 1/5"), std::string::npos) << rs[r].output;
+    if (c.fs > 1) {
+      // Forward prefetch: from the second forward on, every block's gathers were issued while
+      // the unit before it computed (wte, the first gathered, never is).
+      const size_t at = rs[0].output.find("FSDP: ");
+      ASSERT_NE(at, std::string::npos) << rs[0].output;
+      long prefetched = 0, gathers = 0, re_prefetched = 0, regathers = 0;
+      ASSERT_EQ(std::sscanf(rs[0].output.c_str() + at,
+                            "FSDP: %ld of %ld forward weight gathers prefetched, %ld of %ld backward re-gathers",
+                            &prefetched, &gathers, &re_prefetched, &regathers),
+                4)
+          << rs[0].output;
+      EXPECT_GT(prefetched, 0) << rs[0].output;
+      EXPECT_LT(prefetched, gathers) << rs[0].output;
+      EXPECT_GT(re_prefetched, 0) << rs[0].output;  // backward re-gathers (reshard_after_forward)
+      EXPECT_LT(re_prefetched, regathers) << rs[0].output;
+      EXPECT_NE(rs[0].output.find("reshard_after_forward true", at), std::string::npos) << rs[0].output;
+    }
+    if (c.fs > 1 && c.tp == 1) {
+      // reshard_after_forward (the default, above) vs keeping the gathered weights
+      // (--fast_fsdp): the same sums in the same order (GatheredLinearFn's backward is
+      // at::linear's mm formulas), so the losses are bit-identical.
+      TempDir keep("fsdp2_keep");
+      expect_all_ok(test::run_train_ranks(2, tiny(data(), keep / "run") + layout(1, 2, 1) +
+                                                 std::vector<std::string>{"--fast_fsdp", "true"}));
+      const auto resharded = test::read_metrics(run / "run" / "metrics.jsonl");
+      const auto kept = test::read_metrics(keep / "run" / "metrics.jsonl");
+      ASSERT_EQ(kept.size(), resharded.size());
+      for (size_t i = 0; i < kept.size(); ++i)
+        EXPECT_EQ(kept[i].loss, resharded[i].loss) << kept[i].kind << " step " << kept[i].step;
+    }
   }
 }
 

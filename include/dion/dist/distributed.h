@@ -54,6 +54,10 @@ at::Tensor shard_tensor(const at::Tensor& full, int64_t dim, int world, int rank
 
 // Reassemble the full tensor from every rank's chunk along `dim` (collective over `group`).
 at::Tensor gather_tensor(Group& group, const at::Tensor& local, int64_t dim, int64_t global_size);
+// The same in two halves: issue the all_gather (of a copy of `local`) ...
+comm::Work gather_tensor_async(Group& group, const at::Tensor& local, int64_t dim, int64_t global_size);
+// ... and join what its wait() returns ([W, ..chunk..]) into the full tensor.
+at::Tensor join_gathered(const at::Tensor& all, int64_t dim, int64_t global_size);
 
 class Distributed : public Distribution {
  public:

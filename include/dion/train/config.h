@@ -79,6 +79,7 @@ struct Config {
   int64_t dp_size = 1;
   int64_t fs_size = 1;
   int64_t tp_size = 1;
+  bool reshard_after_forward = true;  // effective unless fast_fsdp (as train.py: not --fast_fsdp)
   bool fast_fsdp = false;
   double comm_timeout_s = 300;  // every collective of the run waits at most this long
   double ddp_bucket_mb = 25;    // DDP gradient all-reduce bucket size

@@ -11,6 +11,9 @@
 // Embedding ~ N(0, 1), drawn from the default generator in the reference's module order (wte,
 // then each block's c_q, c_k, c_v, c_proj, c_fc, c_proj, then lm_head), so that the same seed
 // gives the same weights as the reference's `torch.manual_seed(s); model.init_weights()`.
+// GPTConfig::placeholder_weights: the constructor leaves every weight a 4-byte placeholder of
+// its shape (one element, expanded) and init_weights draws them one at a time, each passed
+// through `keep` (a parallel layout keeps its shard), so that no process holds the whole model.
 // Parameter names are the reference's state_dict keys ("transformer.h.0.attn.c_q.weight").
 //
 // Shapes: idx, targets [B, T] int64; x [B, T, C]; q, k, v [B, T, H, D] (D = C / H);
@@ -30,6 +33,8 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 namespace dion::train {
@@ -43,6 +48,10 @@ class ModelParallel {
   // The tensor to compute with for `param` (this rank's part of a TP-split weight, whole
   // otherwise), differentiable back to `param`.
   virtual at::Tensor weight(const at::Tensor& param) = 0;
+  // x [.., in] times `param`'s computed weight [out, in] transposed -> [.., out] (at::linear,
+  // no bias). The default is at::linear(x, weight(param)); FSDP with reshard_after_forward
+  // overrides it so that the gathered weight is not kept for backward.
+  virtual at::Tensor linear(const at::Tensor& x, const at::Tensor& param);
   // Entering a TP region: identity forward, gradient summed over TP ranks in backward.
   virtual at::Tensor tp_enter(const at::Tensor& x) = 0;
   // Leaving a TP region (after a row-parallel matmul): sum over TP ranks forward, identity backward.
@@ -56,6 +65,7 @@ struct GPTConfig {
   int64_t n_layer = 12;
   int64_t n_head = 6;
   int64_t n_embd = 768;
+  bool placeholder_weights = false;  // weights are placeholders until init_weights (see the top)
 };
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
@@ -96,7 +106,9 @@ class GPTImpl : public torch::nn::Module {
   explicit GPTImpl(const GPTConfig& config);
 
   // The reference's init_weights (see the top of this file). Call under the seed you want.
-  void init_weights();
+  // keep(name, full) -> the tensor `name` holds from now on (default: `full` itself).
+  using KeepFn = std::function<at::Tensor(const std::string& name, const at::Tensor& full)>;
+  void init_weights(const KeepFn& keep = nullptr);
 
   // Mean cross entropy over idx/targets [B, T] (targets -1 ignored), fp32 0-d.
   at::Tensor loss(const at::Tensor& idx, const at::Tensor& targets);

@@ -5,6 +5,7 @@
 //
 //   Parallel par(world, {dp, fs, tp});     // collective: builds the mesh; dp*fs*tp == world size
 //   par.shard_model(model);                // parameters -> this rank's shards; model computes through par
+//   par.init_model(model);                 // or: draw the weights one at a time, keeping only the shards
 //   auto dist = par.distribution(sync);    // the optimizer's Distribution (null for one process)
 //   GradSync ddp(par.dp_group(), params, bucket_bytes);   // DDP / HSDP gradient sum over dp
 //
@@ -21,7 +22,15 @@
 //            tp; with tp: dim 1 of c_q, c_k, c_v, c_fc, wte, lm_head, dim 0 of c_proj), as the
 //            reference's fully_shard shard_placement_fn. Gathered for compute by an autograd
 //            function (forward all_gather; backward reduce-scatter = all_to_all + sum over fs).
-//            Gathered weights are kept until backward (reshard_after_forward = False).
+//            reshard_after_forward (the blocks' weights; as the reference, never wte / lm_head):
+//            the linear that uses a gathered weight is one autograd function that saves only its
+//            input and the shard and gathers the weight again in backward; otherwise the
+//            gathered weight is kept from forward to backward.
+//            Prefetch: the first forward records the order in which weights are gathered; from
+//            then on, when a block's first weight is needed, the fs all_gathers of the next
+//            block's weights are issued (async) before this block computes, and waited when used.
+//            Backward's re-gathers (reshard_after_forward) are prefetched the same way.
+//            The order is the same on every rank (same model code), so the collectives match.
 //   dp > 1:  replicated over dp; gradients summed over dp by GradSync (buckets of ~25 MB,
 //            all_reduce launched from post-accumulate-grad hooks as their gradients become ready,
 //            in bucket order on every rank, waited before the optimizer step) — unless legacy
@@ -100,6 +109,22 @@ class Parallel : public ModelParallel {
   // Replace every parameter of `model` (whole, identical on every rank) by this rank's part
   // (Tensor::set_data: names and identities stay) and make the model compute through this.
   void shard_model(GPT& model);
+  // The same end state from a model built with GPTConfig::placeholder_weights, under the seed:
+  // init_weights draws each weight whole and keeps this rank's part before drawing the next
+  // (the weights of one process, never the whole model at once).
+  void init_model(GPT& model);
+  // Re-gather the blocks' FSDP weights in backward instead of keeping them (the reference's
+  // reshard_after_forward, = not --fast_fsdp).
+  void set_reshard_after_forward(bool on) { reshard_after_forward_ = on; }
+  bool reshard_after_forward() const { return reshard_after_forward_; }
+  // FSDP gathers of the forward passes so far, and how many of them were prefetched; the same
+  // for backward's re-gathers (reshard_after_forward).
+  int64_t gathers() const { return fwd_.gathers; }
+  int64_t prefetched() const { return fwd_.prefetched; }
+  int64_t regathers() const { return bwd_.gathers; }
+  int64_t regathers_prefetched() const { return bwd_.prefetched; }
+  // backward's re-gather of `param` (fs), prefetched when it can be (GatheredLinearFn).
+  at::Tensor regathered(const at::Tensor& param);
   const ParamPlacement& placement(const at::Tensor& param) const;
   const std::vector<ParamPlacement>& placements() const { return ordered_; }  // model order
 
@@ -113,6 +138,7 @@ class Parallel : public ModelParallel {
 
   // ModelParallel
   at::Tensor weight(const at::Tensor& param) override;
+  at::Tensor linear(const at::Tensor& x, const at::Tensor& param) override;
   at::Tensor tp_enter(const at::Tensor& x) override;
   at::Tensor tp_exit(const at::Tensor& x) override;
   int64_t tp_size() const override { return shape_.tp; }
@@ -124,6 +150,25 @@ class Parallel : public ModelParallel {
   std::shared_ptr<comm::Group> dp_, fs_, tp_, data_;
   std::unordered_map<const void*, ParamPlacement> placements_;
   std::vector<ParamPlacement> ordered_;
+
+  void place(GPT& model);  // placements_, ordered_ from the global shapes
+  // Prefetch along a recorded order of fs gathers (one for forward, one for backward's
+  // re-gathers): the order the first pass gathered in (parameter identities, the unit of each),
+  // where the current pass is in it, and the gathers in flight.
+  struct Prefetch {
+    std::vector<const void*> order;
+    std::vector<std::string> unit;
+    std::unordered_map<const void*, at::Tensor> param;
+    bool recorded = false;
+    size_t pos = 0;
+    std::unordered_map<const void*, comm::Work> inflight;
+    int64_t gathers = 0, prefetched = 0;
+  };
+  // This rank's fs-gathered `param`: the prefetched gather when there is one.
+  at::Tensor fs_gathered(Prefetch& pf, const at::Tensor& param, const ParamPlacement& pl);
+  comm::Work gather_async(const at::Tensor& param, const ParamPlacement& pl);
+  bool reshard_after_forward_ = false;
+  Prefetch fwd_, bwd_;
 };
 
 // Data-parallel gradient sum over `group` (DDP, HSDP's dp axis): bucketed all_reduce launched
