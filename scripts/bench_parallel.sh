@@ -14,10 +14,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$ROOT/build}
 STEPS=${2:-6}
 EXE=$BUILD/dion-train
-WORK=$(mktemp -d /tmp/dion_bench_parallel.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
-"$BUILD/dion-data" prepare "$ROOT/data/tinyshakespeare/input.txt" -o "$WORK/shards" --shard-size 100000 \
-  --tokenizer "$ROOT/data/gpt2" > /dev/null 2>&1
+source "$ROOT/scripts/tiny_shards.sh"
+tiny_shards "$BUILD" dion_bench_parallel
 ARGS=(--data_dir "$WORK/shards" --model_dim 256 --n_layer 4 --n_head 4 --sequence_length 128 --batch_size 8
       --device_batch_size 1 --val_tokens 512 --val_loss_every 0 --num_iterations "$STEPS" --warmup_ratio 0
       --dtype fp32 --scalar_opt adamw --ortho_fraction 0.25 --log_every 1 --comm_timeout_s 600)

@@ -13,10 +13,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$ROOT/build}
 OPT=${2:-muon}
 EXE=$BUILD/dion-train
-WORK=$(mktemp -d /tmp/dion_parallel_eq.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
-"$BUILD/dion-data" prepare "$ROOT/data/tinyshakespeare/input.txt" -o "$WORK/shards" --shard-size 100000 \
-  --tokenizer "$ROOT/data/gpt2" > /dev/null 2>&1
+source "$ROOT/scripts/tiny_shards.sh"
+tiny_shards "$BUILD" dion_parallel_eq
 ARGS=(--data_dir "$WORK/shards" --model_dim 64 --n_layer 2 --n_head 2 --sequence_length 64 --batch_size 8
       --device_batch_size 1 --val_tokens 1024 --val_loss_every 10 --num_iterations 20 --warmup_ratio 0
       --dtype fp32 --optimizer "$OPT" --scalar_opt adamw --lr 0.02 --log_every 100 --comm_timeout_s 120)

@@ -10,10 +10,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$ROOT/build}
 N=${2:-20}
 EXE=$BUILD/dion-train
-WORK=$(mktemp -d /tmp/dion_soak_train_kill.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
-"$BUILD/dion-data" prepare "$ROOT/data/tinyshakespeare/input.txt" -o "$WORK/shards" --shard-size 100000 \
-  --tokenizer "$ROOT/data/gpt2" > /dev/null 2>&1
+source "$ROOT/scripts/tiny_shards.sh"
+tiny_shards "$BUILD" dion_soak_train_kill
 ARGS=(--data_dir "$WORK/shards" --model_dim 64 --n_layer 2 --n_head 2 --sequence_length 64 --batch_size 4
       --device_batch_size 1 --val_tokens 256 --val_loss_every 0 --num_iterations 40 --warmup_ratio 0
       --dtype fp32 --optimizer muon --scalar_opt adamw --log_every 100 --comm_timeout_s 20)

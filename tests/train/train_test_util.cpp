@@ -22,6 +22,7 @@
 #include "dion/data/prepare.h"
 #include "dion/data/tokenizer.h"
 #include "dion/train/fs_util.h"
+#include "../support/free_port.h"
 
 extern char** environ;
 
@@ -79,18 +80,7 @@ ProcResult run_train(const std::vector<std::string>& args) {
 }
 
 namespace {
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
-}
+using dion::testing::free_port;
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p);
