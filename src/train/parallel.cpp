@@ -66,8 +66,9 @@ struct FsGatherFn : torch::autograd::Function<FsGatherFn> {
     return gathered;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    at::Tensor local = parallel_of(ctx->saved_data["parallel"]).fs_reduce_gradient(from_key(ctx->saved_data["key"]), grads[0]);
-    return {local, at::Tensor(), at::Tensor(), at::Tensor()};
+    Parallel& par = parallel_of(ctx->saved_data["parallel"]);
+    return {par.fs_reduce_gradient(from_key(ctx->saved_data["key"]), grads[0]), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -365,7 +366,8 @@ at::Tensor Parallel::linear(const at::Tensor& x, const at::Tensor& param) {
 void Parallel::set_requires_gradient_sync(bool on) {
   if (sync_ && !on) {  // a new accumulation window
     if (!grad_sum_.empty())
-      throw std::logic_error("parallel layout: gradient sync turned off again before the summed gradients were reduce-scattered");
+      throw std::logic_error(
+          "parallel layout: gradient sync turned off again before the summed gradients were reduce-scattered");
     kept_.clear();  // nothing is left after a synced backward; never reuse weights of an earlier step
   }
   sync_ = on;
@@ -389,7 +391,8 @@ at::Tensor Parallel::fs_reduce_gradient(const void* key, const at::Tensor& grad)
   }
   kept_.erase(key);  // reshard after the synced backward
   auto pl = placements_.find(key);
-  if (pl == placements_.end()) throw std::logic_error("parallel layout: a gradient for a parameter that shard_model did not place");
+  if (pl == placements_.end())
+    throw std::logic_error("parallel layout: a gradient for a parameter that shard_model did not place");
   ++reduce_scatters_;
   return reduce_scatter(*fs_, sum, pl->second.fs_dim);
 }
