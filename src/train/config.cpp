@@ -79,7 +79,7 @@ const std::vector<Key>& keys() {
       {"fs_size", &Config::fs_size, "FSDP (sharded data-parallel) size", Check::POSITIVE},
       {"tp_size", &Config::tp_size, "tensor-parallel size (divides n_head)", Check::POSITIVE},
       {"reshard_after_forward", &Config::reshard_after_forward, "FSDP: gather the blocks' weights again in backward instead of keeping them from forward (the reference's default)"},
-      {"fast_fsdp", &Config::fast_fsdp, "the reference's --fast_fsdp: keep gathered weights until backward (= reshard_after_forward false)"},
+      {"fast_fsdp", &Config::fast_fsdp, "the reference's --fast_fsdp: reshard_after_forward false, and with gradient accumulation the gathered weights are kept across the step and their gradients reduce-scattered once per step (costs the whole model and its gradient per rank)"},
       {"comm_timeout_s", &Config::comm_timeout_s, "seconds any collective may wait for the other ranks before the run fails", Check::POSITIVE},
       {"ddp_bucket_mb", &Config::ddp_bucket_mb, "DDP gradient all-reduce bucket size, MB (launched as their gradients become ready)", Check::POSITIVE},
       // debugging

@@ -48,57 +48,71 @@ at::Tensor reduce_scatter(comm::Group& g, const at::Tensor& full, int64_t dim) {
   return parts.sum(0).narrow(0, 0, mine.length).movedim(0, dim).contiguous();
 }
 
-// The backward of a gather: forward returns `gathered` (the all_gather of `local` along `dim`,
-// done by the caller, possibly prefetched); backward reduce-scatters the gradient to `local`
-// (FSDP) or, for TP-replicated compute (reduce = false), keeps this rank's chunk of the
-// gradient, which is identical on every rank of the group.
-struct GatherFn : torch::autograd::Function<GatherFn> {
+// The key of a parameter (its TensorImpl, as Parallel's maps) through the autograd context.
+int64_t key_handle(const at::Tensor& param) { return int64_t(reinterpret_cast<intptr_t>(param.unsafeGetTensorImpl())); }
+const void* from_key(const at::IValue& v) { return reinterpret_cast<const void*>(intptr_t(v.toInt())); }
+Parallel& parallel_of(const at::IValue& v) { return *reinterpret_cast<Parallel*>(intptr_t(v.toInt())); }
+
+// FSDP's gather of a parameter: forward returns `gathered` (the fs all_gather of `local`, done by
+// the caller, possibly prefetched or kept from an earlier micro-batch); backward hands the
+// gathered weight's gradient to Parallel::fs_reduce_gradient (reduce-scatter to `local`, or
+// summed locally while gradient sync is off).
+struct FsGatherFn : torch::autograd::Function<FsGatherFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, const at::Tensor& gathered, int64_t parallel,
+                            int64_t key) {
+    ctx->saved_data["parallel"] = parallel;
+    ctx->saved_data["key"] = key;
+    (void)local;
+    return gathered;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Parallel& par = parallel_of(ctx->saved_data["parallel"]);
+    return {par.fs_reduce_gradient(from_key(ctx->saved_data["key"]), grads[0]), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+// TP's gather for replicated compute (wte, lm_head): forward returns `gathered` (the tp
+// all_gather of `local` along `dim`); backward keeps this rank's chunk of the gradient, which is
+// identical on every rank of the group.
+struct TpGatherFn : torch::autograd::Function<TpGatherFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, const at::Tensor& gathered, int64_t group,
-                            int64_t dim, bool reduce) {
+                            int64_t dim) {
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
-    ctx->saved_data["reduce"] = reduce;
     (void)local;
     return gathered;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     comm::Group& g = from_handle(ctx->saved_data["group"]);
     const int64_t dim = ctx->saved_data["dim"].toInt();
-    at::Tensor local;
-    if (ctx->saved_data["reduce"].toBool()) {
-      local = reduce_scatter(g, grads[0], dim);
-    } else {
-      const dist::Chunk c = dist::shard_range(grads[0].size(dim), g.size(), g.rank());
-      local = grads[0].narrow(dim, c.start, c.length).contiguous();
-    }
-    return {local, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const dist::Chunk c = dist::shard_range(grads[0].size(dim), g.size(), g.rank());
+    return {grads[0].narrow(dim, c.start, c.length).contiguous(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 // FSDP with reshard_after_forward: y = x W^T with W [out, in] the fs-gather of `local`, given
 // as `full` (gathered by the caller); saves x and `local` only, gathers W again in backward,
-// dW reduce-scattered to `local`. The backward computes what at::linear's autograd computes
-// (mm's backward formulas: dx = dy W, dW = dy^T x over the flattened leading dims), so the
-// gradients are the kept-weight run's bit for bit.
+// dW handed to Parallel::fs_reduce_gradient as FsGatherFn's. The backward computes what
+// at::linear's autograd computes (mm's backward formulas: dx = dy W, dW = dy^T x over the
+// flattened leading dims), so the gradients are the kept-weight run's bit for bit.
 struct GatheredLinearFn : torch::autograd::Function<GatheredLinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& local, const at::Tensor& full,
-                            int64_t parallel, int64_t group, int64_t dim) {
+                            int64_t parallel, int64_t key) {
     ctx->save_for_backward({x, local});
     ctx->saved_data["parallel"] = parallel;
-    ctx->saved_data["group"] = group;
-    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["key"] = key;
     return at::linear(x, full);  // [.., out]; `full` is freed when the caller drops it
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto* par = reinterpret_cast<Parallel*>(intptr_t(ctx->saved_data["parallel"].toInt()));
-    comm::Group& g = from_handle(ctx->saved_data["group"]);
+    Parallel& par = parallel_of(ctx->saved_data["parallel"]);
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];                                        // [.., in]
-    at::Tensor w = par->regathered(saved[1]);                              // [out, in]
+    at::Tensor w = par.regathered(saved[1]);                               // [out, in]
     const at::Tensor dy = grads[0].reshape({-1, grads[0].size(-1)});       // [N, out]
     at::Tensor dx = dy.mm(w).view(x.sizes());                              // [.., in]
     at::Tensor dw = dy.t().mm(x.reshape({-1, x.size(-1)}));                // [out, in]
-    return {dx, reduce_scatter(g, dw, ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor(), at::Tensor(),
+    return {dx, par.fs_reduce_gradient(from_key(ctx->saved_data["key"]), dw), at::Tensor(), at::Tensor(),
             at::Tensor()};
   }
 };
@@ -322,11 +336,20 @@ at::Tensor Parallel::regathered(const at::Tensor& param) { return fs_gathered(bw
 at::Tensor Parallel::weight(const at::Tensor& param) {
   const ParamPlacement& pl = placement(param);
   at::Tensor w = param;
-  if (pl.fs_dim >= 0 && fs_->size() > 1)
-    w = GatherFn::apply(w, fs_gathered(fwd_, param, pl), to_handle(fs_.get()), pl.fs_dim, true);
+  if (pl.fs_dim >= 0 && fs_->size() > 1) {
+    const void* key = param.unsafeGetTensorImpl();
+    at::Tensor full;  // the whole weight along fs_dim
+    if (auto it = kept_.find(key); it != kept_.end()) {
+      full = it->second;  // gathered by an earlier micro-batch of this step
+    } else {
+      full = fs_gathered(fwd_, param, pl);
+      if (!sync_) kept_.emplace(key, full);
+    }
+    w = FsGatherFn::apply(w, full, int64_t(reinterpret_cast<intptr_t>(this)), key_handle(param));
+  }
   if (pl.tp_gather && tp_->size() > 1) {
     at::Tensor full = dist::gather_tensor(*tp_, w.detach(), pl.tp_dim, pl.global_shape[pl.tp_dim]);
-    w = GatherFn::apply(w, full, to_handle(tp_.get()), pl.tp_dim, false);
+    w = TpGatherFn::apply(w, full, to_handle(tp_.get()), pl.tp_dim);
   }
   return w;
 }
@@ -336,8 +359,42 @@ at::Tensor Parallel::linear(const at::Tensor& x, const at::Tensor& param) {
   // As the reference: the blocks' weights only (wte / lm_head: reshard_after_forward=False).
   if (reshard_after_forward_ && pl.fs_dim >= 0 && fs_->size() > 1 && !pl.tp_gather && unit_of(pl.name) != pl.name)
     return GatheredLinearFn::apply(x, param, fs_gathered(fwd_, param, pl), int64_t(reinterpret_cast<intptr_t>(this)),
-                                   to_handle(fs_.get()), pl.fs_dim);
+                                   key_handle(param));
   return ModelParallel::linear(x, param);
+}
+
+void Parallel::set_requires_gradient_sync(bool on) {
+  if (sync_ && !on) {  // a new accumulation window
+    if (!grad_sum_.empty())
+      throw std::logic_error(
+          "parallel layout: gradient sync turned off again before the summed gradients were reduce-scattered");
+    kept_.clear();  // nothing is left after a synced backward; never reuse weights of an earlier step
+  }
+  sync_ = on;
+}
+
+at::Tensor Parallel::fs_reduce_gradient(const void* key, const at::Tensor& grad) {
+  // Deferred sync (fast_fsdp's micro-batches before the last): the gradient of the gathered
+  // weight is summed here at full size — one whole gradient per gathered weight lives across
+  // the micro-batches of a step, next to the kept gathered weights (the reference's fast_fsdp:
+  // the entire unsharded model and its gradients in memory during accumulation).
+  auto it = grad_sum_.find(key);
+  if (!sync_) {
+    if (it == grad_sum_.end()) grad_sum_.emplace(key, grad.contiguous().clone());  // [.., global, ..]
+    else it->second.add_(grad);
+    return at::Tensor();  // the parameter gets no gradient from this micro-batch
+  }
+  at::Tensor sum = grad;
+  if (it != grad_sum_.end()) {
+    sum = it->second.add_(grad);  // the micro-batches' sum, in micro-batch order
+    grad_sum_.erase(it);
+  }
+  kept_.erase(key);  // reshard after the synced backward
+  auto pl = placements_.find(key);
+  if (pl == placements_.end())
+    throw std::logic_error("parallel layout: a gradient for a parameter that shard_model did not place");
+  ++reduce_scatters_;
+  return reduce_scatter(*fs_, sum, pl->second.fs_dim);
 }
 
 at::Tensor Parallel::tp_enter(const at::Tensor& x) {

@@ -231,6 +231,10 @@ RunSummary train_run(const Config& c) {
     const int64_t bytes0 = par.bytes_sent();
     at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
     for (int64_t i = 0; i < accum; ++i) {
+      // fast_fsdp: FSDP gathers the weights once per step and reduce-scatters their summed
+      // gradients once, in the last micro-batch's backward (the reference's
+      // set_requires_gradient_sync(i == grad_accum_steps)); otherwise every micro-batch syncs.
+      par.set_requires_gradient_sync(!c.fast_fsdp || i == accum - 1);
       Batch b = train_loader->next();
       at::Tensor loss;
       {
@@ -302,9 +306,11 @@ RunSummary train_run(const Config& c) {
       say(fmt::format("DDP: {} of {} gradient buckets launched during backward (the last step)",
                       ddp->launched_during_backward(), ddp->buckets()));
     if (par.shape().fs > 1)
-      say(fmt::format("FSDP: {} of {} forward weight gathers prefetched, {} of {} backward re-gathers; "
-                      "reshard_after_forward {}", par.prefetched(), par.gathers(), par.regathers_prefetched(),
-                      par.regathers(), par.reshard_after_forward()));
+      say(fmt::format("FSDP: {} of {} forward weight gathers prefetched, {} of {} backward re-gathers, {} gradient "
+                      "reduce-scatters; reshard_after_forward {}, gradient sync {}",
+                      par.prefetched(), par.gathers(), par.regathers_prefetched(), par.regathers(),
+                      par.reduce_scatters(), par.reshard_after_forward(),
+                      c.fast_fsdp ? "once per step (fast_fsdp)" : "every micro-batch"));
   }
   sum.last_step = st.step;
   sum.best_val_loss = st.best_val_loss;

@@ -3,7 +3,8 @@
 //
 // - Equal results: the same config and global batch at 1 process, 2-rank DDP, 2-rank FSDP, 2-rank
 //   TP and 2 x 2 FSDP x TP give the same losses (tolerances below). FSDP prefetched gathers;
-//   reshard_after_forward (default) and --fast_fsdp give bit-identical losses.
+//   reshard_after_forward true (default) and false give bit-identical losses; --fast_fsdp
+//   (gathers and reduce-scatters once per step, counted) the default's within the tolerances.
 // - Checkpoints move between layouts: saved at 2-rank FSDP, resumed at 1 and at 2 x 2 FSDP x TP;
 //   saved at 1, resumed at 2-rank FSDP: the resumed losses equal the uninterrupted run's.
 // - kill -9 of a rank during the saves leaves a complete checkpoint that resumes (the loop of 20
@@ -88,6 +89,24 @@ void expect_close(const std::vector<Record>& ref, const std::vector<Record>& got
   std::printf("%-40s %zu records, max relative difference %.2g\n", what.c_str(), got.size(), worst);
 }
 
+// The run summary's FSDP counts (rank 0's).
+struct FsdpCounts {
+  long prefetched = 0, gathers = 0, regathers_prefetched = 0, regathers = 0, reduce_scatters = 0;
+};
+FsdpCounts fsdp_counts(const std::string& output) {
+  FsdpCounts n;
+  const size_t at = output.find("FSDP: ");
+  EXPECT_NE(at, std::string::npos) << output;
+  if (at == std::string::npos) return n;
+  EXPECT_EQ(std::sscanf(output.c_str() + at,
+                        "FSDP: %ld of %ld forward weight gathers prefetched, %ld of %ld backward re-gathers, %ld "
+                        "gradient reduce-scatters",
+                        &n.prefetched, &n.gathers, &n.regathers_prefetched, &n.regathers, &n.reduce_scatters),
+            5)
+      << output;
+  return n;
+}
+
 class ParallelRun : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -141,32 +160,49 @@ TEST_F(ParallelRun, EveryLayoutEqualsOneProcess) {
     if (c.fs > 1) {
       // Forward prefetch: from the second forward on, every block's gathers were issued while
       // the unit before it computed (wte, the first gathered, never is).
-      const size_t at = rs[0].output.find("FSDP: ");
-      ASSERT_NE(at, std::string::npos) << rs[0].output;
-      long prefetched = 0, gathers = 0, re_prefetched = 0, regathers = 0;
-      ASSERT_EQ(std::sscanf(rs[0].output.c_str() + at,
-                            "FSDP: %ld of %ld forward weight gathers prefetched, %ld of %ld backward re-gathers",
-                            &prefetched, &gathers, &re_prefetched, &regathers),
-                4)
-          << rs[0].output;
-      EXPECT_GT(prefetched, 0) << rs[0].output;
-      EXPECT_LT(prefetched, gathers) << rs[0].output;
-      EXPECT_GT(re_prefetched, 0) << rs[0].output;  // backward re-gathers (reshard_after_forward)
-      EXPECT_LT(re_prefetched, regathers) << rs[0].output;
-      EXPECT_NE(rs[0].output.find("reshard_after_forward true", at), std::string::npos) << rs[0].output;
+      const FsdpCounts n = fsdp_counts(rs[0].output);
+      EXPECT_GT(n.prefetched, 0) << rs[0].output;
+      EXPECT_LT(n.prefetched, n.gathers) << rs[0].output;
+      EXPECT_GT(n.regathers_prefetched, 0) << rs[0].output;  // backward re-gathers (reshard_after_forward)
+      EXPECT_LT(n.regathers_prefetched, n.regathers) << rs[0].output;
+      EXPECT_NE(rs[0].output.find("reshard_after_forward true"), std::string::npos) << rs[0].output;
     }
     if (c.fs > 1 && c.tp == 1) {
-      // reshard_after_forward (the default, above) vs keeping the gathered weights
-      // (--fast_fsdp): the same sums in the same order (GatheredLinearFn's backward is
+      const auto resharded = test::read_metrics(run / "run" / "metrics.jsonl");
+      const FsdpCounts def = fsdp_counts(rs[0].output);
+      // reshard_after_forward (the default, above) vs keeping the gathered weights from forward
+      // to backward: the same sums in the same order (GatheredLinearFn's backward is
       // at::linear's mm formulas), so the losses are bit-identical.
       TempDir keep("fsdp2_keep");
       expect_all_ok(test::run_train_ranks(2, tiny(data(), keep / "run") + layout(1, 2, 1) +
-                                                 std::vector<std::string>{"--fast_fsdp", "true"}));
-      const auto resharded = test::read_metrics(run / "run" / "metrics.jsonl");
+                                                 std::vector<std::string>{"--reshard_after_forward", "false"}));
       const auto kept = test::read_metrics(keep / "run" / "metrics.jsonl");
       ASSERT_EQ(kept.size(), resharded.size());
       for (size_t i = 0; i < kept.size(); ++i)
         EXPECT_EQ(kept[i].loss, resharded[i].loss) << kept[i].kind << " step " << kept[i].step;
+      // fast_fsdp: the weights gathered once per step, their gradients summed over the 2
+      // micro-batches per rank and reduce-scattered once. The default reduce-scatters per
+      // micro-batch and adds: (g0 + g0') + (g1 + g1') against (g0 + g1) + (g0' + g1') (' the
+      // other rank): another order of the same fp32 sum, so the file's tolerances hold (step 0,
+      // before any update, is bit-identical).
+      TempDir fast("fsdp2_fast");
+      const auto fr = test::run_train_ranks(2, tiny(data(), fast / "run") + layout(1, 2, 1) +
+                                                   std::vector<std::string>{"--fast_fsdp", "true"});
+      expect_all_ok(fr);
+      const auto fast_losses = test::read_metrics(fast / "run" / "metrics.jsonl");
+      expect_close(resharded, fast_losses, "fsdp2 fast_fsdp vs default");
+      ASSERT_EQ(fast_losses.size(), resharded.size());
+      EXPECT_EQ(fast_losses[0].loss, resharded[0].loss);
+      // The counts: 14 gathered weights (wte, lm_head, 6 per block), 2 micro-batches per rank,
+      // kSteps steps, and 2 validation forwards at the end (256 tokens / (64 x 2 ranks)).
+      constexpr long kWeights = 2 + 6 * 2, kMicro = 2, kValForwards = 2;
+      EXPECT_EQ(def.reduce_scatters, kSteps * kMicro * kWeights) << rs[0].output;
+      EXPECT_EQ(def.gathers, (kSteps * kMicro + kValForwards) * kWeights) << rs[0].output;
+      const FsdpCounts f = fsdp_counts(fr[0].output);
+      EXPECT_EQ(f.reduce_scatters, kSteps * kWeights) << fr[0].output;  // once per step, not per micro-batch
+      EXPECT_EQ(f.gathers, (kSteps + kValForwards) * kWeights) << fr[0].output;
+      EXPECT_EQ(f.regathers, 0) << fr[0].output;
+      EXPECT_NE(fr[0].output.find("gradient sync once per step (fast_fsdp)"), std::string::npos) << fr[0].output;
     }
   }
 }

@@ -31,6 +31,12 @@
 //            block's weights are issued (async) before this block computes, and waited when used.
 //            Backward's re-gathers (reshard_after_forward) are prefetched the same way.
 //            The order is the same on every rank (same model code), so the collectives match.
+//            Gradient sync (set_requires_gradient_sync, as FSDP2's): on (the default), every
+//            backward reduce-scatters each gathered weight's gradient; off (fast_fsdp's
+//            micro-batches before the last), the gathered weights' full-size gradients are summed
+//            locally and the gathered weights are kept for the next micro-batch's forward; the
+//            next synced backward reduce-scatters the sum once and drops the kept weights. Costs
+//            memory: the whole gathered model and its whole gradient across the micro-batches.
 //   dp > 1:  replicated over dp; gradients summed over dp by GradSync (buckets of ~25 MB,
 //            all_reduce launched from post-accumulate-grad hooks as their gradients become ready,
 //            in bucket order on every rank, waited before the optimizer step) — unless legacy
@@ -123,6 +129,19 @@ class Parallel : public ModelParallel {
   int64_t prefetched() const { return fwd_.prefetched; }
   int64_t regathers() const { return bwd_.gathers; }
   int64_t regathers_prefetched() const { return bwd_.prefetched; }
+  // FSDP gradient reduce-scatters so far (one per gathered weight per synced backward).
+  int64_t reduce_scatters() const { return reduce_scatters_; }
+  // Set before each micro-batch's forward: off keeps the forward's fs-gathered weights for the
+  // next micro-batch and sums their gradients locally in backward instead of reduce-scattering
+  // them; the first micro-batch with it on reduce-scatters the sums (fast_fsdp: off for every
+  // micro-batch of a step but the last). Turning it off again with sums not yet reduce-scattered
+  // is a logic_error.
+  void set_requires_gradient_sync(bool on);
+  bool requires_gradient_sync() const { return sync_; }
+  // backward of an fs gather of the parameter `key` (its TensorImpl): `grad` is the gathered
+  // weight's gradient [.., global along fs_dim, ..] -> the parameter's shard's gradient (the
+  // reduce-scatter over fs of the micro-batches' sum), or undefined while sync is off.
+  at::Tensor fs_reduce_gradient(const void* key, const at::Tensor& grad);
   // backward's re-gather of `param` (fs), prefetched when it can be (GatheredLinearFn).
   at::Tensor regathered(const at::Tensor& param);
   const ParamPlacement& placement(const at::Tensor& param) const;
@@ -169,6 +188,11 @@ class Parallel : public ModelParallel {
   comm::Work gather_async(const at::Tensor& param, const ParamPlacement& pl);
   bool reshard_after_forward_ = false;
   Prefetch fwd_, bwd_;
+  // Gradient sync off: the fs-gathered weights kept for the next micro-batch and the sums of
+  // their gradients, by parameter.
+  bool sync_ = true;
+  std::unordered_map<const void*, at::Tensor> kept_, grad_sum_;
+  int64_t reduce_scatters_ = 0;
 };
 
 // Data-parallel gradient sum over `group` (DDP, HSDP's dp axis): bucketed all_reduce launched
