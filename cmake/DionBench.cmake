@@ -55,4 +55,7 @@ if(DION_BUILD_TESTS)
         "dist_layout|dist --layouts tp|--layouts"
         "dist_reps|dist --reps 0|--reps"
     HELP "ortho.*step.*micro.*dist")
+  add_test(NAME dion_bench.dist_help COMMAND dion-bench dist --help)
+  set_tests_properties(dion_bench.dist_help PROPERTIES
+    PASS_REGULAR_EXPRESSION "--ranks.*--sets.*--variants.*dion2@FRACTION.*--layouts.*fsdp.*ddp" TIMEOUT 60)
 endif()

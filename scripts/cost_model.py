@@ -4,33 +4,44 @@
     python3 scripts/cost_model.py table --model llama3-405b --hw h100 --layout 8,64,8
     python3 scripts/cost_model.py plot --out docs/images/cost_model.png
     python3 scripts/cost_model.py check [--test-dist build/tests/test_dist]
+    python3 scripts/cost_model.py check --bench build/dion_bench.jsonl [--markdown]
 
 What it models (docs/benchmarks.md, "Cost model"), for a transformer's matrix parameters
 (per layer q [d, d], k and v [kv, d], o [d, d], gate and up [f, d], down [d, f]) on a
-(dp, fs, tp) layout, W = dp * fs * tp ranks, shard group S = fs * tp:
-  Muon     every matrix is gathered whole onto one rank of its shard group (all_to_all), 
-           orthogonalized there (Polar Express, 5 (4 r^2 c + 2 r^3) flops, r = min, c = max),
-           and scattered back; a megabatch of N same-shape matrices is spread over the W ranks
-           of the dp x S grid, so a rank does ceil(N / W) of them (the scaling limit: past
-           N ranks, more ranks do not shorten the step). Bytes: payload each rank passes to the
-           collective (comm::CommStats' count): 2 x its shard of every matrix (gather +
-           scatter), in the communication dtype.
-  Dion2    the same for the selected fraction a of each matrix's rows: a x Muon's bytes,
-           the orthogonalization on [a m, n].
-  Dion     no whole matrix moves: per matrix P = M Q [m, r], all-reduced over the shards of
-           n; its orthonormalization (Cholesky QR, about 4 m r^2); R = M^T P [n, r], all-
-           reduced over the shards of m; with dp > 1 the compressed sync all-reduces P and R
-           over dp. Flops 4 m n r per matrix, split over the S shards. Payload: the P and R
-           tensors passed to all_reduce.
-Time = compute + communication (no overlap: an upper bound): flops / matmul rate, and for each
-collective the ring's link bytes (all_to_all (k-1)/k, all_reduce 2 (k-1)/k of the payload) /
-link bandwidth, the link being NVLink inside a node of `gpus_per_node` and InfiniBand across.
+(dp, fs, tp) layout, W = dp * fs * tp ranks, shard group S = fs * tp, rows sharded over fs:
+  Muon     FSDP: every matrix assembled whole on its owner rank (one all_to_all of each
+           rank's row shards of the megabatch, padded to a multiple of fs matrices), ortho-
+           gonalized there (5 (4 r^2 c + 2 r^3) flops, r = min, c = max), sent back (a second
+           all_to_all); DDP: each replica orthogonalizes ceil(N / dp) of a megabatch of N and
+           all_gathers. Past N ranks more ranks do not shorten the step.
+  Dion2    the same for the selected fraction a: the columns of a tall matrix (their L1 norms
+           summed over the row shards first: an fp32 all_reduce [N, n]), the local top rows of
+           a wide or square one (the default "local" selection scope).
+  Dion     (src/optim/drivers/dion.cpp) P and R in the momentum's dtype (fp32). FSDP:
+           P = M^T Q [n, r] partial over the row shards: all_to_all (reduce-scatter), ceil(N /
+           fs) orthonormalized per rank, all_gather; Q's column norms all_reduced [N, r].
+           FSDP x TP: P all_reduced over fs, gathered over tp, orthonormalized whole on every
+           rank; R all_reduced over tp. DDP: P and R averaged (compressed) or the gradient, and
+           P's QR split over the replicas (all_gather). Flops 8 m n r per matrix over S, plus
+           about 4 a r^2 per orthonormalization.
+  Every    the optimizer's 8-byte agreement all_reduce per axis of more than one rank, each
+           step; an elementwise term (bytes of memory traffic per parameter element,
+           elementwise_bytes()) at the elementwise bandwidth.
+Bytes: the payload each rank passes to each collective kind (comm::CommStats' count).
+Time = compute + communication (no overlap: an upper bound): flops / rate, and for each
+collective a ring's bytes per rank (all_to_all (k-1)/k, all_gather (k-1), all_reduce 2 (k-1)/k
+of the payload) / link bandwidth + a latency per ring step, the link being NVLink inside a node
+of `gpus_per_node` and InfiniBand across, or per-kind rates when calibrated.
 
-What it is not: no memory-bandwidth term for the elementwise work, no overlap, no stragglers,
-no attention or embedding parameters (AdamW / Lion: local, no communication).
+What it is not: no overlap, no stragglers, no Dion2 selection or small-kernel costs, no
+attention or embedding parameters (AdamW / Lion: local, no communication). Checked by a run:
+the FSDP and DDP bytes (exact); not: FSDP x TP and HSDP (from the code).
 
 `check` compares the byte formulas with what comm::CommStats counted in tests/test_dist's
-2- and 4-rank runs (the lines the byte scenarios print on rank 0), exactly.
+2- and 4-rank runs (the lines the byte scenarios print on rank 0), exactly; `check --bench`
+with every row of `dion-bench dist` (bytes per kind, exactly, exit 1 otherwise) and reports the
+time predicted by the cpu-here preset calibrated in that run against the measured wall and
+CPU times.
 """
 import argparse
 import json

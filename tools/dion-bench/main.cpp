@@ -356,8 +356,15 @@ dion::bench::DistArgs dist_args(const DistCli& c, int threads, const std::string
   dion::bench::DistArgs a;
   check_list("--ranks", c.ranks, {});
   for (const std::string& t : split(c.ranks)) {
-    const int64_t w = parse_dims("--ranks", t, 1)[0];
-    if (w > 64) throw CLI::ValidationError("--ranks", "'" + t + "': at most 64 ranks on one machine");
+    size_t used = 0;
+    long w = 0;
+    try {
+      w = std::stol(t, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != t.size() || w < 1 || w > 64)
+      throw CLI::ValidationError("--ranks", "'" + t + "': world sizes are integers from 1 to 64 (e.g. 1,2,4)");
     a.ranks.push_back(static_cast<int>(w));
   }
   check_list("--sets", c.sets, {});
