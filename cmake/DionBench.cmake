@@ -21,14 +21,15 @@ if(DION_BUILD_TESTS)
   add_test(NAME dion_bench_ortho_smoke COMMAND dion-bench ortho --shapes 64x96x2,96x64x1 --reps 1 --check)
   add_test(NAME dion_bench_step_smoke COMMAND dion-bench step --sets 64x1 --vocab 128 --reps 1)
   add_test(NAME dion_bench_micro_smoke COMMAND dion-bench micro --sizes 64 --reps 1)
-  # dist: 1 and 2 ranks on the 64 x 2 set (seconds); the bytes every collective kind carried, on
+  # dist: 1 and 2 ranks on the 36 x 1 set (seconds; its shapes exercise the padding of one-matrix
+  # megabatches and the rounding of Dion2's selected counts); the bytes every collective kind carried, on
   # every rank, must equal scripts/cost_model.py's formulas exactly (check --bench exits 1 if not).
   find_package(Python3 COMPONENTS Interpreter QUIET)
   if(Python3_Interpreter_FOUND)
     set(_dist_json ${CMAKE_CURRENT_BINARY_DIR}/dion_bench_dist_smoke.jsonl)
     add_test(NAME dion_bench_dist_smoke
              COMMAND sh -c "rm -f '${_dist_json}' && \
-'$<TARGET_FILE:dion-bench>' --json '${_dist_json}' dist --ranks 1,2 --sets 64x2 --reps 1 && \
+'$<TARGET_FILE:dion-bench>' --json '${_dist_json}' dist --ranks 1,2 --sets 36x1 --reps 1 && \
 '${Python3_EXECUTABLE}' '${CMAKE_CURRENT_SOURCE_DIR}/scripts/cost_model.py' check --bench '${_dist_json}'")
     set_tests_properties(dion_bench_dist_smoke PROPERTIES TIMEOUT 300 RESOURCE_LOCK multiprocess)
   endif()

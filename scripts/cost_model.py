@@ -112,6 +112,11 @@ def elementwise_bytes(algo, fraction):
     return 28 + 32 * (1.0 if algo == "muon" else fraction)
 
 
+def selected(fraction, size):
+    """Dion2's selected count of `size` slices (src/math/dion2.cpp dion2_num_selected)."""
+    return min(size, max(1, math.ceil(fraction * size - 1e-9)))
+
+
 def dion_rank(m, n, rank_fraction):
     """src/math/dion.cpp's dion_rank with rank_multiple_of 1."""
     return min(math.ceil(rank_fraction * min(m, n) - 1e-9), m, n)
@@ -166,24 +171,28 @@ def step_cost(model, algo, dp, fs, tp, hw, fraction=0.25, rank_div=4, comm_bytes
         c.elementwise_bytes += count * math.ceil(m / fs) * math.ceil(n / tp) * elementwise_bytes(algo, fraction)
         if algo in ("muon", "dion2"):
             a = 1.0 if algo == "muon" else fraction
-            c.flops += math.ceil(count / W) * ortho_flops(max(1, round(a * m)), n)
+            tall = algo == "dion2" and m > n  # Dion2 selects along the shorter dim (rows if square)
+            k = selected(a, n) if tall else selected(a, m)  # selected columns (tall) or rows
+            c.flops += math.ceil(count / W) * ortho_flops(m if tall else k, k if tall else n)
             if S > 1 and tp == 1 and dp == 1:
                 # FSDP, rows sharded: every matrix assembled on its owner (all_to_all of each
-                # rank's row shard of the megabatch, padded to a multiple of fs matrices) and
-                # sent back (a second all_to_all). Dion2 moves the selected fraction: columns of
-                # a tall matrix (their L1 norms summed over the shards first), the local top
-                # rows of a wide or square one ("local" selection scope, the default).
-                shard = math.ceil(m / fs) * n
-                send("all_to_all", 2 * a * math.ceil(count / fs) * fs * shard * comm_bytes, fs, S)
-                if algo == "dion2" and m > n:
+                # rank's row shards of the megabatch, padded to a multiple of fs matrices) and
+                # sent back (a second all_to_all). Dion2 moves the selected slices: the selected
+                # columns of a tall matrix (their L1 norms summed over the shards first), else
+                # the top ceil(a x local rows) rows of each shard (the default "local" scope).
+                rows = math.ceil(m / fs)
+                chunk = rows * k if tall else (selected(a, rows) if algo == "dion2" else rows) * n
+                send("all_to_all", 2 * math.ceil(count / fs) * fs * chunk * comm_bytes, fs, S)
+                if tall:
                     send("all_reduce", count * n * 4, fs, S)
             elif S > 1:  # 2-D or HSDP (not measured here): the shard group's share of the megabatch
                 payload = 2 * a * count * m * n * comm_bytes / (S * dp)
                 send("all_to_all", payload, S, S)
                 if dp > 1:
                     send("all_gather", payload / 2, dp, W)
-            elif dp > 1:  # DDP: each replica orthogonalizes ceil(N / dp), then all_gather
-                send("all_gather", a * math.ceil(count / dp) * m * n * comm_bytes, dp, W)
+            elif dp > 1 and count > 1:  # DDP: each replica orthogonalizes ceil(N / dp), all_gather
+                # (a megabatch of one matrix is computed by every replica, no communication)
+                send("all_gather", math.ceil(count / dp) * (m * k if tall else k * n) * comm_bytes, dp, W)
         else:  # legacy Dion (src/optim/drivers/dion.cpp, src/optim/collectives.cpp)
             r = dion_rank(m, n, 1.0 / rank_div)
             sb = state_bytes
