@@ -58,6 +58,10 @@ def parse_args():
             p.error(f"--optimizers: '{o}': valid values are muon, dion2")
     if args.steps < 1 or args.warmup < 1:
         p.error("--steps and --warmup must be at least 1")
+    if not (os.path.isfile(args.dion_train) and os.access(args.dion_train, os.X_OK)):
+        p.error(f"--dion-train: '{args.dion_train}' is not an executable file (build the dion-train target)")
+    if not os.path.isdir(args.data_dir):
+        p.error(f"--data-dir: '{args.data_dir}' is not a folder (dion-data prepare writes the shards)")
     return args
 
 
@@ -160,7 +164,11 @@ def main():
             row = {"optimizer": optimizer}
             if not ref_error:
                 row["reference"] = side(*reference_steps(torch, args, optimizer), tokens)
-            row["ours"] = side(*ours(args, optimizer, work), tokens)
+            try:
+                row["ours"] = side(*ours(args, optimizer, work), tokens)
+            except RuntimeError as e:
+                print(f"reference_train: {e}", file=sys.stderr)
+                return 1
             if "reference" in row:
                 for clock in ("wall", "cpu"):
                     row[f"ratio_{clock}"] = (row["ours"][f"tokens_per_s_{clock}"] /
