@@ -3,8 +3,8 @@
 
     python3 bench/bench_report.py build/dion_bench.jsonl > section.md
 
-Reads the tables written by `dion-bench --json` (ortho, step, micro) and by
-bench/reference_step.py (reference_step); prints one markdown section per table, each with
+Reads the tables written by `dion-bench --json` (ortho, step, micro, dist), by
+bench/reference_step.py (reference_step) and bench/reference_train.py (train); prints one markdown section per table, each with
 the machine line recorded with it (load average, threads, CPU flags) and, where the issue sets
 a goal, whether it is met. Formatting only: every number comes from the JSON.
 """
@@ -129,13 +129,87 @@ def micro(t):
     print()
 
 
+def dist(t):
+    print("### Distributed optimizer step, 1 / 2 / 4 ranks (`dion-bench dist`)\n")
+    print(machine_line(t["machine"]))
+    worlds = sorted({r["world"] for r in t["rows"]})
+    print(f"- the block matrices of the {t['set']} set (per block q, k, v, o [d, d], up [4d, d], down "
+          "[d, 4d]; fp32, bf16 orthogonalization, exact path); ranks are processes (Gloo over loopback, "
+          f"{t['threads_per_rank']} thread each) on this machine's {t['hardware_threads']} shared cores: "
+          "2 and 4 ranks measure the algorithm's communication and its overlap with compute, not a "
+          "cluster (4 ranks time-slice 2 cores)")
+    print(f"- time: median of {t['reps']} steps interleaved with the other variants and the cost model's "
+          "probes, a barrier before each; wall = the slowest rank's wall time, CPU = rank 0's process "
+          "CPU time (its Gloo threads included); 1 process = the same optimizer without a Distribution")
+    print("- bytes: what one steady step passed to the collectives per rank (comm::CommStats, every rank "
+          "equal), including the optimizer's 8-byte agreement all_reduce; fsdp: every matrix's rows "
+          "sharded; ddp: replicated (legacy Dion syncs P and R itself, Muon / Dion2 split the megabatches "
+          "and all_gather)")
+    print()
+    single = {r["variant"]: r for r in t["rows"] if r["layout"] == "single"}
+    multi = [w for w in worlds if w > 1]
+    head = "| layout | variant | 1 process ms wall (CPU) |"
+    rule = "|---|---|--:|"
+    for w in multi:
+        head += f" {w} ranks ms wall (CPU) | / 1 process |"
+        rule += "--:|--:|"
+    for w in multi:
+        head += f" KiB/step/rank at {w} |"
+        rule += "--:|"
+    print(head)
+    print(rule)
+    keys = []
+    for r in t["rows"]:
+        if r["layout"] != "single" and (r["layout"], r["variant"]) not in keys:
+            keys.append((r["layout"], r["variant"]))
+    by = {(r["layout"], r["variant"], r["world"]): r for r in t["rows"]}
+    for layout, variant in keys:
+        one = single.get(variant)
+        line = f"| {layout} | {variant} | " + (f"{one['wall_ms']:.1f} ({one['cpu_ms']:.1f}) |" if one else "— |")
+        for w in multi:
+            r = by.get((layout, variant, w))
+            ratio = f"{r['wall_ms'] / one['wall_ms']:.2f}" if r and one else "—"
+            line += f" {r['wall_ms']:.1f} ({r['cpu_ms']:.1f}) | {ratio} |" if r else " — | — |"
+        for w in multi:
+            r = by.get((layout, variant, w))
+            line += f" {r['bytes_per_rank'][0] / 1024:.1f} |" if r else " — |"
+        print(line)
+    print()
+
+
+def train(t):
+    c = t["config"]
+    print("### Trainer tokens/s vs the reference's GPT model, eager (`bench/reference_train.py`)\n")
+    print(machine_line(t["machine"]))
+    print(f"- GPT {c['n_layer']} layers x {c['model_dim']} wide x {c['n_head']} heads, sequence "
+          f"{c['sequence_length']}, batch {c['batch']} (one micro-batch), vocabulary {c['vocab']}, "
+          f"{c['dtype']}, one thread, embedding and lm_head on {c['scalar_opt']}; median of {c['steps']} "
+          f"steps after {c['warmup']}; reference: microsoft/dion's models/gpt_model.py and optimizer class, "
+          "eager (TORCH_COMPILE_DISABLE), forward + backward + step; ours: dion-train (wall: metrics.jsonl's "
+          "ms_per_step; CPU: the difference of two runs' process CPU time per step)")
+    if t.get("reference_error"):
+        print(f"- reference not measured: {t['reference_error']}")
+    print()
+    print("| optimizer | reference tok/s wall (CPU) | dion-train tok/s wall (CPU) | ours / reference, wall | "
+          "ours / reference, CPU |")
+    print("|---|--:|--:|--:|--:|")
+    for r in t["rows"]:
+        ref, our = r.get("reference"), r["ours"]
+        cell = lambda v: f"{v['tokens_per_s_wall']:.0f} ({v['tokens_per_s_cpu']:.0f})" if v else "—"  # noqa: E731
+        rw = f"{r['ratio_wall']:.2f}" if "ratio_wall" in r else "—"
+        rc = f"{r['ratio_cpu']:.2f}" if "ratio_cpu" in r else "—"
+        print(f"| {r['optimizer']} | {cell(ref)} | {cell(our)} | {rw} | {rc} |")
+    print()
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
     with open(sys.argv[1]) as f:
         tables = [json.loads(line) for line in f if line.strip()]
-    writers = {"ortho": ortho, "step": step, "reference_step": reference, "micro": micro}
+    writers = {"ortho": ortho, "step": step, "reference_step": reference, "micro": micro, "dist": dist,
+               "train": train}
     for t in tables:
         writers[t["table"]](t)
     return 0

@@ -27,6 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_reference as cr  # noqa: E402  (make_values, build, ctor_kwargs, rel_diff)
+import machine  # noqa: E402
 
 
 def parse_args():
@@ -150,10 +151,8 @@ def main():
                 for k in keys), flush=True)
             del variants
     table = {"table": "reference_step", "reps": args.reps, "rows": rows,
-             "machine": {"loadavg": " ".join(load_before) + " before; " +
-                         " ".join(open("/proc/loadavg").read().split()[:3]) + " after",
-                         "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
-                         "reference_commit": os.environ.get("DION_REF_COMMIT", "")}}
+             "machine": dict(machine.info(torch, " ".join(load_before)),
+                             reference_commit=os.environ.get("DION_REF_COMMIT", ""))}
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps(table) + "\n")

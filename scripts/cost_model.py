@@ -4,37 +4,50 @@
     python3 scripts/cost_model.py table --model llama3-405b --hw h100 --layout 8,64,8
     python3 scripts/cost_model.py plot --out docs/images/cost_model.png
     python3 scripts/cost_model.py check [--test-dist build/tests/test_dist]
+    python3 scripts/cost_model.py check --bench build/dion_bench.jsonl [--markdown]
 
 What it models (docs/benchmarks.md, "Cost model"), for a transformer's matrix parameters
 (per layer q [d, d], k and v [kv, d], o [d, d], gate and up [f, d], down [d, f]) on a
-(dp, fs, tp) layout, W = dp * fs * tp ranks, shard group S = fs * tp:
-  Muon     every matrix is gathered whole onto one rank of its shard group (all_to_all), 
-           orthogonalized there (Polar Express, 5 (4 r^2 c + 2 r^3) flops, r = min, c = max),
-           and scattered back; a megabatch of N same-shape matrices is spread over the W ranks
-           of the dp x S grid, so a rank does ceil(N / W) of them (the scaling limit: past
-           N ranks, more ranks do not shorten the step). Bytes: payload each rank passes to the
-           collective (comm::CommStats' count): 2 x its shard of every matrix (gather +
-           scatter), in the communication dtype.
-  Dion2    the same for the selected fraction a of each matrix's rows: a x Muon's bytes,
-           the orthogonalization on [a m, n].
-  Dion     no whole matrix moves: per matrix P = M Q [m, r], all-reduced over the shards of
-           n; its orthonormalization (Cholesky QR, about 4 m r^2); R = M^T P [n, r], all-
-           reduced over the shards of m; with dp > 1 the compressed sync all-reduces P and R
-           over dp. Flops 4 m n r per matrix, split over the S shards. Payload: the P and R
-           tensors passed to all_reduce.
-Time = compute + communication (no overlap: an upper bound): flops / matmul rate, and for each
-collective the ring's link bytes (all_to_all (k-1)/k, all_reduce 2 (k-1)/k of the payload) /
-link bandwidth, the link being NVLink inside a node of `gpus_per_node` and InfiniBand across.
+(dp, fs, tp) layout, W = dp * fs * tp ranks, shard group S = fs * tp, rows sharded over fs:
+  Muon     FSDP: every matrix assembled whole on its owner rank (one all_to_all of each
+           rank's row shards of the megabatch, padded to a multiple of fs matrices), ortho-
+           gonalized there (5 (4 r^2 c + 2 r^3) flops, r = min, c = max), sent back (a second
+           all_to_all); DDP: each replica orthogonalizes ceil(N / dp) of a megabatch of N and
+           all_gathers. Past N ranks more ranks do not shorten the step.
+  Dion2    the same for the selected fraction a: the columns of a tall matrix (their L1 norms
+           summed over the row shards first: an fp32 all_reduce [N, n]), the local top rows of
+           a wide or square one (the default "local" selection scope).
+  Dion     (src/optim/drivers/dion.cpp) P and R in the momentum's dtype (fp32). FSDP:
+           P = M^T Q [n, r] partial over the row shards: all_to_all (reduce-scatter), ceil(N /
+           fs) orthonormalized per rank, all_gather; Q's column norms all_reduced [N, r].
+           FSDP x TP: P all_reduced over fs, gathered over tp, orthonormalized whole on every
+           rank; R all_reduced over tp. DDP: P and R averaged (compressed) or the gradient, and
+           P's QR split over the replicas (all_gather). Flops 8 m n r per matrix over S, plus
+           about 4 a r^2 per orthonormalization.
+  Every    the optimizer's 8-byte agreement all_reduce per axis of more than one rank, each
+           step; an elementwise term (bytes of memory traffic per parameter element,
+           elementwise_bytes()) at the elementwise bandwidth.
+Bytes: the payload each rank passes to each collective kind (comm::CommStats' count).
+Time = compute + communication (no overlap: an upper bound): flops / rate, and for each
+collective a ring's bytes per rank (all_to_all (k-1)/k, all_gather (k-1), all_reduce 2 (k-1)/k
+of the payload) / link bandwidth + a latency per ring step, the link being NVLink inside a node
+of `gpus_per_node` and InfiniBand across, or per-kind rates when calibrated.
 
-What it is not: no memory-bandwidth term for the elementwise work, no overlap, no stragglers,
-no attention or embedding parameters (AdamW / Lion: local, no communication).
+What it is not: no overlap, no stragglers, no Dion2 selection or small-kernel costs, no
+attention or embedding parameters (AdamW / Lion: local, no communication). Checked by a run:
+the FSDP and DDP bytes (exact); not: FSDP x TP and HSDP (from the code).
 
 `check` compares the byte formulas with what comm::CommStats counted in tests/test_dist's
-2- and 4-rank runs (the lines the byte scenarios print on rank 0), exactly.
+2- and 4-rank runs (the lines the byte scenarios print on rank 0), exactly; `check --bench`
+with every row of `dion-bench dist` (bytes per kind, exactly, exit 1 otherwise) and reports the
+time predicted by the cpu-here preset calibrated in that run against the measured wall and
+CPU times.
 """
 import argparse
+import json
 import math
 import re
+import statistics
 import subprocess
 import sys
 
@@ -48,13 +61,18 @@ MODELS = {  # d, layers, ffn, kv width, heads
 }
 
 # matmul: dense bf16 FLOP/s actually reached (about 0.6 of the H100/H200 datasheet's 989 T);
-# nvlink / ib: bytes/s per GPU per direction (NVLink 4: 450 GB/s; 400 Gb/s InfiniBand NDR:
-# 50 GB/s); cpu-here: this machine's one-core bf16 rate from dion-bench (about 1e12 on the
-# batched products) and a loopback link of 2 GB/s (gloo over TCP, order of magnitude).
+# ortho: the orthogonalizer's rate, its flops counted as the reference counts them (default:
+# matmul; calibrated on the CPU, where the exact path at d = 256 reaches about half the matmul's);
+# matmul_dion: legacy Dion's fp32 products (default: matmul); membw: bytes/s of elementwise
+# work (about 0.75 of HBM3 / HBM3e's 3.35 / 4.8 TB/s); nvlink / ib: bytes/s per GPU per
+# direction (NVLink 4: 450 GB/s; 400 Gb/s InfiniBand NDR: 50 GB/s). cpu-here: round values of
+# this machine (one core: bf16 ~0.5 T, fp32 ~0.15 T, ~10 GB/s elementwise, Gloo over loopback
+# ~1 GB/s); `check --bench` replaces them with the rates `dion-bench dist` measured in its run.
 HARDWARE = {
-    "h100": dict(matmul=600e12, nvlink=450e9, ib=50e9, gpus_per_node=8, latency=10e-6),
-    "h200": dict(matmul=600e12, nvlink=450e9, ib=50e9, gpus_per_node=8, latency=10e-6),
-    "cpu-here": dict(matmul=1.0e12, nvlink=2e9, ib=2e9, gpus_per_node=1024, latency=50e-6),
+    "h100": dict(matmul=600e12, membw=2.5e12, nvlink=450e9, ib=50e9, gpus_per_node=8, latency=10e-6),
+    "h200": dict(matmul=600e12, membw=3.6e12, nvlink=450e9, ib=50e9, gpus_per_node=8, latency=10e-6),
+    "cpu-here": dict(matmul=0.5e12, matmul_dion=0.15e12, membw=10e9, nvlink=1e9, ib=1e9, gpus_per_node=1024,
+                     latency=100e-6),
 }
 
 
@@ -74,54 +92,147 @@ def ortho_flops(m, n):
 
 # ---------------------------------------------------------------------------- the model
 
-def step_cost(model, algo, dp, fs, tp, hw, fraction=0.25, rank_div=4, comm_bytes=2):
-    """(seconds, payload bytes per rank, flops per rank) of one step.
+KINDS = ("all_to_all", "all_gather", "all_reduce")
+# Per collective kind, over k ranks, for a payload p (what one rank passes in, as CommStats
+# counts it): bytes a ring moves per rank, and the number of latency steps.
+MOVED = {"all_to_all": lambda p, k: p * (k - 1) / k, "all_gather": lambda p, k: p * (k - 1),
+         "all_reduce": lambda p, k: 2 * p * (k - 1) / k}
+STEPS = {"all_to_all": lambda k: k - 1, "all_gather": lambda k: k - 1, "all_reduce": lambda k: 2 * (k - 1)}
+
+
+def elementwise_bytes(algo, fraction):
+    """Memory traffic per parameter element of one step's elementwise work, counted from the ATen
+    ops of src/math (fp32 parameter and momentum, bf16 orthogonalizer input and output): Muon
+    about 60 B (momentum 20, cast to bf16 6, stacking into and out of the megabatch 8, weight
+    decay 8, update 14, and the result's cast); Dion2 the momentum and decay of every element (28)
+    plus the rest for the selected fraction; legacy Dion about 52 (momentum 12, M -= P R^T 16,
+    decay 8, X -= P Q^T 16). An estimate, not a count of every kernel."""
+    if algo == "dion":
+        return 52
+    return 28 + 32 * (1.0 if algo == "muon" else fraction)
+
+
+def selected(fraction, size):
+    """Dion2's selected count of `size` slices (src/math/dion2.cpp dion2_num_selected)."""
+    return min(size, max(1, math.ceil(fraction * size - 1e-9)))
+
+
+def dion_rank(m, n, rank_fraction):
+    """src/math/dion.cpp's dion_rank with rank_multiple_of 1."""
+    return min(math.ceil(rank_fraction * min(m, n) - 1e-9), m, n)
+
+
+def qr_flops(a, r):
+    """Dion's randomized Cholesky QR of P [a, r] (sketch with 1.25 r rows, solve): about 4 a r^2."""
+    return 4 * a * r * r
+
+
+class Cost:
+    """One step on one rank: seconds (compute + communication), payload bytes per collective
+    kind, flops, and the compute and link seconds separately."""
+
+    def __init__(self):
+        self.bytes = {}
+        self.flops = self.flops_dion = self.link_s = self.compute_s = 0.0
+
+    @property
+    def seconds(self):
+        return self.compute_s + self.link_s
+
+    @property
+    def total_bytes(self):
+        return sum(self.bytes.values())
+
+
+def step_cost(model, algo, dp, fs, tp, hw, fraction=0.25, rank_div=4, comm_bytes=2, state_bytes=4):
+    """The Cost of one step of `algo` on the (dp, fs, tp) layout.
 
     Ranks are laid out tp innermost, then fs, then dp: a tp group spans tp consecutive ranks,
-    an fs group fs * tp, a dp group all W; a group inside one node uses NVLink, else IB."""
+    an fs group fs * tp, a dp group all W; a group inside one node uses NVLink, else IB (or the
+    per-kind rates of hw["links"], when calibrated). comm_bytes: the orthogonalizer's
+    communication dtype (bf16); state_bytes: legacy Dion's P and R, in the momentum's dtype."""
     W, S = dp * fs * tp, fs * tp
-    flops = bytes_ = link_s = 0.0
+    c = Cost()
+    c.elementwise_bytes = 0.0
 
-    def link(payload, k, factor, span):  # ring over k ranks spanning `span` consecutive ranks
-        if k <= 1:
-            return 0.0
-        bw = hw["nvlink"] if span <= hw["gpus_per_node"] else hw["ib"]
-        return payload * factor * (k - 1) / k / bw + factor * (k - 1) * hw["latency"]
+    def send(kind, payload, k, span):  # one collective over k ranks spanning `span` ranks
+        if k <= 1 or payload <= 0:
+            return
+        c.bytes[kind] = c.bytes.get(kind, 0) + payload
+        if "links" in hw:
+            bw, lat = hw["links"][kind]
+        else:
+            bw, lat = (hw["nvlink"] if span <= hw["gpus_per_node"] else hw["ib"]), hw["latency"]
+        c.link_s += MOVED[kind](payload, k) / bw + STEPS[kind](k) * lat
 
     for m, n, count in matrices(model):
-        size = m * n * comm_bytes
+        # Elementwise passes over this rank's elements: all of them with replicas (DDP), a shard
+        # with FSDP / TP.
+        c.elementwise_bytes += count * math.ceil(m / fs) * math.ceil(n / tp) * elementwise_bytes(algo, fraction)
         if algo in ("muon", "dion2"):
             a = 1.0 if algo == "muon" else fraction
-            flops += math.ceil(count / W) * ortho_flops(max(1, round(a * m)), n)
-            if S > 1:  # all_to_all gather + scatter of this replica's share of the megabatch
-                payload = 2 * a * count * size / (S * dp)
-                bytes_ += payload
-                link_s += link(payload, S, 1, S)
-            if dp > 1:  # replicas split the megabatch, then all_gather the results
-                payload = a * count * size / (S * dp)
-                bytes_ += payload
-                link_s += link(payload * dp, dp, 1, W)
-        else:  # dion
-            r = max(1, int(min(m, n) / rank_div + 1e-9))
-            flops += count * (4 * m * n * r / S + 2 * (m / fs) * r * r)
-            if fs > 1:  # R = M^T P summed over the row shards: all_reduce [n / tp, r]
-                payload = count * (n / tp) * r * comm_bytes
-                bytes_ += payload
-                link_s += link(payload, fs, 2, S)
-            if tp > 1:  # P = M Q summed over the column shards: all_reduce [m / fs, r]
-                payload = count * (m / fs) * r * comm_bytes
-                bytes_ += payload
-                link_s += link(payload, tp, 2, tp)
-            if dp > 1:  # compressed sync of P and R over the replicas, or of the gradient
-                # itself when that is smaller (rank_fraction 1), as the reference does
-                mm, nn = m / fs, n / tp
-                payload = count * min((mm + nn) * r, mm * nn) if rank_div > 1 else count * mm * nn
-                payload *= comm_bytes
-                bytes_ += payload
-                link_s += link(payload, dp, 2, W)
-    if algo == "dion" and dp > 1:
-        bytes_ += 8  # two 4-byte all_reduces per step (measured: cmd_check)
-    return flops / hw["matmul"] + link_s, bytes_, flops
+            tall = algo == "dion2" and m > n  # Dion2 selects along the shorter dim (rows if square)
+            k = selected(a, n) if tall else selected(a, m)  # selected columns (tall) or rows
+            c.flops += math.ceil(count / W) * ortho_flops(m if tall else k, k if tall else n)
+            if S > 1 and tp == 1 and dp == 1:
+                # FSDP, rows sharded: every matrix assembled on its owner (all_to_all of each
+                # rank's row shards of the megabatch, padded to a multiple of fs matrices) and
+                # sent back (a second all_to_all). Dion2 moves the selected slices: the selected
+                # columns of a tall matrix (their L1 norms summed over the shards first), else
+                # the top ceil(a x local rows) rows of each shard (the default "local" scope).
+                rows = math.ceil(m / fs)
+                chunk = rows * k if tall else (selected(a, rows) if algo == "dion2" else rows) * n
+                send("all_to_all", 2 * math.ceil(count / fs) * fs * chunk * comm_bytes, fs, S)
+                if tall:
+                    send("all_reduce", count * n * 4, fs, S)
+            elif S > 1:  # 2-D or HSDP (not measured here): the shard group's share of the megabatch
+                payload = 2 * a * count * m * n * comm_bytes / (S * dp)
+                send("all_to_all", payload, S, S)
+                if dp > 1:
+                    send("all_gather", payload / 2, dp, W)
+            elif dp > 1 and count > 1:  # DDP: each replica orthogonalizes ceil(N / dp), all_gather
+                # (a megabatch of one matrix is computed by every replica, no communication)
+                send("all_gather", math.ceil(count / dp) * (m * k if tall else k * n) * comm_bytes, dp, W)
+        else:  # legacy Dion (src/optim/drivers/dion.cpp, src/optim/collectives.cpp)
+            r = dion_rank(m, n, 1.0 / rank_div)
+            sb = state_bytes
+            compressed = rank_div > 1 and (m + n) * r < m * n
+            c.flops_dion += count * 8 * m * n * r / S  # M Q, M^T P, P R^T, P Q^T
+            if S > 1:
+                # Rows sharded over fs (columns over tp): Dion works on M^T, P = M^T Q [n, r]
+                # is partial over the row shards.
+                b_local = math.ceil(m / fs)
+                if tp == 1:  # P reduce-scattered (all_to_all, summed), orthonormalized, gathered
+                    per = math.ceil(count / fs)
+                    c.flops_dion += per * qr_flops(n, r)
+                    send("all_to_all", per * fs * n * r * sb, fs, S)
+                    send("all_gather", per * n * r * sb, fs, S)
+                    p_sync = per * n * r
+                else:  # P all-reduced over fs, gathered over tp, R summed over tp
+                    a_local = math.ceil(n / tp)
+                    c.flops_dion += count * qr_flops(n, r)
+                    send("all_reduce", count * a_local * r * sb, fs, S)
+                    send("all_gather", count * a_local * r * sb, tp, tp)
+                    send("all_reduce", count * b_local * r * sb, tp, tp)
+                    p_sync = count * a_local * r
+                send("all_reduce", count * r * sb, fs, S)  # Q's column norms over the row shards
+                if dp > 1:  # HSDP: P and R averaged over the replicas, or the gradient
+                    payload = (p_sync + count * b_local * r) if compressed else count * b_local * math.ceil(n / tp)
+                    send("all_reduce", payload * sb, dp, W)
+            else:
+                c.flops_dion += count * qr_flops(max(m, n), r) if dp == 1 else \
+                    math.ceil(count / dp) * qr_flops(max(m, n), r)
+                if dp > 1:  # DDP: P and R averaged (compressed) or the gradient; P's QR split
+                    send("all_reduce", count * ((m + n) * r if compressed else m * n) * sb, dp, W)
+                    send("all_gather", math.ceil(count / dp) * max(m, n) * r * sb, dp, W)
+    # Every step, the optimizer's "did any rank's description change?" check: one 8-byte
+    # all_reduce per axis of more than one rank (src/optim/agreement.cpp).
+    for k, span in ((tp, tp), (fs, S), (dp, W)):
+        if k > 1:
+            send("all_reduce", 8, k, span)
+    c.compute_s = (c.flops / hw.get("ortho", hw["matmul"]) + c.flops_dion / hw.get("matmul_dion", hw["matmul"]) +
+                   c.elementwise_bytes / hw["membw"])
+    return c
 
 
 # ---------------------------------------------------------------------------- commands
@@ -135,8 +246,9 @@ def cmd_table(args):
     print("| algorithm | step ms | payload MB per rank | GFLOP per rank |")
     print("|---|--:|--:|--:|")
     for name, algo, kw in variants():
-        t, b, f = step_cost(model, algo, dp, fs, tp, hw, **kw)
-        print(f"| {name} | {t * 1e3:.1f} | {b / 1e6:.1f} | {f / 1e9:.1f} |")
+        c = step_cost(model, algo, dp, fs, tp, hw, **kw)
+        print(f"| {name} | {c.seconds * 1e3:.1f} | {c.total_bytes / 1e6:.1f} | "
+              f"{(c.flops + c.flops_dion) / 1e9:.1f} |")
 
 
 def variants():
@@ -159,9 +271,9 @@ def cmd_plot(args):
         for W in ranks:
             tp = 8 if W >= 64 else 1  # the paper's 405B layout: TP 8 inside a node, FSDP across
             fs = W // tp
-            t, b, _ = step_cost(model, algo, 1, fs, tp, hw, **kw)
-            ts.append(t * 1e3)
-            bs.append(b / 1e6)
+            c = step_cost(model, algo, 1, fs, tp, hw, **kw)
+            ts.append(c.seconds * 1e3)
+            bs.append(c.total_bytes / 1e6)
         axes[0].plot(ranks, ts, marker="o", label=name)
         axes[1].plot(ranks, bs, marker="o", label=name)
     for ax, title in zip(axes, ["step time (ms), compute + communication",
@@ -179,6 +291,131 @@ def cmd_plot(args):
 
 
 def cmd_check(args):
+    return check_bench(args) if args.bench else check_test_dist(args)
+
+
+def set_matrices(set_name):
+    """dion-bench's GPT parameter set "DxL": its block matrices (tools/dion-bench/gpt_params.h)."""
+    d, layers = (int(x) for x in set_name.split("x"))
+    return [(d, d, 4 * layers), (4 * d, d, layers), (d, 4 * d, layers)]
+
+
+def calibrated(cal, clock="wall"):
+    """The cpu-here preset calibrated by one world size of `dion-bench dist`: the orthogonalizer's
+    rate (Muon, Dion2), legacy Dion's fp32 product rate and the elementwise bandwidth per rank,
+    measured with every rank busy, and per
+    collective kind a bandwidth and latency fitted to a plain collective of 4 KiB and of 8 MiB.
+    clock "wall": rates from the slowest rank's wall time (for the step's wall time); "cpu": the
+    compute rates from rank 0's CPU time (for the step's CPU time, the compute part alone)."""
+    hw = dict(HARDWARE["cpu-here"])
+    rates = cal if clock == "wall" else cal["cpu"]
+    hw["matmul"] = rates["matmul_bf16_gflops"] * 1e9
+    if "ortho_bf16_gflops" in rates:
+        hw["ortho"] = rates["ortho_bf16_gflops"] * 1e9
+    hw["matmul_dion"] = rates["matmul_fp32_gflops"] * 1e9
+    hw["membw"] = rates["elementwise_gb_per_s"] * 1e9
+    k = cal["world"]
+    links = {}
+    for kind in KINDS:
+        pts = sorted((p["bytes"], p["ms"] / 1e3) for p in cal.get("links", []) if p["kind"] == kind)
+        if len(pts) < 2 or k < 2:
+            continue
+        # The small payload's time is taken as latency alone; the large one's remainder as transfer.
+        (_, t0), (p1, t1) = pts[0], pts[-1]
+        lat = t0 / STEPS[kind](k)
+        transfer = t1 - STEPS[kind](k) * lat
+        bw = MOVED[kind](p1, k) / (transfer if transfer > 0.05 * t1 else t1)
+        links[kind] = (bw, lat)
+    if links:
+        hw["links"] = links
+    return hw
+
+
+def layout_of(row):
+    W = row["world"]
+    return {"single": (1, 1, 1), "fsdp": (1, W, 1), "ddp": (W, 1, 1)}[row["layout"]]
+
+
+def predict(row, set_name, hw):
+    dp, fs, tp = layout_of(row)
+    return step_cost(set_matrices(set_name), row["algo"], dp, fs, tp, hw, fraction=row["fraction"],
+                     rank_div=1.0 / row["rank_fraction"], comm_bytes=2, state_bytes=4)
+
+
+def check_bench(args):
+    """`dion-bench dist` rows: bytes per collective kind exact (every rank), time predicted with
+    the cpu-here preset calibrated in the same run, and its relative error."""
+    with open(args.bench) as f:
+        tables = [json.loads(line) for line in f if line.strip()]
+    tables = [t for t in tables if t.get("table") == "dist"]
+    if not tables:
+        print(f"check: no 'dist' table in {args.bench} (run dion-bench --json FILE dist)")
+        return 1
+    failures = 0
+    md = []
+    for t in tables:
+        cals = {c["world"]: calibrated(c) for c in t["calibration"]}
+        cpu_cals = {c["world"]: calibrated(c, "cpu") for c in t["calibration"]}
+        if args.markdown:
+            md.append("| ranks | GFLOP/s per rank, wall (CPU): bf16 matmul / orthogonalizer / fp32 Dion matmul | "
+                      "elementwise GB/s, wall (CPU) | all_to_all | all_gather | all_reduce |")
+            md.append("|--:|--:|--:|--|--|--|")
+            for c in t["calibration"]:
+                hw, cc = cals[c["world"]], c["cpu"]
+                cell = (lambda k: f"{hw['links'][k][0] / 1e9:.2f} GB/s, {hw['links'][k][1] * 1e6:.0f} us"
+                        if "links" in hw and k in hw["links"] else "—")
+                md.append(f"| {c['world']} | {c['matmul_bf16_gflops']:.0f} / {c['ortho_bf16_gflops']:.0f} / "
+                          f"{c['matmul_fp32_gflops']:.0f} ({cc['matmul_bf16_gflops']:.0f} / "
+                          f"{cc['ortho_bf16_gflops']:.0f} / {cc['matmul_fp32_gflops']:.0f}) | "
+                          f"{c['elementwise_gb_per_s']:.1f} ({cc['elementwise_gb_per_s']:.1f}) | "
+                          f"{cell('all_to_all')} | {cell('all_gather')} | {cell('all_reduce')} |")
+            md.append("")
+            md.append("| ranks | layout | variant | wall ms | predicted ms (compute + link) | error | "
+                      "rank 0 CPU ms | compute at CPU rates | error | bytes per rank | model | |")
+            md.append("|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+        errors, cpu_errors = {}, {}
+        for row in t["rows"]:
+            c = predict(row, t["set"], cals[row["world"]])
+            want = {k: int(round(v)) for k, v in c.bytes.items()}
+            got = {k: int(v) for k, v in row["bytes"].items()}
+            same_ranks = len(set(row["bytes_per_rank"])) == 1
+            ok = want == got and same_ranks
+            failures += not ok
+            err = (c.seconds * 1e3 - row["wall_ms"]) / row["wall_ms"]
+            errors.setdefault(row["world"], []).append(abs(err))
+            cc = predict(row, t["set"], cpu_cals[row["world"]])
+            cpu_err = (cc.compute_s * 1e3 - row["cpu_ms"]) / row["cpu_ms"]
+            cpu_errors.setdefault(row["world"], []).append(abs(cpu_err))
+            name = f"{row['world']} {row['layout']} {row['variant']}"
+            if not ok:
+                print(f"check: {name}: bytes per kind measured {got} (per rank {row['bytes_per_rank']}), "
+                      f"model {want}: MISMATCH")
+            elif not args.markdown:
+                print(f"{name}: bytes {sum(got.values())} exact; time measured {row['wall_ms']:.2f} ms, "
+                      f"predicted {c.seconds * 1e3:.2f} ms ({err:+.0%})")
+            if args.markdown:
+                md.append(f"| {row['world']} | {row['layout']} | {row['variant']} | {row['wall_ms']:.1f} | "
+                          f"{c.seconds * 1e3:.1f} ({c.compute_s * 1e3:.1f} + {c.link_s * 1e3:.1f}) | "
+                          f"{err:+.0%} | {row['cpu_ms']:.1f} | {cc.compute_s * 1e3:.1f} | {cpu_err:+.0%} | "
+                          f"{sum(got.values())} | {sum(want.values())} | "
+                          f"{'exact' if ok else 'MISMATCH'} |")
+        def spread(errs):
+            return "; ".join(f"{w} rank(s): median |error| {statistics.median(e):.0%}, max {max(e):.0%}"
+                             for w, e in sorted(errs.items()))
+        summary = "wall time: " + spread(errors) + ". compute vs rank 0's CPU time: " + spread(cpu_errors)
+        if args.markdown:
+            md.append("")
+            md.append(f"- error = (predicted - measured) / measured. {summary}")
+            md.append(f"- bytes: {'every row exact' if not failures else f'{failures} row(s) MISMATCH'}")
+            md.append("")
+        else:
+            print(summary)
+    if args.markdown:
+        print("\n".join(md))
+    return 1 if failures else 0
+
+
+def check_test_dist(args):
     """Payload bytes of the model vs comm::CommStats in tests/test_dist (exact)."""
     out = subprocess.run([args.test_dist, "--gtest_filter=Distributed.Dion2MovesFractionOfMuonBytes:"
                           "Distributed.DionDdpGradientAndCompressedSync*"],
@@ -201,15 +438,15 @@ def cmd_check(args):
     # payload in the communication dtype (OrthoConfig::dtype, bf16).
     mats = [(64, 64, 4)]
     failures += compare("muon fsdp 2 ranks", int(m.group(1)),
-                        step_cost(mats, "muon", 1, 2, 1, hw, comm_bytes=2)[1])
+                        step_cost(mats, "muon", 1, 2, 1, hw, comm_bytes=2).bytes["all_to_all"])
     failures += compare("dion2 0.25 fsdp 2 ranks", int(m.group(2)),
-                        step_cost(mats, "dion2", 1, 2, 1, hw, fraction=0.25, comm_bytes=2)[1])
+                        step_cost(mats, "dion2", 1, 2, 1, hw, fraction=0.25, comm_bytes=2).bytes["all_to_all"])
     # scenario_dion_ddp: these shapes, 3 steps, fp32 all_reduce of P and R (or the gradient).
     mats = [(64, 32, 3), (32, 48, 1), (40, 40, 1)]
     found = re.findall(r"dion ddp rank_fraction ([\d.]+): all_reduce bytes (\d+)", text)
     for i, (rf, measured) in enumerate(found):  # the 2-rank test prints first, then 4 ranks
         dp = 2 if i < 2 else 4
-        pred = 3 * step_cost(mats, "dion", dp, 1, 1, hw, rank_div=1 / float(rf), comm_bytes=4)[1]
+        pred = 3 * step_cost(mats, "dion", dp, 1, 1, hw, rank_div=1 / float(rf), state_bytes=4).bytes["all_reduce"]
         failures += compare(f"dion ddp {dp} ranks rank_fraction {rf}", int(measured), pred)
     if len(found) != 4:
         print(f"check: expected 4 dion ddp lines (2 and 4 ranks), found {len(found)}")
@@ -228,8 +465,11 @@ def main():
     pl.add_argument("--model", choices=MODELS, default="llama3-405b")
     pl.add_argument("--hw", choices=HARDWARE, default="h100")
     pl.add_argument("--out", default="docs/images/cost_model.png")
-    c = sub.add_parser("check", help="bytes vs tests/test_dist's measured CommStats")
-    c.add_argument("--test-dist", default="build/tests/test_dist")
+    c = sub.add_parser("check", help="bytes (and time, with --bench) vs measured runs")
+    c.add_argument("--test-dist", default="build/tests/test_dist",
+                   help="without --bench: run tests/test_dist's byte scenarios and compare")
+    c.add_argument("--bench", default="", help="a dion-bench --json file with a 'dist' table")
+    c.add_argument("--markdown", action="store_true", help="with --bench: the docs' tables")
     args = p.parse_args()
     return {"table": cmd_table, "plot": cmd_plot, "check": cmd_check}[args.cmd](args) or 0
 

@@ -3,7 +3,8 @@
 //   dion-bench ortho  [--shapes 2048x2048x1,...] [--dtypes bf16,fp32] [--reps N] [--check]
 //   dion-bench step   [--sets 768x2,256x4] [--algos muon,...] [--paths exact,fast,gram]
 //   dion-bench micro  [--sizes 256,512,1024,2048] [--reps N]
-//   dion-bench all    (the three, with their defaults)
+//   dion-bench dist   [--ranks 1,2,4] [--sets 256x4] [--variants muon,dion2@0.25,...] [--layouts fsdp,ddp]
+//   dion-bench all    (the four, with their defaults)
 //   common: --threads N (default 1) --json FILE (append one JSON object per table)
 //
 // What it measures, always interleaved in one process (round r runs the variants in order,
@@ -17,7 +18,10 @@
 //          [8192, d] in adamw / lion groups), with bytes allocated per step (a counting CPU
 //          allocator), the first step's time, and the largest difference to the exact path;
 //   micro: Dion's microbenchmark: one [s, s] parameter, time per step for Muon and Dion at
-//          rank s/4 and s/16.
+//          rank s/4 and s/16;
+//   dist:  the distributed step at 1, 2, 4 ranks (this program started as ranks, Gloo over
+//          loopback): wall time and bytes per step per rank, and the rates that calibrate the
+//          cost model (dist.h).
 // The reference side (microsoft/dion eager and compiled) is bench/reference_step.py, which
 // bench/dion_bench.sh runs next to this program; bench/bench_report.py writes the markdown.
 //
@@ -39,11 +43,16 @@
 
 #include "dion/math/ortho.h"
 #include "dion/optim/optimizer.h"
+#include "dist.h"
+#include "gpt_params.h"
 #include "measure.h"
 
 namespace {
 
+using dion::bench::clone_params;
 using dion::bench::interleave;
+using dion::bench::make_params;
+using dion::bench::ParamSet;
 using dion::bench::median;
 using nlohmann::json;
 
@@ -185,41 +194,6 @@ struct StepArgs {
   int reps = 3;
   int64_t vocab = 8192;
 };
-
-struct ParamSet {
-  std::vector<at::Tensor> matrices, adamw, lion;
-};
-
-// The GPT parameter set of bench/compare_reference.py (same shapes, same groups).
-ParamSet make_params(int64_t d, int64_t layers, int64_t vocab) {
-  ParamSet p;
-  auto param = [](std::vector<int64_t> shape) {
-    at::Tensor v = at::randn(shape) * (shape.size() == 1 ? 1.0 : 1.0 / std::sqrt(double(shape.back())));
-    v.mutable_grad() = at::randn(shape) * 1e-2;
-    return v;
-  };
-  for (int64_t l = 0; l < layers; ++l) {
-    for (int i = 0; i < 4; ++i) p.matrices.push_back(param({d, d}));
-    p.matrices.push_back(param({4 * d, d}));
-    p.matrices.push_back(param({d, 4 * d}));
-    p.adamw.push_back(param({d}));
-    p.adamw.push_back(param({d}));
-  }
-  p.adamw.push_back(param({vocab, d}));
-  p.adamw.push_back(param({d}));
-  p.lion.push_back(param({vocab, d}));
-  return p;
-}
-
-std::vector<at::Tensor> clone_params(const std::vector<at::Tensor>& ps) {
-  std::vector<at::Tensor> out;
-  for (const at::Tensor& p : ps) {
-    at::Tensor c = p.detach().clone();
-    c.mutable_grad() = p.grad().clone();
-    out.push_back(c);
-  }
-  return out;
-}
 
 struct Built {
   std::unique_ptr<dion::Optimizer> opt;
@@ -368,6 +342,55 @@ void check_list(const std::string& flag, const std::string& text, const std::vec
   }
 }
 
+struct DistCli {
+  std::string ranks = "1,2,4";
+  std::string sets = "256x4";
+  std::string variants = "muon,dion2@0.25,dion2@1,dion@1/4,dion@1/16";
+  std::string layouts = "fsdp,ddp";
+  int reps = 5;
+  std::string rank_result;  // set by run_dist for the ranks it starts
+};
+
+// The parsed `dist` arguments; throws CLI::ValidationError naming the flag.
+dion::bench::DistArgs dist_args(const DistCli& c, int threads, const std::string& argv0) {
+  dion::bench::DistArgs a;
+  check_list("--ranks", c.ranks, {});
+  for (const std::string& t : split(c.ranks)) {
+    size_t used = 0;
+    long w = 0;
+    try {
+      w = std::stol(t, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != t.size() || w < 1 || w > 64)
+      throw CLI::ValidationError("--ranks", "'" + t + "': world sizes are integers from 1 to 64 (e.g. 1,2,4)");
+    a.ranks.push_back(static_cast<int>(w));
+  }
+  check_list("--sets", c.sets, {});
+  const auto sets = split(c.sets);
+  if (sets.size() != 1) throw CLI::ValidationError("--sets", "'" + c.sets + "': dist takes one d x layers set");
+  const auto d = parse_dims("--sets", sets[0], 2);
+  a.d = d[0];
+  a.layers = d[1];
+  check_list("--variants", c.variants, {});
+  for (const std::string& v : split(c.variants)) {
+    try {
+      a.variants.push_back(dion::bench::parse_dist_variant(v));
+    } catch (const std::invalid_argument& e) {
+      throw CLI::ValidationError("--variants", e.what());
+    }
+  }
+  check_list("--layouts", c.layouts, {"fsdp", "ddp"});
+  a.layouts = split(c.layouts);
+  a.reps = c.reps;
+  a.threads = threads;
+  a.argv_for_ranks = {argv0,         "--threads", std::to_string(threads), "dist",      "--sets",
+                      c.sets,        "--variants", c.variants,             "--layouts", c.layouts,
+                      "--reps",      std::to_string(c.reps)};
+  return a;
+}
+
 void check_args(const OrthoArgs& o, const StepArgs& s, const MicroArgs& m) {
   check_list("--shapes", o.shapes, {});
   for (const std::string& t : split(o.shapes)) parse_dims("--shapes", t, 3);
@@ -383,8 +406,8 @@ void check_args(const OrthoArgs& o, const StepArgs& s, const MicroArgs& m) {
 // ---------------------------------------------------------------------------- main
 
 int main(int argc, char** argv) {
-  CLI::App app{"dion-bench: orthogonalizers vs matmul, optimizer steps, Dion's microbenchmark "
-               "(CPU; interleaved repetitions, process CPU time, medians)"};
+  CLI::App app{"dion-bench: orthogonalizers vs matmul, optimizer steps, Dion's microbenchmark, the "
+               "distributed step (CPU; interleaved repetitions, process CPU time, medians)"};
   app.require_subcommand(1);
   Common common;
   app.add_option("--threads", common.threads, "intra-op threads (1: CPU time is the work's own)")
@@ -412,21 +435,37 @@ int main(int argc, char** argv) {
   c_micro->add_option("--sizes", micro.sizes, "matrix sizes")->capture_default_str();
   c_micro->add_option("--reps", micro.reps, "timed steps")->check(CLI::Range(1, 1 << 30));
 
-  CLI::App* c_all = app.add_subcommand("all", "ortho, step and micro with their defaults");
+  DistCli dist;
+  CLI::App* c_dist = app.add_subcommand(
+      "dist", "distributed step at 1, 2, 4 ranks (Gloo over loopback, this program as the ranks): time and "
+              "bytes per step per rank, and the cost model's calibration (matmul and link rates)");
+  c_dist->add_option("--ranks", dist.ranks, "world sizes (1: one process, no Distribution)")->capture_default_str();
+  c_dist->add_option("--sets", dist.sets, "one d x layers GPT parameter set (its block matrices)")
+      ->capture_default_str();
+  c_dist->add_option("--variants", dist.variants, "muon, dion2@FRACTION, dion@RANK_FRACTION (a/b or decimal)")
+      ->capture_default_str();
+  c_dist->add_option("--layouts", dist.layouts, "fsdp (rows sharded), ddp (replicated)")->capture_default_str();
+  c_dist->add_option("--reps", dist.reps, "timed steps per variant")->check(CLI::Range(1, 1 << 30));
+  c_dist->add_option("--rank-result", dist.rank_result, "")->group("");  // internal: run as one rank
+
+  CLI::App* c_all = app.add_subcommand("all", "ortho, step, micro and dist with their defaults");
 
   try {  // --help: exit 0; a usage error names the flag: exit 2 (as every dion program)
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  dion::bench::DistArgs dargs;
   try {
     check_args(ortho, step, micro);
+    dargs = dist_args(dist, common.threads, argv[0]);
   } catch (const CLI::ValidationError& e) {
     std::fprintf(stderr, "dion-bench: %s\nRun with --help for more information.\n", e.what());
     return 2;
   }
   try {
     at::set_num_threads(common.threads);
+    if (c_dist->parsed() && !dist.rank_result.empty()) return dion::bench::run_dist_rank(dargs, dist.rank_result);
     dion::bench::AllocCounter::install();
     std::printf("load average %s; %d thread(s)\n",
                 dion::bench::machine_info()["loadavg"].get<std::string>().c_str(),
@@ -434,6 +473,7 @@ int main(int argc, char** argv) {
     if (c_ortho->parsed() || c_all->parsed()) run_ortho(common, ortho);
     if (c_step->parsed() || c_all->parsed()) run_step(common, step);
     if (c_micro->parsed() || c_all->parsed()) run_micro(common, micro);
+    if (c_dist->parsed() || c_all->parsed()) emit(common, dion::bench::run_dist(dargs));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dion-bench: %s\n", e.what());
     return 1;

@@ -1,0 +1,37 @@
+"""The machine line every benchmark table carries (as tools/dion-bench/measure.cpp writes it):
+load average, threads, CPU model and the flags that decide the matmul paths, torch version.
+
+    import machine; table["machine"] = machine.info(torch, load_before)
+
+Not a benchmark itself; no timing here."""
+import time
+
+WANTED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def cpu():
+    model, flags = "", []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                if key.strip() == "flags" and not flags:
+                    flags = [x for x in value.split() if x in WANTED_FLAGS]
+    except OSError:
+        pass
+    return model, flags
+
+
+def info(torch, load_before):
+    """The machine dict of a table measured between `load_before` (loadavg()) and now."""
+    model, flags = cpu()
+    return {"loadavg": f"{load_before} before; {loadavg()} after", "torch_threads": torch.get_num_threads(),
+            "cpu": model, "cpu_flags": flags, "torch_version": torch.__version__,
+            "time_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
