@@ -2,6 +2,7 @@
 #include "dion/train/mfu.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/DeviceAccelerator.h>
 
 #include <algorithm>
@@ -16,7 +17,10 @@ double flops_per_token(const GPTConfig& c) {
 
 double measure_matmul_flops(const c10::Device& device, c10::ScalarType dtype, int64_t n, int reps) {
   const auto opts = at::TensorOptions().device(device).dtype(dtype);
-  const at::Tensor a = at::randn({n, n}, opts), b = at::randn({n, n}, opts);
+  // Random operands from a generator of our own: the run's default generator (legacy Dion's
+  // sketches, a resumed run's restored state) must not move.
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(1234);
+  const at::Tensor a = at::randn({n, n}, gen, at::kFloat).to(opts), b = at::randn({n, n}, gen, at::kFloat).to(opts);
   at::Tensor out = at::empty({n, n}, opts);
   auto sync = [&] {
     if (device.is_cuda()) at::accelerator::synchronizeDevice(device.has_index() ? device.index() : 0);
@@ -34,7 +38,7 @@ double measure_matmul_flops(const c10::Device& device, c10::ScalarType dtype, in
 }
 
 double measure_peak_flops(const c10::Device& device, c10::ScalarType dtype) {
-  return device.is_cuda() ? measure_matmul_flops(device, dtype, 8192, 10) : measure_matmul_flops(device, dtype, 1024, 3);
+  return device.is_cuda() ? measure_matmul_flops(device, dtype, 8192, 10) : measure_matmul_flops(device, dtype, 512, 5);
 }
 
 }  // namespace dion::train

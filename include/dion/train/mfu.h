@@ -26,7 +26,8 @@ double flops_per_token(const GPTConfig& config);
 // runs after one warm-up (synchronized on CUDA).
 double measure_matmul_flops(const c10::Device& device, c10::ScalarType dtype, int64_t n, int reps);
 
-// The peak a run measures when peak_tflops is 0: n = 8192 on CUDA, 1024 on CPU.
+// The peak a run measures when peak_tflops is 0: n = 8192 on CUDA, 512 on CPU (a fraction of a
+// second on two cores). The operands come from a generator of its own (the run's stays put).
 double measure_peak_flops(const c10::Device& device, c10::ScalarType dtype);
 
 // MFU as a fraction (0.42 = 42%).
