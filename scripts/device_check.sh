@@ -125,8 +125,6 @@ train_row() {  # train_row NAME GRAPHS: sets toks_NAME, mfu_NAME (log: train_NAM
 train_row eager false
 if [ "$DEVICE" = cuda ]; then
   train_row graphs true
-else
-  toks_graphs="n/a (cuda_graphs needs device cuda)"; mfu_graphs="n/a"
 fi
 
 # ---------------------------------------------------------------------------- the table
@@ -139,7 +137,11 @@ fi
   cat "$OUT/device_bench.md"
   model="dion-train dion2 160M$([ "$QUICK" = 1 ] && echo ' (quick: tiny model)'), $steps steps, ${params:-?} parameters"
   echo "| $model | ${toks_eager:-?} tokens/s | MFU ${mfu_eager:-?}% |"
-  echo "| $model, cuda_graphs: true | ${toks_graphs:-?} tokens/s | MFU ${mfu_graphs:-?}$([ "$DEVICE" = cuda ] && echo %) |"
+  if [ "$DEVICE" = cuda ]; then
+    echo "| $model, cuda_graphs: true | ${toks_graphs:-?} tokens/s | MFU ${mfu_graphs:-?}% |"
+  else
+    echo "| $model, cuda_graphs: true | n/a (cuda_graphs needs device cuda) | n/a |"
+  fi
   [ ${#failed[@]} -eq 0 ] || echo "FAILED: ${failed[*]} (logs in $OUT)"
 } > "$OUT/table.md"
 echo
