@@ -7,7 +7,10 @@
 //   half its work, is off by far more than 1 ulp;
 // - the optimizers run unchanged on CUDA tensors and their one-step UPDATE (X_after - X_before)
 //   agrees with the CPU run's at a tolerance derived below (comparing X itself would let a GPU
-//   step that does nothing pass: the update is ~lr = 2e-2 of X).
+//   step that does nothing pass: the update is ~lr = 2e-2 of X);
+// - dion::CudaGraphStep: replayed steps equal eager steps, under an lr and weight-decay schedule
+//   too (lr / weight decay read from device tensors, dion/math/rates.h), and what a replay
+//   cannot do is refused.
 // scripts/device_check.sh runs this binary on the lent GPU machine. (The NCCL path of
 // dion::dist::Group needs two GPUs; the lent machine has one, so it is compiled here but not run
 // anywhere yet.)

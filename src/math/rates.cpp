@@ -46,11 +46,11 @@ at::Tensor Rates::lr_t() const { return on_device() ? lr_dev : f32(lr); }
 
 at::Tensor Rates::adjusted_lr_t() const {
   if (!on_device()) return f32(adjusted_lr);
-  return adjust_factor == 1.0f ? lr_dev.clone() : lr_dev * f32(adjust_factor);  // one float32 multiply
+  return adjust_factor == 1.0f ? lr_dev : lr_dev * f32(adjust_factor);  // one float32 multiply
 }
 
 at::Tensor Rates::neg_adjusted_lr_t() const {
-  return on_device() ? adjusted_lr_t().neg_() : f32(-adjusted_lr);  // negation is exact
+  return on_device() ? at::neg(adjusted_lr_t()) : f32(-adjusted_lr);  // negation is exact
 }
 
 at::Tensor Rates::lr_wd_t() const { return on_device() ? lr_dev * weight_decay_dev : f32(lr * weight_decay); }

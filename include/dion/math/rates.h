@@ -40,7 +40,8 @@ struct Rates {
 
   float decay() const { return 1.0f - lr * weight_decay; }
 
-  // 0-d float32 tensors: on the device in the device form, CPU scalars in the host form.
+  // 0-d float32 tensors: on the device in the device form, CPU scalars in the host form. Read
+  // them only (lr_t() may be lr_dev itself).
   at::Tensor lr_t() const;
   at::Tensor adjusted_lr_t() const;      // lr * adjust_factor
   at::Tensor neg_adjusted_lr_t() const;  // -(lr * adjust_factor)
