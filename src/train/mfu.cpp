@@ -38,7 +38,7 @@ double measure_matmul_flops(const c10::Device& device, c10::ScalarType dtype, in
 }
 
 double measure_peak_flops(const c10::Device& device, c10::ScalarType dtype) {
-  return device.is_cuda() ? measure_matmul_flops(device, dtype, 8192, 10) : measure_matmul_flops(device, dtype, 512, 5);
+  return device.is_cuda() ? measure_matmul_flops(device, dtype, 8192, 10) : measure_matmul_flops(device, dtype, 512, 20);
 }
 
 }  // namespace dion::train

@@ -26,8 +26,10 @@ double flops_per_token(const GPTConfig& config);
 // runs after one warm-up (synchronized on CUDA).
 double measure_matmul_flops(const c10::Device& device, c10::ScalarType dtype, int64_t n, int reps);
 
-// The peak a run measures when peak_tflops is 0: n = 8192 on CUDA, 512 on CPU (a fraction of a
-// second on two cores). The operands come from a generator of its own (the run's stays put).
+// The peak a run measures when peak_tflops is 0: n = 8192 on CUDA (best of 10), 512 on CPU (best
+// of 20: a fraction of a second on two cores; the best of many, so that other processes' load
+// during the measurement matters less). The operands come from a generator of its own (the run's
+// stays put).
 double measure_peak_flops(const c10::Device& device, c10::ScalarType dtype);
 
 // MFU as a fraction (0.42 = 42%).
