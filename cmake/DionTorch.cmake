@@ -66,6 +66,7 @@ add_library(dion
   src/math/ortho_fast.cpp
   src/math/symmetric.cpp
   src/math/lr.cpp
+  src/math/rates.cpp
   src/math/muon.cpp
   src/math/normuon.cpp
   src/math/dion2.cpp

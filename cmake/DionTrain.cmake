@@ -27,8 +27,10 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/fs_util.cpp
   ${DION_TRAIN_ROOT}/src/train/generate.cpp
   ${DION_TRAIN_ROOT}/src/train/gpt.cpp
+  ${DION_TRAIN_ROOT}/src/train/graphed_step.cpp
   ${DION_TRAIN_ROOT}/src/train/loader.cpp
   ${DION_TRAIN_ROOT}/src/train/metrics.cpp
+  ${DION_TRAIN_ROOT}/src/train/mfu.cpp
   ${DION_TRAIN_ROOT}/src/train/optim_setup.cpp
   ${DION_TRAIN_ROOT}/src/train/parallel.cpp
   ${DION_TRAIN_ROOT}/src/train/train.cpp)
@@ -59,6 +61,7 @@ if(DION_BUILD_TESTS)
   dion_executable(dion_train_tests
     ${DION_TRAIN_ROOT}/tests/train/test_config.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_gpt.cpp
+    ${DION_TRAIN_ROOT}/tests/train/test_graphs.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_run.cpp
     ${DION_TRAIN_ROOT}/tests/train/train_test_util.cpp)
   target_link_libraries(dion_train_tests PRIVATE

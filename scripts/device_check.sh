@@ -11,8 +11,9 @@
 # 3. measures (bench/device_bench.cpp): the bf16 matmul peak, orthogonalization TFLOP/s on the
 #    160M model's matrix set against it, the optimizer step per algorithm;
 # 4. trains the 160M model (configs/dion2_160m.yaml; batch 16 x 1024 tokens) for 50 steps on
-#    Tiny Shakespeare: tokens/s, and MFU = 6 x parameters x tokens/s / the measured matmul peak
-#    (attention flops not counted);
+#    Tiny Shakespeare, eagerly and with cuda_graphs: true (the training step replayed from CUDA
+#    graphs; CUDA only): tokens/s and the MFU its step lines print (dion/train/mfu.h:
+#    (6 N + 12 L T C) x tokens/s against the measured matmul peak, given as peak_tflops);
 # then prints one markdown table. Logs and the table go to $OUT (the device machine's output
 # folder), else DION_BUILD_DIR/device_check/. A step that fails is named under the table and
 # the rest still run; exit status 1 if any step or the GPU tests failed, else 0 (the
@@ -102,18 +103,29 @@ else
   train_args=(--batch_size 16 --device_batch_size 16 --val_tokens 16384 --num_iterations 50)
   steps=50
 fi
-log "dion-train: configs/dion2_160m.yaml on $DEVICE, $steps steps (log: train.log)"
-rm -rf "$OUT/train"
-"$BUILD_DIR/dion-train" --config configs/dion2_160m.yaml --data_dir "$DATA" --device "$DEVICE" \
-  --run_dir "$OUT/train" --checkpoint_freq 0 --val_loss_every 0 --log_every 1 "${train_args[@]}" \
-  > "$OUT/train.log" 2>&1 || { tail -10 "$OUT/train.log"; log "dion-train FAILED"; failed+=(dion-train); }
-params=$(sed -n 's/.*, \([0-9]*\) parameters;.*/\1/p' "$OUT/train.log" | head -1)
-# tokens/s: the mean of the step lines after the first 5 (warm-up), or all of them when fewer.
-toks=$(grep -o '| [0-9]* tok/s' "$OUT/train.log" | grep -o '[0-9]*' |
-       awk '{v[NR]=$1} END {s=0; n=0; from=(NR>10?6:1); for(i=from;i<=NR;i++){s+=v[i]; n++} if(n) printf "%.0f", s/n}' ||
-       true)
-mfu=$(awk -v p="$params" -v t="$toks" -v peak="$peak_tflops" \
-      'BEGIN { if (p > 0 && t > 0 && peak > 0) printf "%.1f%%", 100 * 6 * p * t / (peak * 1e12); else print "n/a" }')
+# The mean of one field of the step lines after the first 5 (warm-up; capture), or of all when fewer.
+mean_of() {  # mean_of LOG REGEX FORMAT (the number is the first one the regex's match holds)
+  { grep -o "$2" "$1" || true; } | grep -o '[0-9][0-9.]*' |
+    awk -v f="$3" '{v[NR]=$1} END {s=0; n=0; from=(NR>10?6:1); for(i=from;i<=NR;i++){s+=v[i]; n++} if(n) printf f, s/n}'
+}
+peak_arg=()
+[ -n "$peak_tflops" ] && peak_arg=(--peak_tflops "$peak_tflops")
+train_row() {  # train_row NAME GRAPHS: sets toks_NAME, mfu_NAME (log: train_NAME.log)
+  local name=$1 graphs=$2 log_file="$OUT/train_$1.log"
+  log "dion-train: configs/dion2_160m.yaml on $DEVICE, cuda_graphs $graphs, $steps steps (log: train_$name.log)"
+  rm -rf "$OUT/train_$name"
+  "$BUILD_DIR/dion-train" --config configs/dion2_160m.yaml --data_dir "$DATA" --device "$DEVICE" \
+    --run_dir "$OUT/train_$name" --checkpoint_freq 0 --val_loss_every 0 --log_every 1 --cuda_graphs "$graphs" \
+    "${peak_arg[@]}" "${train_args[@]}" > "$log_file" 2>&1 ||
+    { tail -10 "$log_file"; log "dion-train (cuda_graphs $graphs) FAILED"; failed+=("dion-train-$name"); }
+  params=$(sed -n 's/.*, \([0-9]*\) parameters;.*/\1/p' "$log_file" | head -1)
+  printf -v "toks_$name" '%s' "$(mean_of "$log_file" '| [0-9]* tok/s' %.0f)"
+  printf -v "mfu_$name" '%s' "$(mean_of "$log_file" '| MFU [0-9.]*%' %.1f)"
+}
+train_row eager false
+if [ "$DEVICE" = cuda ]; then
+  train_row graphs true
+fi
 
 # ---------------------------------------------------------------------------- the table
 {
@@ -123,7 +135,13 @@ mfu=$(awk -v p="$params" -v t="$toks" -v peak="$peak_tflops" \
   echo "| measurement | value | / matmul peak |"
   echo "|---|---|---|"
   cat "$OUT/device_bench.md"
-  echo "| dion-train dion2 160M$([ "$QUICK" = 1 ] && echo ' (quick: tiny model)'), $steps steps, ${params:-?} parameters | ${toks:-?} tokens/s | MFU ${mfu} |"
+  model="dion-train dion2 160M$([ "$QUICK" = 1 ] && echo ' (quick: tiny model)'), $steps steps, ${params:-?} parameters"
+  echo "| $model | ${toks_eager:-?} tokens/s | MFU ${mfu_eager:-?}% |"
+  if [ "$DEVICE" = cuda ]; then
+    echo "| $model, cuda_graphs: true | ${toks_graphs:-?} tokens/s | MFU ${mfu_graphs:-?}% |"
+  else
+    echo "| $model, cuda_graphs: true | n/a (cuda_graphs needs device cuda) | n/a |"
+  fi
   [ ${#failed[@]} -eq 0 ] || echo "FAILED: ${failed[*]} (logs in $OUT)"
 } > "$OUT/table.md"
 echo

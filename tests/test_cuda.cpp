@@ -7,7 +7,10 @@
 //   half its work, is off by far more than 1 ulp;
 // - the optimizers run unchanged on CUDA tensors and their one-step UPDATE (X_after - X_before)
 //   agrees with the CPU run's at a tolerance derived below (comparing X itself would let a GPU
-//   step that does nothing pass: the update is ~lr = 2e-2 of X).
+//   step that does nothing pass: the update is ~lr = 2e-2 of X);
+// - dion::CudaGraphStep: replayed steps equal eager steps, under an lr and weight-decay schedule
+//   too (lr / weight decay read from device tensors, dion/math/rates.h), and what a replay
+//   cannot do is refused.
 // scripts/device_check.sh runs this binary on the lent GPU machine. (The NCCL path of
 // dion::dist::Group needs two GPUs; the lent machine has one, so it is compiled here but not run
 // anywhere yet.)
@@ -17,6 +20,7 @@
 
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "dion/cuda/fused.h"
@@ -244,10 +248,12 @@ TEST(Cuda, GraphStepRefusesWhatItCannotReplay) {
   b.mutable_grad() = at::randn({32, 32}, cuda);
   graphed.step();  // captured
   ASSERT_TRUE(graphed.captured());
-  opt.param_groups()[0].options().set_lr(0.01);
-  EXPECT_NE(error_of([&] { graphed.step(); }).find("lr changed from 0.020000 to 0.010000"), std::string::npos);
+  opt.param_groups()[0].options().set_lr(0.01);  // read on the device: a replay follows it
+  graphed.step();
+  opt.options(0).mu(0.5);  // read on the host: the graph holds 0.95
+  EXPECT_NE(error_of([&] { graphed.step(); }).find("a hyperparameter changed"), std::string::npos);
   graphed.reset();
-  graphed.step();  // captured again with the new lr
+  graphed.step();  // captured again with the new mu
   b.mutable_grad() = at::randn({32, 32}, cuda);
   EXPECT_NE(error_of([&] { graphed.step(); }).find("parameter 1's gradient is not the tensor"), std::string::npos);
   graphed.reset();
@@ -256,6 +262,69 @@ TEST(Cuda, GraphStepRefusesWhatItCannotReplay) {
   c.mutable_grad() = at::randn({16, 16}, cuda);
   opt.add_param_group(dion::ParamGroup{{c}});
   EXPECT_NE(error_of([&] { graphed.step(); }).find("parameter set changed"), std::string::npos);
+}
+
+}  // namespace
+
+namespace {
+
+// An lr and weight-decay schedule under replay (device scalars, dion/math/rates.h): graphed steps
+// follow it as eager steps do. Groups: muon on fp32 and bf16 matrices (the fused kernel reading
+// the values by pointer, and the bf16 fallback), lion and adamw (lr from the tensor). The eager
+// optimizer reads host values: the two forms are bit-identical on the device as on CPU, but
+// cuBLAS may pick another algorithm inside a capture, so the tolerance is the one of
+// GraphedStepsEqualEagerSteps: 1e-6 of the update (bf16 parameters: 1 bf16 ulp of the largest
+// entry, 2^-8 relative). A replay that kept the captured lr (0.02, while the schedule goes down
+// to 0.004) would be off by ~half the update, far outside it.
+TEST(Cuda, GraphReplayFollowsAnLrAndWeightDecaySchedule) {
+  SKIP_WITHOUT_CUDA();
+  at::manual_seed(4);
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  const std::vector<at::Tensor> start = {at::randn({64, 96}, cuda), at::randn({64, 96}, cuda).to(at::kBFloat16),
+                                         at::randn({96}, cuda), at::randn({32, 96}, cuda)};
+  auto make = [&](std::vector<at::Tensor>& p) {
+    p.clear();
+    for (const at::Tensor& t : start) {
+      p.push_back(t.clone());
+      p.back().mutable_grad() = at::zeros_like(t);
+    }
+    return std::make_unique<dion::Optimizer>(
+        std::vector<dion::ParamGroup>{{{p[0]}}, {{p[1]}}, {{p[2]}, {.algorithm = "adamw", .lr = 0.003}},
+                                      {{p[3]}, {.algorithm = "lion", .lr = 0.001}}},
+        dion::Options(0.02).algorithm("muon").weight_decay(0.1));
+  };
+  std::vector<at::Tensor> pe, pg;
+  auto eager = make(pe), graphed_opt = make(pg);
+  dion::CudaGraphStep graphed(*graphed_opt);
+  const double base[] = {0.02, 0.02, 0.003, 0.001};
+  for (int t = 0; t < 8; ++t) {
+    for (size_t i = 0; i < start.size(); ++i) {
+      const at::Tensor g = at::randn_like(start[i]);
+      pe[i].mutable_grad().copy_(g);
+      pg[i].mutable_grad().copy_(g);
+    }
+    for (dion::Optimizer* o : {eager.get(), graphed_opt.get()})
+      for (size_t g = 0; g < 4; ++g) {
+        o->options(g).lr(base[g] * (1.0 - 0.1 * t));  // a linear decay
+        if (g != 2) o->options(g).weight_decay(0.1 + 0.02 * t);
+      }
+    eager->step();
+    graphed.step();
+  }
+  ASSERT_TRUE(graphed.captured());
+  EXPECT_EQ(graphed.replays(), 7);
+  for (size_t i = 0; i < start.size(); ++i) {
+    SCOPED_TRACE("parameter " + std::to_string(i));
+    const at::Tensor de = (pe[i] - start[i]).to(at::kDouble), dg = (pg[i] - start[i]).to(at::kDouble);
+    const double scale = de.abs().max().item<double>();
+    ASSERT_GT(scale, 0.0);
+    const double tol = start[i].scalar_type() == at::kBFloat16 ? std::ldexp(1.0, -8) * pe[i].abs().max().item<double>()
+                                                               : 1e-6 * scale;
+    EXPECT_LE((dg - de).abs().max().item<double>(), tol);
+  }
+  // AdamW's weight decay is read on the host (torch's fused kernel): a change is refused.
+  graphed_opt->options(2).weight_decay(0.5);
+  EXPECT_NE(error_of([&] { graphed.step(); }).find("param group 2 (adamw): weight_decay changed"), std::string::npos);
 }
 
 }  // namespace

@@ -13,7 +13,7 @@
 
 namespace dion::cuda::detail {
 cudaError_t decay_and_update(void* x, bool x_bf16, const void* u, bool u_bf16, int64_t n, float decay, float neg_lr,
-                             cudaStream_t stream);
+                             const float* decay_p, const float* neg_lr_p, cudaStream_t stream);
 cudaError_t momentum(void* m, bool m_bf16, const void* g, bool g_bf16, void* u, bool u_bf16, int64_t n, float mu,
                      bool nesterov, bool write_u, cudaStream_t stream);
 }  // namespace dion::cuda::detail
@@ -60,18 +60,34 @@ bool fusable(const at::Tensor& A, const at::Tensor& B) {
          A.sizes() == B.sizes() && A.is_contiguous() && B.is_contiguous() && float_or_bf16(A) && float_or_bf16(B);
 }
 
-void decay_and_update_(const at::Tensor& X, const at::Tensor& U, float decay, float neg_lr) {
-  check_pair("decay_and_update_", "X", X, "U", U);
+namespace {
+void decay_and_update_impl(const at::Tensor& X, const at::Tensor& U, float decay, float neg_lr, const float* decay_p,
+                           const float* neg_lr_p) {
 #ifdef DION_HAVE_CUDA
   const cudaError_t err =
-      detail::decay_and_update(X.data_ptr(), bf16(X), U.data_ptr(), bf16(U), X.numel(), decay, neg_lr,
-                               c10::cuda::getCurrentCUDAStream(X.device().index()).stream());
+      detail::decay_and_update(X.data_ptr(), bf16(X), U.data_ptr(), bf16(U), X.numel(), decay, neg_lr, decay_p,
+                               neg_lr_p, c10::cuda::getCurrentCUDAStream(X.device().index()).stream());
   TORCH_CHECK(err == cudaSuccess, "decay_and_update_: CUDA error: ", cudaGetErrorString(err));
 #else
-  (void)decay;
-  (void)neg_lr;
+  (void)X, (void)U, (void)decay, (void)neg_lr, (void)decay_p, (void)neg_lr_p;
   no_kernels("decay_and_update_");
 #endif
+}
+}  // namespace
+
+void decay_and_update_(const at::Tensor& X, const at::Tensor& U, float decay, float neg_lr) {
+  check_pair("decay_and_update_", "X", X, "U", U);
+  decay_and_update_impl(X, U, decay, neg_lr, nullptr, nullptr);
+}
+
+void decay_and_update_(const at::Tensor& X, const at::Tensor& U, const at::Tensor& decay, const at::Tensor& neg_lr) {
+  check_pair("decay_and_update_", "X", X, "U", U);
+  for (const at::Tensor* s : {&decay, &neg_lr})
+    TORCH_CHECK(s->defined() && s->dim() == 0 && s->scalar_type() == at::kFloat && s->device() == X.device(),
+                "decay_and_update_: decay and neg_lr must be 0-d float32 tensors on ", X.device(), ", got ",
+                s->defined() ? s->toString() : std::string("undefined"), " on ",
+                s->defined() ? s->device().str() : std::string("-"));
+  decay_and_update_impl(X, U, 0.0f, 0.0f, decay.const_data_ptr<float>(), neg_lr.const_data_ptr<float>());
 }
 
 void momentum_(const at::Tensor& M, const at::Tensor& G, const at::Tensor& U, float mu, bool nesterov) {

@@ -26,8 +26,13 @@ template <>
 __device__ __forceinline__ float round_to<__nv_bfloat16>(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
 // X.mul_(decay); X.sub_(U * adjusted_lr)   (U * adjusted_lr in U's dtype; neg_lr = -adjusted_lr)
+// decay_p / neg_lr_p: when not null, the values are read there (device memory: what a CUDA graph
+// replay must re-read) instead of the arguments.
 template <typename TX, typename TU>
-__global__ void decay_and_update_kernel(TX* x, const TU* u, int64_t n, float decay, float neg_lr) {
+__global__ void decay_and_update_kernel(TX* x, const TU* u, int64_t n, float decay, float neg_lr,
+                                        const float* decay_p, const float* neg_lr_p) {
+  if (decay_p) decay = *decay_p;
+  if (neg_lr_p) neg_lr = *neg_lr_p;
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float xd = round_to<TX>(__fmul_rn(load(x, i), decay));
@@ -55,10 +60,11 @@ int blocks_for(int64_t n, int threads) {
 }
 
 template <typename TX, typename TU>
-cudaError_t launch_decay(void* x, const void* u, int64_t n, float decay, float neg_lr, cudaStream_t stream) {
+cudaError_t launch_decay(void* x, const void* u, int64_t n, float decay, float neg_lr, const float* decay_p,
+                         const float* neg_lr_p, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  decay_and_update_kernel<TX, TU><<<blocks_for(n, 256), 256, 0, stream>>>(static_cast<TX*>(x),
-                                                                          static_cast<const TU*>(u), n, decay, neg_lr);
+  decay_and_update_kernel<TX, TU><<<blocks_for(n, 256), 256, 0, stream>>>(
+      static_cast<TX*>(x), static_cast<const TU*>(u), n, decay, neg_lr, decay_p, neg_lr_p);
   return cudaGetLastError();
 }
 
@@ -80,13 +86,15 @@ cudaError_t momentum_u(void* m, const void* g, void* u, bool u_bf16, int64_t n, 
 
 }  // namespace
 
-// x_bf16 / u_bf16: element types (false = float32).
+// x_bf16 / u_bf16: element types (false = float32). decay_p / neg_lr_p: device pointers, or null.
 cudaError_t decay_and_update(void* x, bool x_bf16, const void* u, bool u_bf16, int64_t n, float decay, float neg_lr,
-                             cudaStream_t stream) {
-  if (!x_bf16 && !u_bf16) return launch_decay<float, float>(x, u, n, decay, neg_lr, stream);
-  if (!x_bf16 && u_bf16) return launch_decay<float, __nv_bfloat16>(x, u, n, decay, neg_lr, stream);
-  if (x_bf16 && !u_bf16) return launch_decay<__nv_bfloat16, float>(x, u, n, decay, neg_lr, stream);
-  return launch_decay<__nv_bfloat16, __nv_bfloat16>(x, u, n, decay, neg_lr, stream);
+                             const float* decay_p, const float* neg_lr_p, cudaStream_t stream) {
+  if (!x_bf16 && !u_bf16) return launch_decay<float, float>(x, u, n, decay, neg_lr, decay_p, neg_lr_p, stream);
+  if (!x_bf16 && u_bf16)
+    return launch_decay<float, __nv_bfloat16>(x, u, n, decay, neg_lr, decay_p, neg_lr_p, stream);
+  if (x_bf16 && !u_bf16)
+    return launch_decay<__nv_bfloat16, float>(x, u, n, decay, neg_lr, decay_p, neg_lr_p, stream);
+  return launch_decay<__nv_bfloat16, __nv_bfloat16>(x, u, n, decay, neg_lr, decay_p, neg_lr_p, stream);
 }
 
 cudaError_t momentum(void* m, bool m_bf16, const void* g, bool g_bf16, void* u, bool u_bf16, int64_t n, float mu,

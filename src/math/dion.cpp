@@ -6,6 +6,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 
+#include "dion/math/rates.h"
 #include "scalar_tensor.h"
 
 #include <algorithm>
@@ -66,8 +67,8 @@ void foreach_baddbmm(at::TensorList X, const at::Tensor& A, const at::Tensor& B,
   at::Tensor update = transpose ? at::matmul(B, A.mT()) : at::matmul(A, B.mT());
   std::vector<at::Tensor> parts = update.unbind(0);
   for (size_t i = 0; i < X.size(); ++i) {
-    at::Tensor scaled = parts[i] * alpha;
-    X[i].mul_(beta);
+    at::Tensor scaled = scale(parts[i], alpha);
+    scale_(X[i], beta);
     X[i].add_(scaled);
   }
 }
@@ -87,16 +88,16 @@ DionBatch dion_power(at::TensorList G, at::TensorList M, at::TensorList Q, int t
 
 at::Tensor dion_R(const DionBatch& b, const at::Tensor& P) { return at::matmul(b.M_batch.mT(), P); }
 
-void dion_step(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList Q, float lr,
-               float mu, float weight_decay, float epsilon, float oversample) {
+void dion_step(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList Q, const Rates& r,
+               float mu, float epsilon, float oversample) {
   DionBatch b = dion_power(G, M, Q);
   at::Tensor P = dion_orthonormalize(b.P, oversample);
   at::Tensor R = dion_R(b, P);  // [B, n', r]
-  dion_finish(X, M, Q, b, P, R, lr, mu, weight_decay, epsilon);
+  dion_finish(X, M, Q, b, P, R, r, mu, epsilon);
 }
 
 void dion_finish(at::TensorList X, at::TensorList M, at::TensorList Q, const DionBatch& b, at::Tensor P,
-                 at::Tensor R, float lr, float mu, float weight_decay, float epsilon, c10::IntArrayRef shape,
+                 at::Tensor R, const Rates& r, float mu, float epsilon, c10::IntArrayRef shape,
                  const std::function<void(at::Tensor&)>& sum_columns) {
   const int64_t m = shape.empty() ? X[0].size(0) : shape[0], n = shape.empty() ? X[0].size(1) : shape[1];
   const bool transposed = b.transposed;
@@ -121,8 +122,9 @@ void dion_finish(at::TensorList X, at::TensorList M, at::TensorList Q, const Dio
   at::Tensor col_norm = col_sq.sqrt();
   at::Tensor Q_new = (Rf / (col_norm + f32(epsilon))).to(R.scalar_type());
 
-  const float scaled_lr = static_cast<float>(std::sqrt(static_cast<double>(m) / static_cast<double>(n))) * lr;
-  foreach_baddbmm(X, P, Q_new, f32(-scaled_lr), f32(1.0f - lr * weight_decay), transposed);
+  // lr * sqrt(m / n): one float32 multiply, host or device (dion/math/rates.h)
+  const Rates scaled = r.adjusted(static_cast<float>(std::sqrt(static_cast<double>(m) / static_cast<double>(n))));
+  foreach_baddbmm(X, P, Q_new, scaled.neg_adjusted_lr_t(), scaled.decay_t(), transposed);
 
   std::vector<at::Tensor> Qs = Q_new.unbind(0);
   for (size_t i = 0; i < Q.size(); ++i) Q[i].copy_(Qs[i].to(Q[i].scalar_type()));

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "dion/cuda/fused.h"
+#include "dion/math/rates.h"
 #include "scalar_tensor.h"
 
 #include <algorithm>
@@ -79,13 +80,12 @@ std::vector<at::Tensor> dion2_take_selected(at::TensorList M, at::TensorList ind
   return U;
 }
 
-void dion2_post(at::TensorList X, at::TensorList U, at::TensorList indices, float lr,
-                float adjusted_lr, float weight_decay, int64_t select_dim) {
-  const at::Tensor decay = f32(1.0f - lr * weight_decay);
-  for (const at::Tensor& x : X) x.mul_(decay);
-  const at::Tensor neg_lr = f32(-adjusted_lr);
+void dion2_post(at::TensorList X, at::TensorList U, at::TensorList indices, const Rates& r, int64_t select_dim) {
+  const at::Tensor decay = r.decay_t();
+  for (const at::Tensor& x : X) scale_(x, decay);
+  const at::Tensor neg_lr = r.neg_adjusted_lr_t();
   for (size_t i = 0; i < X.size(); ++i) {
-    at::Tensor u = U[i].to(X[i].scalar_type()) * neg_lr;
+    at::Tensor u = scale(U[i].to(X[i].scalar_type()), neg_lr);
     X[i].scatter_add_(select_dim, expand_index(indices[i], u, select_dim), u);
   }
 }
@@ -119,24 +119,26 @@ OrthoFn dion2_select_then(OrthoFn orthogonalize, double fraction, int64_t select
   };
 }
 
-void dion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList U, float lr, float adjusted_lr,
-                       float weight_decay, float ef_decay, int64_t select_dim) {
+void dion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList U, const Rates& r, float ef_decay,
+                       int64_t select_dim) {
   const int64_t norm_dim = select_dim == -2 ? -1 : -2;
-  const at::Tensor decay = f32(1.0f - lr * weight_decay);
-  const at::Tensor neg_lr = f32(-adjusted_lr);
+  const at::Tensor decay = r.decay_t();
+  const at::Tensor neg_lr = r.neg_adjusted_lr_t();
   for (size_t i = 0; i < X.size(); ++i) {
     // On the GPU, decay and update in one kernel, bit-identical to the two ops below — except
     // for bf16 X with float32 U, where the ops round the product to bf16 before the add.
     const bool fused = cuda::fusable(X[i], U[i]) &&
                        !(X[i].scalar_type() == at::kBFloat16 && U[i].scalar_type() == at::kFloat);
-    if (!fused) X[i].mul_(decay);
+    if (!fused) scale_(X[i], decay);
     at::Tensor sel = U[i].to(at::kFloat).abs().sum(norm_dim, /*keepdim=*/true) > 0;
     at::Tensor ef = f32(ef_decay).to(M[i].scalar_type());
     M[i].mul_(at::where(sel, ef, at::ones({}, M[i].options())));
-    if (fused) {
-      cuda::decay_and_update_(X[i], U[i], 1.0f - lr * weight_decay, -adjusted_lr);
+    if (fused && r.on_device() && r.lr_dev.device() == X[i].device()) {
+      cuda::decay_and_update_(X[i], U[i], decay, neg_lr);  // reads the values on the device
+    } else if (fused) {
+      cuda::decay_and_update_(X[i], U[i], r.decay(), -r.adjusted_lr);
     } else {
-      X[i].add_((neg_lr * U[i]).to(X[i].scalar_type()));
+      X[i].add_(scale(U[i], neg_lr).to(X[i].scalar_type()));
     }
   }
 }

@@ -50,7 +50,11 @@ float adjusted_lr(float lr, AdjustLR mode, c10::IntArrayRef shape, bool flatten)
   if (mode == AdjustLR::NONE) return lr;
   // The reference multiplies a float32 0-d tensor by a Python float: the factor is rounded
   // to float32 first, then one float32 multiply.
-  return lr * static_cast<float>(adjust_factor(mode, shape, flatten));
+  return lr * adjusted_lr_factor(mode, shape, flatten);
+}
+
+float adjusted_lr_factor(AdjustLR mode, c10::IntArrayRef shape, bool flatten) {
+  return mode == AdjustLR::NONE ? 1.0f : static_cast<float>(adjust_factor(mode, shape, flatten));
 }
 
 std::vector<double> split_lr_scales(const std::vector<int64_t>& split_sizes,

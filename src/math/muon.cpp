@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "dion/cuda/fused.h"
+#include "dion/math/rates.h"
 #include "scalar_tensor.h"
 
 namespace dion::math {
@@ -29,38 +30,40 @@ std::vector<at::Tensor> muon_pre(at::TensorList G, at::TensorList M, float mu, b
   return U;
 }
 
-void apply_weight_decay(at::TensorList X, at::TensorList U, float lr, float weight_decay,
-                        bool cautious_wd) {
+void apply_weight_decay(at::TensorList X, at::TensorList U, const Rates& r, bool cautious_wd) {
   if (cautious_wd) {
-    const at::Tensor coeff = f32(lr * weight_decay);
+    const at::Tensor coeff = r.lr_wd_t();
     for (size_t i = 0; i < X.size(); ++i) {
       // mask = 1 where X and U agree in sign (or either is 0), else 0
       at::Tensor mask = at::clamp_max(at::sign(X[i] * U[i]) + 1, 1);
-      X[i].sub_(X[i] * mask * coeff);
+      X[i].sub_(scale(X[i] * mask, coeff));
     }
   } else {
-    const at::Tensor decay = f32(1.0f - lr * weight_decay);
-    for (const at::Tensor& x : X) x.mul_(decay);
+    const at::Tensor decay = r.decay_t();
+    for (const at::Tensor& x : X) scale_(x, decay);
   }
 }
 
-void muon_post(at::TensorList X, at::TensorList U, float lr, float adjusted_lr, float weight_decay,
-               bool cautious_wd) {
+void muon_post(at::TensorList X, at::TensorList U, const Rates& r, bool cautious_wd) {
   if (!cautious_wd) {
-    const at::Tensor decay = f32(1.0f - lr * weight_decay), alr = f32(adjusted_lr);
+    const at::Tensor decay = r.decay_t(), alr = r.adjusted_lr_t();
+    const at::Tensor neg_alr = r.on_device() ? r.neg_adjusted_lr_t() : at::Tensor();
     for (size_t i = 0; i < X.size(); ++i) {
       if (cuda::fusable(X[i], U[i])) {  // one pass on the GPU, bit-identical to the two ops below
-        cuda::decay_and_update_(X[i], U[i], 1.0f - lr * weight_decay, -adjusted_lr);
+        if (r.on_device() && r.lr_dev.device() == X[i].device())
+          cuda::decay_and_update_(X[i], U[i], decay, neg_alr);  // reads the values on the device
+        else
+          cuda::decay_and_update_(X[i], U[i], r.decay(), -r.adjusted_lr);
       } else {
-        X[i].mul_(decay);
-        X[i].sub_(U[i] * alr);
+        scale_(X[i], decay);
+        X[i].sub_(scale(U[i], alr));
       }
     }
     return;
   }
-  apply_weight_decay(X, U, lr, weight_decay, cautious_wd);
-  const at::Tensor alr = f32(adjusted_lr);
-  for (size_t i = 0; i < X.size(); ++i) X[i].sub_(U[i] * alr);
+  apply_weight_decay(X, U, r, cautious_wd);
+  const at::Tensor alr = r.adjusted_lr_t();
+  for (size_t i = 0; i < X.size(); ++i) X[i].sub_(scale(U[i], alr));
 }
 
 }  // namespace dion::math

@@ -21,17 +21,16 @@ std::pair<at::Tensor, at::Tensor> nordion2_normalize_selected(const at::Tensor& 
 }
 
 void nordion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList V, at::TensorList U,
-                          float lr, float adjusted_lr, float weight_decay, float mu, float beta2,
-                          const ShardSum& sum_over_shards) {
-  const at::Tensor decay = f32(1.0f - lr * weight_decay);
-  for (const at::Tensor& x : X) x.mul_(decay);
-  const at::Tensor neg_lr = f32(-adjusted_lr);
+                          const Rates& r, float mu, float beta2, const ShardSum& sum_over_shards) {
+  const at::Tensor decay = r.decay_t();
+  for (const at::Tensor& x : X) scale_(x, decay);
+  const at::Tensor neg_lr = r.neg_adjusted_lr_t();
   for (size_t i = 0; i < X.size(); ++i) {
     at::Tensor sel = U[i].to(at::kFloat).abs().sum(-1, /*keepdim=*/true) > 0;  // [.., m, 1]
     M[i].mul_(at::where(sel, f32(mu).to(M[i].scalar_type()), at::ones({}, M[i].options())));
     auto [u_normed, v_new] = normuon_normalize(U[i], V[i].to(at::kFloat), beta2, {}, sum_over_shards);
     V[i].copy_(at::where(sel, v_new.to(V[i].scalar_type()), V[i]));
-    X[i].add_((neg_lr * u_normed).to(X[i].scalar_type()));
+    X[i].add_(scale(u_normed, neg_lr).to(X[i].scalar_type()));
   }
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "dion/math/muon.h"
+#include "dion/math/rates.h"
 #include "scalar_tensor.h"
 
 namespace dion::math {
@@ -19,17 +20,23 @@ void adamw_update(at::TensorList X, at::TensorList G, at::TensorList M, at::Tens
     for (const at::Tensor& x : X) X_orig.push_back(x.clone());
   }
   at::_foreach_add_(steps, 1);
-  at::_fused_adamw_(X, G, M, V, /*max_exp_avg_sqs=*/{}, steps, static_cast<double>(h.lr),
-                    static_cast<double>(h.beta1), static_cast<double>(h.beta2),
-                    static_cast<double>(h.weight_decay), static_cast<double>(h.epsilon),
-                    /*amsgrad=*/false, /*maximize=*/false);
+  if (h.lr_dev.defined()) {  // lr read on the device (the kernel widens the float32 value to double)
+    at::_fused_adamw_(X, G, M, V, /*max_exp_avg_sqs=*/{}, steps, h.lr_dev, static_cast<double>(h.beta1),
+                      static_cast<double>(h.beta2), static_cast<double>(h.weight_decay),
+                      static_cast<double>(h.epsilon), /*amsgrad=*/false, /*maximize=*/false);
+  } else {
+    at::_fused_adamw_(X, G, M, V, /*max_exp_avg_sqs=*/{}, steps, static_cast<double>(h.lr),
+                      static_cast<double>(h.beta1), static_cast<double>(h.beta2),
+                      static_cast<double>(h.weight_decay), static_cast<double>(h.epsilon),
+                      /*amsgrad=*/false, /*maximize=*/false);
+  }
   if (cwd) {
     // The fused kernel decayed everywhere; add back lr * wd * X where momentum and the
     // original parameter disagree in sign.
-    const at::Tensor coeff = f32(h.lr * h.weight_decay);
+    const at::Tensor coeff = h.lr_dev.defined() ? h.lr_dev * f32(h.weight_decay) : f32(h.lr * h.weight_decay);
     for (size_t i = 0; i < X.size(); ++i) {
       at::Tensor undo = (M[i] * X_orig[i] < 0).to(X_orig[i].scalar_type());
-      X[i].add_(X_orig[i] * undo * coeff);
+      X[i].add_(scale(X_orig[i] * undo, coeff));
     }
   }
 }
@@ -42,9 +49,14 @@ void lion_update(at::TensorList X, at::TensorList G, at::TensorList M, const Lio
     U.push_back(at::lerp(M[i], g, f32(1.0f - h.beta1)).sign_());
     M[i].lerp_(g, f32(1.0f - h.beta2));
   }
-  apply_weight_decay(X, U, h.lr, h.weight_decay, h.cautious_wd);
-  const at::Tensor lr = f32(h.lr);
-  for (size_t i = 0; i < X.size(); ++i) X[i].sub_(U[i].mul_(lr));
+  const Rates r = h.lr_dev.defined() ? Rates::device(h.lr_dev, h.weight_decay_dev, h.lr, h.weight_decay)
+                                     : Rates::host(h.lr, h.weight_decay);
+  apply_weight_decay(X, U, r, h.cautious_wd);
+  const at::Tensor lr = r.lr_t();
+  for (size_t i = 0; i < X.size(); ++i) {
+    scale_(U[i], lr);
+    X[i].sub_(U[i]);
+  }
 }
 
 }  // namespace dion::math

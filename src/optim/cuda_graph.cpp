@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dion/errors.h"
+#include "dion/optim/optimizer.h"
 #include "dion/optim/options.h"
 
 #ifdef DION_HAVE_CUDA
@@ -43,6 +44,7 @@ struct Snapshot {
 
 struct CudaGraphStep::Impl {
   torch::optim::Optimizer& opt;
+  dion::Optimizer* dion_opt = nullptr;  // set when opt is one: lr / weight decay read on the device
   int warmup_steps;
   int eager_steps = 0;
   int64_t replays = 0;
@@ -53,7 +55,13 @@ struct CudaGraphStep::Impl {
 #endif
   c10::DeviceIndex device = 0;
 
-  Impl(torch::optim::Optimizer& o, int w) : opt(o), warmup_steps(w) {}
+  Impl(torch::optim::Optimizer& o, int w) : opt(o), dion_opt(dynamic_cast<dion::Optimizer*>(&o)), warmup_steps(w) {}
+
+  // The lr / weight decay tensors the graph reads, filled from the groups' values (outside any
+  // capture: before an eager step, the capture and every replay).
+  void refresh() {
+    if (dion_opt) dion_opt->refresh_device_scalars();
+  }
 
   const void* state_of(const at::Tensor& p) const {
     auto it = opt.state().find(p.unsafeGetTensorImpl());
@@ -99,14 +107,26 @@ struct CudaGraphStep::Impl {
     if (now.states != snap.states)
       throw ValueError("the optimizer's state was replaced since the step was captured (load_state_dict?)" + redo);
     for (size_t g = 0; g < now.lrs.size(); ++g) {
-      if (now.lrs[g] != snap.lrs[g])
+      // A dion::Optimizer reads lr (and weight decay, but AdamW's) from device tensors: a
+      // replay follows a schedule. Any other optimizer reads lr on the host.
+      if (now.lrs[g] != snap.lrs[g] && !dion_opt)
         throw ValueError("param group " + std::to_string(g) + ": lr changed from " + std::to_string(snap.lrs[g]) +
                          " to " + std::to_string(now.lrs[g]) +
-                         " since the step was captured; the optimizer reads lr on the host, so a replay would use the "
-                         "old value" + redo);
+                         " since the step was captured; this optimizer reads lr on the host, so a replay would use "
+                         "the old value" + redo);
       if (now.options[g] && snap.options[g]) {
         Options then = *snap.options[g];
         then.step(now.options[g]->step());  // the counter advances with every step
+        if (dion_opt) {
+          then.lr(now.options[g]->lr());
+          if (then.algo() == Algorithm::AdamW && then.weight_decay() != now.options[g]->weight_decay())
+            throw ValueError("param group " + std::to_string(g) + " (adamw): weight_decay changed from " +
+                             std::to_string(then.weight_decay()) + " to " +
+                             std::to_string(now.options[g]->weight_decay()) +
+                             " since the step was captured; torch's fused AdamW reads weight decay on the host, so "
+                             "a replay would use the old value" + redo);
+          then.weight_decay(now.options[g]->weight_decay());
+        }
         if (!(then == *now.options[g]))
           throw ValueError("param group " + std::to_string(g) +
                            ": a hyperparameter changed since the step was captured; a replay would use the captured "
@@ -142,6 +162,7 @@ CudaGraphStep::CudaGraphStep(torch::optim::Optimizer& optimizer, int warmup_step
 #ifndef DION_HAVE_CUDA
   throw NotImplementedError("CudaGraphStep: dion-cpp was built without CUDA (torch without CUDA or no nvcc)");
 #endif
+  if (impl_->dion_opt) impl_->dion_opt->set_device_scalars(true);
 }
 
 CudaGraphStep::~CudaGraphStep() = default;
@@ -160,6 +181,7 @@ void CudaGraphStep::reset() {
 void CudaGraphStep::step() {
   Impl& s = *impl_;
   if (!s.captured && s.eager_steps < s.warmup_steps) {
+    s.refresh();
     s.opt.step();
     ++s.eager_steps;
     return;
@@ -167,6 +189,7 @@ void CudaGraphStep::step() {
 #ifdef DION_HAVE_CUDA
   if (!s.captured) {
     Snapshot before = s.take(/*require_grads=*/true);
+    s.refresh();  // the capture records reads of these tensors, never a fill
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(s.device);
     const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, s.device);
@@ -201,6 +224,7 @@ void CudaGraphStep::step() {
     return;
   }
   s.check_unchanged();
+  s.refresh();  // this step's lr / weight decay, read by the replay
   s.graph->replay();
   s.advance_step_counters();
   s.snap = s.take(false);  // the options' step counters moved; nothing else may have

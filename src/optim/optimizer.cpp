@@ -14,6 +14,10 @@
 #include <tuple>
 #include <sstream>
 
+#ifdef DION_HAVE_CUDA
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#endif
+
 #include "dion/comm/tasks.h"
 #include "dion/math/dion.h"
 #include "agreement.h"
@@ -170,6 +174,54 @@ ParamState* Optimizer::state_of(const at::Tensor& param) {
   return it == state_.end() ? nullptr : static_cast<ParamState*>(it->second.get());
 }
 
+// ---------------------------------------------------------------------------- device scalars
+
+namespace {
+// Is the current stream of `device` capturing a CUDA graph? (Never for CPU tensors.)
+bool capturing(const at::Device& device) {
+#ifdef DION_HAVE_CUDA
+  if (device.is_cuda()) return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#endif
+  (void)device;
+  return false;
+}
+}  // namespace
+
+void Optimizer::set_device_scalars(bool on) {
+  device_scalars_on_ = on;
+  if (on) refresh_device_scalars();
+}
+
+const DeviceScalars& Optimizer::device_scalars_of(size_t group) const {
+  TORCH_CHECK(group < param_groups_.size(), "no param group ", group, " (have ", param_groups_.size(), ")");
+  static const DeviceScalars kNone;
+  return group < device_scalars_.size() ? device_scalars_[group] : kNone;
+}
+
+void Optimizer::refresh_device_scalars() {
+  if (!device_scalars_on_) return;
+  device_scalars_.resize(param_groups_.size());
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    if (params.empty()) continue;
+    const at::Device device = params[0].device();
+    DeviceScalars& d = device_scalars_[g];
+    if (capturing(device))
+      throw ValueError("param group " + std::to_string(g) +
+                       ": the lr / weight decay tensors cannot be filled while a CUDA graph is being captured (the "
+                       "fill would be captured with this step's values); call refresh_device_scalars() before "
+                       "capturing or replaying");
+    if (!d.lr.defined() || d.lr.device() != device) {  // allocated once per device, then filled in place
+      const auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+      d.lr = at::empty({}, opts);
+      d.weight_decay = at::empty({}, opts);
+    }
+    const auto& o = static_cast<const Options&>(param_groups_[g].options());
+    d.lr.fill_(static_cast<double>(static_cast<float>(o.lr())));
+    d.weight_decay.fill_(static_cast<double>(static_cast<float>(o.weight_decay())));
+  }
+}
+
 // ---------------------------------------------------------------------------- state
 
 ParamState& Optimizer::state_for(const at::Tensor& p, const Options& o) {
@@ -223,6 +275,18 @@ at::Tensor Optimizer::step(LossClosure closure) {
     loss = closure();
   }
   at::NoGradGuard no_grad;
+  if (device_scalars_on_) {
+    // Filled from the groups' Options, except under CUDA-graph capture (filled before it).
+    bool under_capture = false;
+    for (const auto& group : param_groups_)
+      if (!group.params().empty() && capturing(group.params()[0].device())) under_capture = true;
+    if (!under_capture) {
+      refresh_device_scalars();
+    } else if (device_scalars_.size() != param_groups_.size()) {
+      throw ValueError("device scalars were not filled before the CUDA-graph capture of step(); call "
+                       "refresh_device_scalars() first");
+    }
+  }
   if (dist_) {
     dist_->prepare();                                // collective, on every rank, before any task runs
     check_ranks_agree(*dist_, param_groups_, agreed_);  // src/optim/agreement.h
@@ -238,7 +302,7 @@ at::Tensor Optimizer::step(LossClosure closure) {
   // order: matrix groups first, then lion, then adamw. Every task's state is created here, on
   // this thread, so the tasks below only read the state map.
   const Collectives comm(dist_.get());
-  const driver::Env env{&comm, &ortho_, &ortho_fn_};
+  const driver::Env env{&comm, &ortho_, &ortho_fn_, device_scalars_on_ ? &device_scalars_ : nullptr};
   std::vector<comm::Task> tasks;
   auto add_task = [&](std::vector<at::Tensor> params, size_t index, const Options* opts) {
     driver::Batch batch{std::move(params), {}, index};

@@ -95,6 +95,8 @@ const std::vector<Key>& keys() {
       {"resume", &Config::resume, "resume from checkpoint_dir when it holds a checkpoint (false: start over)"},
       {"stop_after", &Config::stop_after, "stop after this many steps of this invocation, checkpointing first (0: run to num_iterations)", Check::NON_NEGATIVE},
       {"log_every", &Config::log_every, "print a step line every N steps (metrics.jsonl gets every step)", Check::POSITIVE},
+      {"cuda_graphs", &Config::cuda_graphs, "capture the training step (forward + backward of a micro-batch, the optimizer step) in CUDA graphs once and replay them (device cuda, one process)"},
+      {"peak_tflops", &Config::peak_tflops, "the peak TFLOP/s the MFU of the step lines is measured against (0: a matmul in the run's dtype, timed once at the start)", Check::NON_NEGATIVE},
   };
   return table;
 }
@@ -316,6 +318,14 @@ void config_validate(const Config& c) {
     fail(fmt::format("key 'replicate_mesh_grad_sync': true is for optimizer dion only (optimizer is '{}')", c.optimizer));
   if (c.use_gram_newton_schulz)
     fail("key 'use_gram_newton_schulz': true is not implemented; valid: false");
+  if (c.cuda_graphs && c.device != "cuda")
+    fail(fmt::format("key 'cuda_graphs': true needs device cuda (a CUDA graph captures GPU work; device is '{}'); "
+                     "valid: false, or device cuda", c.device));
+  if (c.cuda_graphs && c.dp_size * c.fs_size * c.tp_size > 1)
+    fail(fmt::format("key 'cuda_graphs': true is supported for one process only (dp_size {} x fs_size {} x tp_size {} "
+                     "= {} processes): the DDP bucket all-reduces, FSDP gathers and TP all-reduces of the step are "
+                     "issued from the host as the backward runs and cannot be captured; valid: false, or dp_size = "
+                     "fs_size = tp_size = 1", c.dp_size, c.fs_size, c.tp_size, c.dp_size * c.fs_size * c.tp_size));
 }
 
 Config config_parse(int argc, const char* const* argv) {

@@ -9,6 +9,7 @@
 #include <torch/nn/init.h>
 
 #include <cmath>
+#include <tuple>
 
 namespace dion::train {
 
@@ -75,9 +76,10 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   at::Tensor q = linear(par, c_q, xt).view({B, T, H, head_dim_});  // [B, T, H, D]
   at::Tensor k = linear(par, c_k, xt).view({B, T, H, head_dim_});
   at::Tensor v = linear(par, c_v, xt).view({B, T, H, head_dim_});
-  auto [cos, sin] = rotary_cos_sin(T, head_dim_, x.device());
-  q = apply_rotary(q, cos, sin);
-  k = apply_rotary(k, cos, sin);
+  if (!cos_.defined() || cos_.size(0) != T || cos_.device() != x.device())
+    std::tie(cos_, sin_) = rotary_cos_sin(T, head_dim_, x.device());
+  q = apply_rotary(q, cos_, sin_);
+  k = apply_rotary(k, cos_, sin_);
   q = rms_norm_last(q);
   k = rms_norm_last(k);
   at::Tensor y = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),

@@ -17,8 +17,10 @@
 #include "dion/train/autocast.h"
 #include "dion/train/checkpoint.h"
 #include "dion/train/gpt.h"
+#include "dion/train/graphed_step.h"
 #include "dion/train/loader.h"
 #include "dion/train/metrics.h"
+#include "dion/train/mfu.h"
 #include "dion/train/tensorboard.h"
 #include "dion/train/optim_setup.h"
 #include "dion/train/parallel.h"
@@ -189,6 +191,17 @@ RunSummary train_run(const Config& c) {
                     ddp ? fmt::format("{} of <= {} MB", ddp->buckets(), c.ddp_bucket_mb)
                         : std::string(c.replicate_mesh_grad_sync ? "none (the optimizer syncs)" : "none")));
   if (ckpt) say(fmt::format("  resumed from {} (step {} done)", ckpt->string(), st.step));
+  // MFU (dion/train/mfu.h): the model's FLOPs per token against the peak_tflops key or a matmul
+  // in the compute dtype timed once here.
+  const double model_flops = flops_per_token(gcfg);
+  const double peak_flops = c.peak_tflops > 0 ? c.peak_tflops * 1e12
+                                              : measure_peak_flops(device, autocast ? at::kBFloat16 : at::kFloat);
+  say(fmt::format("  MFU: {:.3g} GFLOP per token (6 N + 12 L T C) against {:.3g} TFLOP/s ({}); CUDA graphs: {}",
+                  model_flops / 1e9, peak_flops / 1e12,
+                  c.peak_tflops > 0 ? std::string("peak_tflops")
+                                    : fmt::format("measured: {} matmul on {}", autocast ? "bf16" : "fp32", c.device),
+                  c.cuda_graphs ? "on (forward + backward and the optimizer step replayed after step 1)" : "off"));
+  MicroStep micro(model, opt, device, autocast, 1.0 / double(accum * dsize), c.cuda_graphs);
 
   // ---------------------------------------------------------------- loop
   RunSummary sum;
@@ -236,23 +249,16 @@ RunSummary train_run(const Config& c) {
       // set_requires_gradient_sync(i == grad_accum_steps)); otherwise every micro-batch syncs.
       par.set_requires_gradient_sync(!c.fast_fsdp || i == accum - 1);
       Batch b = train_loader->next();
-      at::Tensor loss;
-      {
-        AutocastScope ac(device.type(), autocast);
-        loss = model->loss(b.x.to(device), b.y.to(device));
-      }
-      loss_sum += loss.detach();
       if (ddp && i == accum - 1) ddp->arm();  // the last micro-batch's gradients are summed over dp
-      // Divided by the GLOBAL micro-batch count: every gradient reduction is then a plain sum.
-      (loss / double(accum * dsize)).backward();
+      // The loss is scaled by 1 / the GLOBAL micro-batch count: every gradient reduction is then a plain sum.
+      loss_sum += micro.forward_backward(b.x, b.y);
     }
     if (ddp) ddp->finish();
     const double t_fwd_bwd = seconds_since(t0);
     const int64_t bytes1 = par.bytes_sent();
     const double factor = lr_factor(step, N, c.warmup_ratio, c.warmdown_ratio);
     for (size_t g = 0; g < topt.base_lrs.size(); ++g) opt.options(g).lr(topt.base_lrs[g] * factor);
-    opt.step();
-    opt.zero_grad(true);
+    micro.optimizer_step();  // and zero the gradients
     const int64_t bytes2 = par.bytes_sent();
     model_bytes += bytes1 - bytes0;
     optimizer_bytes += bytes2 - bytes1;
@@ -275,9 +281,11 @@ RunSummary train_run(const Config& c) {
       tensorboard->add_scalar("train/tokens_per_s", double(tokens_per_step) / step_s, step);
     }
     if (step % c.log_every == 0 || step == N - 1) {
-      std::string line = fmt::format("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | {:.0f} ms/step | ETA {}",
-                                     step + 1, N, train_loss, lr, double(tokens_per_step) / step_s, step_s * 1000,
-                                     format_duration(ms_avg / 1000 * double(N - step - 1)));
+      const double tok_s = double(tokens_per_step) / step_s;
+      std::string line =
+          fmt::format("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | MFU {:.1f}% | {:.0f} ms/step | ETA {}",
+                      step + 1, N, train_loss, lr, tok_s, 100.0 * mfu(model_flops, tok_s / double(par.world_size()), peak_flops),
+                      step_s * 1000, format_duration(ms_avg / 1000 * double(N - step - 1)));
       if (c.time_optimizer)
         line += fmt::format(" (fwd+bwd {:.0f} ms, optimizer {:.0f} ms)", t_fwd_bwd * 1000, (step_s - t_fwd_bwd) * 1000);
       say(line);

@@ -28,6 +28,9 @@ bool available();
 bool fusable(const at::Tensor& A, const at::Tensor& B);
 
 void decay_and_update_(const at::Tensor& X, const at::Tensor& U, float decay, float neg_lr);
+// The same with decay and neg_lr read from 0-d float32 tensors on X's device when the kernel runs
+// (a CUDA graph replay reads their current values; dion/math/rates.h).
+void decay_and_update_(const at::Tensor& X, const at::Tensor& U, const at::Tensor& decay, const at::Tensor& neg_lr);
 
 void momentum_(const at::Tensor& M, const at::Tensor& G, const at::Tensor& U, float mu, bool nesterov);
 

@@ -20,6 +20,8 @@
 #include <functional>
 #include <optional>
 
+#include "dion/math/rates.h"
+
 namespace dion::math {
 
 // The low rank r for a [m, n] matrix: ceil(rank_fraction * min(m, n)) rounded up to
@@ -61,12 +63,13 @@ at::Tensor dion_R(const DionBatch& b, const at::Tensor& P);
 // `shape`: the parameter's global [m, n] (for the lr scale). When R's rows are sharded,
 // `sum_columns` sums the per-column squared norms over the shards (in place).
 void dion_finish(at::TensorList X, at::TensorList M, at::TensorList Q, const DionBatch& b, at::Tensor P,
-                 at::Tensor R, float lr, float mu, float weight_decay, float epsilon,
+                 at::Tensor R, const Rates& r, float mu, float epsilon,
                  c10::IntArrayRef shape = {}, const std::function<void(at::Tensor&)>& sum_columns = nullptr);
 
 // One Dion step for a batch of same-shape matrices. X, G, M [m, n]; Q [n, r] ([m, r] when
 // transposed), updated in place.
-void dion_step(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList Q, float lr,
-               float mu, float weight_decay, float epsilon, float oversample);
+// `r`: lr and weight decay, host or device form (dion/math/rates.h).
+void dion_step(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList Q, const Rates& r,
+               float mu, float epsilon, float oversample);
 
 }  // namespace dion::math

@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "dion/math/ortho.h"
+#include "dion/math/rates.h"
 
 #include <functional>
 #include <utility>
@@ -50,8 +51,12 @@ std::vector<at::Tensor> dion2_take_selected(at::TensorList M, at::TensorList ind
 
 // Weight decay on all of X, then the update on the selected slices only. U is cast to X's
 // dtype before scaling (as the reference does).
-void dion2_post(at::TensorList X, at::TensorList U, at::TensorList indices, float lr,
-                float adjusted_lr, float weight_decay, int64_t select_dim);
+// `r`: lr, weight decay and adjusted lr, host or device form (dion/math/rates.h).
+void dion2_post(at::TensorList X, at::TensorList U, at::TensorList indices, const Rates& r, int64_t select_dim);
+inline void dion2_post(at::TensorList X, at::TensorList U, at::TensorList indices, float lr, float adjusted_lr,
+                       float weight_decay, int64_t select_dim) {
+  dion2_post(X, U, indices, Rates::host(lr, weight_decay).with_adjusted_lr(adjusted_lr), select_dim);
+}
 
 }  // namespace dion::math
 
@@ -71,7 +76,11 @@ OrthoFn dion2_select_then(OrthoFn orthogonalize, double fraction, int64_t select
                           int64_t global_select_size);
 
 // The selected slices are the nonzero ones of U: EF-decay them in M, decay X, update X.
-void dion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList U, float lr, float adjusted_lr,
-                       float weight_decay, float ef_decay, int64_t select_dim);
+void dion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList U, const Rates& r, float ef_decay,
+                       int64_t select_dim);
+inline void dion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList U, float lr, float adjusted_lr,
+                              float weight_decay, float ef_decay, int64_t select_dim) {
+  dion2_post_masked(X, M, U, Rates::host(lr, weight_decay).with_adjusted_lr(adjusted_lr), ef_decay, select_dim);
+}
 
 }  // namespace dion::math

@@ -23,6 +23,8 @@ std::string to_string(AdjustLR mode);
 
 // The adjusted learning rate for a parameter of `shape` (the parameter's global shape).
 float adjusted_lr(float lr, AdjustLR mode, c10::IntArrayRef shape, bool flatten);
+// The float32 factor adjusted_lr multiplies lr by (1 for NONE): adjusted_lr = lr * factor.
+float adjusted_lr_factor(AdjustLR mode, c10::IntArrayRef shape, bool flatten);
 
 // The whole-matrix factor adjust(shape) / lr, in double (used for ratios).
 double adjust_factor(AdjustLR mode, c10::IntArrayRef shape, bool flatten);

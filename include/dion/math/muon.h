@@ -15,6 +15,8 @@
 
 #include <vector>
 
+#include "dion/math/rates.h"
+
 namespace dion::math {
 
 // Momentum update; returns the matrices to orthogonalize, in `comm_dtype`.
@@ -22,13 +24,16 @@ std::vector<at::Tensor> muon_pre(at::TensorList G, at::TensorList M, float mu, b
                                  at::ScalarType comm_dtype);
 
 // Weight decay (plain or cautious) and the update. U may be any float dtype; the product
-// adjusted_lr * U is formed in U's dtype, as the reference does.
-void muon_post(at::TensorList X, at::TensorList U, float lr, float adjusted_lr, float weight_decay,
-               bool cautious_wd);
+// adjusted_lr * U is formed in U's dtype, as the reference does. `r`: lr, weight decay and the
+// adjust factor, host or device form (dion/math/rates.h).
+void muon_post(at::TensorList X, at::TensorList U, const Rates& r, bool cautious_wd);
+inline void muon_post(at::TensorList X, at::TensorList U, float lr, float adjusted_lr, float weight_decay,
+                      bool cautious_wd) {
+  muon_post(X, U, Rates::host(lr, weight_decay).with_adjusted_lr(adjusted_lr), cautious_wd);
+}
 
 // X *= 1 - lr * wd, or the cautious variant: decay only where sign(X * U) >= 0
 // (arXiv 2510.12402). Shared by Muon, NorMuon and Lion.
-void apply_weight_decay(at::TensorList X, at::TensorList U, float lr, float weight_decay,
-                        bool cautious_wd);
+void apply_weight_decay(at::TensorList X, at::TensorList U, const Rates& r, bool cautious_wd);
 
 }  // namespace dion::math

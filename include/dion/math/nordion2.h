@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "dion/math/normuon.h"
+#include "dion/math/rates.h"
 
 namespace dion::math {
 
@@ -25,8 +26,8 @@ std::pair<at::Tensor, at::Tensor> nordion2_normalize_selected(const at::Tensor& 
 
 // Global selection scope: U [.., m, n] is zero except on the selected rows. EF-decay those rows
 // of M, normalize U as NorMuon (V updated on selected rows only), decay and update X.
+// `r`: lr, weight decay and adjusted lr, host or device form (dion/math/rates.h).
 void nordion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList V, at::TensorList U,
-                          float lr, float adjusted_lr, float weight_decay, float mu, float beta2,
-                          const ShardSum& sum_over_shards = nullptr);
+                          const Rates& r, float mu, float beta2, const ShardSum& sum_over_shards = nullptr);
 
 }  // namespace dion::math

@@ -15,6 +15,9 @@ namespace dion::math {
 struct AdamWHyper {
   float lr, beta1, beta2, weight_decay, epsilon;
   bool cautious_wd = false;
+  at::Tensor lr_dev = {};  // defined: lr read from this 0-d float32 tensor on the parameters' device
+                           // (dion/math/rates.h); weight_decay stays a host value (a double in
+                           // torch's fused kernel)
 };
 
 // X, G, M, V lists of same-length; steps: one 0-d fp32 tensor per parameter.
@@ -24,6 +27,7 @@ void adamw_update(at::TensorList X, at::TensorList G, at::TensorList M, at::Tens
 struct LionHyper {
   float lr, beta1, beta2, weight_decay;
   bool cautious_wd = false;
+  at::Tensor lr_dev = {}, weight_decay_dev = {};  // defined: read on the device (dion/math/rates.h)
 };
 
 void lion_update(at::TensorList X, at::TensorList G, at::TensorList M, const LionHyper& h);

@@ -14,11 +14,13 @@
 //   - a replay after the parameter set changed (add_param_group, other tensors), a gradient
 //     tensor was replaced (zero_grad with set_to_none: write gradients into the same tensors),
 //     or the optimizer's state was replaced (load_state_dict);
-//   - a replay after a hyperparameter changed (lr from a scheduler, weight decay, ...): the
-//     optimizer reads them on the host, so the graph holds the captured values. Schedules under
-//     replay need the optimizer to read lr / weight decay from device tensors (not yet: see
-//     docs/optimizers.md); until then call reset() after a change (the next step() captures
-//     again, at the cost of one capture).
+//   - a replay after a hyperparameter changed that the graph holds as captured. A dion::Optimizer
+//     is switched to device scalars (Optimizer::set_device_scalars): each group's lr and weight
+//     decay live in 0-d float32 tensors on the device, filled from the groups' values before
+//     every replay, so an lr schedule (or a weight-decay one) works under replay. Still refused:
+//     weight_decay of an "adamw" group (torch's fused AdamW takes it on the host) and every other
+//     hyperparameter (mu, betas, ...); with any other optimizer, lr too. Call reset() after such a
+//     change (the next step() captures again, at the cost of one capture).
 //   - a step that synchronizes with the host (a .item(), e.g. Dion2's distributed selection): the
 //     capture fails and the error says so.
 // The groups' host step counters (dion::Options::step) are advanced on each replay, so that

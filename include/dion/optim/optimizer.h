@@ -105,6 +105,20 @@ class Optimizer : public torch::optim::Optimizer {
   void set_options(size_t group, const Options& options);
   void check_options(size_t group, const Options& options) const;
   ParamState* state_of(const at::Tensor& param);  // nullptr before the first step / init_state
+
+  // Device scalars: each group's lr and weight decay read from 0-d float32 tensors on its
+  // parameters' device (dion/math/rates.h) instead of host values — what a captured CUDA graph
+  // needs to follow an lr schedule (CudaGraphStep turns this on). step() fills the tensors from
+  // the groups' Options first, in place (the same tensors for the optimizer's lifetime), except
+  // while the current CUDA stream is capturing: refresh_device_scalars() before capturing or
+  // replaying a graph (CudaGraphStep does). Off by default. Results equal the host values' (on
+  // CPU bit for bit, tests/test_optimizer.cpp DeviceScalars*). AdamW groups read lr there;
+  // their weight decay stays a host value (torch's fused AdamW takes it as a double).
+  void set_device_scalars(bool on);
+  bool device_scalars() const { return device_scalars_on_; }
+  void refresh_device_scalars();
+  // Group g's tensors (undefined before the first refresh, or for a group without parameters).
+  const DeviceScalars& device_scalars_of(size_t group) const;
   const math::OrthoConfig& ortho() const { return ortho_; }
 
   // Replicated (DDP) or sharded (FSDP) parameters: see dion/optim/distribution.h and
@@ -132,6 +146,8 @@ class Optimizer : public torch::optim::Optimizer {
   std::optional<Algorithm> only_algorithm_;
   std::shared_ptr<Distribution> dist_;
   std::vector<int64_t> agreed_;  // what every rank last agreed it optimizes (src/optim/agreement.h)
+  bool device_scalars_on_ = false;
+  std::vector<DeviceScalars> device_scalars_;  // per group, when device_scalars_on_
 };
 
 // The reference's classes. Each accepts groups of its own algorithm plus "adamw" and "lion".

@@ -99,6 +99,13 @@ struct Override {
   Options apply(Options base) const;
 };
 
+// A group's lr and weight decay as 0-d float32 tensors on its parameters' device, filled from the
+// group's Options before each step when the optimizer reads them there
+// (Optimizer::set_device_scalars; dion/math/rates.h). Undefined for a group without parameters.
+struct DeviceScalars {
+  at::Tensor lr, weight_decay;
+};
+
 class ParamState : public torch::optim::OptimizerCloneableParamState<ParamState> {
  public:
   TORCH_ARG(at::Tensor, momentum);

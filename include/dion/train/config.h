@@ -95,6 +95,8 @@ struct Config {
   bool resume = true;
   int64_t stop_after = 0;
   int64_t log_every = 1;
+  bool cuda_graphs = false;      // capture the training step in CUDA graphs (train/graphed_step.h)
+  double peak_tflops = 0;        // the MFU's peak; 0: a matmul measured once at the start
 
   std::string config_file;  // the --config path ("" without one); not a key
 

@@ -78,6 +78,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
  private:
   int64_t n_head_, head_dim_;
+  // rotary_cos_sin for the last sequence length and device, computed once (its host-side
+  // arange and copy to the device cannot run inside a CUDA-graph capture; train/graphed_step.h)
+  at::Tensor cos_, sin_;
 };
 TORCH_MODULE(CausalSelfAttention);
 

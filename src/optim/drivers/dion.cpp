@@ -34,7 +34,8 @@ void average_gradients(std::vector<at::Tensor>& G, const Collectives& comm) {
   }
 }
 
-void dion_update_ddp(const Batch& batch, DionOperands ops, const Options& o, const Collectives& comm) {
+void dion_update_ddp(const Batch& batch, DionOperands ops, const Options& o, const Collectives& comm,
+                     const math::Rates& rates) {
   const int64_t m = batch.params[0].size(0), n = batch.params[0].size(1);
   const int64_t r = ops.Q[0].size(1);
   const bool sync = comm.sync_gradients();
@@ -46,12 +47,11 @@ void dion_update_ddp(const Batch& batch, DionOperands ops, const Options& o, con
   P = comm.orthonormalize_P_split_over_replicas(P, f32(o.oversample()));
   at::Tensor R = math::dion_R(b, P).contiguous();
   if (compressed) comm.average_over_replicas_(R);
-  math::dion_finish(batch.params, ops.M, ops.Q, b, P, R, f32(o.lr()), f32(o.mu()), f32(o.weight_decay()),
-                    f32(o.epsilon()));
+  math::dion_finish(batch.params, ops.M, ops.Q, b, P, R, rates, f32(o.mu()), f32(o.epsilon()));
 }
 
 void dion_update_fsdp(const Batch& batch, DionOperands ops, const Layout& L, const Options& o,
-                      const Collectives& comm) {
+                      const Collectives& comm, const math::Rates& rates) {
   const int64_t m = L.global_shape[0], n = L.global_shape[1];
   const bool transposed = math::dion_is_transposed_sharded(m, n, L.shard_dim, L.inner_dim);
   const int64_t r = ops.Q[0].size(1);
@@ -72,8 +72,8 @@ void dion_update_fsdp(const Batch& batch, DionOperands ops, const Layout& L, con
   at::Tensor R = math::dion_R(b, P).contiguous();  // [N, b_local, r]
   if (L.two_d()) comm.sum_R_over_inner_(R);
   if (compressed) comm.average_over_replicas_(R);
-  math::dion_finish(batch.params, ops.M, ops.Q, b, P, R, f32(o.lr()), f32(o.mu()), f32(o.weight_decay()),
-                    f32(o.epsilon()), L.global_shape, comm.sum_over_outer());
+  math::dion_finish(batch.params, ops.M, ops.Q, b, P, R, rates, f32(o.mu()), f32(o.epsilon()), L.global_shape,
+                    comm.sum_over_outer());
 }
 
 }  // namespace
@@ -87,13 +87,13 @@ void dion_update(const Batch& batch, const Options& o, const Env& env) {
     ops.Q.push_back(s->Q());
   }
   const Layout layout = layout_of(comm.distribution(), batch.params[0]);
-  if (layout.sharded()) return dion_update_fsdp(batch, std::move(ops), layout, o, comm);
+  const math::Rates rates = rates_for(batch, o, env);
+  if (layout.sharded()) return dion_update_fsdp(batch, std::move(ops), layout, o, comm, rates);
   if (!comm.distribution() || !layout.replicated) {
-    math::dion_step(batch.params, ops.G, ops.M, ops.Q, f32(o.lr()), f32(o.mu()), f32(o.weight_decay()),
-                    f32(o.epsilon()), f32(o.oversample()));
+    math::dion_step(batch.params, ops.G, ops.M, ops.Q, rates, f32(o.mu()), f32(o.epsilon()), f32(o.oversample()));
     return;
   }
-  dion_update_ddp(batch, std::move(ops), o, comm);
+  dion_update_ddp(batch, std::move(ops), o, comm, rates);
 }
 
 }  // namespace dion::driver

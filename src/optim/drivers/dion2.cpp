@@ -36,7 +36,7 @@ namespace {
 // only the selected slices travel (padded to the largest per-rank count). The selection equals
 // the single-process one, and communication scales with `fraction` as in the local scope.
 void exact_global(const Operands& ops, const Plan& plan, const Options& o, const Env& env, int64_t select_dim,
-                  float adj) {
+                  const math::Rates& rates) {
   const auto& [X, G, M, V, adjust_shape] = ops;
   const Collectives& comm = *env.comm;
   const bool nor = o.algo() == Algorithm::NorDion2;
@@ -77,7 +77,7 @@ void exact_global(const Operands& ops, const Plan& plan, const Options& o, const
   }
   std::vector<at::Tensor> Us;
   for (int64_t i = 0; i < N; ++i) Us.push_back(O[i].narrow(select_dim, 0, idx[i].size(0)));
-  math::dion2_post(X, Us, idx, f32(o.lr()), adj, f32(o.weight_decay()), select_dim);
+  math::dion2_post(X, Us, idx, rates, select_dim);
 }
 
 }  // namespace
@@ -108,8 +108,8 @@ void dion2_update(const Batch& batch, const Options& o, const Env& env) {
     select_dim = plan.comm_dim;
   else select_dim = math::dion2_select_dim(adjust_shape[nd - 2], adjust_shape.back());
   const float ef = f32(nor ? o.mu() : o.ef_decay());
-  const float lr = f32(o.lr());
-  const float adj = math::adjusted_lr(lr, o.adjust_lr(), adjust_shape, o.flatten());
+  const math::Rates rates =
+      rates_for(batch, o, env, math::adjusted_lr_factor(o.adjust_lr(), adjust_shape, o.flatten()));
   const math::ShardSum reduce = matrix_sharded && plan.comm_dim == -2 ? comm.sum_norms_over_shards() : nullptr;
 
   if (across_shards_ok && select_dim != plan.comm_dim) {
@@ -121,11 +121,11 @@ void dion2_update(const Batch& batch, const Options& o, const Env& env) {
     math::Selection sel = math::dion2_pre(G, M, o.fraction(), ef, select_dim, env.ortho->dtype, 0,
                                           comm.sum_norms_over_shards());
     at::Tensor O = comm.assemble_orthogonalize(std::move(sel.U), plan, o, *env.ortho_fn, {}, {});
-    math::dion2_post(X, O.unbind(0), sel.indices, lr, adj, f32(o.weight_decay()), select_dim);
+    math::dion2_post(X, O.unbind(0), sel.indices, rates, select_dim);
     return;
   }
   if (matrix_sharded && nd == 2 && (two_d || (o.selection_scope() == "global" && select_dim == plan.comm_dim))) {
-    exact_global(ops, plan, o, env, select_dim, adj);
+    exact_global(ops, plan, o, env, select_dim, rates);
     return;
   }
   if (matrix_sharded && o.selection_scope() == "global") {
@@ -138,9 +138,9 @@ void dion2_update(const Batch& batch, const Options& o, const Env& env) {
     at::Tensor O = comm.assemble_orthogonalize(std::move(U), plan, o, select, {}, {});
     std::vector<at::Tensor> Us = O.unbind(0);
     if (nor)
-      math::nordion2_post_masked(X, M, V, Us, lr, adj, f32(o.weight_decay()), ef, f32(o.muon_beta2()), reduce);
+      math::nordion2_post_masked(X, M, V, Us, rates, ef, f32(o.muon_beta2()), reduce);
     else
-      math::dion2_post_masked(X, M, Us, lr, adj, f32(o.weight_decay()), ef, select_dim);
+      math::dion2_post_masked(X, M, Us, rates, ef, select_dim);
     return;
   }
   // Local selection: every rank picks the same count k of its own slices.
@@ -159,7 +159,7 @@ void dion2_update(const Batch& batch, const Options& o, const Env& env) {
     for (size_t i = 0; i < V.size(); ++i) V[i].copy_(V_parts[i]);
     O = normed;
   }
-  math::dion2_post(X, O.unbind(0), sel.indices, lr, adj, f32(o.weight_decay()), select_dim);
+  math::dion2_post(X, O.unbind(0), sel.indices, rates, select_dim);
 }
 
 }  // namespace dion::driver

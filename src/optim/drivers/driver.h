@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "dion/math/ortho.h"
+#include "dion/math/rates.h"
 #include "dion/optim/options.h"
 #include "../collectives.h"
 #include "../plan.h"
@@ -39,6 +40,9 @@ struct Env {
   const Collectives* comm;
   const math::OrthoConfig* ortho;
   const math::OrthoFn* ortho_fn;
+  // Per group: lr and weight decay on the device (Optimizer::set_device_scalars); null when the
+  // math reads the host values.
+  const std::vector<DeviceScalars>* device_scalars = nullptr;
 };
 
 using Driver = void (*)(const Batch& batch, const Options& options, const Env& env);
@@ -63,6 +67,11 @@ struct Operands {
 Operands operands(const Batch& batch, const Plan& plan, bool with_variance, const Collectives& comm);
 
 inline float f32(double v) { return static_cast<float>(v); }
+
+// The batch's lr and weight decay as the math reads them (dion/math/rates.h): the device form
+// when the optimizer keeps them on the batch's device, else the group's host values;
+// adjust_factor: adjusted_lr = lr * adjust_factor.
+math::Rates rates_for(const Batch& batch, const Options& options, const Env& env, float adjust_factor = 1.0f);
 // A 0-d float32 tensor: how the reference passes hyperparameters to elementwise kernels.
 at::Tensor scalar32(float v);
 

@@ -34,9 +34,9 @@ void muon_update(const Batch& batch, const Options& o, const Env& env) {
     for (size_t i = 0; i < V.size(); ++i) V[i].copy_(V_parts[i]);
     O = normed;
   }
-  const float lr = f32(o.lr());
-  const float adj = math::adjusted_lr(lr, o.adjust_lr(), adjust_shape, o.flatten());
-  math::muon_post(X, O.unbind(0), lr, adj, f32(o.weight_decay()), o.cautious_wd());
+  const math::Rates rates =
+      rates_for(batch, o, env, math::adjusted_lr_factor(o.adjust_lr(), adjust_shape, o.flatten()));
+  math::muon_post(X, O.unbind(0), rates, o.cautious_wd());
 }
 
 }  // namespace dion::driver

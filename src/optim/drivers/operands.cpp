@@ -25,6 +25,16 @@ std::vector<at::Tensor> head_views(const std::vector<at::Tensor>& ts, int64_t he
 
 at::Tensor scalar32(float v) { return at::scalar_tensor(v, at::kFloat); }
 
+math::Rates rates_for(const Batch& batch, const Options& o, const Env& env, float adjust_factor) {
+  const float lr = f32(o.lr()), wd = f32(o.weight_decay());
+  if (env.device_scalars && batch.group < env.device_scalars->size()) {
+    const DeviceScalars& d = (*env.device_scalars)[batch.group];
+    if (d.lr.defined() && !batch.params.empty() && d.lr.device() == batch.params[0].device())
+      return math::Rates::device(d.lr, d.weight_decay, lr, wd).adjusted(adjust_factor);
+  }
+  return math::Rates::host(lr, wd).adjusted(adjust_factor);
+}
+
 Operands operands(const Batch& batch, const Plan& plan, bool with_variance, const Collectives& comm) {
   Operands ops;
   ops.X = batch.params;

@@ -18,16 +18,18 @@ void adamw_update(const Batch& batch, const Options& o, const Env& env) {
     steps.push_back(s.step_dev());
   }
   const auto [b1, b2] = o.betas();
+  const math::Rates r = rates_for(batch, o, env);  // lr on the device or not; weight decay stays on the host
   math::adamw_update(batch.params, G, M, V, steps,
-                     {f32(o.lr()), f32(b1), f32(b2), f32(o.weight_decay()), f32(o.epsilon()), o.cautious_wd()});
+                     {r.lr, f32(b1), f32(b2), r.weight_decay, f32(o.epsilon()), o.cautious_wd(), r.lr_dev});
 }
 
 void lion_update(const Batch& batch, const Options& o, const Env& env) {
   std::vector<at::Tensor> M;
   for (const ParamState* s : batch.state) M.push_back(s->momentum());
   const auto [b1, b2] = o.betas();
+  const math::Rates r = rates_for(batch, o, env);
   math::lion_update(batch.params, env.comm->synced_gradients(batch.params), M,
-                    {f32(o.lr()), f32(b1), f32(b2), f32(o.weight_decay()), o.cautious_wd()});
+                    {r.lr, f32(b1), f32(b2), r.weight_decay, o.cautious_wd(), r.lr_dev, r.weight_decay_dev});
 }
 
 }  // namespace dion::driver
