@@ -216,6 +216,9 @@ TEST(FakeDistribution, NorMuonAndNorDion2WithShardedColumnsEqualOneProcess) {
     for (const char* scope : {"global", "local"})
       check(std::string("nordion2 cols ") + scope + w, mixed, opts("nordion2", scope), W, 1, {1, -1}, false);
   }
+  // 3 columns over 4 ranks: 1 + 1 + 1 + 0, an empty shard (its V is [m, 0]).
+  check("normuon cols empty shard", {{12, 3}, {12, 3}}, opts("normuon", "local"), 4, 1, {1, -1}, false);
+  check("nordion2 cols empty shard", {{12, 3}, {12, 3}}, opts("nordion2", "local"), 4, 1, {1, -1}, false);
   // 3-D batches of matrices sharded along the last dim; NorMuon also flattened.
   const std::vector<std::vector<int64_t>> batched = {{3, 16, 20}, {2, 12, 30}};
   check("normuon 3-D cols", batched, opts("normuon", "local"), 2, 1, {2, -1}, false);
@@ -233,7 +236,7 @@ TEST(FakeDistribution, NorMuonAndNorDion2WithShardedColumnsEqualOneProcess) {
   }
 }
 
-// What stays refused, on every rank alike, before any collective: the cases above that would
+// What stays refused, on every rank alike, before the megabatch's collectives: the cases that would
 // not equal one process.
 TEST(FakeDistribution, NorMuonAndNorDion2LayoutsThatAreNotOneProcessAreRefused) {
   const auto refused = [](const char* what, const std::vector<std::vector<int64_t>>& shapes, const dion::Options& o,
