@@ -215,8 +215,9 @@ TEST_F(ParallelRun, CheckpointsMoveBetweenLayouts) {
 // per-neuron sums crossed the ranks of column-sharded weights (the column-parallel c_q, c_k,
 // c_v, c_fc have TP on dim 0 and the FSDP dim on 1). NorDion2 at 2 x 2 FSDP x TP (both 2-D
 // layouts; its row selection exact over the shards) equals one process's NorDion2 for its 2
-// steps, then its checkpoint (variance_neuron [rows of the TP chunk, 1], the same on both fs
-// ranks) resumes at 1 process and the last 3 steps and val equal the uninterrupted run's.
+// steps, then its checkpoint (variance_neuron [the rank's rows, 1], the same on the ranks that
+// share those rows) resumes at 1 process and the last 3 steps and val equal the uninterrupted
+// run's.
 // Tolerances as above (scripts/parallel_equality.sh build nordion2: see docs/train.md).
 TEST_F(ParallelRun, NorDion2UnderFsdpTimesTpEqualsOneProcessAndResumesAtOne) {
   TempDir tmp("nordion2_tp");
