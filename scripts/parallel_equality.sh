@@ -5,6 +5,9 @@
 #
 #   scripts/parallel_equality.sh [BUILD_DIR] [OPTIMIZER]     # default: build, muon
 #
+# Every optimizer runs at every layout; docs/train.md has the columns for muon, dion2, normuon and
+# nordion2 (`scripts/parallel_equality.sh build normuon`).
+#
 # Layouts: 1 | dp 2 (DDP) | fs 2 (FSDP) | tp 2 | dp 2 x fs 2 (HSDP) | fs 2 x tp 2 | dp 2 x fs 2 x tp 2
 # (8 processes). Ranks get torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT);
 # no launcher needed. Results: docs/train.md "Parallel layouts".

@@ -144,8 +144,9 @@ void scenario_fsdp_rows(Child& c) {
 }
 
 void scenario_fsdp_cols(Child& c) {
-  // Tall matrices (the sharded dim is the shorter one). NorMuon / NorDion2 refuse dim -1.
-  fsdp_case(c, {{32, 16}, {32, 16}, {24, 18}, {40, 6}}, 1, {"muon", "dion2"}, "global", 1e-5);
+  // Tall matrices (the sharded dim is the shorter one). NorMuon / NorDion2: each rank holds part
+  // of every row; the per-neuron sums of U^2 are summed over the shards (they were refused).
+  fsdp_case(c, {{32, 16}, {32, 16}, {24, 18}, {40, 6}}, 1, kAlgorithms, "global", 1e-5);
 }
 
 // Dion2 / NorDion2 under FSDP equal one process for every shape. The bug this pins: on tall
@@ -265,6 +266,10 @@ void scenario_every_layout(Child& c) {
     run_2d(std::string("dion2 fsdp(cols) x tp(rows) wide ") + scope, wide, 1, opts, 1e-3);  // rows: along tp
   }
   run_2d("nordion2 fsdp x tp tall", tall, 0, options_for("nordion2").fraction(0.25), 1e-3);
+  // The trainer's column-parallel layout (tp on rows, fs on columns): NorMuon's and NorDion2's
+  // per-neuron sums over "fs"; NorDion2's rows selected over the "tp" shards' norms (rank-major).
+  run_2d("normuon fsdp(cols) x tp(rows) wide", wide, 1, options_for("normuon"), 1e-5);
+  run_2d("nordion2 fsdp(cols) x tp(rows) tall", tall, 1, options_for("nordion2").fraction(0.25), 1e-3);
   run_2d("dion2 fsdp x tp tall, selection_dim shard", tall, 0,
          options_for("dion2").fraction(0.25).selection_dim("shard"), 0, /*expect_equal=*/false);
   // 3-D parameters sharded on their rows over all 4 ranks (1-D): tall -> columns across shards.
@@ -681,28 +686,12 @@ void scenario_heads_splits_errors(Child& c) {
       if (r == 0) std::printf("[rank 0] %s: ValueError: %.140s\n", what.c_str(), e.what());
     }
   };
-  // 3 heads cannot be split over the ranks; 30 rows break split_sizes over 4 ranks (not over 2);
-  // NorMuon needs whole rows.
+  // 3 heads cannot be split over the ranks; 30 rows break split_sizes over 4 ranks (not over 2).
   expect_error("num_heads not divisible by the world", make_problem({{12, 8}}, 1, 1), options_for("muon").num_heads(3),
                "ValueError");
   if (W == 4)
     expect_error("split_sizes with interleaved padding", make_problem({{30, 8}}, 1, 1),
                  options_for("muon").split_sizes({10, 10, 10}), "NotImplementedError");
-  {
-    auto dist = std::make_shared<Distributed>(group);
-    at::Tensor full = at::randn({16, 32});
-    at::Tensor local = dion::dist::shard_tensor(full, 1, W, r);
-    dist->shard(local, {16, 32}, 1);
-    dion::Optimizer opt({local}, options_for("normuon"));
-    opt.set_distribution(dist);
-    local.mutable_grad() = at::randn_like(local);
-    try {
-      opt.step();
-      ++c.failures;
-    } catch (const dion::NotImplementedError& e) {
-      if (r == 0) std::printf("[rank 0] normuon column-sharded: NotImplementedError: %.120s\n", e.what());
-    }
-  }
   // A mesh that does not multiply to the world size.
   try {
     dion::comm::DeviceMesh mesh(c.world, {{"dp", 3}, {"fs", 2}});

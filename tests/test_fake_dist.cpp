@@ -8,7 +8,8 @@
 //     matrices; partial norms summed in another order); observed 0;
 //   - Dion2 selecting along a sharded dim: 1e-3 (the selected slices reach the
 //     orthogonalization rank-major, not in one process's top-k order: bf16 rounding moves);
-//   - legacy Dion: 1e-5 (each rank draws the sketch; P changes by column signs and rounding).
+//   - legacy Dion: 1e-5 (each rank draws the sketch; P changes by column signs and rounding);
+//   - NorMuon / NorDion2 with sharded columns: see their test.
 // Also pinned: every rank issues the same collectives (the fake throws on a mismatch or a
 // missing member instead of hanging), and a failing rank does not hang the others.
 #include <ATen/ATen.h>
@@ -185,6 +186,85 @@ TEST(FakeDistribution, FsdpTimesTpDion2EqualsOneProcess) {
     expect_like_one_process(std::string("dion2 fsdp x tp wide ") + scope, kWide, dion2(0.25, scope), 2, 2, {0, 1},
                             1e-3);
   }
+}
+
+// NorMuon and NorDion2 where each rank holds part of every row: sharded along the last dim (an
+// FSDP shard of a column-parallel weight, TP's of a row-parallel one), and 2-D sharding both ways
+// round (the trainer's column-parallel c_q / c_fc: TP, the inner axis, on dim 0 and FSDP on dim
+// 1). The per-neuron sums of U^2 cross the column blocks and the Frobenius norms all the shards,
+// so each equals one process (these layouts were refused before: "per-neuron statistics need
+// whole rows").
+// Tolerances. Parameters, as above: 1e-5 where the selection is one process's in its order
+// (observed <= 4e-8: per-row sums over the blocks divided by n instead of one mean), 1e-3 where
+// NorDion2's selected rows reach the orthogonalization rank-major (2-D: exact_global along the
+// row dim; observed 2e-8). The updates (parameter - initial) are checked too, because a wrong
+// normalization is diluted in the parameters (a missing sum over the column blocks, tried by
+// removing it, moved the parameters by only 5e-4 to 1.3e-3 relative but the updates by 0.09 to
+// 0.31): <= 1e-3 (observed <= 3.6e-5, the fp32 rounding of parameters of magnitude ~4), 2e-2 in
+// the rank-major cases (a few bf16 ulps, 2^-8, of the orthogonalized rows; observed 8e-6).
+TEST(FakeDistribution, NorMuonAndNorDion2WithShardedColumnsEqualOneProcess) {
+  const auto opts = [](const char* algo, const char* scope) { return dion2(0.25, scope).algorithm(algo); };
+  const auto check = [](const std::string& what, const std::vector<std::vector<int64_t>>& shapes,
+                        const dion::Options& o, int outer, int inner, Sharding s, bool rank_major) {
+    const double update = expect_like_one_process(what, shapes, o, outer, inner, s, rank_major ? 1e-3 : 1e-5);
+    EXPECT_LE(update, rank_major ? 2e-2 : 1e-3) << what << ": the updates differ";
+  };
+  const std::vector<std::vector<int64_t>> mixed = {{24, 40}, {40, 24}, {40, 24}, {32, 96}};
+  for (int W : {2, 3}) {  // 3: uneven chunks (40 = 14 + 14 + 12), padded in the assembly
+    const std::string w = " W" + std::to_string(W);
+    check("normuon cols" + w, mixed, opts("normuon", "local"), W, 1, {1, -1}, false);
+    for (const char* scope : {"global", "local"})
+      check(std::string("nordion2 cols ") + scope + w, mixed, opts("nordion2", scope), W, 1, {1, -1}, false);
+  }
+  // 3 columns over 4 ranks: 1 + 1 + 1 + 0, an empty shard (its V is [m, 0]).
+  check("normuon cols empty shard", {{12, 3}, {12, 3}}, opts("normuon", "local"), 4, 1, {1, -1}, false);
+  check("nordion2 cols empty shard", {{12, 3}, {12, 3}}, opts("nordion2", "local"), 4, 1, {1, -1}, false);
+  // 3-D batches of matrices sharded along the last dim; NorMuon also flattened.
+  const std::vector<std::vector<int64_t>> batched = {{3, 16, 20}, {2, 12, 30}};
+  check("normuon 3-D cols", batched, opts("normuon", "local"), 2, 1, {2, -1}, false);
+  check("normuon 3-D cols flatten", batched, opts("normuon", "local").flatten(true), 2, 1, {2, -1}, false);
+  check("nordion2 3-D cols", batched, opts("nordion2", "global"), 2, 1, {2, -1}, false);
+  // split_sizes: row blocks stay whole on every rank when only the columns are sharded.
+  check("normuon cols split_sizes", {{32, 16}, {32, 16}}, opts("normuon", "local").split_sizes({16, 8, 8}), 2, 1,
+        {1, -1}, false);
+  // 2-D: the trainer's column-parallel layout {1, 0} and the row-parallel one {0, 1}.
+  for (const Sharding s : {Sharding{1, 0}, Sharding{0, 1}}) {
+    const std::string where = " fsdp x tp {" + std::to_string(s.outer_dim) + "," + std::to_string(s.inner_dim) + "}";
+    check("normuon" + where, mixed, opts("normuon", "local"), 2, 2, s, false);
+    for (const char* scope : {"global", "local"})
+      check(std::string("nordion2 ") + scope + where, mixed, opts("nordion2", scope), 2, 2, s, true);
+  }
+}
+
+// What stays refused, on every rank alike, before the megabatch's collectives: the cases that would
+// not equal one process.
+TEST(FakeDistribution, NorMuonAndNorDion2LayoutsThatAreNotOneProcessAreRefused) {
+  const auto refused = [](const char* what, const std::vector<std::vector<int64_t>>& shapes, const dion::Options& o,
+                          Sharding s, const char* says) {
+    FakeWorld world(2);
+    std::vector<std::string> errors(2);
+    world.run([&](int r) {
+      std::vector<at::Tensor> params;
+      for (const auto& shape : shapes) {
+        params.push_back(local_of(at::randn(shape), world, r, s));
+        world.distribution(r)->shard(params.back(), shape, s.outer_dim, s.inner_dim);
+        params.back().mutable_grad() = at::randn_like(params.back());
+      }
+      dion::Optimizer opt(params, o, {}, world.distribution(r));
+      try {
+        opt.step();
+      } catch (const dion::NotImplementedError& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+    for (const std::string& e : errors) EXPECT_NE(e.find(says), std::string::npos) << what << ": " << e;
+  };
+  // NorMuon's per-block normalization needs each row block on one rank.
+  refused("normuon split_sizes on rows", {{32, 16}}, dion::Options(0.02).algorithm("normuon").split_sizes({16, 8, 8}),
+          {0, -1}, "normuon with split_sizes on parameters sharded along their rows");
+  // NorDion2 selecting rows of flattened matrices whose last dim is sharded.
+  refused("nordion2 flatten cols", {{4, 6, 8}}, dion::Options(0.02).algorithm("nordion2").flatten(true), {2, -1},
+          "nordion2 with flatten on a parameter sharded along its last dim");
 }
 
 TEST(FakeDistribution, FsdpLegacyDionEqualsOneProcess) {

@@ -412,7 +412,7 @@ class _CppOptimizer(Optimizer):
         if key in ("momentum", "variance"):
             return local
         if key == "variance_neuron":
-            return local[:-1] + (min(1, local[-1]),)
+            return local[:-1] + (min(1, p.shape[-1]),)  # p.shape: global (a DTensor's too)
         if key == "step_dev":
             return ()
         return None

@@ -193,10 +193,6 @@ void Distributed::sum_over_shards_(at::Tensor& x) {
   if (inner_) inner().all_reduce_(x);
 }
 
-void Distributed::sum_over_inner_(at::Tensor& x) {
-  if (inner_) inner().all_reduce_(x);
-}
-
 void Distributed::average_over_replicas_(at::Tensor& x) {
   Group& g = replicate_ ? *replicate_ : outer();
   if (g.size() == 1) return;

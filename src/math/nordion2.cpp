@@ -12,10 +12,11 @@ std::pair<at::Tensor, at::Tensor> nordion2_normalize_selected(const at::Tensor& 
                                                               const at::Tensor& V,
                                                               const at::Tensor& indices,
                                                               float beta2,
-                                                              const ShardSum& sum_over_shards) {
+                                                              const ShardSum& sum_over_shards,
+                                                              const ColumnShards& column_shards) {
   at::Tensor idx = indices.unsqueeze(-1);                              // [N, .., k, 1]
   at::Tensor V_sel = at::gather(V, -2, idx).to(at::kFloat);            // [N, .., k, 1]
-  auto [U_normed, V_sel_new] = normuon_normalize(U, V_sel, beta2, {}, sum_over_shards);
+  auto [U_normed, V_sel_new] = normuon_normalize(U, V_sel, beta2, {}, sum_over_shards, column_shards);
   at::Tensor V_new = V.scatter(-2, idx, V_sel_new.to(V.scalar_type()));
   return {U_normed, V_new};
 }

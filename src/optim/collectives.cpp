@@ -61,16 +61,18 @@ at::Tensor Collectives::assemble_orthogonalize(std::vector<at::Tensor> U, const 
 }
 
 math::ShardSum Collectives::shard_sum(const Plan& plan) const {
-  if (!dist_ || !plan.row_sharded()) return nullptr;
+  if (!dist_ || !(plan.splits(-2) || plan.splits(-1))) return nullptr;
   Distribution* d = dist_;
   return [d](at::Tensor& t) { d->sum_over_shards_(t); };
 }
 
 math::ColumnShards Collectives::column_shards(const Plan& plan) const {
-  if (!dist_ || !plan.layout.two_d()) return {};
+  if (!dist_ || !plan.splits(-1)) return {};
+  // The axis sharding the last dim: the outer one (1-D, or 2-D's comm dim), else the inner one.
+  const Axis axis = plan.comm_dim == -1 ? Axis::OUTER : Axis::INNER;
   Distribution* d = dist_;
   math::ColumnShards cols;
-  cols.sum_over_columns = [d](at::Tensor& t) { d->sum_over_inner_(t); };
+  cols.sum_over_columns = [d, axis](at::Tensor& t) { d->all_reduce_(t, axis); };
   cols.columns = plan.layout.global_shape.back();
   return cols;
 }

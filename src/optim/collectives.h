@@ -8,7 +8,7 @@
 //
 //   Gradients:   synced_gradients            optimizer-side DDP gradient averaging
 //   Muon family: assemble_orthogonalize      whole matrices assembled, orthogonalized, split back
-//                shard_sum / column_shards   per-neuron sums over row / column shards
+//                shard_sum / column_shards   NorMuon's norms summed over the shards / over column blocks
 //   Dion2:       sum_norms_over_shards       partial L1 norms of slices split across shards
 //                top_k_over_shards           the whole-matrix top-k of slices held by the shards
 //   Dion:        orthonormalize_P_split_over_replicas   (DDP)
@@ -52,10 +52,12 @@ class Collectives {
                                     const math::OrthoFn& fn, const std::vector<int64_t>& split_sizes,
                                     const std::vector<double>& split_scales, int64_t local_size = 0,
                                     int64_t inner_local_size = 0) const;
-  // Sum over the ranks holding the other row shards of the same matrices (null when the plan
-  // is not row-sharded): NorMuon's per-neuron statistics.
+  // Sum over every rank holding a part of the same matrices (null when the matrices are whole
+  // on each rank): NorMuon's Frobenius norms.
   math::ShardSum shard_sum(const Plan& plan) const;
-  // 2-D sharding: the sum over the other column blocks and the whole row length.
+  // When the columns are sharded (1-D on the last dim, or 2-D): the sum over the ranks holding
+  // the other column blocks of the same rows, and the whole row length (NorMuon's per-neuron
+  // means); empty when each rank holds whole rows.
   math::ColumnShards column_shards(const Plan& plan) const;
 
   // ---- Dion2

@@ -237,8 +237,11 @@ ParamState& Optimizer::state_for(const at::Tensor& p, const Options& o) {
       s->step_dev(at::zeros({}, p.options().dtype(at::kFloat)));
     }
     if (algo == Algorithm::NorMuon || algo == Algorithm::NorDion2) {
-      // [.., m, 1], param dtype; [.., m, 0] for an empty parameter (the reference's p[..., 0:1])
-      s->variance_neuron(at::zeros_like(p.slice(-1, 0, 1)));
+      // [.., m, 1], param dtype; [.., m, 0] for an empty parameter (the reference's p[..., 0:1]).
+      // A shard holding none of the columns still keeps its rows' [.., m, 1] (state_layout.h).
+      std::vector<int64_t> shape = p.sizes().vec();
+      shape.back() = std::min<int64_t>(1, layout_of(dist_.get(), p).global_shape.back());
+      s->variance_neuron(at::zeros(shape, p.options()));
     }
     if (algo == Algorithm::Dion) {
       // Q [n', r] for the whole matrix; a sharded parameter keeps the rows of its outer chunk

@@ -23,8 +23,11 @@ struct Plan {
   bool communicate = false;  // false: orthogonalize the local tensors as they are
   int64_t comm_dim = 0;      // sharded: negative tensor dim the shards concatenate along
   int64_t world = 1;
-  bool row_sharded() const { return communicate && comm_dim == -2; }
   bool matrix_sharded() const { return communicate && layout.sharded(); }
+  // Whether matrix dim `dim` (-2: rows, -1: columns) is split across ranks where the math sees
+  // it: not for a flattened 3-D+ parameter sharded along a batch dim (whole matrices per rank).
+  // splits(-1): each rank holds part of every row (NorMuon's per-neuron sums cross ranks).
+  bool splits(int64_t dim) const { return matrix_sharded() && (comm_dim == dim || layout.two_d()); }
 };
 
 // The parameter's layout: the Distribution's, or whole and local without one.

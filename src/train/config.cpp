@@ -286,11 +286,6 @@ void config_validate(const Config& c) {
       fail(fmt::format("device_batch_size {} x sequence_length {} x dp_size {} x fs_size {} x tp_size {} is larger "
                        "than 2^63: one of them is far too large",
                        c.device_batch_size, c.sequence_length, c.dp_size, c.fs_size, c.tp_size));
-  if (c.tp_size > 1 && (c.optimizer == "normuon" || c.optimizer == "nordion2" || c.optimizer == "dion3"))
-    fail(fmt::format("key 'tp_size': value {} with optimizer '{}' is not supported: its per-neuron statistics need "
-                     "whole rows (the optimizer's outer shard dim must be 0), but under tensor parallelism the "
-                     "column-parallel c_q, c_k, c_v, c_fc have TP on dim 0 and the FSDP dim on 1; valid: tp_size 1 "
-                     "(dp_size and fs_size work), or optimizer muon, dion2, dion, adamw, lion", c.tp_size, c.optimizer));
   if (c.n_head % c.tp_size != 0)
     fail(fmt::format("key 'tp_size': value {} does not divide n_head {} (tensor parallelism splits the heads); "
                      "valid: a divisor of n_head", c.tp_size, c.n_head));

@@ -215,8 +215,9 @@ MIXED = [((16, 8), 1), ((16, 8), 1), ((8, 16), 0), ((12, 12), None), ((18, 7), 1
 CASES = {
     **{f"ddp_{k}": (lambda k=k: case_ddp(k)) for k in KINDS},
     **{f"fsdp_rows_{k}": (lambda k=k: case_fsdp(k, ROWS)) for k in ("muon", "normuon", "dion2", "nordion2")},
-    # NorMuon / NorDion2 refuse column sharding (as the reference).
-    **{f"fsdp_mixed_{k}": (lambda k=k: case_fsdp(k, MIXED)) for k in ("muon", "dion2")},
+    # Column sharding too (NorMuon / NorDion2 sum their per-neuron statistics over the shards;
+    # the reference refuses it for them).
+    **{f"fsdp_mixed_{k}": (lambda k=k: case_fsdp(k, MIXED)) for k in ("muon", "normuon", "dion2", "nordion2")},
     **{f"fsdp_checkpoint_{k}": (lambda k=k: case_fsdp_checkpoint(k)) for k in ("normuon", "dion2")},
     "errors": case_errors,
 }

@@ -158,8 +158,6 @@ void FakeDistribution::sum_over_shards_(at::Tensor& x) {
   all_reduce_(x, Axis::INNER);
 }
 
-void FakeDistribution::sum_over_inner_(at::Tensor& x) { all_reduce_(x, Axis::INNER); }
-
 void FakeDistribution::average_over_replicas_(at::Tensor& x) {
   if (axis_size(Axis::OUTER) <= 1) return;
   all_reduce_(x, Axis::OUTER);

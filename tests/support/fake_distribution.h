@@ -57,7 +57,6 @@ class FakeDistribution : public Distribution {
   Layout layout(const at::Tensor& param) const override;
   at::Tensor orthogonalize(std::vector<at::Tensor> U, const Layout& layout, const OrthoRequest& request) override;
   void sum_over_shards_(at::Tensor& x) override;
-  void sum_over_inner_(at::Tensor& x) override;
   at::Tensor gather_over_shards(const at::Tensor& x) override { return all_gather(x, Axis::OUTER); }
   int rank() const override { return axis_rank(Axis::OUTER); }
   void average_over_replicas_(at::Tensor& x) override;

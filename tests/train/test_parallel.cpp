@@ -7,6 +7,8 @@
 //   (gathers and reduce-scatters once per step, counted) the default's within the tolerances.
 // - Checkpoints move between layouts: saved at 2-rank FSDP, resumed at 1 and at 2 x 2 FSDP x TP;
 //   saved at 1, resumed at 2-rank FSDP: the resumed losses equal the uninterrupted run's.
+// - NorDion2 (per-neuron statistics over column-sharded weights) at 2 x 2 FSDP x TP equals one
+//   process, and its checkpoint resumes at 1 process.
 // - kill -9 of a rank during the saves leaves a complete checkpoint that resumes (the loop of 20
 //   is scripts/soak_train_kill.sh); a rank killed mid-run ends the other within the
 //   communication timeout with an error naming the collective.
@@ -243,6 +245,36 @@ TEST_F(ParallelRun, CheckpointsMoveBetweenLayouts) {
   expect_all_ok(rs);
   EXPECT_NE(rs[0].output.find("resumed from"), std::string::npos) << rs[0].output;
   expect_close(ref(), test::read_metrics(tmp / "to_fsdp" / "metrics.jsonl"), "1 -> fsdp2");
+}
+
+// NorMuon / NorDion2 (dion3) under tensor parallelism: refused with tp_size > 1 until their
+// per-neuron sums crossed the ranks of column-sharded weights (the column-parallel c_q, c_k,
+// c_v, c_fc have TP on dim 0 and the FSDP dim on 1). NorDion2 at 2 x 2 FSDP x TP (both 2-D
+// layouts; its row selection exact over the shards) equals one process's NorDion2 for its 2
+// steps, then its checkpoint (variance_neuron [the rank's rows, 1], the same on the ranks that
+// share those rows) resumes at 1 process and the last 3 steps and val equal the uninterrupted
+// run's.
+// Tolerances as above (scripts/parallel_equality.sh build nordion2: see docs/train.md).
+TEST_F(ParallelRun, NorDion2UnderFsdpTimesTpEqualsOneProcessAndResumesAtOne) {
+  TempDir tmp("nordion2_tp");
+  const std::vector<std::string> nordion2 = {"--optimizer", "nordion2"};  // overrides tiny()'s muon
+  ProcResult one = test::run_train(tiny(data(), tmp / "one") + nordion2);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const std::vector<Record> ref = test::read_metrics(tmp / "one" / "metrics.jsonl");
+  ASSERT_EQ(ref.size(), size_t(kSteps + 1));
+  const fs::path ck = tmp / "ck";
+  expect_all_ok(test::run_train_ranks(4, tiny(data(), tmp / "tp") + layout(1, 2, 2) + nordion2 +
+                                             std::vector<std::string>{"--checkpoint_dir", ck.string(), "--stop_after", "2"}));
+  const std::vector<Record> tp = test::read_metrics(tmp / "tp" / "metrics.jsonl");
+  EXPECT_EQ(tp.size(), 2u);
+  expect_close(ref, tp, "nordion2 fsdp2 x tp2, steps 0-1");
+  ProcResult r = test::run_train(tiny(data(), tmp / "resumed") + nordion2 +
+                                 std::vector<std::string>{"--checkpoint_dir", ck.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  const std::vector<Record> resumed = test::read_metrics(tmp / "resumed" / "metrics.jsonl");
+  EXPECT_EQ(resumed.size(), size_t(kSteps + 1 - 2));  // steps 2-4 and val
+  expect_close(ref, resumed, "nordion2 fsdp2 x tp2 -> 1");
 }
 
 // One kill at a random moment of the saves (a checkpoint every step): the newest complete

@@ -92,7 +92,6 @@ class Distributed : public Distribution {
   at::Tensor orthogonalize(std::vector<at::Tensor> U, const Layout& layout,
                            const OrthoRequest& request) override;
   void sum_over_shards_(at::Tensor& x) override;
-  void sum_over_inner_(at::Tensor& x) override;
   at::Tensor gather_over_shards(const at::Tensor& x) override { return outer().all_gather(x); }
   int rank() const override { return group_->rank(); }
   bool sync_gradients() const override { return sync_gradients_; }

@@ -17,12 +17,14 @@
 namespace dion::math {
 
 // U [N, .., k, n] orthogonalized selected rows; V [N, .., m, 1] full variance buffer;
-// indices [N, .., k]. Returns (normalized U in fp32, updated V in V's dtype).
+// indices [N, .., k]. Returns (normalized U in fp32, updated V in V's dtype). Sharded U: the
+// sums over the shards and over the column blocks as normuon_normalize takes them.
 std::pair<at::Tensor, at::Tensor> nordion2_normalize_selected(const at::Tensor& U,
                                                               const at::Tensor& V,
                                                               const at::Tensor& indices,
                                                               float beta2,
-                                                              const ShardSum& sum_over_shards = nullptr);
+                                                              const ShardSum& sum_over_shards = nullptr,
+                                                              const ColumnShards& column_shards = {});
 
 // Global selection scope: U [.., m, n] is zero except on the selected rows. EF-decay those rows
 // of M, normalize U as NorMuon (V updated on selected rows only), decay and update X.

@@ -5,7 +5,7 @@
 //   U' = U / (sqrt(V) + 1e-8)
 //   U' *= ||U||_F / max(||U'||_F, 1e-8)            keep the update's Frobenius norm
 // Computed in V's dtype. With split_sizes, each row block is normalized on its own.
-// When U holds row shards of larger matrices, `sum_over_shards` sums the per-matrix squared
+// When U holds shards of larger matrices, `sum_over_shards` sums the per-matrix squared
 // Frobenius norms across the shards (in place), so the rescale uses the whole matrix's norm.
 #pragma once
 
@@ -20,9 +20,9 @@ namespace dion::math {
 // Returns (U', V'). U [N, .., m, n] any float dtype; V [N, .., m, 1].
 using ShardSum = std::function<void(at::Tensor&)>;
 
-// When U's columns are also split across ranks (2-D sharding), the per-neuron mean of U^2 is a
-// sum over all column blocks: `sum_over_columns` sums it across them and `columns` is the whole
-// row length.
+// When U's columns are split across ranks (sharded along the last dim, or 2-D sharding), the
+// per-neuron mean of U^2 is a sum over all column blocks: `sum_over_columns` sums it across them
+// and `columns` is the whole row length.
 struct ColumnShards {
   ShardSum sum_over_columns;
   int64_t columns = 0;

@@ -68,9 +68,6 @@ class Distribution {
   // Sum `x` over the ranks that hold shards of the same matrices (in place): both groups for
   // 2-D sharding.
   virtual void sum_over_shards_(at::Tensor& x) = 0;
-  // Sum `x` over the ranks that hold the other column blocks of the same rows (2-D sharding's
-  // inner group; a no-op otherwise).
-  virtual void sum_over_inner_(at::Tensor& x) {}
   // Every outer-group member's `x` (same shape everywhere), stacked [world, ...] in rank order.
   virtual at::Tensor gather_over_shards(const at::Tensor& x) = 0;
   virtual int rank() const = 0;

@@ -28,6 +28,19 @@ namespace dion::driver {
 
 namespace {
 
+// NorDion2's normalization of the orthogonalized selected rows O [N, .., k, n_local]: their rows
+// of V [.., m, 1] updated in place; returns the normalized rows. `frobenius` / `columns`: the
+// sums over the shards and over the column blocks (collectives.h; null / empty: local).
+at::Tensor normalize_selected(const at::Tensor& O, const std::vector<at::Tensor>& V,
+                              const std::vector<at::Tensor>& indices, const Options& o,
+                              const math::ShardSum& frobenius, const math::ColumnShards& columns) {
+  auto [normed, V_new] = math::nordion2_normalize_selected(O, at::stack(V, 0), at::stack(indices, 0),
+                                                           f32(o.muon_beta2()), frobenius, columns);
+  std::vector<at::Tensor> V_parts = V_new.unbind(0);
+  for (size_t i = 0; i < V.size(); ++i) V[i].copy_(V_parts[i]);
+  return normed;
+}
+
 // Dion2 / NorDion2 "global" selection on 2-D matrices sharded along the selection dim.
 //
 // The reference sends whole shards and selects on the assembled (bf16) matrices. Here each rank
@@ -121,6 +134,8 @@ void dion2_update(const Batch& batch, const Options& o, const Env& env) {
     math::Selection sel = math::dion2_pre(G, M, o.fraction(), ef, select_dim, env.ortho->dtype, 0,
                                           comm.sum_norms_over_shards());
     at::Tensor O = comm.assemble_orthogonalize(std::move(sel.U), plan, o, *env.ortho_fn, {}, {});
+    // NorDion2 (column-sharded): each selected row is split, its per-neuron sum crosses ranks.
+    if (nor) O = normalize_selected(O, V, sel.indices, o, comm.shard_sum(plan), comm.column_shards(plan));
     math::dion2_post(X, O.unbind(0), sel.indices, rates, select_dim);
     return;
   }
@@ -152,13 +167,7 @@ void dion2_update(const Batch& batch, const Options& o, const Env& env) {
   }
   math::Selection sel = math::dion2_pre(G, M, o.fraction(), ef, select_dim, env.ortho->dtype, k);
   at::Tensor O = comm.assemble_orthogonalize(std::move(sel.U), plan, o, *env.ortho_fn, {}, {}, k);
-  if (nor) {
-    auto [normed, V_new] = math::nordion2_normalize_selected(O, at::stack(V, 0), at::stack(sel.indices, 0),
-                                                             f32(o.muon_beta2()), reduce);
-    std::vector<at::Tensor> V_parts = V_new.unbind(0);
-    for (size_t i = 0; i < V.size(); ++i) V[i].copy_(V_parts[i]);
-    O = normed;
-  }
+  if (nor) O = normalize_selected(O, V, sel.indices, o, reduce, {});
   math::dion2_post(X, O.unbind(0), sel.indices, rates, select_dim);
 }
 

@@ -25,10 +25,10 @@ void muon_update(const Batch& batch, const Options& o, const Env& env) {
   std::vector<at::Tensor> U = math::muon_pre(G, M, f32(o.mu()), o.nesterov(), env.ortho->dtype);
   at::Tensor O = comm.assemble_orthogonalize(std::move(U), plan, o, *env.ortho_fn, o.split_sizes(), scales);
   if (nor) {
-    // Sharded or not, each rank normalizes the rows it holds (per-neuron statistics are local,
-    // summed over the column blocks under 2-D sharding).
-    const std::vector<int64_t> splits = plan.layout.sharded() ? std::vector<int64_t>{} : o.split_sizes();
-    auto [normed, V_new] = math::normuon_normalize(O, at::stack(V, 0), f32(o.muon_beta2()), splits,
+    // Each rank normalizes its part of the rows as one process would: the Frobenius norms summed
+    // over the shards, the per-neuron sums over the column blocks when the columns are sharded.
+    // (plan_for refuses split_sizes where the rows are sharded.)
+    auto [normed, V_new] = math::normuon_normalize(O, at::stack(V, 0), f32(o.muon_beta2()), o.split_sizes(),
                                                    comm.shard_sum(plan), comm.column_shards(plan));
     std::vector<at::Tensor> V_parts = V_new.unbind(0);
     for (size_t i = 0; i < V.size(); ++i) V[i].copy_(V_parts[i]);
