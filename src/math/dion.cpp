@@ -3,6 +3,7 @@
 #include "dion/math/dion.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 
@@ -36,6 +37,7 @@ at::Generator dion_sketch_generator(const at::Device& device, uint64_t seed) {
 }
 
 at::Tensor dion_orthonormalize(const at::Tensor& P, float oversample, std::optional<at::Generator> generator) {
+  RECORD_USER_SCOPE("dion::dion_orthonormalize");
   TORCH_CHECK(P.dim() >= 3, "dion_orthonormalize expects a batch [B, rows, r], got ", P.sizes());
   const auto dtype = P.scalar_type();
   const int64_t rows = P.size(-2), r = P.size(-1);
@@ -74,6 +76,7 @@ void foreach_baddbmm(at::TensorList X, const at::Tensor& A, const at::Tensor& B,
 }  // namespace
 
 DionBatch dion_power(at::TensorList G, at::TensorList M, at::TensorList Q, int transposed) {
+  RECORD_USER_SCOPE("dion::dion_power");
   DionBatch b;
   b.transposed = transposed < 0 ? dion_is_transposed(M[0].size(0), M[0].size(1)) : transposed == 1;
   for (size_t i = 0; i < M.size(); ++i) M[i].add_(G[i]);  // M += G
@@ -98,6 +101,7 @@ void dion_step(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorL
 void dion_finish(at::TensorList X, at::TensorList M, at::TensorList Q, const DionBatch& b, at::Tensor P,
                  at::Tensor R, float lr, float mu, float weight_decay, float epsilon, c10::IntArrayRef shape,
                  const std::function<void(at::Tensor&)>& sum_columns) {
+  RECORD_USER_SCOPE("dion::dion_finish");
   const int64_t m = shape.empty() ? X[0].size(0) : shape[0], n = shape.empty() ? X[0].size(1) : shape[1];
   const bool transposed = b.transposed;
   const at::Tensor& M_batch = b.M_batch;

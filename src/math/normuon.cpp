@@ -2,6 +2,7 @@
 #include "dion/math/normuon.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 namespace dion::math {
 
@@ -42,6 +43,7 @@ std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const a
                                                     const std::vector<int64_t>& split_sizes,
                                                     const ShardSum& sum_over_shards,
                                                     const ColumnShards& column_shards) {
+  RECORD_USER_SCOPE("dion::normuon_normalize");
   if (split_sizes.empty()) return normalize_core(U, V, beta2, sum_over_shards, column_shards);
   std::vector<at::Tensor> us = U.split_with_sizes(split_sizes, -2);
   std::vector<at::Tensor> vs = V.split_with_sizes(split_sizes, -2);
