@@ -74,15 +74,30 @@ bool aten_lerp_uses_fma() {
   return fma;
 }
 
-inline float lerp(float a, float b, float w, bool fma) {
+#if defined(__GNUC__)
+#define DION_INLINE __attribute__((always_inline)) inline
+#else
+#define DION_INLINE inline
+#endif
+
+template <bool kFma>
+DION_INLINE float lerp(float a, float b, float w) {
   const bool small = std::fabs(w) < 0.5f;
   const float coeff = small ? w : w - 1.0f;
   const float base = small ? a : b;
   const float diff = b - a;
-  return fma ? std::fma(coeff, diff, base) : base + coeff * diff;
+  if constexpr (kFma) {
+#if defined(__GNUC__)
+    return __builtin_fmaf(coeff, diff, base);
+#else
+    return std::fma(coeff, diff, base);
+#endif
+  } else {
+    return base + coeff * diff;
+  }
 }
 
-inline float sign(float v) { return static_cast<float>((0.0f < v) - (v < 0.0f)); }
+DION_INLINE float sign(float v) { return static_cast<float>((0.0f < v) - (v < 0.0f)); }
 
 void check_select_dim(int64_t select_dim, const char* who) {
   TORCH_CHECK(select_dim == -2 || select_dim == -1, who, ": select_dim must be -2 (rows) or -1 (columns), got ",
@@ -178,13 +193,41 @@ void decay_and_update_(const at::Tensor& X, const at::Tensor& U, float decay, fl
 
 // ---------------------------------------------------------------------------- Lion
 
+namespace {
+
+template <typename TX, typename TG, typename TM, bool kFma>
+DION_INLINE void lion_range(typename TX::storage* x, const typename TG::storage* g_in, typename TM::storage* m,
+                            int64_t begin, int64_t end, float lr, float w1, float w2, float decay) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float g = TM::round(TG::load(g_in[i]));
+    const float m_old = TM::load(m[i]);
+    const float s = sign(TM::round(lerp<kFma>(m_old, g, w1)));  // U = lerp(M, g, 1 - b1).sign_()
+    m[i] = TM::store(lerp<kFma>(m_old, g, w2));                 // M.lerp_(g, 1 - b2)
+    const float step = TM::round(s * lr);                      // U.mul_(lr), in M's dtype
+    x[i] = TX::store(TX::round(TX::load(x[i]) * decay) - step);
+  }
+}
+
+// The FMA variant runs only where ATen's own kernels use FMA instructions (capability AVX2 or
+// AVX512, whose CPUs have FMA), compiled for them here so that the FMA is one instruction.
+template <typename TX, typename TG, typename TM>
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(_M_X64))
+__attribute__((target("avx2,fma")))
+#endif
+void lion_range_fma(typename TX::storage* x, const typename TG::storage* g, typename TM::storage* m, int64_t begin,
+                    int64_t end, float lr, float w1, float w2, float decay) {
+  lion_range<TX, TG, TM, true>(x, g, m, begin, end, lr, w1, w2, decay);
+}
+
+}  // namespace
+
 void lion_(const at::Tensor& X, const at::Tensor& G, const at::Tensor& M, float lr, float beta1, float beta2,
            float weight_decay) {
   TORCH_CHECK(cpu_fusable(X, G, M), "lion_: X, G and M must be contiguous float32 / bfloat16 CPU tensors of ",
               X.numel(), " elements");
   const int64_t n = X.numel();
   const bool fma = aten_lerp_uses_fma();
-  const float w1 = 1.0f - beta1, w2 = 1.0f - beta2, decay = 1.0f - lr * weight_decay;
+  const float decay = 1.0f - lr * weight_decay;
   with_type(X.scalar_type(), [&](auto tx) {
     using TX = decltype(tx);
     with_type(G.scalar_type(), [&](auto tg) {
@@ -192,19 +235,13 @@ void lion_(const at::Tensor& X, const at::Tensor& G, const at::Tensor& M, float 
       with_type(M.scalar_type(), [&](auto tm) {
         using TM = decltype(tm);
         auto* x = ptr<TX>(X);
-        const auto* g_in = ptr<TG>(G);
+        const auto* g = ptr<TG>(G);
         auto* m = ptr<TM>(M);
         // lerp's 0-d float32 weight is cast to the common dtype (M's), unlike mul's scalar.
-        const float wm1 = TM::round(w1), wm2 = TM::round(w2);
+        const float w1 = TM::round(1.0f - beta1), w2 = TM::round(1.0f - beta2);
         at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i) {
-            const float g = TM::round(TG::load(g_in[i]));
-            const float m_old = TM::load(m[i]);
-            const float s = sign(TM::round(lerp(m_old, g, wm1, fma)));  // U = lerp(M, g, 1 - b1).sign_()
-            m[i] = TM::store(lerp(m_old, g, wm2, fma));                // M.lerp_(g, 1 - b2)
-            const float step = TM::round(s * lr);                      // U.mul_(lr), in M's dtype
-            x[i] = TX::store(TX::round(TX::load(x[i]) * decay) - step);
-          }
+          if (fma) lion_range_fma<TX, TG, TM>(x, g, m, begin, end, lr, w1, w2, decay);
+          else lion_range<TX, TG, TM, false>(x, g, m, begin, end, lr, w1, w2, decay);
         });
       });
     });
