@@ -7,6 +7,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 
+#include "dion/math/elementwise.h"
 #include "scalar_tensor.h"
 
 #include <algorithm>
@@ -68,10 +69,38 @@ void foreach_baddbmm(at::TensorList X, const at::Tensor& A, const at::Tensor& B,
   at::Tensor update = transpose ? at::matmul(B, A.mT()) : at::matmul(A, B.mT());
   std::vector<at::Tensor> parts = update.unbind(0);
   for (size_t i = 0; i < X.size(); ++i) {
+    if (cpu::cpu_fusable(X[i], parts[i]) && X[i].sizes() == parts[i].sizes()) {
+      // One pass, bit-identical to the three ops below (dion/math/elementwise.h).
+      cpu::decay_and_update_(X[i], parts[i], beta.item<float>(), alpha.item<float>(), /*step_in_x_dtype=*/false);
+      continue;
+    }
     at::Tensor scaled = parts[i] * alpha;
     X[i].mul_(beta);
     X[i].add_(scaled);
   }
+}
+
+// [B, 1, 1] bool: which matrices of M_batch [B, m, n] are all zero. On the CPU a scan that
+// stops at the first nonzero entry (NaN counts as nonzero, -0 as zero, as `== 0` does).
+at::Tensor all_zero_mask(const at::Tensor& M_batch) {
+  if (!M_batch.device().is_cpu() || !M_batch.is_contiguous() ||
+      (M_batch.scalar_type() != at::kFloat && M_batch.scalar_type() != at::kBFloat16))
+    return (M_batch == 0).flatten(-2).all(-1).unsqueeze(-1).unsqueeze(-1);
+  const int64_t B = M_batch.size(0), per = B > 0 ? M_batch.numel() / B : 0;
+  at::Tensor mask = at::empty({B, 1, 1}, M_batch.options().dtype(at::kBool));
+  bool* out = mask.data_ptr<bool>();
+  for (int64_t b = 0; b < B; ++b) {
+    bool zero = true;
+    if (M_batch.scalar_type() == at::kFloat) {
+      const float* p = M_batch.data_ptr<float>() + b * per;
+      for (int64_t i = 0; zero && i < per; ++i) zero = p[i] == 0.0f;
+    } else {
+      const at::BFloat16* p = M_batch.data_ptr<at::BFloat16>() + b * per;
+      for (int64_t i = 0; zero && i < per; ++i) zero = static_cast<float>(p[i]) == 0.0f;
+    }
+    out[b] = zero;
+  }
+  return mask;
 }
 }  // namespace
 
@@ -108,7 +137,7 @@ void dion_finish(at::TensorList X, at::TensorList M, at::TensorList Q, const Dio
   const at::Tensor& Q_batch = b.Q_batch;
 
   // All-zero momentum: P = 0 and R = previous Q (so Q is kept); NaNs are zeroed.
-  at::Tensor all_zero = (M_batch == 0).flatten(-2).all(-1).unsqueeze(-1).unsqueeze(-1);
+  at::Tensor all_zero = all_zero_mask(M_batch);  // [B, 1, 1]
   at::Tensor not_zero = all_zero.logical_not();
   P = P.nan_to_num() * not_zero;
   R = R.nan_to_num() * not_zero + Q_batch * all_zero;

@@ -408,4 +408,88 @@ void decay_and_update_selected_(const at::Tensor& X, const at::Tensor& U, const 
   });
 }
 
+// ---------------------------------------------------------------------------- NorMuon (FAST)
+
+void normuon_update_(const at::Tensor& X, const at::Tensor& U, const at::Tensor& V, const at::Tensor& idx,
+                     float beta2, float decay, float neg_lr) {
+  constexpr const char* who = "normuon_update_";
+  check_matrix(X, who, "X");
+  check_matrix(U, who, "U");
+  const int64_t m = X.size(0), n = X.size(1), k = U.size(0);
+  TORCH_CHECK(U.size(1) == n, who, ": U ", U.sizes(), " must have X's ", n, " columns");
+  TORCH_CHECK(V.numel() == m && V.is_contiguous() && V.device().is_cpu(), who, ": V must be a contiguous [", m,
+              ", 1] CPU tensor, got ", V.sizes());
+  std::vector<int64_t> rows(static_cast<size_t>(k));
+  if (idx.defined()) {
+    rows = indices_of(idx, m, who);
+    TORCH_CHECK(static_cast<int64_t>(rows.size()) == k, who, ": idx has ", rows.size(), " entries for U's ", k,
+                " rows");
+  } else {
+    TORCH_CHECK(k == m, who, ": without idx U must have X's ", m, " rows, got ", k);
+    for (int64_t r = 0; r < k; ++r) rows[static_cast<size_t>(r)] = r;
+  }
+  for (const at::Tensor& t : {X, U, V})
+    TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, who,
+                ": tensors must be float32 or bfloat16, got ", t.scalar_type());
+  std::vector<float> row_scale(static_cast<size_t>(k));
+  with_type(X.scalar_type(), [&](auto tx) {
+    using TX = decltype(tx);
+    with_type(U.scalar_type(), [&](auto tu) {
+      using TU = decltype(tu);
+      with_type(V.scalar_type(), [&](auto tv) {
+        using TV = decltype(tv);
+        auto* x = ptr<TX>(X);
+        const auto* u = ptr<TU>(U);
+        auto* v = ptr<TV>(V);
+        const float w = 1.0f - beta2;
+        double total = 0.0, normed = 0.0;
+        for (int64_t r = 0; r < k; ++r) {  // pass 1: row sums, V, the row scales
+          const auto* ur = u + r * n;
+          double sq = 0.0;
+          for (int64_t j = 0; j < n; ++j) {
+            const double e = TU::load(ur[j]);
+            sq += e * e;
+          }
+          const size_t p = static_cast<size_t>(rows[static_cast<size_t>(r)]);
+          const float mean = static_cast<float>(sq / static_cast<double>(n));
+          const float v_new = TV::round(lerp<false>(TV::load(v[p]), mean, w));
+          v[p] = TV::store(v_new);
+          const double d = static_cast<double>(std::sqrt(v_new)) + 1e-8;
+          row_scale[static_cast<size_t>(r)] = static_cast<float>(1.0 / d);
+          total += sq;
+          normed += sq / (d * d);
+        }
+        const double f = std::sqrt(total) / std::max(std::sqrt(normed), 1e-8);
+        for (float& sc : row_scale) sc = static_cast<float>(sc * f * static_cast<double>(neg_lr));
+        if (!idx.defined()) {  // pass 2 (NorMuon): X = X decay + U_r scale_r, row by row
+          at::parallel_for(0, m, kGrain / std::max<int64_t>(n, 1) + 1, [&](int64_t r0, int64_t r1) {
+            for (int64_t r = r0; r < r1; ++r) {
+              auto* xr = x + r * n;
+              const auto* ur = u + r * n;
+              const float sc = row_scale[static_cast<size_t>(r)];
+              for (int64_t j = 0; j < n; ++j) xr[j] = TX::store(TX::round(TX::load(xr[j]) * decay) + TU::load(ur[j]) * sc);
+            }
+          });
+          return;
+        }
+        // pass 2 (NorDion2): X *= decay everywhere, then the update on rows p_r
+        at::parallel_for(0, m, kGrain / std::max<int64_t>(n, 1) + 1, [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            auto* xr = x + r * n;
+            for (int64_t j = 0; j < n; ++j) xr[j] = TX::store(TX::load(xr[j]) * decay);
+          }
+        });
+        at::parallel_for(0, k, kGrain / std::max<int64_t>(n, 1) + 1, [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            auto* xr = x + rows[static_cast<size_t>(r)] * n;
+            const auto* ur = u + r * n;
+            const float sc = row_scale[static_cast<size_t>(r)];
+            for (int64_t j = 0; j < n; ++j) xr[j] = TX::store(TX::load(xr[j]) + TU::load(ur[j]) * sc);
+          }
+        });
+      });
+    });
+  });
+}
+
 }  // namespace dion::math::cpu

@@ -152,6 +152,10 @@ void dion2_update(const Batch& batch, const Options& o, const Env& env) {
   }
   math::Selection sel = math::dion2_pre(G, M, o.fraction(), ef, select_dim, env.ortho->dtype, k);
   at::Tensor O = comm.assemble_orthogonalize(std::move(sel.U), plan, o, *env.ortho_fn, {}, {}, k);
+  // FAST path, local rows: NorDion2's normalization fused with the update.
+  if (nor && env.ortho->path == math::OrthoPath::FAST && !matrix_sharded &&
+      math::normuon_update_fast(X, O, V, sel.indices, f32(o.muon_beta2()), lr, adj, f32(o.weight_decay())))
+    return;
   if (nor) {
     auto [normed, V_new] = math::nordion2_normalize_selected(O, at::stack(V, 0), at::stack(sel.indices, 0),
                                                              f32(o.muon_beta2()), reduce);

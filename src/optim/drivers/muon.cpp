@@ -24,6 +24,13 @@ void muon_update(const Batch& batch, const Options& o, const Env& env) {
 
   std::vector<at::Tensor> U = math::muon_pre(G, M, f32(o.mu()), o.nesterov(), env.ortho->dtype);
   at::Tensor O = comm.assemble_orthogonalize(std::move(U), plan, o, *env.ortho_fn, o.split_sizes(), scales);
+  const float lr = f32(o.lr());
+  const float adj = math::adjusted_lr(lr, o.adjust_lr(), adjust_shape, o.flatten());
+  // FAST path, local rows: NorMuon's normalization fused with the update (two passes over O).
+  if (nor && env.ortho->path == math::OrthoPath::FAST && !comm.shard_sum(plan) &&
+      !comm.column_shards(plan).sum_over_columns && o.split_sizes().empty() && !o.cautious_wd() &&
+      math::normuon_update_fast(X, O, V, {}, f32(o.muon_beta2()), lr, adj, f32(o.weight_decay())))
+    return;
   if (nor) {
     // Sharded or not, each rank normalizes the rows it holds (per-neuron statistics are local,
     // summed over the column blocks under 2-D sharding).
@@ -34,8 +41,6 @@ void muon_update(const Batch& batch, const Options& o, const Env& env) {
     for (size_t i = 0; i < V.size(); ++i) V[i].copy_(V_parts[i]);
     O = normed;
   }
-  const float lr = f32(o.lr());
-  const float adj = math::adjusted_lr(lr, o.adjust_lr(), adjust_shape, o.flatten());
   math::muon_post(X, O.unbind(0), lr, adj, f32(o.weight_decay()), o.cautious_wd());
 }
 
