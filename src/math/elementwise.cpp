@@ -12,7 +12,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace dion::math::cpu {
@@ -113,7 +115,16 @@ void check_matrix(const at::Tensor& t, const char* who, const char* name) {
 
 // ---------------------------------------------------------------------------- checks
 
+bool fused_kernels_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("DION_DISABLE_FUSED");
+    return v == nullptr || std::string(v).empty() || std::string(v) == "0";
+  }();
+  return enabled;
+}
+
 bool cpu_fusable(const at::Tensor& A, const at::Tensor& B, const at::Tensor& C) {
+  if (!fused_kernels_enabled()) return false;
   auto ok = [&A](const at::Tensor& t) {
     return t.defined() && t.device().is_cpu() && t.is_contiguous() && t.numel() == A.numel() &&
            (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);

@@ -25,7 +25,13 @@
 
 namespace dion::math::cpu {
 
-// Every tensor defined, on the CPU, contiguous, float32 or bfloat16, of A's number of elements.
+// False when the environment sets DION_DISABLE_FUSED (to anything but "" or "0"): every caller
+// then takes its ATen composition, the state before these kernels (a measurement switch:
+// `DION_DISABLE_FUSED=1 dion-bench step --phases`, docs/benchmarks.md). Read once.
+bool fused_kernels_enabled();
+
+// Every tensor defined, on the CPU, contiguous, float32 or bfloat16, of A's number of elements
+// (and fused_kernels_enabled()).
 bool cpu_fusable(const at::Tensor& A, const at::Tensor& B, const at::Tensor& C = at::Tensor());
 
 // Muon's momentum: g = G.to(M's dtype); M.mul_(mu).add_(g); when U is defined,
