@@ -187,6 +187,24 @@ TEST(Elementwise, SelectionAndPostEqualAten) {
         }
 }
 
+TEST(Elementwise, AddAndCopyEqualsAten) {
+  at::manual_seed(9);
+  for (const auto& shape : kShapes)
+    for (at::ScalarType tm : kTypes)
+      for (at::ScalarType tg : kTypes)
+        for (bool transpose : {false, true}) {
+          const std::string what = "M " + name(tm) + " G " + name(tg) + (transpose ? " transposed" : "");
+          const at::Tensor M0 = rand_like_dtype(shape, tm), G = rand_like_dtype(shape, tg, 0.1);
+          at::Tensor M_ref = M0.clone();
+          M_ref.add_(G);  // legacy Dion: G is not cast to M's dtype first
+          const at::Tensor out_ref = at::stack({transpose ? M_ref.mT() : M_ref}, 0)[0];
+          at::Tensor M = M0.clone(), out = at::empty(out_ref.sizes(), M0.options());
+          cpu::add_and_copy_(M, G, out, transpose);
+          expect_identical(M, M_ref, what + ": M");
+          expect_identical(out, out_ref, what + ": out");
+        }
+}
+
 // dion2_pre's fused branch (contiguous 2-D matrices) against its ATen branch (the same matrices
 // as strided views): the same selection, U, M.
 TEST(Elementwise, Dion2PreFusedEqualsAtenBranch) {

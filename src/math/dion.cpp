@@ -108,10 +108,19 @@ DionBatch dion_power(at::TensorList G, at::TensorList M, at::TensorList Q, int t
   RECORD_USER_SCOPE("dion::dion_power");
   DionBatch b;
   b.transposed = transposed < 0 ? dion_is_transposed(M[0].size(0), M[0].size(1)) : transposed == 1;
-  for (size_t i = 0; i < M.size(); ++i) M[i].add_(G[i]);  // M += G
-  std::vector<at::Tensor> Ms;
-  for (const at::Tensor& mm : M) Ms.push_back(b.transposed ? mm.mT() : mm);
-  b.M_batch = at::stack(Ms, 0);                             // [B, m', n']
+  bool fused = !M.empty();
+  for (size_t i = 0; fused && i < M.size(); ++i)
+    fused = M[i].dim() == 2 && M[i].sizes() == M[0].sizes() && cpu::cpu_fusable(M[i], G[i]);
+  if (fused) {  // M += G and the stacking in one pass (bit-identical to the ops below)
+    const int64_t m = M[0].size(0), n = M[0].size(1);
+    b.M_batch = at::empty({static_cast<int64_t>(M.size()), b.transposed ? n : m, b.transposed ? m : n}, M[0].options());
+    for (size_t i = 0; i < M.size(); ++i) cpu::add_and_copy_(M[i], G[i], b.M_batch[static_cast<int64_t>(i)], b.transposed);
+  } else {
+    for (size_t i = 0; i < M.size(); ++i) M[i].add_(G[i]);  // M += G
+    std::vector<at::Tensor> Ms;
+    for (const at::Tensor& mm : M) Ms.push_back(b.transposed ? mm.mT() : mm);
+    b.M_batch = at::stack(Ms, 0);  // [B, m', n']
+  }
   b.Q_batch = at::stack(Q, 0).to(b.M_batch.scalar_type());  // [B, n', r]
   b.P = at::matmul(b.M_batch, b.Q_batch);                   // [B, m', r]
   return b;

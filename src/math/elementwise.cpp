@@ -419,6 +419,49 @@ void decay_and_update_selected_(const at::Tensor& X, const at::Tensor& U, const 
   });
 }
 
+// ---------------------------------------------------------------------------- legacy Dion
+
+void add_and_copy_(const at::Tensor& M, const at::Tensor& G, const at::Tensor& out, bool transpose) {
+  constexpr const char* who = "add_and_copy_";
+  check_matrix(M, who, "M");
+  check_matrix(out, who, "out");
+  TORCH_CHECK(cpu_fusable(M, G), who, ": G must be a contiguous float32 / bfloat16 CPU tensor like M ", M.sizes());
+  const int64_t rows = M.size(0), cols = M.size(1);
+  TORCH_CHECK(out.scalar_type() == M.scalar_type() && out.size(0) == (transpose ? cols : rows) &&
+                  out.size(1) == (transpose ? rows : cols),
+              who, ": out must be M's dtype and shape", transpose ? " transposed" : "", ", got ", out.sizes());
+  with_type(M.scalar_type(), [&](auto tm) {
+    using TM = decltype(tm);
+    with_type(G.scalar_type(), [&](auto tg) {
+      using TG = decltype(tg);
+      auto* m = ptr<TM>(M);
+      const auto* g = ptr<TG>(G);
+      auto* o = ptr<TM>(out);
+      if (!transpose) {
+        at::parallel_for(0, rows * cols, kGrain, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            const auto v = TM::store(TM::load(m[i]) + TG::load(g[i]));
+            m[i] = v;
+            o[i] = v;
+          }
+        });
+        return;
+      }
+      constexpr int64_t kTile = 16;  // the transposed writes stay within one tile's cache lines
+      for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+        const int64_t r1 = std::min(rows, r0 + kTile);
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t c = 0; c < cols; ++c) m[r * cols + c] = TM::store(TM::load(m[r * cols + c]) + TG::load(g[r * cols + c]));
+        for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+          const int64_t c1 = std::min(cols, c0 + kTile);
+          for (int64_t c = c0; c < c1; ++c)
+            for (int64_t r = r0; r < r1; ++r) o[c * rows + r] = m[r * cols + c];
+        }
+      }
+    });
+  });
+}
+
 // ---------------------------------------------------------------------------- NorMuon (FAST)
 
 void normuon_update_(const at::Tensor& X, const at::Tensor& U, const at::Tensor& V, const at::Tensor& idx,

@@ -67,6 +67,11 @@ void take_selected_(const at::Tensor& M, const at::Tensor& idx, const at::Tensor
 void decay_and_update_selected_(const at::Tensor& X, const at::Tensor& U, const at::Tensor& idx, float decay,
                                 float neg_lr, int64_t select_dim);
 
+// Legacy Dion's M.add_(G) (computed in float, rounded to M's dtype: G is not cast first) with
+// the new M also written to `out` (M's dtype), as it is ([m, n]) or transposed ([n, m]): the
+// accumulation and the copy into the stacked M_batch in one pass. M, G [m, n].
+void add_and_copy_(const at::Tensor& M, const at::Tensor& G, const at::Tensor& out, bool transpose);
+
 // ---- FAST path only (not bit-identical: float sums in another order than ATen's mean / norm)
 
 // NorMuon's (and NorDion2's) normalization fused with the update, for one matrix, in two passes
