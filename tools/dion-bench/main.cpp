@@ -448,7 +448,7 @@ int main(int argc, char** argv) {
   try {
     at::set_num_threads(common.threads);
     dion::bench::AllocCounter::install();
-    dion::bench::PhaseTimer::install();
+    if (step.phases) dion::bench::PhaseTimer::install();  // a global callback: only when asked
     std::printf("load average %s; %d thread(s)\n",
                 dion::bench::machine_info()["loadavg"].get<std::string>().c_str(),
                 at::get_num_threads());
