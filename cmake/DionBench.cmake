@@ -33,6 +33,11 @@ if(DION_BUILD_TESTS)
 '${Python3_EXECUTABLE}' '${CMAKE_CURRENT_SOURCE_DIR}/scripts/cost_model.py' check --bench '${_dist_json}'")
     set_tests_properties(dion_bench_dist_smoke PROPERTIES TIMEOUT 300 RESOURCE_LOCK multiprocess)
   endif()
+  # --phases: every library phase of both families shows up (muon_pre / dion2_pre, orthogonalize, lion, ...).
+  add_test(NAME dion_bench_step_phases_smoke COMMAND dion-bench step --sets 64x1 --vocab 128 --reps 1
+                                                     --algos normuon,dion2 --paths exact,fast --phases)
+  set_tests_properties(dion_bench_step_phases_smoke PROPERTIES
+    PASS_REGULAR_EXPRESSION "normuon +exact phases.*muon_pre.*orthogonalize.*normuon_normalize.*lion.*adamw.*normuon +fast +phases.*normuon_update_fast.*dion2 +exact phases.*dion2_pre.*dion2_post")
   # A bad value: exit 2 naming the flag, before anything is measured (cmake/DionUsageTests.cmake).
   dion_add_usage_tests(PREFIX dion_bench TARGET dion-bench
     BAD "no_subcommand||subcommand is required"

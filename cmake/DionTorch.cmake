@@ -73,6 +73,7 @@ add_library(dion
   src/math/nordion2.cpp
   src/math/dion.cpp
   src/math/scalar.cpp
+  src/math/elementwise.cpp
   src/optim/options.cpp
   src/optim/optimizer.cpp
   src/optim/plan.cpp

@@ -3,10 +3,12 @@
 #include "dion/math/dion.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 
 #include "dion/math/rates.h"
+#include "dion/math/elementwise.h"
 #include "scalar_tensor.h"
 
 #include <algorithm>
@@ -37,6 +39,7 @@ at::Generator dion_sketch_generator(const at::Device& device, uint64_t seed) {
 }
 
 at::Tensor dion_orthonormalize(const at::Tensor& P, float oversample, std::optional<at::Generator> generator) {
+  RECORD_USER_SCOPE("dion::dion_orthonormalize");
   TORCH_CHECK(P.dim() >= 3, "dion_orthonormalize expects a batch [B, rows, r], got ", P.sizes());
   const auto dtype = P.scalar_type();
   const int64_t rows = P.size(-2), r = P.size(-1);
@@ -67,20 +70,58 @@ void foreach_baddbmm(at::TensorList X, const at::Tensor& A, const at::Tensor& B,
   at::Tensor update = transpose ? at::matmul(B, A.mT()) : at::matmul(A, B.mT());
   std::vector<at::Tensor> parts = update.unbind(0);
   for (size_t i = 0; i < X.size(); ++i) {
+    if (alpha.is_cpu() && beta.is_cpu() && cpu::cpu_fusable(X[i], parts[i]) && X[i].sizes() == parts[i].sizes()) {
+      // One pass, bit-identical to the three ops below (dion/math/elementwise.h).
+      cpu::decay_and_update_(X[i], parts[i], beta.item<float>(), alpha.item<float>(), /*step_in_x_dtype=*/false);
+      continue;
+    }
     at::Tensor scaled = scale(parts[i], alpha);
     scale_(X[i], beta);
     X[i].add_(scaled);
   }
 }
+
+// [B, 1, 1] bool: which matrices of M_batch [B, m, n] are all zero. On the CPU a scan that
+// stops at the first nonzero entry (NaN counts as nonzero, -0 as zero, as `== 0` does).
+at::Tensor all_zero_mask(const at::Tensor& M_batch) {
+  if (!M_batch.device().is_cpu() || !M_batch.is_contiguous() ||
+      (M_batch.scalar_type() != at::kFloat && M_batch.scalar_type() != at::kBFloat16))
+    return (M_batch == 0).flatten(-2).all(-1).unsqueeze(-1).unsqueeze(-1);
+  const int64_t B = M_batch.size(0), per = B > 0 ? M_batch.numel() / B : 0;
+  at::Tensor mask = at::empty({B, 1, 1}, M_batch.options().dtype(at::kBool));
+  bool* out = mask.data_ptr<bool>();
+  for (int64_t b = 0; b < B; ++b) {
+    bool zero = true;
+    if (M_batch.scalar_type() == at::kFloat) {
+      const float* p = M_batch.data_ptr<float>() + b * per;
+      for (int64_t i = 0; zero && i < per; ++i) zero = p[i] == 0.0f;
+    } else {
+      const at::BFloat16* p = M_batch.data_ptr<at::BFloat16>() + b * per;
+      for (int64_t i = 0; zero && i < per; ++i) zero = static_cast<float>(p[i]) == 0.0f;
+    }
+    out[b] = zero;
+  }
+  return mask;
+}
 }  // namespace
 
 DionBatch dion_power(at::TensorList G, at::TensorList M, at::TensorList Q, int transposed) {
+  RECORD_USER_SCOPE("dion::dion_power");
   DionBatch b;
   b.transposed = transposed < 0 ? dion_is_transposed(M[0].size(0), M[0].size(1)) : transposed == 1;
-  for (size_t i = 0; i < M.size(); ++i) M[i].add_(G[i]);  // M += G
-  std::vector<at::Tensor> Ms;
-  for (const at::Tensor& mm : M) Ms.push_back(b.transposed ? mm.mT() : mm);
-  b.M_batch = at::stack(Ms, 0);                             // [B, m', n']
+  bool fused = !M.empty();
+  for (size_t i = 0; fused && i < M.size(); ++i)
+    fused = M[i].dim() == 2 && M[i].sizes() == M[0].sizes() && cpu::cpu_fusable(M[i], G[i]);
+  if (fused) {  // M += G and the stacking in one pass (bit-identical to the ops below)
+    const int64_t m = M[0].size(0), n = M[0].size(1);
+    b.M_batch = at::empty({static_cast<int64_t>(M.size()), b.transposed ? n : m, b.transposed ? m : n}, M[0].options());
+    for (size_t i = 0; i < M.size(); ++i) cpu::add_and_copy_(M[i], G[i], b.M_batch[static_cast<int64_t>(i)], b.transposed);
+  } else {
+    for (size_t i = 0; i < M.size(); ++i) M[i].add_(G[i]);  // M += G
+    std::vector<at::Tensor> Ms;
+    for (const at::Tensor& mm : M) Ms.push_back(b.transposed ? mm.mT() : mm);
+    b.M_batch = at::stack(Ms, 0);  // [B, m', n']
+  }
   b.Q_batch = at::stack(Q, 0).to(b.M_batch.scalar_type());  // [B, n', r]
   b.P = at::matmul(b.M_batch, b.Q_batch);                   // [B, m', r]
   return b;
@@ -99,13 +140,14 @@ void dion_step(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorL
 void dion_finish(at::TensorList X, at::TensorList M, at::TensorList Q, const DionBatch& b, at::Tensor P,
                  at::Tensor R, const Rates& r, float mu, float epsilon, c10::IntArrayRef shape,
                  const std::function<void(at::Tensor&)>& sum_columns) {
+  RECORD_USER_SCOPE("dion::dion_finish");
   const int64_t m = shape.empty() ? X[0].size(0) : shape[0], n = shape.empty() ? X[0].size(1) : shape[1];
   const bool transposed = b.transposed;
   const at::Tensor& M_batch = b.M_batch;
   const at::Tensor& Q_batch = b.Q_batch;
 
   // All-zero momentum: P = 0 and R = previous Q (so Q is kept); NaNs are zeroed.
-  at::Tensor all_zero = (M_batch == 0).flatten(-2).all(-1).unsqueeze(-1).unsqueeze(-1);
+  at::Tensor all_zero = all_zero_mask(M_batch);  // [B, 1, 1]
   at::Tensor not_zero = all_zero.logical_not();
   P = P.nan_to_num() * not_zero;
   R = R.nan_to_num() * not_zero + Q_batch * all_zero;

@@ -3,9 +3,11 @@
 #include "dion/math/dion2.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include "dion/cuda/fused.h"
 #include "dion/math/rates.h"
+#include "dion/math/elementwise.h"
 #include "scalar_tensor.h"
 
 #include <algorithm>
@@ -38,28 +40,49 @@ Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float e
                     int64_t select_dim, at::ScalarType comm_dtype, int64_t k_override,
                     const std::function<void(at::Tensor&)>& sum_norms) {
   TORCH_CHECK(select_dim == -2 || select_dim == -1, "dion2: select_dim must be -2 or -1");
+  RECORD_USER_SCOPE("dion::dion2_pre");
   Selection out;
   const int64_t n_select = M[0].size(select_dim);
   const int64_t norm_dim = select_dim == -2 ? -1 : -2;
   const int64_t k = k_override > 0 ? k_override : dion2_num_selected(fraction, n_select);
   const int64_t k_topk = std::min(k, n_select);
 
-  for (size_t i = 0; i < M.size(); ++i) M[i].add_(G[i].to(M[i].scalar_type()));  // M += G
-
-  if (n_select == 0) {  // an empty shard: nothing to select
-    for (const at::Tensor& m : M) {
-      out.U.push_back(m.to(comm_dtype));
-      out.indices.push_back(at::empty({0}, m.options().dtype(at::kLong)));
+  // Matrices (not 3-D+ or per-head batches) of contiguous float32 / bf16 CPU tensors take the
+  // fused kernels: M += G with the slice norms in one pass, then the selection and its error
+  // feedback in one pass per matrix (bit-identical to the ATen ops of the other branch).
+  bool fused = n_select > 0 && (comm_dtype == at::kFloat || comm_dtype == at::kBFloat16);
+  for (size_t i = 0; fused && i < M.size(); ++i)
+    fused = M[i].dim() == 2 && M[i].sizes() == M[0].sizes() && cpu::cpu_fusable(M[i], G[i]);
+  const int64_t N = static_cast<int64_t>(M.size());
+  at::Tensor norms, M_stacked;
+  if (fused) {
+    norms = at::empty({N, n_select}, M[0].options());  // [N, n_select]
+    for (int64_t i = 0; i < N; ++i) cpu::accumulate_l1_norms_(M[i], G[i], norms[i], select_dim);
+  } else {
+    for (size_t i = 0; i < M.size(); ++i) M[i].add_(G[i].to(M[i].scalar_type()));  // M += G
+    if (n_select == 0) {  // an empty shard: nothing to select
+      for (const at::Tensor& m : M) {
+        out.U.push_back(m.to(comm_dtype));
+        out.indices.push_back(at::empty({0}, m.options().dtype(at::kLong)));
+      }
+      return out;
     }
-    return out;
+    M_stacked = at::stack(M, 0);  // [N, .., m, n]
+    norms = at::linalg_vector_norm(M_stacked, 1, at::IntArrayRef{norm_dim}, false);
   }
-  at::Tensor M_stacked = at::stack(M, 0);                                      // [N, .., m, n]
-  at::Tensor norms = at::linalg_vector_norm(M_stacked, 1, at::IntArrayRef{norm_dim}, false);
   if (sum_norms) sum_norms(norms);  // partial norms of slices split across ranks -> whole
   at::Tensor indices = std::get<1>(at::topk(norms, k_topk, -1, /*largest=*/true, /*sorted=*/false));
-  at::Tensor selected = at::gather(M_stacked, select_dim, expand_index(indices, M_stacked, select_dim));
-
   std::vector<at::Tensor> idx_list = indices.unbind(0);
+  if (fused) {
+    std::vector<int64_t> shape = {N, M[0].size(0), M[0].size(1)};
+    shape[select_dim == -2 ? 1 : 2] = k_topk;
+    at::Tensor U = at::empty(shape, M[0].options().dtype(comm_dtype));  // [N, k, n] | [N, m, k]
+    for (int64_t i = 0; i < N; ++i) cpu::take_selected_(M[i], idx_list[static_cast<size_t>(i)], U[i], ef_decay, select_dim);
+    out.U = U.unbind(0);
+    out.indices = std::move(idx_list);
+    return out;
+  }
+  at::Tensor selected = at::gather(M_stacked, select_dim, expand_index(indices, M_stacked, select_dim));
   std::vector<at::Tensor> sel_list = selected.unbind(0);
   for (size_t i = 0; i < M.size(); ++i) {  // error feedback on the selected slices
     M[i].scatter_(select_dim, expand_index(idx_list[i], M[i], select_dim), sel_list[i] * f32(ef_decay));
@@ -81,10 +104,17 @@ std::vector<at::Tensor> dion2_take_selected(at::TensorList M, at::TensorList ind
 }
 
 void dion2_post(at::TensorList X, at::TensorList U, at::TensorList indices, const Rates& r, int64_t select_dim) {
+  RECORD_USER_SCOPE("dion::dion2_post");
   const at::Tensor decay = r.decay_t();
-  for (const at::Tensor& x : X) scale_(x, decay);
   const at::Tensor neg_lr = r.neg_adjusted_lr_t();
   for (size_t i = 0; i < X.size(); ++i) {
+    if (!r.on_device() && X[i].dim() == 2 && U[i].dim() == 2 && indices[i].dim() == 1 &&
+        cpu::cpu_fusable(X[i], X[i]) && cpu::cpu_fusable(U[i], U[i]) && indices[i].device().is_cpu()) {
+      // One pass, bit-identical to the decay and scatter_add_ below (dion/math/elementwise.h).
+      cpu::decay_and_update_selected_(X[i], U[i], indices[i], r.decay(), -r.adjusted_lr, select_dim);
+      continue;
+    }
+    scale_(X[i], decay);
     at::Tensor u = scale(U[i].to(X[i].scalar_type()), neg_lr);
     X[i].scatter_add_(select_dim, expand_index(indices[i], u, select_dim), u);
   }

@@ -2,6 +2,7 @@
 #include "dion/math/nordion2.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include "dion/math/normuon.h"
 #include "scalar_tensor.h"
@@ -14,6 +15,7 @@ std::pair<at::Tensor, at::Tensor> nordion2_normalize_selected(const at::Tensor& 
                                                               float beta2,
                                                               const ShardSum& sum_over_shards,
                                                               const ColumnShards& column_shards) {
+  RECORD_USER_SCOPE("dion::nordion2_normalize");
   at::Tensor idx = indices.unsqueeze(-1);                              // [N, .., k, 1]
   at::Tensor V_sel = at::gather(V, -2, idx).to(at::kFloat);            // [N, .., k, 1]
   auto [U_normed, V_sel_new] = normuon_normalize(U, V_sel, beta2, {}, sum_over_shards, column_shards);

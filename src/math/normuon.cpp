@@ -2,6 +2,9 @@
 #include "dion/math/normuon.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
+
+#include "dion/math/elementwise.h"
 
 namespace dion::math {
 
@@ -42,6 +45,7 @@ std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const a
                                                     const std::vector<int64_t>& split_sizes,
                                                     const ShardSum& sum_over_shards,
                                                     const ColumnShards& column_shards) {
+  RECORD_USER_SCOPE("dion::normuon_normalize");
   if (split_sizes.empty()) return normalize_core(U, V, beta2, sum_over_shards, column_shards);
   std::vector<at::Tensor> us = U.split_with_sizes(split_sizes, -2);
   std::vector<at::Tensor> vs = V.split_with_sizes(split_sizes, -2);
@@ -52,6 +56,26 @@ std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const a
     out_v.push_back(v);
   }
   return {at::cat(out_u, -2), at::cat(out_v, -2)};
+}
+
+bool normuon_update_fast(at::TensorList X, const at::Tensor& O, at::TensorList V, at::TensorList indices,
+                         float beta2, float lr, float adjusted_lr, float weight_decay) {
+  RECORD_USER_SCOPE("dion::normuon_update_fast");
+  const int64_t N = static_cast<int64_t>(X.size());
+  if (N == 0 || O.dim() != X[0].dim() + 1 || O.size(0) != N || !cpu::cpu_fusable(O, O) || V.size() != X.size() ||
+      (!indices.empty() && (indices.size() != X.size() || X[0].dim() != 2)))
+    return false;
+  for (int64_t i = 0; i < N; ++i)
+    if (!cpu::cpu_fusable(X[i], X[i]) || !cpu::cpu_fusable(V[i], V[i]) || V[i].numel() * X[i].size(-1) != X[i].numel())
+      return false;
+  const int64_t m = X[0].size(-2), n = X[0].size(-1), k = O.size(-2);
+  for (int64_t i = 0; i < N; ++i) {
+    const at::Tensor x = X[i].reshape({-1, m, n}), u = O[i].reshape({-1, k, n}), v = V[i].reshape({-1, m, 1});
+    for (int64_t h = 0; h < x.size(0); ++h)
+      cpu::normuon_update_(x[h], u[h], v[h], indices.empty() ? at::Tensor() : indices[static_cast<size_t>(i)], beta2,
+                           1.0f - lr * weight_decay, -adjusted_lr);
+  }
+  return true;
 }
 
 }  // namespace dion::math

@@ -6,6 +6,7 @@
 #include "dion/math/ortho.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include "ortho_coeffs.h"
 
@@ -105,9 +106,32 @@ OrthoFn OrthoConfig::function() const {
   return [dt](const at::Tensor& X, double eps) { return polar_express(X, eps, dt); };
 }
 
+at::Tensor stack_megabatch(const std::vector<at::Tensor>& U) {
+  TORCH_CHECK(!U.empty(), "stack_megabatch: empty megabatch");
+  const at::Tensor& first = U[0];
+  if (U.size() == 1) return first.unsqueeze(0);
+  const int64_t bytes = first.numel() * static_cast<int64_t>(first.element_size());
+  bool adjacent = first.is_contiguous() && bytes > 0;
+  for (size_t i = 1; adjacent && i < U.size(); ++i) {
+    const at::Tensor& u = U[i];
+    adjacent = u.is_contiguous() && u.sizes() == first.sizes() && u.scalar_type() == first.scalar_type() &&
+               u.device() == first.device() && u.is_alias_of(first) &&
+               static_cast<const char*>(u.data_ptr()) ==
+                   static_cast<const char*>(first.data_ptr()) + static_cast<int64_t>(i) * bytes;
+  }
+  if (!adjacent) return at::stack(U, 0);
+  std::vector<int64_t> sizes = {static_cast<int64_t>(U.size())}, strides = {first.numel()};
+  for (int64_t d = 0; d < first.dim(); ++d) {
+    sizes.push_back(first.size(d));
+    strides.push_back(first.stride(d));
+  }
+  return first.as_strided(sizes, strides, first.storage_offset());  // [N, *shape], no copy
+}
+
 at::Tensor orthogonalize_megabatch(const at::Tensor& X, const OrthoFn& fn, bool flatten,
                                    double epsilon, const std::vector<int64_t>& split_sizes,
                                    const std::vector<double>& split_scales) {
+  RECORD_USER_SCOPE("dion::orthogonalize");
   // X: [N, *param_shape]
   TORCH_CHECK(X.dim() >= 3, "orthogonalize_megabatch: expected [N, m, n] or more, got ", X.sizes());
   if (!split_sizes.empty()) {

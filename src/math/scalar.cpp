@@ -2,9 +2,11 @@
 #include "dion/math/scalar.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include <vector>
 
+#include "dion/math/elementwise.h"
 #include "dion/math/muon.h"
 #include "dion/math/rates.h"
 #include "scalar_tensor.h"
@@ -13,6 +15,7 @@ namespace dion::math {
 
 void adamw_update(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList V,
                   at::TensorList steps, const AdamWHyper& h) {
+  RECORD_USER_SCOPE("dion::adamw");
   if (X.empty()) return;
   std::vector<at::Tensor> X_orig;
   const bool cwd = h.cautious_wd && h.weight_decay > 0.0f;
@@ -42,6 +45,14 @@ void adamw_update(at::TensorList X, at::TensorList G, at::TensorList M, at::Tens
 }
 
 void lion_update(at::TensorList X, at::TensorList G, at::TensorList M, const LionHyper& h) {
+  RECORD_USER_SCOPE("dion::lion");
+  bool fused = !h.cautious_wd && !h.lr_dev.defined();  // host values only
+  for (size_t i = 0; fused && i < X.size(); ++i) fused = cpu::cpu_fusable(X[i], G[i], M[i]);
+  if (fused) {
+    // One pass per tensor, bit-identical to the ops below (dion/math/elementwise.h).
+    for (size_t i = 0; i < X.size(); ++i) cpu::lion_(X[i], G[i], M[i], h.lr, h.beta1, h.beta2, h.weight_decay);
+    return;
+  }
   std::vector<at::Tensor> U;
   U.reserve(X.size());
   for (size_t i = 0; i < X.size(); ++i) {

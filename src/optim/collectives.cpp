@@ -2,6 +2,7 @@
 #include "collectives.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <limits>
@@ -45,7 +46,11 @@ at::Tensor Collectives::assemble_orthogonalize(std::vector<at::Tensor> U, const 
   };
   if (!plan.communicate || !dist_) {
     // One parameter: orthogonalize it as it is (the reference's N == 1 path); several: one stack.
-    at::Tensor stacked = U.size() == 1 ? U[0].unsqueeze(0) : at::stack(U, 0);
+    at::Tensor stacked;
+    {
+      RECORD_USER_SCOPE("dion::stack");
+      stacked = math::stack_megabatch(U);  // a view when the pre step wrote U into one buffer
+    }
     return apply(stacked);
   }
   OrthoRequest request;

@@ -1,7 +1,7 @@
 // tools/dion-bench — dion-cpp's benchmark program (docs/benchmarks.md).
 //
 //   dion-bench ortho  [--shapes 2048x2048x1,...] [--dtypes bf16,fp32] [--reps N] [--check]
-//   dion-bench step   [--sets 768x2,256x4] [--algos muon,...] [--paths exact,fast,gram]
+//   dion-bench step   [--sets 768x2,256x4] [--algos muon,...] [--paths exact,fast,gram] [--phases]
 //   dion-bench micro  [--sizes 256,512,1024,2048] [--reps N]
 //   dion-bench dist   [--ranks 1,2,4] [--sets 256x4] [--variants muon,dion2@0.25,...] [--layouts fsdp,ddp]
 //   dion-bench all    (the four, with their defaults)
@@ -193,6 +193,7 @@ struct StepArgs {
   std::string paths = "exact,fast,gram";
   int reps = 3;
   int64_t vocab = 8192;
+  bool phases = false;
 };
 
 struct Built {
@@ -251,7 +252,25 @@ void run_step(const Common& common, const StepArgs& a) {
       std::vector<std::function<void()>> fns;
       for (Built& b : opts) fns.push_back([&b] { b.opt->step(); });
       const auto times = interleave(fns, a.reps, 0);
-      // Every optimizer has taken 3 + reps steps on the same gradients: compare the matrices.
+      if (a.phases) {  // one more step each, CPU ms per library phase (not part of the diff below)
+        for (size_t i = 0; i < opts.size(); ++i) {
+          dion::bench::PhaseTimer::begin();
+          const double t0 = dion::bench::cpu_seconds();
+          opts[i].opt->step();
+          const double total = dion::bench::cpu_seconds() - t0;
+          json phases = {{"step", total * 1e3}};
+          std::printf("%-7s %-9s %-5s phases (CPU ms, nested scopes in both): step %.1f", set.c_str(), algo.c_str(),
+                      names[i].c_str(), total * 1e3);
+          for (const auto& [name, sec] : dion::bench::PhaseTimer::end()) {
+            phases[name.substr(6)] = sec * 1e3;
+            std::printf("  %s %.1f", name.c_str() + 6, sec * 1e3);
+          }
+          std::printf("\n");
+          row[names[i]]["phases_ms"] = phases;
+        }
+      }
+      // Every optimizer has taken 3 + reps (+ 1 with --phases) steps on the same gradients:
+      // compare the matrices.
       for (size_t i = 0; i < opts.size(); ++i) {
         row[names[i]]["ms"] = median(times[i]) * 1e3;
         row[names[i]]["reps_ms"] = times[i];
@@ -429,6 +448,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   c_step->add_option("--reps", step.reps, "timed steps")->check(CLI::Range(1, 1 << 30));
   c_step->add_option("--vocab", step.vocab, "embedding / lm_head rows")->check(CLI::Range(1, 1 << 30));
+  c_step->add_flag("--phases", step.phases, "one more step per variant: CPU ms per library phase (dion::* scopes)");
 
   MicroArgs micro;
   CLI::App* c_micro = app.add_subcommand("micro", "Dion's microbenchmark: step time vs matrix size");
@@ -467,6 +487,7 @@ int main(int argc, char** argv) {
     at::set_num_threads(common.threads);
     if (c_dist->parsed() && !dist.rank_result.empty()) return dion::bench::run_dist_rank(dargs, dist.rank_result);
     dion::bench::AllocCounter::install();
+    if (step.phases) dion::bench::PhaseTimer::install();  // a global callback: only when asked
     std::printf("load average %s; %d thread(s)\n",
                 dion::bench::machine_info()["loadavg"].get<std::string>().c_str(),
                 at::get_num_threads());

@@ -2,6 +2,7 @@
 #include "measure.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/core/CPUAllocator.h>
 #include <sys/resource.h>
 #include <torch/version.h>
@@ -9,7 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <ctime>
+#include <cstring>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -43,6 +46,34 @@ class CountingAllocator final : public c10::Allocator {
  private:
   c10::Allocator* inner_;
 };
+
+// PhaseTimer: per scope name, accumulated thread CPU seconds (only while g_phases_on).
+std::atomic<bool> g_phases_on{false};
+std::mutex g_phases_mutex;
+std::vector<std::pair<std::string, double>> g_phases;
+
+struct PhaseStart : at::ObserverContext {
+  double t0 = 0;
+};
+
+std::unique_ptr<at::ObserverContext> phase_enter(const at::RecordFunction& fn) {
+  if (!g_phases_on || std::strncmp(fn.name(), "dion::", 6) != 0) return nullptr;
+  auto ctx = std::make_unique<PhaseStart>();
+  ctx->t0 = clock_of(CLOCK_THREAD_CPUTIME_ID);
+  return ctx;
+}
+
+void phase_exit(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+  if (!ctx) return;
+  const double dt = clock_of(CLOCK_THREAD_CPUTIME_ID) - static_cast<PhaseStart*>(ctx)->t0;
+  std::lock_guard<std::mutex> lock(g_phases_mutex);
+  for (auto& [name, t] : g_phases)
+    if (name == fn.name()) {
+      t += dt;
+      return;
+    }
+  g_phases.emplace_back(fn.name(), dt);
+}
 
 std::string read_first_line(const char* path) {
   std::ifstream in(path);
@@ -102,6 +133,23 @@ void AllocCounter::begin() {
 }
 int64_t AllocCounter::bytes() { return g_bytes.load(); }
 int64_t AllocCounter::calls() { return g_calls.load(); }
+
+void PhaseTimer::install() {
+  at::addGlobalCallback(
+      at::RecordFunctionCallback(phase_enter, phase_exit).scopes({at::RecordScope::USER_SCOPE}).needsInputs(false));
+}
+
+void PhaseTimer::begin() {
+  std::lock_guard<std::mutex> lock(g_phases_mutex);
+  g_phases.clear();
+  g_phases_on = true;
+}
+
+std::vector<std::pair<std::string, double>> PhaseTimer::end() {
+  g_phases_on = false;
+  std::lock_guard<std::mutex> lock(g_phases_mutex);
+  return g_phases;
+}
 
 int64_t peak_rss_bytes() {
   rusage ru{};

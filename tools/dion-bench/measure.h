@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dion::bench {
@@ -33,6 +34,15 @@ struct AllocCounter {
   static void begin();
   static int64_t bytes();  // since begin()
   static int64_t calls();
+};
+
+// Thread CPU time spent inside each library phase (the RecordFunction user scopes "dion::*" that
+// src/math opens: dion::muon_pre, dion::orthogonalize, dion::lion, ...) between begin() and
+// end(), in seconds per scope name; nested scopes count in both. install() once.
+struct PhaseTimer {
+  static void install();
+  static void begin();
+  static std::vector<std::pair<std::string, double>> end();  // in order of first entry
 };
 
 // Peak resident set size of this process, bytes (getrusage).

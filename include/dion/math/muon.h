@@ -6,9 +6,12 @@
 //          X -= adjusted_lr * U
 //
 // Functions over lists of same-shape local tensors; no layouts, no communication. NorMuon and
-// NorDion2 reuse `post`. On contiguous float32/bf16 CUDA tensors, `pre` and `post` (without
-// cautious weight decay) run as one fused kernel each (dion/cuda/fused.h), bit-identical to the
-// ATen ops they replace; on CPU they are those ATen ops. Shapes: X, G, M [..., m, n] each; U the same.
+// NorDion2 reuse `post`. On contiguous float32/bf16 tensors, `pre` and `post` (without
+// cautious weight decay) run as one fused kernel each, bit-identical to the ATen ops they
+// replace: dion/cuda/fused.h on CUDA, dion/math/elementwise.h on the CPU; otherwise those ATen
+// ops. `pre` writes the N matrices of a megabatch into one [N, ..., m, n] buffer (U[i] are its
+// consecutive slices), so stack_megabatch (dion/math/ortho.h) views it without a copy.
+// Shapes: X, G, M [..., m, n] each; U the same.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -34,4 +34,15 @@ std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const a
                                                     const ShardSum& sum_over_shards = nullptr,
                                                     const ColumnShards& column_shards = {});
 
+// FAST path only: the normalization fused with the update (dion/math/elementwise.h,
+// cpu::normuon_update_): for every matrix i (and every head, when X[i] is [H, hd, n]),
+// V[i] and U = O[i] normalized as above, then X[i] *= 1 - lr wd and X[i][rows] -= adjusted_lr U,
+// where rows are indices[i] (NorDion2's selected rows; O[i] [.., k, n]) or all rows (indices
+// empty: NorMuon). Differs from normuon_normalize + muon_post / dion2_post by float32 rounding.
+// Local matrices only (no shard sums, no split_sizes, no cautious weight decay: the caller
+// checks). Returns false, having changed nothing, when a tensor is not a contiguous float32 /
+// bf16 CPU tensor.
+bool normuon_update_fast(at::TensorList X, const at::Tensor& O, at::TensorList V, at::TensorList indices,
+                         float beta2, float lr, float adjusted_lr, float weight_decay);
+
 }  // namespace dion::math

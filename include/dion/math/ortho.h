@@ -98,6 +98,11 @@ struct OrthoConfig {
   OrthoFn function() const;               // the callable the optimizers use
 };
 
+// The megabatch U_0 .. U_{N-1} (same shape, dtype and device) as one tensor [N, *shape]: a view
+// when they are already consecutive contiguous slices of one buffer (math::muon_pre and
+// math::dion2_pre write them so), else at::stack's copy. One tensor: U_0.unsqueeze(0).
+at::Tensor stack_megabatch(const std::vector<at::Tensor>& U);
+
 // Orthogonalize a stacked megabatch X [N, *param_shape] the way the reference's
 // muon_update_newton_schulz does, but with flatten applied per matrix:
 //   flatten && param ndim >= 3: each [out, ...] becomes [out, prod(...)];

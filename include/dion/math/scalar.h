@@ -5,7 +5,9 @@
 //        weight decay undoes the decay where sign(M * X) < 0.
 // lion:  U = sign(lerp(M, G, 1 - beta1));  M = lerp(M, G, 1 - beta2);
 //        X *= 1 - lr wd (or cautious);  X -= lr U
-// Hyperparameters are float32, as the reference passes them as 0-d float32 tensors.
+// Hyperparameters are float32, as the reference passes them as 0-d float32 tensors. Lion without
+// cautious weight decay runs as one pass per tensor on contiguous float32 / bf16 CPU tensors
+// (dion/math/elementwise.h), bit-identical to the ATen ops.
 #pragma once
 
 #include <ATen/core/Tensor.h>

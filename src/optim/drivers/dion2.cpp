@@ -167,6 +167,11 @@ void dion2_update(const Batch& batch, const Options& o, const Env& env) {
   }
   math::Selection sel = math::dion2_pre(G, M, o.fraction(), ef, select_dim, env.ortho->dtype, k);
   at::Tensor O = comm.assemble_orthogonalize(std::move(sel.U), plan, o, *env.ortho_fn, {}, {}, k);
+  // FAST path, local rows, host rates: NorDion2's normalization fused with the update.
+  if (nor && env.ortho->path == math::OrthoPath::FAST && !matrix_sharded && !rates.on_device() &&
+      math::normuon_update_fast(X, O, V, sel.indices, f32(o.muon_beta2()), rates.lr, rates.adjusted_lr,
+                                rates.weight_decay))
+    return;
   if (nor) O = normalize_selected(O, V, sel.indices, o, reduce, {});
   math::dion2_post(X, O.unbind(0), sel.indices, rates, select_dim);
 }

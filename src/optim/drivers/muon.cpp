@@ -24,6 +24,14 @@ void muon_update(const Batch& batch, const Options& o, const Env& env) {
 
   std::vector<at::Tensor> U = math::muon_pre(G, M, f32(o.mu()), o.nesterov(), env.ortho->dtype);
   at::Tensor O = comm.assemble_orthogonalize(std::move(U), plan, o, *env.ortho_fn, o.split_sizes(), scales);
+  const math::Rates rates =
+      rates_for(batch, o, env, math::adjusted_lr_factor(o.adjust_lr(), adjust_shape, o.flatten()));
+  // FAST path, local rows, host rates: NorMuon's normalization fused with the update (two
+  // passes over O).
+  if (nor && env.ortho->path == math::OrthoPath::FAST && !rates.on_device() && !comm.shard_sum(plan) &&
+      !comm.column_shards(plan).sum_over_columns && o.split_sizes().empty() && !o.cautious_wd() &&
+      math::normuon_update_fast(X, O, V, {}, f32(o.muon_beta2()), rates.lr, rates.adjusted_lr, rates.weight_decay))
+    return;
   if (nor) {
     // Each rank normalizes its part of the rows as one process would: the Frobenius norms summed
     // over the shards, the per-neuron sums over the column blocks when the columns are sharded.
@@ -34,8 +42,6 @@ void muon_update(const Batch& batch, const Options& o, const Env& env) {
     for (size_t i = 0; i < V.size(); ++i) V[i].copy_(V_parts[i]);
     O = normed;
   }
-  const math::Rates rates =
-      rates_for(batch, o, env, math::adjusted_lr_factor(o.adjust_lr(), adjust_shape, o.flatten()));
   math::muon_post(X, O.unbind(0), rates, o.cautious_wd());
 }
 
