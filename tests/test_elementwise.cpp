@@ -267,7 +267,8 @@ TEST(Elementwise, MuonPreAndPostThroughTheMath) {
 // X within 6.8e-8 of the largest |X| (one float32 ulp of 1 is 1.2e-7), V within 8.3e-8
 // relative: tolerances 5e-7 (X) and 1e-6 (V), a few ulps, far below a bf16 ulp (7.8e-3).
 double rel(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() / b.to(at::kDouble).abs().max().item<double>();
+  const at::Tensor ad = a.to(at::kDouble), bd = b.to(at::kDouble);
+  return (ad - bd).abs().max().item<double>() / bd.abs().max().item<double>();
 }
 
 TEST(Elementwise, NormuonUpdateFastMatchesComposition) {

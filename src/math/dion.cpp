@@ -115,7 +115,8 @@ DionBatch dion_power(at::TensorList G, at::TensorList M, at::TensorList Q, int t
   if (fused) {  // M += G and the stacking in one pass (bit-identical to the ops below)
     const int64_t m = M[0].size(0), n = M[0].size(1);
     b.M_batch = at::empty({static_cast<int64_t>(M.size()), b.transposed ? n : m, b.transposed ? m : n}, M[0].options());
-    for (size_t i = 0; i < M.size(); ++i) cpu::add_and_copy_(M[i], G[i], b.M_batch[static_cast<int64_t>(i)], b.transposed);
+    for (size_t i = 0; i < M.size(); ++i)
+      cpu::add_and_copy_(M[i], G[i], b.M_batch[static_cast<int64_t>(i)], b.transposed);
   } else {
     for (size_t i = 0; i < M.size(); ++i) M[i].add_(G[i]);  // M += G
     std::vector<at::Tensor> Ms;

@@ -77,7 +77,8 @@ Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float e
     std::vector<int64_t> shape = {N, M[0].size(0), M[0].size(1)};
     shape[select_dim == -2 ? 1 : 2] = k_topk;
     at::Tensor U = at::empty(shape, M[0].options().dtype(comm_dtype));  // [N, k, n] | [N, m, k]
-    for (int64_t i = 0; i < N; ++i) cpu::take_selected_(M[i], idx_list[static_cast<size_t>(i)], U[i], ef_decay, select_dim);
+    for (int64_t i = 0; i < N; ++i)
+      cpu::take_selected_(M[i], idx_list[static_cast<size_t>(i)], U[i], ef_decay, select_dim);
     out.U = U.unbind(0);
     out.indices = std::move(idx_list);
     return out;

@@ -80,7 +80,8 @@ void add_and_copy_(const at::Tensor& M, const at::Tensor& G, const at::Tensor& o
 //   s_r = sum_j U_rj^2;  V[p_r] = lerp(V[p_r], s_r / n, 1 - beta2);  d_r = sqrt(V[p_r]) + 1e-8
 //   f = ||U||_F / max(||U / d||_F, 1e-8);  X *= decay;  X[p_r] += (U_r f / d_r) * neg_lr
 // p_r = idx[r] (NorDion2's selected rows) or r when idx is undefined (NorMuon: k = m). Row sums
-// in 16 float lanes, totals in double; the result differs from the composition by float32 rounding (tests/test_elementwise).
+// in 16 float lanes, totals in double; the result differs from the composition by float32
+// rounding (tests/test_elementwise).
 // X [m, n] float32 / bf16; U [k, n] float32 / bf16; V [m, 1] float32 / bf16; idx [k] int64.
 void normuon_update_(const at::Tensor& X, const at::Tensor& U, const at::Tensor& V, const at::Tensor& idx,
                      float beta2, float decay, float neg_lr);
