@@ -216,6 +216,23 @@ TEST(OrthoFast, FloatComputeIsCloseToExact) {
   EXPECT_LE(rel_fro(U, dion::math::polar_express(G, 1e-6, at::kFloat)), 1e-5);
 }
 
+// With and without symmetric products (tiled = false: full batched products) on a block-row
+// shape: the same bf16 iteration, products differing by rounding only. tests/test_cuda.cpp
+// asserts 6e-2 relative Frobenius between the two on the GPU (5 iterations x 3 roundings of
+// u = 2^-8); the same bound here. Measured on this CPU: 0 (oneDNN sums each entry of a block
+// row in the order the full product does, so the two are bit-identical; on a GPU cuBLAS picks
+// other kernels per shape). A result that skipped the mirror or used a wrong block is off by
+// O(1).
+TEST(OrthoFast, SymmetricProductsChangeOnlyRounding) {
+  at::manual_seed(8);
+  const at::Tensor G = conditioned({1, 1030, 1030}, 0.1);
+  const at::Tensor U = dion::math::orthogonalize_fast(G, OrthoMethod::POLAR_EXPRESS, 1e-6, at::kBFloat16, true);
+  const at::Tensor F = dion::math::orthogonalize_fast(G, OrthoMethod::POLAR_EXPRESS, 1e-6, at::kBFloat16, false);
+  const double d = rel_fro(U, F);
+  std::printf("polar express [1, 1030, 1030] bf16, symmetric vs full products: %.2e relative Frobenius\n", d);
+  EXPECT_LE(d, 6e-2);
+}
+
 TEST(OrthoFast, ResultsAreNotWorkspaces) {
   // Two calls with the same shape share a workspace: the first result must survive the second.
   at::manual_seed(8);
