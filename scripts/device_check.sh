@@ -4,7 +4,8 @@
 #
 #   scripts/device_check.sh                       # on the GPU machine, from the repo root
 #   scripts/device_check.sh --device cpu --quick  # the same plumbing on a CPU, in about a minute
-#   scripts/device_check.sh --reference DIR       # also the reference's rows (or DION_REFERENCE_DIR)
+#   scripts/device_check.sh --reference DIR       # also the reference's rows (or DION_REFERENCE_DIR;
+#                                                 # DIR relative to the repository root)
 #
 # 1. builds only what it runs (test_cuda, device_bench, dion-train, dion-data; ccache) in
 #    DION_BUILD_DIR (default build/), configured as scripts/setup.sh does;
@@ -36,7 +37,7 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1; shift ;;
     --reference) REFERENCE=${2:-}; shift 2 ;;
     --reference=*) REFERENCE=${1#*=}; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "device_check.sh: unknown argument '$1' (--device cuda|cpu, --quick, --reference DIR)" >&2; exit 2 ;;
   esac
 done
