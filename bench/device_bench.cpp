@@ -5,12 +5,20 @@
 // Prints markdown table rows (no header; device_check.sh prints it) on stdout:
 //   matmul peak      bf16 [n, n] x [n, n] (n = 8192; 1024 with --quick): TFLOP/s = 2 n^3 / time.
 //                    The denominator of every ratio below and of dion-train's MFU.
-//   ortho            dion::math::newton_schulz / polar_express (5 iterations, bf16) on the 160M
-//                    model's matrix set, stacked per shape as the optimizer does: [48, 768, 768]
+//   ortho            Newton-Schulz / Polar Express (5 iterations, bf16) on the 160M model's
+//                    matrix set, stacked per shape as the optimizer does: [48, 768, 768]
 //                    (c_q, c_k, c_v, attn c_proj of 12 layers), [12, 768, 3072] (mlp c_proj),
-//                    [12, 3072, 768] (c_fc); TFLOP/s counted with the reference's flops per
-//                    iteration (X X^T 2 r^2 c, A A 2 r^3, B X 2 r^2 c; r = min, c = max dim),
+//                    [12, 3072, 768] (c_fc), on three paths: exact (the reference's operation
+//                    order), fast with full products, fast with symmetric products (block rows +
+//                    mirror, dion/math/symmetric.h); TFLOP/s counted with the reference's flops
+//                    per iteration (X X^T 2 r^2 c, A A 2 r^3, B X 2 r^2 c; r = min, c = max dim),
 //                    and that rate / the matmul peak (issue 12's goal for Newton-Schulz: >= 0.75).
+//   symmetric        the two symmetric products alone on the same set (X X^T and b A + c A A,
+//                    bf16): one full product, the library's choice of block rows, and forced
+//                    heights of 128, 256 and 512 rows; TFLOP/s counted with the full product's
+//                    flops, so a rate above the full product's is the triangle's saving net of
+//                    its launches and mirror. (How the CUDA heights were chosen without a GPU:
+//                    dion/math/symmetric.h; these rows are what checks that choice.)
 //   optimizer step   ms per dion::Optimizer::step() for each matrix algorithm on that set (fp32
 //                    parameters, random gradients), after 2 warm-up steps; then the same with
 //                    the step captured in a CUDA graph (dion::CudaGraphStep), or why it was
@@ -23,14 +31,18 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "dion/cuda/symmetric.h"
 #include "dion/dion.h"
 #include "dion/math/ortho.h"
+#include "dion/math/symmetric.h"
 #include "dion/optim/cuda_graph.h"
 
 namespace {
@@ -66,6 +78,17 @@ double ortho_flops(int64_t batch, int64_t m, int64_t n) {  // 5 iterations, the 
   return static_cast<double>(batch) * 5 * (2 * r * r * c + 2 * r * r * r + 2 * r * r * c);
 }
 
+// One orthogonalization of G [B, m, n] on a path of the table.
+enum class OrthoRun { EXACT, FAST_FULL, FAST_SYMMETRIC };
+
+at::Tensor orthogonalize(const at::Tensor& G, dion::math::OrthoMethod method, OrthoRun run) {
+  const bool ns = method == dion::math::OrthoMethod::NEWTON_SCHULZ;
+  const double eps = ns ? 1e-7 : 1e-6;
+  if (run == OrthoRun::EXACT)
+    return ns ? dion::math::newton_schulz(G, eps, at::kBFloat16) : dion::math::polar_express(G, eps, at::kBFloat16);
+  return dion::math::orthogonalize_fast(G, method, eps, at::kBFloat16, run == OrthoRun::FAST_SYMMETRIC);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -97,18 +120,58 @@ int main(int argc, char** argv) {
 
   // ---- orthogonalization on the 160M matrix set
   const std::vector<std::vector<int64_t>> shapes = {{48, 768 / s, 768 / s}, {12, 768 / s, 3072 / s}, {12, 3072 / s, 768 / s}};
-  for (const char* method : {"newton_schulz", "polar_express"}) {
+  struct Path {
+    OrthoRun run;
+    const char* name;
+  };
+  for (auto method : {dion::math::OrthoMethod::NEWTON_SCHULZ, dion::math::OrthoMethod::POLAR_EXPRESS})
+    for (const Path& path : {Path{OrthoRun::EXACT, "exact"}, Path{OrthoRun::FAST_FULL, "fast, full products"},
+                             Path{OrthoRun::FAST_SYMMETRIC, "fast, symmetric products"}}) {
+      double flops = 0, seconds = 0;
+      for (const auto& shape : shapes) {
+        const at::Tensor G = at::randn(shape, bf16);
+        flops += ortho_flops(shape[0], shape[1], shape[2]);
+        seconds += time_it(dev, args.reps, [&] { (void)orthogonalize(G, method, path.run); });
+      }
+      std::printf("| %s %s, 160M matrix set (%.2f ms) | %.3g TFLOP/s | %.2f |\n", dion::math::to_string(method).c_str(),
+                  path.name, seconds * 1e3, flops / seconds * 1e-12, flops / seconds / peak);
+    }
+
+  // ---- the symmetric products alone: X X^T [B, r, r] of the iterate and b A + c A A
+  // (block_rows: -1 one full product, 0 the library's choice, else forced).
+  for (int64_t block_rows : {int64_t{-1}, int64_t{0}, 128 / s, 256 / s, 512 / s}) {
     double flops = 0, seconds = 0;
     for (const auto& shape : shapes) {
-      const at::Tensor G = at::randn(shape, bf16);
-      flops += ortho_flops(shape[0], shape[1], shape[2]);
+      const int64_t batch = shape[0], r = std::min(shape[1], shape[2]), c = std::max(shape[1], shape[2]);
+      const at::Tensor X = at::randn({batch, r, c}, bf16) / std::sqrt(static_cast<double>(c));  // [B, r, c]
+      const at::Tensor A = at::matmul(X, X.mT());                                              // [B, r, r]
+      at::Tensor P = at::empty({batch, r, r}, bf16);
+      flops += 2.0 * batch * r * r * c + 2.0 * batch * r * r * r;
       seconds += time_it(dev, args.reps, [&] {
-        (void)(std::string(method) == "newton_schulz" ? dion::math::newton_schulz(G, 1e-7, at::kBFloat16)
-                                                      : dion::math::polar_express(G, 1e-6, at::kBFloat16));
+        if (block_rows > 0) {
+          dion::math::symmetric_product_block_rows_out(P, X, X.mT(), at::Tensor(), 0.0, 1.0, block_rows);
+          dion::math::symmetric_product_block_rows_out(P, A, A, A, -6.9, 2.9, block_rows);
+        } else {
+          dion::math::symmetric_product_out(P, X, X.mT(), at::Tensor(), 0.0, 1.0, block_rows == 0);
+          dion::math::symmetric_product_out(P, A, A, A, -6.9, 2.9, block_rows == 0);
+        }
       });
     }
-    std::printf("| %s, 160M matrix set (%.1f ms) | %.3g TFLOP/s | %.2f |\n", method, seconds * 1e3,
-                flops / seconds * 1e-12, flops / seconds / peak);
+    std::string how = block_rows < 0 ? std::string("one full product") : "block rows of " + std::to_string(block_rows);
+    if (block_rows == 0) {  // the heights symmetric_product_out picks per shape (CPU: its own thresholds)
+      how = "the library's choice (";
+      for (const auto& shape : shapes) {
+        const int64_t r = std::min(shape[1], shape[2]);
+        const int64_t rows = dev.is_cuda() ? dion::math::cuda_symmetric_block_rows(
+                                                 shape[0], r, dion::cuda::multiprocessor_count(dev.index() < 0 ? 0 : dev.index()))
+                                           : -1;
+        how += (&shape == &shapes.front() ? "" : ", ") +
+               (rows < 0 ? std::string("CPU rule") : rows == 0 ? std::string("full") : std::to_string(rows) + " rows");
+      }
+      how += ")";
+    }
+    std::printf("| symmetric X X^T + b A + c A A, 160M matrix set, %s (%.2f ms) | %.3g TFLOP/s | %.2f |\n", how.c_str(),
+                seconds * 1e3, flops / seconds * 1e-12, flops / seconds / peak);
   }
 
   // ---- optimizer step per algorithm

@@ -87,7 +87,8 @@ add_library(dion
   src/optim/state_layout.cpp
   src/optim/checkpoint.cpp
   src/optim/cuda_graph.cpp
-  src/cuda/fused.cpp)
+  src/cuda/fused.cpp
+  src/cuda/symmetric.cpp)
 target_include_directories(dion PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
 # Position-independent: the Python module links this library into a shared object.
 set_target_properties(dion PROPERTIES POSITION_INDEPENDENT_CODE ON)
@@ -120,8 +121,9 @@ if(DION_HAVE_CUDA)
   endif()
   # torch's -gencode flags would compile a second, different list: the target property decides.
   string(REGEX REPLACE "-gencode +arch=compute_[0-9a-z]+,code=[a-z_0-9]+" "" CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS}")
-  target_sources(dion PRIVATE src/cuda/fused_kernels.cu)
-  set_source_files_properties(src/cuda/fused_kernels.cu PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+  target_sources(dion PRIVATE src/cuda/fused_kernels.cu src/cuda/symmetric_kernels.cu)
+  set_source_files_properties(src/cuda/fused_kernels.cu src/cuda/symmetric_kernels.cu
+                              PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
   set_target_properties(dion PROPERTIES CUDA_ARCHITECTURES "${_dion_archs}")
   target_compile_definitions(dion PUBLIC DION_HAVE_CUDA)
   message(STATUS "dion: CUDA kernels enabled (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, CUDA_ARCHITECTURES ${_dion_archs})")

@@ -4,12 +4,18 @@
 #
 #   scripts/device_check.sh                       # on the GPU machine, from the repo root
 #   scripts/device_check.sh --device cpu --quick  # the same plumbing on a CPU, in about a minute
+#   scripts/device_check.sh --reference DIR       # also the reference's rows (or DION_REFERENCE_DIR;
+#                                                 # DIR relative to the repository root)
 #
 # 1. builds only what it runs (test_cuda, device_bench, dion-train, dion-data; ccache) in
 #    DION_BUILD_DIR (default build/), configured as scripts/setup.sh does;
 # 2. runs the GPU tests (tests/test_cuda.cpp; they skip without a GPU);
 # 3. measures (bench/device_bench.cpp): the bf16 matmul peak, orthogonalization TFLOP/s on the
-#    160M model's matrix set against it, the optimizer step per algorithm;
+#    160M model's matrix set against it (exact path; fast path with full and with symmetric
+#    products), the symmetric products alone per block height, the optimizer step per algorithm;
+#    with --reference DIR (a checkout of microsoft/dion, carried along; never committed here),
+#    the reference on the same shapes (bench/device_reference.py: its Triton and torch
+#    orthogonalizers, its optimizer step per class; at most 3 minutes, DION_REFERENCE_TIMEOUT);
 # 4. trains the 160M model (configs/dion2_160m.yaml; batch 16 x 1024 tokens) for 50 steps on
 #    Tiny Shakespeare, eagerly and with cuda_graphs: true (the training step replayed from CUDA
 #    graphs; CUDA only): tokens/s and the MFU its step lines print (dion/train/mfu.h:
@@ -24,16 +30,23 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 DEVICE=cuda
 QUICK=0
+REFERENCE=${DION_REFERENCE_DIR:-}
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE=${2:-}; shift 2 ;;
     --device=*) DEVICE=${1#*=}; shift ;;
     --quick) QUICK=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
-    *) echo "device_check.sh: unknown argument '$1' (--device cuda|cpu, --quick)" >&2; exit 2 ;;
+    --reference) REFERENCE=${2:-}; shift 2 ;;
+    --reference=*) REFERENCE=${1#*=}; shift ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    *) echo "device_check.sh: unknown argument '$1' (--device cuda|cpu, --quick, --reference DIR)" >&2; exit 2 ;;
   esac
 done
 case "$DEVICE" in cuda|cpu) ;; *) echo "device_check.sh: --device must be cuda or cpu, got '$DEVICE'" >&2; exit 2 ;; esac
+if [ -n "$REFERENCE" ] && [ ! -f "$REFERENCE/dion/__init__.py" ]; then
+  echo "device_check.sh: --reference '$REFERENCE' holds no dion/__init__.py (expected a checkout of microsoft/dion)" >&2
+  exit 2
+fi
 BUILD_DIR=${DION_BUILD_DIR:-$ROOT/build}
 OUT=${OUT:-$BUILD_DIR/device_check}
 mkdir -p "$OUT"
@@ -89,6 +102,18 @@ failed=()  # steps that failed: reported in the table, and the exit status is 1
   { tail -5 "$OUT/device_bench.err"; log "device_bench FAILED (rows so far kept)"; failed+=(device_bench); }
 peak_tflops=$(sed -n 's/^| matmul peak[^|]*| \([0-9.e+-]*\) TFLOP\/s.*/\1/p' "$OUT/device_bench.md")
 
+# ---------------------------------------------------------------------------- the reference
+: > "$OUT/device_reference.md"
+if [ -n "$REFERENCE" ]; then
+  ref_args=(--reference "$REFERENCE" --device "$DEVICE" --autotune "${DION_REFERENCE_AUTOTUNE:-pruned}")
+  [ -n "$peak_tflops" ] && ref_args+=(--peak-tflops "$peak_tflops")
+  [ "$QUICK" = 1 ] && ref_args+=(--quick --reps 2)
+  log "bench/device_reference.py ${ref_args[*]} (log: device_reference.md, device_reference.err)"
+  timeout "${DION_REFERENCE_TIMEOUT:-180}" "$PYTHON" bench/device_reference.py "${ref_args[@]}" \
+    > "$OUT/device_reference.md" 2> "$OUT/device_reference.err" ||
+    { tail -5 "$OUT/device_reference.err"; log "device_reference FAILED or timed out (rows so far kept)"; failed+=(device_reference); }
+fi
+
 # ---------------------------------------------------------------------------- dion-train
 DATA=$OUT/shakespeare
 if ! compgen -G "$DATA/fineweb_train_*.bin" > /dev/null; then
@@ -134,7 +159,7 @@ fi
   echo
   echo "| measurement | value | / matmul peak |"
   echo "|---|---|---|"
-  cat "$OUT/device_bench.md"
+  cat "$OUT/device_bench.md" "$OUT/device_reference.md"
   model="dion-train dion2 160M$([ "$QUICK" = 1 ] && echo ' (quick: tiny model)'), $steps steps, ${params:-?} parameters"
   echo "| $model | ${toks_eager:-?} tokens/s | MFU ${mfu_eager:-?}% |"
   if [ "$DEVICE" = cuda ]; then

@@ -5,6 +5,11 @@
 //   within 1 ulp of the result dtype (they are built to be bit-identical: same roundings, no FMA
 //   contraction); the hyperparameters are chosen so that a kernel that does nothing, or only
 //   half its work, is off by far more than 1 ulp;
+// - the symmetric products (dion/math/symmetric.h) on CUDA: block rows of the lower triangle
+//   plus the mirror kernel equal one full at::matmul within the bound of
+//   tests/support/product_bounds.h (fp32 accumulation, one rounding each), are exactly
+//   symmetric, and write every entry; the mirror kernel equals at::tril + transpose bit for
+//   bit; the fast orthogonalizer runs on the GPU with them and agrees with its full-product run;
 // - the optimizers run unchanged on CUDA tensors and their one-step UPDATE (X_after - X_before)
 //   agrees with the CPU run's at a tolerance derived below (comparing X itself would let a GPU
 //   step that does nothing pass: the update is ~lr = 2e-2 of X);
@@ -24,11 +29,16 @@
 #include <string>
 
 #include "dion/cuda/fused.h"
+#include "dion/cuda/symmetric.h"
 #include "dion/dion.h"
 #include "dion/math/dion.h"
 #include "dion/math/dion2.h"
 #include "dion/math/muon.h"
+#include "dion/math/ortho.h"
+#include "dion/math/symmetric.h"
 #include "dion/optim/cuda_graph.h"
+#include "matrices.h"
+#include "product_bounds.h"
 
 namespace {
 
@@ -181,6 +191,134 @@ TEST(Cuda, DionSketchGeneratorOnTheTensorsDevice) {
   EXPECT_TRUE(at::equal(Pa, Pb));
   at::Tensor gram = at::matmul(Pa.mT(), Pa).cpu();
   EXPECT_LE((gram - at::eye(8).expand_as(gram)).abs().max().item<double>(), 1e-4);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- symmetric products
+
+namespace {
+
+// cuBLAS in the precision the bound of product_bounds.h assumes: fp32 accumulation without TF32
+// and without bf16 reductions of split-K partial sums (torch's default allows those; each adds
+// a bf16 rounding the bound does not count). Restored on exit.
+class ExactCublas {
+ public:
+  ExactCublas()
+      : tf32_(at::globalContext().allowTF32CuBLAS()), bf16_(at::globalContext().allowBF16ReductionCuBLAS()) {
+    at::globalContext().setAllowTF32CuBLAS(false);
+    at::globalContext().setAllowBF16ReductionCuBLAS(false, true);
+  }
+  ~ExactCublas() {
+    at::globalContext().setAllowTF32CuBLAS(tf32_);
+    at::globalContext().setAllowBF16ReductionCuBLAS(bf16_ == at::CuBLASReductionOption::AllowReducedPrecisionWithSplitK,
+                                                    bf16_ != at::CuBLASReductionOption::DisallowReducedPrecisionDisallowSplitK);
+  }
+  ExactCublas(const ExactCublas&) = delete;
+  ExactCublas& operator=(const ExactCublas&) = delete;
+
+ private:
+  bool tf32_;
+  at::CuBLASReductionOption bf16_;
+};
+
+// The mirror kernel copies bits: every dtype size, odd sizes (partial 32 x 32 tiles), a batch
+// past the grid's z limit (65535: the kernel loops over the rest), from_row against the CPU
+// loop. A kernel that did nothing leaves the upper triangle random (not equal to the lower one).
+TEST(Cuda, MirrorKernelEqualsTrilTranspose) {
+  SKIP_WITHOUT_CUDA();
+  at::manual_seed(11);
+  struct Case {
+    int64_t batch, m;
+  };
+  for (at::ScalarType dt : {at::kBFloat16, at::kHalf, at::kFloat, at::kDouble})
+    for (const Case& c : {Case{3, 67}, Case{1, 1}, Case{2, 32}, Case{1, 300}, Case{65537, 3}}) {
+      SCOPED_TRACE(std::string(c10::toString(dt)) + " B " + std::to_string(c.batch) + " m " + std::to_string(c.m));
+      const at::Tensor A = cuda_randn({c.batch, c.m, c.m}, dt);
+      at::Tensor P = A.clone();
+      dion::cuda::mirror_lower_to_upper_(P);
+      EXPECT_TRUE(at::equal(P.tril(), A.tril()));          // lower triangle and diagonal kept
+      EXPECT_TRUE(at::equal(P.triu(1), A.tril(-1).mT()));  // upper = lower^T, bit for bit
+    }
+  const at::Tensor A = cuda_randn({2, 100, 100}, at::kFloat);
+  at::Tensor P = A.clone(), expected = A.cpu();
+  dion::cuda::mirror_lower_to_upper_(P, 40);
+  dion::math::mirror_lower_to_upper(expected, 40);  // the CPU loop
+  EXPECT_TRUE(at::equal(P.cpu(), expected));
+  EXPECT_FALSE(at::equal(P.cpu(), A.cpu()));
+  at::Tensor strided = cuda_randn({2, 8, 16}, at::kFloat).slice(2, 0, 8);
+  EXPECT_THROW(dion::cuda::mirror_lower_to_upper_(strided), c10::Error);
+}
+
+// X X^T and b A + c A A by block rows on the GPU against one full at::matmul / at::baddbmm on
+// the GPU. Forced heights (odd sizes, short merged last blocks, batches) and the heights the
+// library picks itself for the 160M model's shapes (asserted to be block rows, not the full
+// product). P starts as NaN, so an entry no block row or mirror writes fails; inputs with row
+// offsets make every entry of the order of the largest, so a misplaced block fails the bound.
+TEST(Cuda, SymmetricProductsEqualTheFullProduct) {
+  SKIP_WITHOUT_CUDA();
+  at::manual_seed(12);
+  ExactCublas exact;
+  const int64_t sms = dion::cuda::multiprocessor_count(0);
+  ASSERT_GT(sms, 0);
+  struct Case {
+    int64_t batch, m, k, rows;  // rows 0: the library's own choice (must be block rows)
+  };
+  const std::vector<Case> cases = {{3, 517, 300, 128}, {2, 1030, 1030, 256}, {5, 263, 700, 100},
+                                   {48, 768, 768, 0},  {12, 768, 3072, 0}};
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16})
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(c10::toString(dt)) + " B " + std::to_string(c.batch) + " m " + std::to_string(c.m) +
+                   " k " + std::to_string(c.k) + " rows " + std::to_string(c.rows));
+      if (c.rows == 0) {
+        ASSERT_GT(dion::math::cuda_symmetric_block_rows(c.batch, c.m, sms), 0);
+      }
+      const at::Tensor X = dion::testing::offset_rows({c.batch, c.m, c.k}, at::TensorOptions().device(at::kCUDA).dtype(dt));
+      auto run = [&](const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2, const at::Tensor& S, double beta,
+                     double alpha) {
+        P.fill_(NAN);
+        if (c.rows > 0)
+          dion::math::symmetric_product_block_rows_out(P, M1, M2, S, beta, alpha, c.rows);
+        else
+          dion::math::symmetric_product_out(P, M1, M2, S, beta, alpha, /*tiled=*/true);
+      };
+      at::Tensor P = at::empty({c.batch, c.m, c.m}, X.options());
+      run(P, X, X.mT(), at::Tensor(), 0.0, 1.0);
+      const at::Tensor Q = at::matmul(X, X.mT());
+      EXPECT_LE(dion::testing::max_abs_diff(P, Q), dion::testing::product_difference_bound(X, X.mT(), 1.0, {}, 0.0, Q))
+          << "gram";
+      EXPECT_TRUE(at::equal(P, P.mT())) << "gram";
+      const at::Tensor S = (Q / static_cast<double>(c.k)).contiguous();  // symmetric
+      run(P, S, S, S, -2.5, 0.75);
+      const at::Tensor R = at::baddbmm(S, S, S, -2.5, 0.75);
+      EXPECT_LE(dion::testing::max_abs_diff(P, R), dion::testing::product_difference_bound(S, S, 0.75, S, -2.5, R))
+          << "b S + c S S";
+      EXPECT_TRUE(at::equal(P, P.mT())) << "b S + c S S";
+    }
+}
+
+// The fast orthogonalizer on CUDA tensors: it stays on the GPU (its workspaces are the input's
+// device), its symmetric products agree with its full-product run, and its singular values are
+// in Polar Express's band [0.83, 1.17] (tests/test_ortho.cpp derives it). Tolerance between the
+// two runs: both are the same bf16 iteration whose products differ by rounding only; as in
+// OptimizerUpdatesMatchCpu below, 5 iterations x 3 roundings of u = 2^-8 relative: 6e-2 in the
+// worst case, relative Frobenius. A result that skipped the iteration (the normalized input) is
+// off by O(1), and outside the band.
+TEST(Cuda, FastOrthogonalizationWithSymmetricProducts) {
+  SKIP_WITHOUT_CUDA();
+  at::manual_seed(13);
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{48, 768, 768}, {12, 768, 3072}, {12, 3072, 768}}) {
+    SCOPED_TRACE(c10::str(at::IntArrayRef(shape)));
+    const at::Tensor G = dion::testing::conditioned(shape, 0.1).to(at::kCUDA);  // condition 10, as there
+    const at::Tensor U = dion::math::orthogonalize_fast(G, dion::math::OrthoMethod::POLAR_EXPRESS, 1e-6, at::kBFloat16, true);
+    const at::Tensor F = dion::math::orthogonalize_fast(G, dion::math::OrthoMethod::POLAR_EXPRESS, 1e-6, at::kBFloat16, false);
+    ASSERT_TRUE(U.is_cuda());
+    const double rel = ((U.to(at::kDouble) - F.to(at::kDouble)).norm() / F.to(at::kDouble).norm()).item<double>();
+    EXPECT_LE(rel, 6e-2);
+    const at::Tensor sv = dion::testing::svdvals(U);  // float64, on the GPU
+    EXPECT_GE(sv.min().item<double>(), 0.83);
+    EXPECT_LE(sv.max().item<double>(), 1.17);
+  }
 }
 
 }  // namespace

@@ -30,6 +30,7 @@
 #include "dion/dion.h"
 #include "dion/math/symmetric.h"
 #include "matrices.h"
+#include "product_bounds.h"
 #include "safetensors.h"
 
 namespace {
@@ -95,6 +96,66 @@ TEST(Symmetric, MirrorCopiesTheLowerTriangleExactly) {
   EXPECT_THROW(dion::math::mirror_lower_to_upper(bad), c10::Error);
 }
 
+// The batched block-row path (the one CUDA takes: one 3-D product per block row over the whole
+// batch) run on the CPU with forced small heights, odd sizes and batches: equal to the full
+// product within product_difference_bound (tests/support/product_bounds.h derives it), exactly
+// symmetric, and every entry written (P starts as NaN). Heights: 7 and 16 (many blocks, a
+// merged short last block: 37 = 4 x 7 + 9, 130 = 8 x 16 + 2), 100, and one above m (one block).
+TEST(Symmetric, BatchedBlockRowsMatchTheFullProduct) {
+  at::manual_seed(6);
+  struct Case {
+    int64_t batch, m, k, rows;
+  };
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    for (const Case& c : {Case{3, 37, 50, 7}, Case{2, 130, 300, 16}, Case{1, 257, 64, 100}, Case{2, 45, 20, 64}}) {
+      SCOPED_TRACE(std::string(c10::toString(dt)) + " B " + std::to_string(c.batch) + " m " + std::to_string(c.m) +
+                   " k " + std::to_string(c.k) + " rows " + std::to_string(c.rows));
+      const at::Tensor X = dion::testing::offset_rows({c.batch, c.m, c.k}, at::TensorOptions().dtype(dt));
+      at::Tensor P = at::full({c.batch, c.m, c.m}, NAN, X.options());
+      dion::math::symmetric_product_block_rows_out(P, X, X.mT(), at::Tensor(), 0.0, 1.0, c.rows);
+      const at::Tensor Q = at::matmul(X, X.mT());
+      EXPECT_LE(max_abs_diff(P, Q), dion::testing::product_difference_bound(X, X.mT(), 1.0, {}, 0.0, Q)) << "gram";
+      EXPECT_TRUE(at::equal(P, P.mT())) << "gram";
+      // b S + c S S with S symmetric (S S's reduction is m long), into a NaN-filled P again.
+      const at::Tensor S = (Q / static_cast<double>(c.k)).contiguous();
+      P.fill_(NAN);
+      dion::math::symmetric_product_block_rows_out(P, S, S, S, -2.5, 0.75, c.rows);
+      const at::Tensor R = at::baddbmm(S, S, S, -2.5, 0.75);
+      EXPECT_LE(max_abs_diff(P, R), dion::testing::product_difference_bound(S, S, 0.75, S, -2.5, R)) << "product";
+      EXPECT_TRUE(at::equal(P, P.mT())) << "product";
+    }
+  }
+  at::Tensor P = at::empty({1, 8, 8});
+  EXPECT_THROW(dion::math::symmetric_product_block_rows_out(P, at::randn({1, 8, 3}), at::randn({1, 3, 8}), {}, 0, 1, 0),
+               c10::Error);
+}
+
+// The CUDA block height (dion/math/symmetric.h gives the reasons): the 160M model's shapes on an
+// H200's 132 SMs, and the rule's promises on a grid of batches, sizes and SM counts.
+TEST(Symmetric, CudaBlockRowsRule) {
+  using dion::math::cuda_symmetric_block_rows;
+  EXPECT_EQ(cuda_symmetric_block_rows(48, 768, 132), 256);   // 3 block rows: 192 tiles in the first
+  EXPECT_EQ(cuda_symmetric_block_rows(12, 768, 132), 512);   // 2 block rows: 192 tiles
+  EXPECT_EQ(cuda_symmetric_block_rows(4, 2048, 132), 768);   // 3 block rows: 144 tiles
+  EXPECT_EQ(cuda_symmetric_block_rows(1, 4096, 132), 1536);  // 3 block rows: 144 tiles
+  EXPECT_EQ(cuda_symmetric_block_rows(1, 768, 132), 0);      // one matrix cannot fill the GPU twice
+  EXPECT_EQ(cuda_symmetric_block_rows(1000, 511, 132), 0);   // below kCudaSymmetricMinRows
+  EXPECT_EQ(cuda_symmetric_block_rows(48, 768, 0), 0);       // no CUDA kernels
+  for (int64_t sms : {16, 108, 132, 170})
+    for (int64_t batch : {1, 2, 5, 12, 48, 200})
+      for (int64_t m = 256; m <= 8192; m += 96) {
+        const int64_t rows = cuda_symmetric_block_rows(batch, m, sms);
+        if (rows == 0) continue;
+        SCOPED_TRACE("sms " + std::to_string(sms) + " B " + std::to_string(batch) + " m " + std::to_string(m));
+        EXPECT_GE(m, dion::math::kCudaSymmetricMinRows);
+        EXPECT_EQ(rows % dion::math::kCudaSymmetricTile, 0);
+        const int64_t tiles = rows / dion::math::kCudaSymmetricTile;
+        EXPECT_GE(batch * tiles * tiles, sms);                // the first block row fills a wave
+        EXPECT_GE(m - rows, rows / 2);                        // >= 2 block rows after the merge
+        EXPECT_LE(m / rows, dion::math::kCudaSymmetricMaxBlocks);  // <= 4 block rows
+      }
+}
+
 TEST(Symmetric, ShapeErrorsNameTheShapes) {
   at::Tensor P = at::empty({1, 8, 8});
   try {
@@ -153,6 +214,23 @@ TEST(OrthoFast, FloatComputeIsCloseToExact) {
   const at::Tensor G = conditioned({2, 64, 200}, 0.1);
   const at::Tensor U = dion::math::orthogonalize_fast(G, OrthoMethod::POLAR_EXPRESS, 1e-6, at::kFloat);
   EXPECT_LE(rel_fro(U, dion::math::polar_express(G, 1e-6, at::kFloat)), 1e-5);
+}
+
+// With and without symmetric products (tiled = false: full batched products) on a block-row
+// shape: the same bf16 iteration, products differing by rounding only. tests/test_cuda.cpp
+// asserts 6e-2 relative Frobenius between the two on the GPU (5 iterations x 3 roundings of
+// u = 2^-8); the same bound here. Measured on this CPU: 0 (oneDNN sums each entry of a block
+// row in the order the full product does, so the two are bit-identical; on a GPU cuBLAS picks
+// other kernels per shape). A result that skipped the mirror or used a wrong block is off by
+// O(1).
+TEST(OrthoFast, SymmetricProductsChangeOnlyRounding) {
+  at::manual_seed(8);
+  const at::Tensor G = conditioned({1, 1030, 1030}, 0.1);
+  const at::Tensor U = dion::math::orthogonalize_fast(G, OrthoMethod::POLAR_EXPRESS, 1e-6, at::kBFloat16, true);
+  const at::Tensor F = dion::math::orthogonalize_fast(G, OrthoMethod::POLAR_EXPRESS, 1e-6, at::kBFloat16, false);
+  const double d = rel_fro(U, F);
+  std::printf("polar express [1, 1030, 1030] bf16, symmetric vs full products: %.2e relative Frobenius\n", d);
+  EXPECT_LE(d, 6e-2);
 }
 
 TEST(OrthoFast, ResultsAreNotWorkspaces) {

@@ -29,27 +29,28 @@ using detail::Coeffs;
 
 // ---------------------------------------------------------------------------- workspaces
 
-// Buffers of one (batch, m, n, dtype): two of the iterate [B, m, n] and five Gram-sized ones
-// [B, r, r], r = min(m, n). Reused by every later call with the same key on this thread (the
-// optimizer calls from one thread).
+// Buffers of one (batch, m, n, dtype, device): two of the iterate [B, m, n] and five Gram-sized
+// ones [B, r, r], r = min(m, n), on the input's device. Reused by every later call with the same
+// key on this thread (the optimizer calls from one thread; on CUDA every call of a thread uses
+// its current stream, so a buffer is never in use by two streams at once).
 struct Workspace {
   at::Tensor X[2];   // [B, m, n]
   at::Tensor S[5];   // [B, r, r]: A, B (Newton-Schulz); R, Z, RZ, Q, Q' (Gram)
 };
 
-using WorkspaceKey = std::tuple<int64_t, int64_t, int64_t, at::ScalarType>;
+using WorkspaceKey = std::tuple<int64_t, int64_t, int64_t, at::ScalarType, at::DeviceType, at::DeviceIndex>;
 
 // At most this many shapes are kept per thread; past it the cache starts over (an optimizer
 // has a handful of megabatch shapes, so in practice nothing is evicted).
 constexpr size_t kMaxWorkspaces = 32;
 
-Workspace& workspace_for(int64_t batch, int64_t m, int64_t n, at::ScalarType dtype) {
+Workspace& workspace_for(int64_t batch, int64_t m, int64_t n, at::ScalarType dtype, const at::Device& device) {
   thread_local std::map<WorkspaceKey, Workspace> cache;
-  const WorkspaceKey key{batch, m, n, dtype};
+  const WorkspaceKey key{batch, m, n, dtype, device.type(), device.index()};
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   if (cache.size() >= kMaxWorkspaces) cache.clear();
-  const auto opts = at::TensorOptions().dtype(dtype);
+  const auto opts = at::TensorOptions().dtype(dtype).device(device);
   const int64_t r = std::min(m, n);
   Workspace ws;
   for (at::Tensor& x : ws.X) x = at::empty({batch, m, n}, opts);
@@ -71,7 +72,7 @@ Prepared prepare(const at::Tensor& G, at::ScalarType dtype, const char* who) {
   Prepared p;
   p.G3 = G.dim() == 2 ? G.unsqueeze(0) : G.reshape({-1, G.size(-2), G.size(-1)});
   p.tall = G.size(-2) > G.size(-1);
-  p.ws = &workspace_for(p.G3.size(0), p.G3.size(1), p.G3.size(2), dtype);
+  p.ws = &workspace_for(p.G3.size(0), p.G3.size(1), p.G3.size(2), dtype, G.device());
   return p;
 }
 
@@ -135,10 +136,10 @@ at::Tensor iterate(const at::Tensor& G, const std::array<Coeffs, N>& coeffs, dou
 // ---------------------------------------------------------------------------- public
 
 at::Tensor orthogonalize_fast(const at::Tensor& G, OrthoMethod method, double epsilon,
-                              at::ScalarType dtype) {
+                              at::ScalarType dtype, bool tiled) {
   if (method == OrthoMethod::NEWTON_SCHULZ)
-    return iterate(G, detail::kNewtonSchulz, 1.0, epsilon, dtype, true, "newton_schulz");
-  return iterate(G, detail::kPolarExpress, 1.02, epsilon, dtype, true, "polar_express");
+    return iterate(G, detail::kNewtonSchulz, 1.0, epsilon, dtype, tiled, "newton_schulz");
+  return iterate(G, detail::kPolarExpress, 1.02, epsilon, dtype, tiled, "polar_express");
 }
 
 at::Tensor gram_newton_schulz(const at::Tensor& G, double epsilon, at::ScalarType dtype,

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "dion/cuda/symmetric.h"
+
 namespace dion::math {
 
 namespace {
@@ -65,11 +67,92 @@ void mirror_batch(const at::Tensor& P, int64_t from_row) {
   });
 }
 
+// Calls fn(i0, end) for the block rows [i0, end) of an m-row result, `rows` rows each, a short
+// last block (< rows / 2) merged into the one before it.
+template <typename Fn>
+void for_each_block_row(int64_t m, int64_t rows, Fn&& fn) {
+  for (int64_t i0 = 0; i0 < m; i0 += rows) {
+    const int64_t i1 = std::min(i0 + rows, m);
+    const int64_t end = (m - i1 < rows / 2) ? m : i1;
+    fn(i0, end);
+    if (end == m) break;
+  }
+}
+
+// P = beta * S + alpha * M1 @ M2 as one batched product (the reference's operation).
+void full_product(const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2, const at::Tensor& S,
+                  double beta, double alpha) {
+  at::Tensor out = P;  // the _out functions take a non-const handle
+  if (S.defined() && beta != 0.0) {
+    at::baddbmm_out(out, S, M1, M2, beta, alpha);
+  } else {
+    at::bmm_out(out, M1, M2);
+    if (alpha != 1.0) out.mul_(alpha);
+  }
+}
+
+// CPU: block rows of the lower triangle, one 2-D product per block row and matrix: a 3-D slice
+// of P as the output of bmm takes a slow path in ATen on CPU (measured 3-5x), the 2-D addmm_out
+// writes in place.
+void cpu_block_rows(const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2, const at::Tensor& S,
+                    double beta, double alpha) {
+  const int64_t batch = P.size(0), m = P.size(1);
+  for (int64_t b = 0; b < batch; ++b) {
+    const at::Tensor p = P[b], m1 = M1[b], m2 = M2[b];
+    for_each_block_row(m, kSymmetricBlockRows, [&](int64_t i0, int64_t end) {
+      at::Tensor out = p.slice(0, i0, end).slice(1, 0, end);  // [rows, end]
+      const at::Tensor a = m1.slice(0, i0, end);              // [rows, k]
+      const at::Tensor c = m2.slice(1, 0, end);               // [k, end]
+      if (S.defined() && beta != 0.0) {
+        at::addmm_out(out, S[b].slice(0, i0, end).slice(1, 0, end), a, c, beta, alpha);
+      } else {
+        at::mm_out(out, a, c);
+        if (alpha != 1.0) out.mul_(alpha);
+      }
+    });
+  }
+}
+
+// Batched block rows (the CUDA path): one 3-D product per block row over the whole batch. On
+// CUDA at::baddbmm_out hands the strided slice of P to cuBLAS as it is (row stride m, batch
+// stride m^2): nothing is copied.
+void batched_block_rows(const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2, const at::Tensor& S,
+                        double beta, double alpha, int64_t rows) {
+  const int64_t m = P.size(1);
+  for_each_block_row(m, rows, [&](int64_t i0, int64_t end) {
+    at::Tensor out = P.slice(1, i0, end).slice(2, 0, end);  // [B, rows, end]
+    const at::Tensor a = M1.slice(1, i0, end);              // [B, rows, k]
+    const at::Tensor c = M2.slice(2, 0, end);               // [B, k, end]
+    if (S.defined() && beta != 0.0) {
+      at::baddbmm_out(out, S.slice(1, i0, end).slice(2, 0, end), a, c, beta, alpha);
+    } else {
+      at::bmm_out(out, a, c);
+      if (alpha != 1.0) out.mul_(alpha);
+    }
+  });
+}
+
 }  // namespace
 
+int64_t cuda_symmetric_block_rows(int64_t batch, int64_t m, int64_t multiprocessors) {
+  if (m < kCudaSymmetricMinRows || batch <= 0 || multiprocessors <= 0) return 0;
+  const int64_t tile = kCudaSymmetricTile;
+  const int64_t min_rows = (m + kCudaSymmetricMaxBlocks - 1) / kCudaSymmetricMaxBlocks;
+  int64_t tiles = std::max<int64_t>(1, (min_rows + tile - 1) / tile);  // block height in tiles
+  while (batch * tiles * tiles < multiprocessors) ++tiles;  // the first block row fills one wave
+  const int64_t rows = tiles * tile;
+  // At least two block rows once a short last block (< rows / 2) is merged.
+  return m - rows >= rows / 2 ? rows : 0;
+}
+
 void mirror_lower_to_upper(const at::Tensor& P, int64_t from_row) {
+  if (P.is_cuda()) {
+    cuda::mirror_lower_to_upper_(P, from_row);
+    return;
+  }
   TORCH_CHECK(P.dim() == 3 && P.size(1) == P.size(2) && P.is_contiguous() && P.device().is_cpu(),
-              "mirror_lower_to_upper: expected a contiguous CPU batch [B, m, m], got ", P.sizes());
+              "mirror_lower_to_upper: expected a contiguous CPU or CUDA batch [B, m, m], got ", P.sizes(), " on ",
+              P.device());
   switch (P.element_size()) {  // a copy of bits: only the element size matters
     case 2: mirror_batch<uint16_t>(P, from_row); break;
     case 4: mirror_batch<uint32_t>(P, from_row); break;
@@ -83,37 +166,28 @@ void symmetric_product_out(const at::Tensor& P, const at::Tensor& M1, const at::
   check_product(P, M1, M2, S);
   const int64_t batch = P.size(0), m = P.size(1);
   const int64_t k = M1.size(2);
-  const bool blocks = m >= kSymmetricMinRows || (m >= kSymmetricMinRowsLongK && k >= kSymmetricLongK);
-  if (!tiled || !blocks || !P.device().is_cpu()) {
-    at::Tensor out = P;  // the _out functions take a non-const handle
-    if (S.defined() && beta != 0.0) {
-      at::baddbmm_out(out, S, M1, M2, beta, alpha);
-    } else {
-      at::bmm_out(out, M1, M2);
-      if (alpha != 1.0) out.mul_(alpha);
-    }
+  if (tiled && P.device().is_cpu() &&
+      (m >= kSymmetricMinRows || (m >= kSymmetricMinRowsLongK && k >= kSymmetricLongK))) {
+    cpu_block_rows(P, M1, M2, S, beta, alpha);
+    mirror_lower_to_upper(P);
     return;
   }
-  // Block rows of the lower triangle, one 2-D product each: a 3-D slice of P as the output of
-  // bmm takes a slow path in ATen (measured 3-5x), the 2-D addmm_out writes in place.
-  for (int64_t b = 0; b < batch; ++b) {
-    const at::Tensor p = P[b], m1 = M1[b], m2 = M2[b];
-    for (int64_t i0 = 0; i0 < m; i0 += kSymmetricBlockRows) {
-      const int64_t i1 = std::min(i0 + kSymmetricBlockRows, m);
-      // Merge a short last block into this one.
-      const int64_t end = (m - i1 < kSymmetricBlockRows / 2) ? m : i1;
-      at::Tensor out = p.slice(0, i0, end).slice(1, 0, end);  // [rows, end]
-      const at::Tensor a = m1.slice(0, i0, end);              // [rows, k]
-      const at::Tensor c = m2.slice(1, 0, end);               // [k, end]
-      if (S.defined() && beta != 0.0) {
-        at::addmm_out(out, S[b].slice(0, i0, end).slice(1, 0, end), a, c, beta, alpha);
-      } else {
-        at::mm_out(out, a, c);
-        if (alpha != 1.0) out.mul_(alpha);
-      }
-      if (end == m) break;
+  if (tiled && P.is_cuda()) {  // multiprocessor_count is 0 without CUDA kernels: full product
+    const int64_t rows = cuda_symmetric_block_rows(batch, m, cuda::multiprocessor_count(P.device().index()));
+    if (rows > 0) {
+      batched_block_rows(P, M1, M2, S, beta, alpha, rows);
+      mirror_lower_to_upper(P);
+      return;
     }
   }
+  full_product(P, M1, M2, S, beta, alpha);
+}
+
+void symmetric_product_block_rows_out(const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2,
+                                      const at::Tensor& S, double beta, double alpha, int64_t block_rows) {
+  check_product(P, M1, M2, S);
+  TORCH_CHECK(block_rows > 0, "symmetric_product_block_rows_out: block_rows must be > 0, got ", block_rows);
+  batched_block_rows(P, M1, M2, S, beta, alpha, block_rows);
   mirror_lower_to_upper(P);
 }
 

@@ -64,9 +64,11 @@ OrthoPath ortho_path_from_string(const std::string& name);
 std::string to_string(OrthoPath path);
 
 // The fast path of newton_schulz / polar_express (same coefficients, normalization and
-// orientation; see the comment at the top). G [..., m, n] -> U [..., m, n] in `dtype`.
+// orientation; see the comment at the top). G [..., m, n] -> U [..., m, n] in `dtype`, on G's
+// device (CPU or CUDA: the symmetric products of dion/math/symmetric.h have a path for each).
+// tiled = false: full batched products instead of symmetric ones (for measuring what they save).
 at::Tensor orthogonalize_fast(const at::Tensor& G, OrthoMethod method, double epsilon,
-                              at::ScalarType dtype = at::kBFloat16);
+                              at::ScalarType dtype = at::kBFloat16, bool tiled = true);
 
 // Gram Newton-Schulz (the reference's use_gram_newton_schulz=True; gram-newton-schulz 0.1.6):
 // X = G / (||G||_F + epsilon) (the norm in fp32), then for a non-square matrix, with
