@@ -4,6 +4,7 @@ load average, threads, CPU model and the flags that decide the matmul paths, tor
     import machine; table["machine"] = machine.info(torch, load_before)
 
 Not a benchmark itself; no timing here."""
+import json
 import time
 
 WANTED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")
@@ -35,3 +36,10 @@ def info(torch, load_before):
     return {"loadavg": f"{load_before} before; {loadavg()} after", "torch_threads": torch.get_num_threads(),
             "cpu": model, "cpu_flags": flags, "torch_version": torch.__version__,
             "time_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def append_json(path, table):
+    """Append one table as a JSON line to `path` (the --json file bench/bench_report.py reads); no-op without a path."""
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(table) + "\n")

@@ -18,7 +18,6 @@ stdout. Exits 0 with a message when microsoft/dion or dion_cpp is not importable
     PYTHONPATH=build/python:/tmp/dion_ref python3 bench/reference_step.py --json out.jsonl
 """
 import argparse
-import json
 import warnings
 import os
 import statistics
@@ -153,9 +152,7 @@ def main():
     table = {"table": "reference_step", "reps": args.reps, "rows": rows,
              "machine": dict(machine.info(torch, " ".join(load_before)),
                              reference_commit=os.environ.get("DION_REF_COMMIT", ""))}
-    if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps(table) + "\n")
+    machine.append_json(args.json, table)
     return 0
 
 

@@ -182,9 +182,7 @@ def main():
                         "sequence_length": args.seq, "batch": args.batch, "vocab": args.vocab,
                         "dtype": "fp32", "scalar_opt": "adamw", "steps": args.steps, "warmup": args.warmup},
              "machine": machine.info(torch, load_before)}
-    if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps(table) + "\n")
+    machine.append_json(args.json, table)
     return 0
 
 

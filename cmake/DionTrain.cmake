@@ -58,18 +58,21 @@ target_compile_definitions(dion-train PRIVATE
 set_target_properties(dion-train PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
 
 if(DION_BUILD_TESTS)
-  dion_executable(dion_train_tests
+  # A test binary that runs dion-train (the program built here) from tests/train/*.cpp.
+  function(dion_train_test_binary name)
+    dion_executable(${name} ${ARGN} ${DION_TRAIN_ROOT}/tests/train/train_test_util.cpp)
+    target_link_libraries(${name} PRIVATE
+      dion_train GTest::gtest GTest::gtest_main nlohmann_json::nlohmann_json)
+    target_compile_definitions(${name} PRIVATE
+      DION_SOURCE_DIR="${DION_TRAIN_ROOT}"
+      DION_TRAIN_EXE="$<TARGET_FILE:dion-train>")
+    add_dependencies(${name} dion-train)
+  endfunction()
+  dion_train_test_binary(dion_train_tests
     ${DION_TRAIN_ROOT}/tests/train/test_config.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_gpt.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_graphs.cpp
-    ${DION_TRAIN_ROOT}/tests/train/test_run.cpp
-    ${DION_TRAIN_ROOT}/tests/train/train_test_util.cpp)
-  target_link_libraries(dion_train_tests PRIVATE
-    dion_train GTest::gtest GTest::gtest_main nlohmann_json::nlohmann_json)
-  target_compile_definitions(dion_train_tests PRIVATE
-    DION_SOURCE_DIR="${DION_TRAIN_ROOT}"
-    DION_TRAIN_EXE="$<TARGET_FILE:dion-train>")
-  add_dependencies(dion_train_tests dion-train)
+    ${DION_TRAIN_ROOT}/tests/train/test_run.cpp)
   # The launcher, on tests/tools/launch_child.cpp as the ranks (multi-process: one at a time).
   add_executable(launch_child ${DION_TRAIN_ROOT}/tests/tools/launch_child.cpp)
   target_link_libraries(launch_child PRIVATE dion_warnings)
@@ -126,15 +129,7 @@ if(DION_BUILD_TESTS)
     PROPERTIES LABELS train TIMEOUT 300)
   # Parallel layouts (issue 10): several dion-train processes per test, one such test at a time
   # (RESOURCE_LOCK multiprocess, shared with the other multi-process suites).
-  dion_executable(dion_train_parallel_tests
-    ${DION_TRAIN_ROOT}/tests/train/test_parallel.cpp
-    ${DION_TRAIN_ROOT}/tests/train/train_test_util.cpp)
-  target_link_libraries(dion_train_parallel_tests PRIVATE
-    dion_train GTest::gtest GTest::gtest_main nlohmann_json::nlohmann_json)
-  target_compile_definitions(dion_train_parallel_tests PRIVATE
-    DION_SOURCE_DIR="${DION_TRAIN_ROOT}"
-    DION_TRAIN_EXE="$<TARGET_FILE:dion-train>")
-  add_dependencies(dion_train_parallel_tests dion-train)
+  dion_train_test_binary(dion_train_parallel_tests ${DION_TRAIN_ROOT}/tests/train/test_parallel.cpp)
   gtest_discover_tests(dion_train_parallel_tests
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
