@@ -37,6 +37,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -72,22 +73,29 @@ std::vector<std::string> split(const std::string& list) {
   return out;
 }
 
+// The whole of `text` as an integer, else nullopt ("4x", "", "2.5" and out-of-range are not).
+std::optional<int64_t> parse_int(const std::string& text) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used != text.size()) return std::nullopt;
+  return v;
+}
+
 // "AxBxC" -> {A, B, C}; throws naming the flag.
 std::vector<int64_t> parse_dims(const std::string& flag, const std::string& text, size_t count) {
   std::vector<int64_t> dims;
   std::stringstream ss(text);
   std::string part;
   while (std::getline(ss, part, 'x')) {
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-      v = std::stoll(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != part.size() || v <= 0)
+    const std::optional<int64_t> v = parse_int(part);
+    if (!v || *v <= 0)
       throw CLI::ValidationError(flag, "'" + text + "': expected positive integers joined by 'x'");
-    dims.push_back(v);
+    dims.push_back(*v);
   }
   if (dims.size() != count)
     throw CLI::ValidationError(flag, "'" + text + "': expected " + std::to_string(count) +
@@ -375,16 +383,10 @@ dion::bench::DistArgs dist_args(const DistCli& c, int threads, const std::string
   dion::bench::DistArgs a;
   check_list("--ranks", c.ranks, {});
   for (const std::string& t : split(c.ranks)) {
-    size_t used = 0;
-    long w = 0;
-    try {
-      w = std::stol(t, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != t.size() || w < 1 || w > 64)
+    const std::optional<int64_t> w = parse_int(t);
+    if (!w || *w < 1 || *w > 64)
       throw CLI::ValidationError("--ranks", "'" + t + "': world sizes are integers from 1 to 64 (e.g. 1,2,4)");
-    a.ranks.push_back(static_cast<int>(w));
+    a.ranks.push_back(static_cast<int>(*w));
   }
   check_list("--sets", c.sets, {});
   const auto sets = split(c.sets);
