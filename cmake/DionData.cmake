@@ -11,15 +11,16 @@
 #   fuzz_config      libFuzzer target of dion-train's config parser (src/train/config.cpp has
 #                    no LibTorch dependency), with DION_FUZZ
 #   DION_SANITIZE    option: build everything here with ASan + UBSan (scripts/sanitize.sh)
-#   DION_SHARED_DATA_DIR  cache path: the read-only ../shared/data the tests read (GPT-2 files,
-#                         Tiny Shakespeare); tests that need it skip when it is absent
+#   DION_DATA_DIR    cache path: the repository's own data/ (GPT-2 files, Tiny Shakespeare,
+#                    committed with data/SHA256SUMS) that the tests read; a test that finds a
+#                    file missing fails naming it
 # Does not touch the optimizer library or anything torch-related.
 
 set(DION_DATA_ROOT "${CMAKE_CURRENT_LIST_DIR}/..")
 cmake_path(NORMAL_PATH DION_DATA_ROOT)
 string(REGEX REPLACE "/$" "" DION_DATA_ROOT "${DION_DATA_ROOT}")
-set(DION_SHARED_DATA_DIR "${DION_DATA_ROOT}/../shared/data" CACHE PATH
-    "Shared read-only data (gpt2/, tinyshakespeare/) for the data tools' tests")
+set(DION_DATA_DIR "${DION_DATA_ROOT}/data" CACHE PATH
+    "The data the data tools' tests read (gpt2/, tinyshakespeare/): the repository's data/")
 
 option(DION_SANITIZE "Build with AddressSanitizer + UndefinedBehaviorSanitizer (any error aborts)" OFF)
 option(DION_FUZZ "Build the libFuzzer targets of the data library (needs clang)" OFF)
@@ -80,7 +81,7 @@ if(DION_BUILD_TESTS)
     dion_data GTest::gtest GTest::gtest_main nlohmann_json::nlohmann_json fmt::fmt dion_warnings)
   target_compile_definitions(dion_data_tests PRIVATE
     DION_SOURCE_DIR="${DION_DATA_ROOT}"
-    DION_SHARED_DATA_DIR="${DION_SHARED_DATA_DIR}"
+    DION_DATA_DIR="${DION_DATA_DIR}"
     DION_DATA_EXE="$<TARGET_FILE:dion-data>")
   add_dependencies(dion_data_tests dion-data)
   gtest_discover_tests(dion_data_tests
@@ -99,7 +100,7 @@ if(DION_FUZZ)
     target_compile_options(${_fuzz} PRIVATE -fsanitize=fuzzer)
     target_link_options(${_fuzz} PRIVATE -fsanitize=fuzzer)
   endforeach()
-  target_compile_definitions(fuzz_tokenizer PRIVATE DION_SHARED_DATA_DIR="${DION_SHARED_DATA_DIR}")
+  target_compile_definitions(fuzz_tokenizer PRIVATE DION_DATA_DIR="${DION_DATA_DIR}")
   # dion-train's config parser: src/train/config.cpp needs yaml-cpp, CLI11 and fmt but not
   # LibTorch, so it is compiled into its fuzz target here, where the sanitizer build has no torch.
   find_package(yaml-cpp REQUIRED)  # libyaml-cpp-dev
@@ -119,7 +120,7 @@ if(DION_BUILD_BENCH)
     target_link_libraries(bench_tokenizer PRIVATE dion_data benchmark::benchmark CLI11::CLI11
                                                   dion_warnings)
     target_compile_definitions(bench_tokenizer PRIVATE
-      DION_SHARED_DATA_DIR="${DION_SHARED_DATA_DIR}")
+      DION_DATA_DIR="${DION_DATA_DIR}")
     if(DION_BUILD_TESTS)
       dion_add_usage_tests(PREFIX bench_tokenizer TARGET bench_tokenizer
         BAD "text_missing|--text /nonexistent/input.txt|--text"

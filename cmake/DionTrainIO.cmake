@@ -52,7 +52,7 @@ target_link_libraries(trainio_tool PRIVATE dion_safetensors dion_tb)
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_Interpreter_FOUND)
   add_test(NAME trainio_python_tests
-           COMMAND ${Python3_EXECUTABLE} -m pytest -q ${_trainio_tests})
+           COMMAND ${Python3_EXECUTABLE} -m pytest -q -rs ${_trainio_tests})
   set_tests_properties(trainio_python_tests PROPERTIES
     ENVIRONMENT "DION_TRAINIO_TOOL=$<TARGET_FILE:trainio_tool>;DION_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
     LABELS trainio

@@ -16,7 +16,7 @@ Unicode version of the system's PCRE2).
 
 Not used by the tests (they read the committed JSON); needs `pip install tiktoken`.
 Usage:
-  python3 scripts/make_tokenizer_vectors.py [--tokenizer ../shared/data/gpt2]
+  python3 scripts/make_tokenizer_vectors.py [--tokenizer data/gpt2]
   python3 scripts/make_tokenizer_vectors.py --check build/dion-data
 """
 import argparse
@@ -171,7 +171,7 @@ def generate(enc, args):
     with open(os.path.join(out_dir, "tinyshakespeare.json"), "w") as f:
         json.dump({"generator": "scripts/make_tokenizer_vectors.py",
                    "tiktoken": tiktoken.__version__,
-                   "input": "../shared/data/tinyshakespeare/input.txt",
+                   "input": "data/tinyshakespeare/input.txt",
                    "input_bytes": len(raw),
                    "input_fnv1a64": f"{fnv1a64(raw):016x}",
                    "tokens": len(ids),
@@ -232,10 +232,10 @@ def check(enc, args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokenizer", dest="gpt2_dir", default=os.path.join(REPO, "..", "shared", "data", "gpt2"),
+    p.add_argument("--tokenizer", dest="gpt2_dir", default=os.path.join(REPO, "data", "gpt2"),
                    help="folder with the GPT-2 files encoder.json and vocab.bpe (as dion-data --tokenizer)")
     p.add_argument("--shakespeare",
-                   default=os.path.join(REPO, "..", "shared", "data", "tinyshakespeare", "input.txt"))
+                   default=os.path.join(REPO, "data", "tinyshakespeare", "input.txt"))
     p.add_argument("--check", metavar="DION_DATA", help="compare the built dion-data with tiktoken")
     args = p.parse_args()
     enc = gpt2_encoding(args.gpt2_dir)

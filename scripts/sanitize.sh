@@ -46,10 +46,9 @@ fuzz() {  # target, corpus name (tests/fuzz/NAME.dict, when there is one, is the
 }
 fuzz fuzz_shard_header shard_header
 fuzz fuzz_config config
-gpt2=${DION_GPT2_DIR:-$ROOT/../shared/data/gpt2}
-if [ -f "$gpt2/encoder.json" ] && [ -f "$gpt2/vocab.bpe" ]; then
-  DION_GPT2_DIR=$gpt2 fuzz fuzz_tokenizer tokenizer
-else
-  log "fuzz_tokenizer skipped: no GPT-2 files in $gpt2 (set DION_GPT2_DIR)"
-fi
+gpt2=${DION_GPT2_DIR:-$ROOT/data/gpt2}
+for f in encoder.json vocab.bpe; do
+  [ -f "$gpt2/$f" ] || { log "FAILED: fuzz_tokenizer needs $gpt2/$f (the repository's data/gpt2, listed in data/SHA256SUMS: git checkout -- data/)"; exit 1; }
+done
+DION_GPT2_DIR=$gpt2 fuzz fuzz_tokenizer tokenizer
 log "done in $(( $(date +%s) - start )) s"

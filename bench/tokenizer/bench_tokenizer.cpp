@@ -1,7 +1,7 @@
 // bench/tokenizer/bench_tokenizer.cpp — GPT-2 tokenizer throughput (Google Benchmark).
 //
 //   bench_tokenizer [--text FILE] [--tokenizer DIR] [benchmark flags]
-// Defaults: ../shared/data/tinyshakespeare/input.txt and ../shared/data/gpt2. Reports bytes/s
+// Defaults: the repository's data/tinyshakespeare/input.txt and data/gpt2. Reports bytes/s
 // of the input text for: encode with a fresh tokenizer per run (empty word cache, what a
 // one-shot `dion-data prepare` sees), encode with a warm cache, and decode. Single thread.
 // bench/tokenizer/compare.py runs this next to tiktoken on the same text.
@@ -53,8 +53,8 @@ BENCHMARK(BM_Decode)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string text_path = DION_SHARED_DATA_DIR "/tinyshakespeare/input.txt";
-  std::string gpt2_dir = DION_SHARED_DATA_DIR "/gpt2";
+  std::string text_path = DION_DATA_DIR "/tinyshakespeare/input.txt";
+  std::string gpt2_dir = DION_DATA_DIR "/gpt2";
   CLI::App app{"GPT-2 tokenizer throughput, single thread: encode with a cold and a warm word\n"
                "cache, and decode, in bytes of input text per second.",
                "bench_tokenizer"};

@@ -6,7 +6,7 @@ Runs bench_tokenizer (Google Benchmark, single thread) and tiktoken's gpt2 encod
 same ids, and prints MB/s (decimal megabytes of input text per second) and the ratio.
 
   python3 bench/tokenizer/compare.py --bench build/bench_tokenizer \
-      [--text ../shared/data/tinyshakespeare/input.txt] [--tokenizer ../shared/data/gpt2] [--repeat 10]
+      [--text data/tinyshakespeare/input.txt] [--tokenizer data/gpt2] [--repeat 10]
 
 Needs `pip install tiktoken` (a dev-time tool, like scripts/make_tokenizer_vectors.py).
 """
@@ -40,8 +40,8 @@ def cpu_model():
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bench", required=True, help="path to the built bench_tokenizer")
-    p.add_argument("--text", default=os.path.join(REPO, "..", "shared", "data", "tinyshakespeare", "input.txt"))
-    p.add_argument("--tokenizer", dest="gpt2_dir", default=os.path.join(REPO, "..", "shared", "data", "gpt2"),
+    p.add_argument("--text", default=os.path.join(REPO, "data", "tinyshakespeare", "input.txt"))
+    p.add_argument("--tokenizer", dest="gpt2_dir", default=os.path.join(REPO, "data", "gpt2"),
                    help="folder with the GPT-2 files encoder.json and vocab.bpe (as dion-data --tokenizer)")
     p.add_argument("--repeat", type=int, default=10, help="tiktoken runs (median reported)")
     args = p.parse_args()

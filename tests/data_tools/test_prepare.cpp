@@ -290,8 +290,7 @@ TEST(Prepare, BadInputsAndOptionsAreRefusedUpFront) {
 
 TEST(Prepare, TinyShakespeareShardsHoldTiktokensIds) {
   DION_REQUIRE_TOKENIZER(tok);
-  const fs::path input = shared_data_dir() / "tinyshakespeare/input.txt";
-  if (!fs::exists(input)) GTEST_SKIP() << "Tiny Shakespeare not found at " << input;
+  const fs::path input = data_file("tinyshakespeare/input.txt");
   const auto want =
       nlohmann::json::parse(read_file(source_dir() / "tests/data/tokenizer/tinyshakespeare.json"));
   TempDir out;

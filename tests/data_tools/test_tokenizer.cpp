@@ -3,8 +3,8 @@
 // Expected ids come from scripts/make_tokenizer_vectors.py (tiktoken's gpt2 encoding built from
 // the same local files) and are committed under tests/data/tokenizer: ~420 hard strings
 // (unicode, emoji, whitespace runs, contractions, digits, invalid UTF-8, fuzz) and Tiny
-// Shakespeare (count, hash of all ids, first/last 1000). The tests need ../shared/data/gpt2 and
-// skip with a reason without it.
+// Shakespeare (count, hash of all ids, first/last 1000). The tests read the repository's data/gpt2
+// and data/tinyshakespeare; a missing file fails the test, naming it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -66,8 +66,7 @@ TEST(Tokenizer, HardStringsMatchTiktoken) {
 
 TEST(Tokenizer, TinyShakespeareMatchesTiktoken) {
   DION_REQUIRE_TOKENIZER(tok);
-  const fs::path input = shared_data_dir() / "tinyshakespeare/input.txt";
-  if (!fs::exists(input)) GTEST_SKIP() << "Tiny Shakespeare not found at " << input;
+  const fs::path input = data_file("tinyshakespeare/input.txt");
   const auto want = load_json(source_dir() / "tests/data/tokenizer/tinyshakespeare.json");
   const std::string text = read_file(input);
   ASSERT_EQ(text.size(), want["input_bytes"].get<size_t>())
@@ -185,8 +184,8 @@ struct GptFiles {
   TempDir dir;
   std::string encoder, merges;
   GptFiles() {
-    encoder = read_file(shared_data_dir() / "gpt2/encoder.json");
-    merges = read_file(shared_data_dir() / "gpt2/vocab.bpe");
+    encoder = read_file(data_file("gpt2/encoder.json"));
+    merges = read_file(data_file("gpt2/vocab.bpe"));
   }
   std::string load_error() {
     write_file(dir / "encoder.json", encoder);

@@ -21,21 +21,27 @@ namespace fs = std::filesystem;
 
 fs::path source_dir() { return DION_SOURCE_DIR; }
 
-fs::path shared_data_dir() {
-  if (const char* env = std::getenv("DION_SHARED_DATA"); env != nullptr && *env != '\0') return env;
-  return DION_SHARED_DATA_DIR;
+fs::path data_dir() {
+  if (const char* env = std::getenv("DION_DATA_DIR"); env != nullptr && *env != '\0') return env;
+  return DION_DATA_DIR;
 }
 
-const data::Gpt2Tokenizer* shared_tokenizer() {
-  static std::once_flag once;
-  static std::optional<data::Gpt2Tokenizer> tok;
-  std::call_once(once, [] {
-    const fs::path dir = shared_data_dir() / "gpt2";
-    if (fs::exists(dir / "encoder.json") && fs::exists(dir / "vocab.bpe")) {
-      tok = data::Gpt2Tokenizer::from_dir(dir);
-    }
-  });
-  return tok ? &*tok : nullptr;
+fs::path data_file(const std::string& relative) {
+  const fs::path p = data_dir() / relative;
+  if (!fs::exists(p))
+    throw std::runtime_error("test data missing: " + p.string() +
+                             " (the repository's data/ holds it, listed in data/SHA256SUMS; restore it "
+                             "with `git checkout -- data/`, or point DION_DATA_DIR at a folder that has it)");
+  return p;
+}
+
+const data::Gpt2Tokenizer& gpt2_tokenizer() {
+  static const data::Gpt2Tokenizer tok = [] {
+    data_file("gpt2/encoder.json");
+    data_file("gpt2/vocab.bpe");
+    return data::Gpt2Tokenizer::from_dir(data_dir() / "gpt2");
+  }();
+  return tok;
 }
 
 TempDir::TempDir() {

@@ -14,19 +14,15 @@
 
 namespace dion::test {
 
-// The repo root, and ../shared/data ($DION_SHARED_DATA overrides the configured path).
+// The repo root, and the repository's data/ ($DION_DATA_DIR overrides the configured path).
 std::filesystem::path source_dir();
-std::filesystem::path shared_data_dir();
-// The GPT-2 files, or nullptr when ../shared/data/gpt2 is absent (the caller skips). Loaded
-// once; copy it to get a private cache.
-const data::Gpt2Tokenizer* shared_tokenizer();
-#define DION_REQUIRE_TOKENIZER(tok)                                                       \
-  const dion::data::Gpt2Tokenizer* tok##_shared = dion::test::shared_tokenizer();         \
-  if (tok##_shared == nullptr) {                                                          \
-    GTEST_SKIP() << "GPT-2 files not found in " << dion::test::shared_data_dir() / "gpt2" \
-                 << " (set DION_SHARED_DATA to the folder holding gpt2/)";                \
-  }                                                                                       \
-  dion::data::Gpt2Tokenizer tok(*tok##_shared)
+std::filesystem::path data_dir();
+// data_dir() / relative; throws (the test fails, naming the file) when it is missing.
+std::filesystem::path data_file(const std::string& relative);
+// The GPT-2 files of data/gpt2, loaded once (throws naming the file when one is missing); copy
+// it to get a private cache.
+const data::Gpt2Tokenizer& gpt2_tokenizer();
+#define DION_REQUIRE_TOKENIZER(tok) dion::data::Gpt2Tokenizer tok(dion::test::gpt2_tokenizer())
 
 // A fresh folder under $TMPDIR (or /tmp), removed with everything in it on destruction.
 class TempDir {

@@ -1,7 +1,10 @@
-"""dion_cpp against microsoft/dion itself, step by step, when the reference is importable.
+"""dion_cpp against microsoft/dion itself, step by step.
 
-Skipped when `import dion` fails (CI has no reference; test_reference_vectors.py covers the
-same ground with recorded vectors). Here, with PYTHONPATH=/path/to/microsoft/dion, every public
+Needs the reference importable: ctest runs it as `python_live_reference` only when the build is
+configured with -DDION_REFERENCE_DIR=/path/to/microsoft/dion (a checkout; never part of this
+repository), and python_tests leaves it out; without the reference it fails, naming it.
+test_reference_vectors.py covers the same ground from recorded vectors. With the reference on
+PYTHONPATH, every public
 class is built twice with the same keywords and groups (matrices in one group, a vector each
 in an adamw and a lion group), fed the same gradients, and compared after every step:
 parameters and every state tensor the reference keeps. Legacy Dion draws Q and its sketches
@@ -16,8 +19,12 @@ import scheduled_runs
 from test_scheduled import assert_same_run
 from conftest import align_columns, rel_diff
 
-dion = pytest.importorskip("dion", reason="reference package microsoft/dion not importable "
-                                          "(set PYTHONPATH to a checkout to run this comparison)")
+try:
+    import dion
+except ImportError as e:  # a collection error names what is missing and how to get it
+    raise ImportError("the reference package microsoft/dion is not importable: configure with "
+                      "-DDION_REFERENCE_DIR=/path/to/a/checkout (ctest python_live_reference), or put "
+                      "one on PYTHONPATH") from e
 
 CASES = [
     ("Muon", {"nesterov": True, "lr": 0.02}),

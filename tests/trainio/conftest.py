@@ -19,7 +19,7 @@ def trainio_tool():
     exe = os.path.abspath(os.environ.get("DION_TRAINIO_TOOL") or
                           os.path.join(SOURCE_DIR, "build", "trainio_tool"))
     if not os.path.isfile(exe):
-        pytest.skip(f"trainio_tool not built ({exe}): build the target trainio_tool, or set "
+        pytest.fail(f"trainio_tool not built ({exe}): build the target trainio_tool, or set "
                     "DION_TRAINIO_TOOL")
 
     def run(*args):
