@@ -45,8 +45,11 @@ install(TARGETS dion_python LIBRARY DESTINATION dion_cpp COMPONENT python EXCLUD
 install(FILES ${DION_PYTHON_SOURCES} DESTINATION dion_cpp COMPONENT python EXCLUDE_FROM_ALL)
 
 # pytest suite: ctest -R python_tests
+# (-rs: the reasons of any skips, which scripts/check_skips.py holds against tests/allowed_skips.txt;
+# the live comparison needs a reference checkout: python_live_reference below.)
 add_test(NAME python_tests
-         COMMAND ${Python3_EXECUTABLE} -m pytest -q ${PROJECT_SOURCE_DIR}/tests/python)
+         COMMAND ${Python3_EXECUTABLE} -m pytest -q -rs ${PROJECT_SOURCE_DIR}/tests/python
+                 --ignore=${PROJECT_SOURCE_DIR}/tests/python/test_live_reference.py)
 set_tests_properties(python_tests PROPERTIES
   ENVIRONMENT "PYTHONPATH=${CMAKE_BINARY_DIR}/python;TORCH_COMPILE_DISABLE=1"
   TIMEOUT 600
@@ -56,7 +59,26 @@ set_tests_properties(python_tests PROPERTIES
 # The reference vectors again, in the environment they were recorded in (scalar ATen kernels,
 # MKL's reproducible path; conftest.py sets one thread): every tensor must match bit for bit.
 add_test(NAME python_reference_exact
-         COMMAND ${Python3_EXECUTABLE} -m pytest -q ${PROJECT_SOURCE_DIR}/tests/python/test_reference_vectors.py)
+         COMMAND ${Python3_EXECUTABLE} -m pytest -q -rs ${PROJECT_SOURCE_DIR}/tests/python/test_reference_vectors.py)
 set_tests_properties(python_reference_exact PROPERTIES
-  ENVIRONMENT "PYTHONPATH=${CMAKE_BINARY_DIR}/python;TORCH_COMPILE_DISABLE=1;ATEN_CPU_CAPABILITY=default;MKL_CBWR=COMPATIBLE;DION_REF_EXACT=1"
+  ENVIRONMENT "PYTHONPATH=${CMAKE_BINARY_DIR}/python;TORCH_COMPILE_DISABLE=1;DION_REF_EXACT=1"
   TIMEOUT 300)
+# ... and on an emulated Zen 4-like CPU: MKL's non-Intel code paths (the interposer of
+# tests/support/mkl_non_intel.cpp preloaded), oneDNN capped at AVX512_CORE_BF16.
+add_library(dion_test_mkl_non_intel SHARED ${PROJECT_SOURCE_DIR}/tests/support/mkl_non_intel.cpp)
+add_test(NAME python_reference_exact_nonintel
+         COMMAND ${Python3_EXECUTABLE} -m pytest -q -rs ${PROJECT_SOURCE_DIR}/tests/python/test_reference_vectors.py)
+set_tests_properties(python_reference_exact_nonintel PROPERTIES
+  ENVIRONMENT "PYTHONPATH=${CMAKE_BINARY_DIR}/python;TORCH_COMPILE_DISABLE=1;DION_REF_EXACT=1;ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16;LD_PRELOAD=$<TARGET_FILE:dion_test_mkl_non_intel>;DION_EXPECT_MKL_NON_INTEL=1"
+  TIMEOUT 300)
+
+# dion_cpp against microsoft/dion itself, live: only with -DDION_REFERENCE_DIR=<a checkout of the
+# reference> (tests/reference/README.md), never part of this repository or of the default suite.
+set(DION_REFERENCE_DIR "" CACHE PATH "A checkout of microsoft/dion for ctest python_live_reference (optional)")
+if(DION_REFERENCE_DIR)
+  add_test(NAME python_live_reference
+           COMMAND ${Python3_EXECUTABLE} -m pytest -q -rs ${PROJECT_SOURCE_DIR}/tests/python/test_live_reference.py)
+  set_tests_properties(python_live_reference PROPERTIES
+    ENVIRONMENT "PYTHONPATH=${CMAKE_BINARY_DIR}/python:${DION_REFERENCE_DIR};TORCH_COMPILE_DISABLE=1"
+    TIMEOUT 600)
+endif()

@@ -11,9 +11,15 @@ import struct
 # The reference package (when importable) compiles its kernels with torch.compile unless told not to.
 os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
 
-import numpy as np
-import pytest
-import torch
+import exact_env  # noqa: E402  (before torch's first kernel: DION_TEST_ENV, the exact pins)
+
+exact_env.apply_test_env()
+if os.environ.get("DION_REF_EXACT"):
+    exact_env.pin_variables()
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 REFERENCE_DIR = os.path.join(os.path.dirname(__file__), "..", "data", "reference")
 
@@ -60,8 +66,11 @@ def align_columns(actual, expected):
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    # Reference vectors were recorded with one thread; keep reductions in the same order.
+    # Reference vectors were recorded with one thread; keep reductions in the same order. Under
+    # DION_REF_EXACT the rest of the exact environment too (oneDNN off: exact_env.py).
     n = torch.get_num_threads()
+    if os.environ.get("DION_REF_EXACT"):
+        exact_env.pin_switches(torch)
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)

@@ -10,11 +10,13 @@ compares.
 What it is not: it neither fetches nor builds the reference. Point PYTHONPATH at a checkout of
 microsoft/dion (the commit used is recorded in each file's metadata) and run:
 
-    ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE TORCH_COMPILE_DISABLE=1 \
-        PYTHONPATH=/path/to/dion python3 tests/reference/make_vectors.py --out tests/data/reference
+    TORCH_COMPILE_DISABLE=1 PYTHONPATH=/path/to/dion python3 tests/reference/make_vectors.py \
+        --out tests/data/reference
 
-(the first two pin the kernels, so that the vectors are reproducible bit for bit on any x86-64
-machine with the same torch; tests/test_reference.cpp explains)
+The script pins the exact environment itself before torch runs a kernel (tests/python/exact_env.py:
+ATen's scalar kernels, MKL's reproducible path, one thread, oneDNN off), so that the vectors
+reproduce bit for bit on any x86-64 CPU with the same torch, and records it in every file's
+metadata (tests/reference/README.md, "Exactness").
 
 File format: safetensors (8-byte little-endian header length, a JSON header, raw tensor bytes).
 The header's "__metadata__" holds {"case": json}, a JSON string with the case description.
@@ -31,10 +33,16 @@ import os
 import platform
 import struct
 import subprocess
+import sys
 
-import torch
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import exact_env  # noqa: E402
 
-import dion  # the reference, from PYTHONPATH
+exact_env.pin_variables()  # before torch's first kernel
+
+import torch  # noqa: E402
+
+import dion  # noqa: E402  (the reference, from PYTHONPATH)
 
 DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64", torch.float64: "F64"}
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -205,25 +213,41 @@ def run_case(c, commit):
                     tensors[f"st{i}.{key}.s{t}"] = val.detach().clone()
     # Where the result is reproducible bit for bit: the kernels' vector ISA and MKL's code path
     # (tests/reference/README.md, "Exactness").
-    meta = dict(c, reference_commit=commit, torch=torch.__version__,
-                cpu_capability=torch.backends.cpu.get_cpu_capability(),
-                mkl_cbwr=os.environ.get("MKL_CBWR", ""), threads=torch.get_num_threads(),
-                machine=platform.machine())
+    meta = dict(c, reference_commit=commit, **exact_env.here(torch), cpu=cpu_model())
     return tensors, {"case": json.dumps(meta)}
+
+
+def cpu_model():
+    """The CPU the vectors were recorded on (information only: the exact environment makes them
+    reproducible on others)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--only", default=None, help="comma-separated case names")
+    ap.add_argument("--reference-commit", default=None,
+                    help="the reference's commit (default: git rev-parse HEAD in its checkout)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     ref_dir = os.path.dirname(os.path.dirname(os.path.abspath(dion.__file__)))
+    commit = args.reference_commit
     try:
-        commit = subprocess.check_output(["git", "-C", ref_dir, "rev-parse", "HEAD"], text=True).strip()
+        commit = commit or subprocess.check_output(["git", "-C", ref_dir, "rev-parse", "HEAD"], text=True).strip()
     except Exception:
         commit = "unknown"
-    torch.set_num_threads(1)
+    exact_env.pin_switches(torch)
+    pinned = exact_env.here(torch)
+    if pinned["cpu_capability"].lower() != "default" or pinned["mkldnn"] or pinned["threads"] != 1:
+        sys.exit(f"make_vectors: the exact environment did not take: {pinned} (was torch imported first?)")
     only = set(args.only.split(",")) if args.only else None
     for c in CASES:
         if only and c["case"] not in only:
