@@ -83,7 +83,7 @@ using OptionalDtype = std::optional<at::ScalarType>;  // nullopt: the parameter'
 //   - oversample <= 0 (a sketch of no rows);
 //   - and a param group is checked like the constructor's arguments (the reference checks
 //     only those; torch.optim's add_param_group checks nothing).
-// tests/python/test_ranges.py holds the reference's rule for each option with a citation.
+// tests/data/reference_ranges.json holds the reference's rule for each option, with its line.
 namespace rule {
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
