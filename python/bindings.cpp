@@ -122,13 +122,13 @@ void from_py(dion::Betas& out, const py::handle& v, size_t g, const char* key, c
 }
 template <typename Rule>
 void from_py(dion::math::AdjustLR& out, const py::handle& v, size_t g, const char* key, const Rule&) {
+  // The reference's values: 'spectral_norm', 'rms_norm' or None. C++'s spellings of None ('none',
+  // '') are refused, as the reference refuses them.
   const std::string name = v.is_none() ? "none" : as_string(v, g, key);
-  try {
-    out = dion::math::adjust_lr_from_string(name);
-  } catch (const std::invalid_argument&) {
+  if (!v.is_none() && name != "spectral_norm" && name != "rms_norm")
     throw dion::ValueError(where(g, key) + ": invalid value '" + name +
                            "' (must be 'spectral_norm', 'rms_norm' or None)");
-  }
+  out = dion::math::adjust_lr_from_string(name);
 }
 template <typename Rule>
 void from_py(dion::SplitSizes& out, const py::handle& v, size_t g, const char* key, const Rule&) {
@@ -152,7 +152,9 @@ py::object to_py(bool v) { return py::bool_(v); }
 py::object to_py(int64_t v) { return py::int_(v); }
 py::object to_py(const std::string& v) { return py::str(v); }
 py::object to_py(const dion::Betas& v) { return py::make_tuple(std::get<0>(v), std::get<1>(v)); }
-py::object to_py(dion::math::AdjustLR v) { return py::str(dion::math::to_string(v)); }
+py::object to_py(dion::math::AdjustLR v) {
+  return v == dion::math::AdjustLR::NONE ? py::none() : py::object(py::str(dion::math::to_string(v)));
+}
 py::object to_py(const dion::SplitSizes& v) { return py::cast(v); }
 py::object to_py(const dion::OptionalDtype& t) {
   if (!t) return py::none();
@@ -267,7 +269,8 @@ class PyOptimizer {
   PyOptimizer(const std::string& kind, const py::dict& kwargs) : kind_(algorithm_of(kind)) {
     dion::Options base = kind_ ? defaults_of(*kind_) : dion::Options();
     if (kind_ == dion::Algorithm::Dion) {
-      if (kwargs.contains("power_iters") && as_int(kwargs["power_iters"], 0, "power_iters") != 1)
+      // Compared as the reference compares them (`power_iters != 1`: 1.0 is accepted too).
+      if (kwargs.contains("power_iters") && !py::int_(1).equal(kwargs["power_iters"]))
         throw dion::ValueError("Dion supports power_iters=1 only, got " +
                                std::string(py::repr(kwargs["power_iters"])));
       if (kwargs.contains("qr_method") && as_string(kwargs["qr_method"], 0, "qr_method") != "rcqr")

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <sstream>
 #include <functional>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -98,20 +99,27 @@ TEST(Validation, InvalidOptionsNameGroupOptionAndValue) {
       {"unknown algorithm", {.algorithm = "sgd"}, Kind::VALUE, {"algorithm", "'sgd'", "muon"}},
       {"negative lr", {.lr = -0.5}, Kind::VALUE, {"lr", "-0.5"}},
       {"NaN lr", {.lr = nan}, Kind::VALUE, {"lr", "nan"}},
-      {"negative weight_decay", {.weight_decay = -1.0}, Kind::VALUE, {"weight_decay", "-1"}},
+      {"negative weight_decay in dion", {.algorithm = "dion", .weight_decay = -1.0}, Kind::VALUE,
+       {"weight_decay", "-1", ">= 0 for dion"}},
+      {"NaN weight_decay", {.weight_decay = nan}, Kind::VALUE, {"weight_decay", "nan", "finite"}},
       {"negative mu", {.mu = -0.1}, Kind::VALUE, {"mu", "-0.1"}},
       {"negative muon_beta2", {.muon_beta2 = -0.2}, Kind::VALUE, {"muon_beta2", "-0.2"}},
       {"negative beta1", {.betas = std::make_tuple(-0.9, 0.95)}, Kind::VALUE, {"betas", "(-0.9, 0.95)"}},
       {"negative beta2", {.betas = std::make_tuple(0.9, -0.5)}, Kind::VALUE, {"betas", "(0.9, -0.5)"}},
-      {"negative epsilon", {.epsilon = -1e-8}, Kind::VALUE, {"epsilon", "-1e-08"}},
+      {"NaN epsilon", {.epsilon = nan}, Kind::VALUE, {"epsilon", "nan", "finite"}},
       {"zero fraction", {.fraction = 0.0}, Kind::VALUE, {"fraction", "= 0", "(0, 1]"}},
       {"fraction above 1", {.fraction = 1.5}, Kind::VALUE, {"fraction", "1.5"}},
       {"negative ef_decay", {.ef_decay = -0.3}, Kind::VALUE, {"ef_decay", "-0.3"}},
-      // Decay factors in [0, 1), as torch.optim checks Adam's betas.
-      {"mu of 1", {.mu = 1.0}, Kind::VALUE, {"mu = 1", "[0, 1)"}},
-      {"muon_beta2 above 1", {.muon_beta2 = 1.5}, Kind::VALUE, {"muon_beta2 = 1.5", "[0, 1)"}},
-      {"beta2 above 1", {.betas = std::make_tuple(0.9, 1.5)}, Kind::VALUE, {"betas = (0.9, 1.5)", "[0, 1)"}},
-      {"ef_decay of 1", {.ef_decay = 1.0}, Kind::VALUE, {"ef_decay = 1", "[0, 1)"}},
+      // The reference's lower bounds (mu, ef_decay of 1 and above are fine), and values that
+      // cannot work (docs/errors.md; tests/test_ranges.cpp walks every boundary).
+      {"infinite mu", {.mu = std::numeric_limits<double>::infinity()}, Kind::VALUE, {"mu = inf", "finite"}},
+      {"muon_beta2 above 1", {.muon_beta2 = 1.5}, Kind::VALUE, {"muon_beta2 = 1.5", "[0, 1]"}},
+      {"adamw beta2 of 1", {.algorithm = "adamw", .betas = std::make_tuple(0.9, 1.0)}, Kind::VALUE,
+       {"betas = (0.9, 1)", "for adamw beta1 != 1 and beta2 < 1"}},
+      {"adamw beta1 of 1", {.algorithm = "adamw", .betas = std::make_tuple(1.0, 0.95)}, Kind::VALUE,
+       {"betas = (1, 0.95)", "adamw"}},
+      {"NaN ef_decay", {.ef_decay = nan}, Kind::VALUE, {"ef_decay = nan"}},
+      {"zero oversample", {.oversample = 0.0}, Kind::VALUE, {"oversample = 0", "> 0"}},
       {"bad selection_scope", {.selection_scope = "everywhere"}, Kind::VALUE,
        {"selection_scope", "'everywhere'", "'local'"}},
       {"zero rank_fraction", {.rank_fraction = 0.0}, Kind::VALUE, {"rank_fraction", "= 0"}},
@@ -149,8 +157,8 @@ TEST(Validation, InvalidOptionsNameGroupOptionAndValue) {
 }
 
 TEST(Validation, InvalidDefaults) {
-  expect_error([] { dion::Optimizer opt(Groups{{{at::randn({8, 4})}}}, dion::Options(0.01).oversample(0.5)); },
-               Kind::VALUE, {"param group 0", "oversample", "0.5"}, "oversample < 1");
+  expect_error([] { dion::Optimizer opt(Groups{{{at::randn({8, 4})}}}, dion::Options(0.01).oversample(-0.5)); },
+               Kind::VALUE, {"param group 0", "oversample", "-0.5"}, "oversample <= 0");
   expect_error([] { dion::Muon opt({{{at::randn({8, 4})}}}, dion::Muon::defaults().lr(-1)); }, Kind::VALUE,
                {"param group 0", "lr", "-1"}, "Muon defaults with negative lr");
   // adjust_lr is parsed when set: std::invalid_argument (which dion::ValueError derives from,
@@ -291,8 +299,8 @@ TEST(Groups, SetOptionsChecksLikeAddParamGroup) {
                {"param group 1", "shape [4]", "matrix"}, "muon on a vector");
   expect_error([&] { opt.set_options(0, dion::Options(before).algorithm("dion2")); }, Kind::VALUE,
                {"param group 0", "'muon'"}, "foreign algorithm");
-  expect_error([&] { opt.check_options(0, dion::Options(before).mu(1.5)); }, Kind::VALUE,
-               {"param group 0", "mu = 1.5"}, "check_options");
+  expect_error([&] { opt.check_options(0, dion::Options(before).mu(-1.5)); }, Kind::VALUE,
+               {"param group 0", "mu = -1.5"}, "check_options");
   EXPECT_TRUE(opt.options(0) == before);
   EXPECT_TRUE(opt.state_of(w)->momentum().defined());
   // Accepted: a new algorithm drops the group's state; the next step creates the new one.

@@ -91,9 +91,9 @@ void Options::validate(size_t g) const {
   if (!unknown_algorithm_.empty())
     invalid(g, "algorithm", "'" + unknown_algorithm_ + "'",
             "valid: muon, normuon, dion2, nordion2, dion, adamw, lion");
-  // Each hyperparameter's own rule (hyperparameters.h).
+  // Each hyperparameter's own rule (hyperparameters.h), for this group's algorithm.
 #define DION_VALIDATE(T, name, default_value, rule_object, doc) \
-  if (!(rule_object).ok(name())) invalid(g, #name, str(name()), (rule_object).text);
+  if (!(rule_object).ok(name(), algo())) invalid(g, #name, str(name()), (rule_object).text);
   DION_HYPERPARAMETERS(DION_VALIDATE)
 #undef DION_VALIDATE
   // Rules across fields.

@@ -11,10 +11,16 @@
 
 namespace dion::testing {
 
-// A valid value of each hyperparameter other than `current` (by type, within the field's rule).
+// A valid value of each hyperparameter other than `current` (by type, within the field's rule
+// for every algorithm).
+inline bool valid_everywhere(double v, const auto& rule) {
+  for (int a = 0; a < kAlgorithmCount; ++a)
+    if (!rule.ok(v, static_cast<Algorithm>(a))) return false;
+  return true;
+}
 inline double other_value(double current, const auto& rule) {
   for (double v : {0.5, 0.75, 1.5, 2.0})
-    if (v != current && rule.ok(v)) return v;
+    if (v != current && valid_everywhere(v, rule)) return v;
   ADD_FAILURE() << "no other valid double for a table field";
   return current;
 }

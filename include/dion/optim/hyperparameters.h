@@ -8,24 +8,28 @@
 //   and the Python bindings' keyword / param-group handling (python/bindings.cpp).
 // Adding a hyperparameter is one line here plus its use in a driver (src/optim/drivers/).
 //
-// Not here: the group's algorithm (an enum with a string API, options.h) and its step counter
+// Not here: the group's algorithm (an enum, algorithm.h; its string API in options.h) and its step counter
 // (state, not a hyperparameter), which each use handles by name; cross-field rules (num_heads
 // with flatten, split_sizes with the algorithm) live in Options::validate.
 //
-// `rule` is one of the rule objects below: a check on the value and the text of the error
-// ("param group 0: invalid fraction = 2 (must be in (0, 1])"). `comm` rules mark the fields
-// whose disagreement across ranks changes the collectives issued (checked across ranks).
+// `rule` is one of the rule objects below: a check on the value (in a group of a given
+// algorithm) and the text of the error ("param group 0: invalid fraction = 2 (must be in
+// (0, 1])"). `comm` rules mark the fields whose disagreement across ranks changes the
+// collectives issued (checked across ranks).
 #pragma once
 
 #include <c10/core/ScalarType.h>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "dion/math/lr.h"
+#include "dion/optim/algorithm.h"
 
 namespace dion {
 
@@ -36,13 +40,13 @@ using OptionalDtype = std::optional<at::ScalarType>;  // nullopt: the parameter'
 // clang-format off
 #define DION_HYPERPARAMETERS(X)                                                                          \
   X(double, lr, 0.01, ::dion::rule::kNonNegative, "learning rate")                                               \
-  X(double, weight_decay, 0.01, ::dion::rule::kNonNegative, "decoupled weight decay")                            \
-  X(double, mu, 0.95, ::dion::rule::kDecay, "momentum (muon family); error-feedback decay (nordion2)")           \
-  X(double, muon_beta2, 0.95, ::dion::rule::kDecay, "normuon / nordion2: per-neuron variance EMA")                \
+  X(double, weight_decay, 0.01, ::dion::rule::kWeightDecay, "decoupled weight decay")                            \
+  X(double, mu, 0.95, ::dion::rule::kNonNegative, "momentum (muon family); error-feedback decay (nordion2)")     \
+  X(double, muon_beta2, 0.95, ::dion::rule::kVarianceDecay, "normuon / nordion2: per-neuron variance EMA")        \
   X(::dion::Betas, betas, (::dion::Betas{0.9, 0.95}), ::dion::rule::kBetas, "adamw / lion (beta1, beta2)")        \
-  X(double, epsilon, 1e-8, ::dion::rule::kNonNegative, "orthogonalization / adamw epsilon")                       \
+  X(double, epsilon, 1e-8, ::dion::rule::kFinite, "orthogonalization / adamw epsilon")                            \
   X(double, fraction, 0.25, ::dion::rule::kFractionComm, "dion2 / nordion2: fraction of slices selected")         \
-  X(double, ef_decay, 0.95, ::dion::rule::kDecay, "dion2: error-feedback decay")                                  \
+  X(double, ef_decay, 0.95, ::dion::rule::kNonNegative, "dion2: error-feedback decay")                            \
   X(::dion::math::AdjustLR, adjust_lr, ::dion::math::AdjustLR::SPECTRAL_NORM, ::dion::rule::kAny,                 \
     "learning-rate scaling by shape: spectral_norm | rms_norm | none")                                   \
   X(bool, cautious_wd, false, ::dion::rule::kAny, "weight decay only where update and weight agree in sign")      \
@@ -57,59 +61,72 @@ using OptionalDtype = std::optional<at::ScalarType>;  // nullopt: the parameter'
     "dion2 on sharded matrices: shorter (as one process) | shard (the sharded dim, as the reference)")  \
   X(double, rank_fraction, 1.0, ::dion::rule::kFractionComm, "dion: r = rank_fraction * min(m, n)")               \
   X(int64_t, rank_multiple_of, 1, ::dion::rule::kPositiveComm, "dion: round r up to a multiple of this")         \
-  X(double, oversample, 1.25, ::dion::rule::kAtLeastOneComm, "dion: randomized-QR sketch oversampling")          \
+  X(double, oversample, 1.25, ::dion::rule::kOversampleComm, "dion: randomized-QR sketch oversampling")          \
   X(::dion::OptionalDtype, momentum_dtype, std::nullopt, ::dion::rule::kDtypeComm, "dion: momentum dtype")       \
   X(::dion::OptionalDtype, Q_dtype, std::nullopt, ::dion::rule::kDtypeComm, "dion: Q dtype")                     \
   X(::dion::OptionalDtype, variance_dtype, std::nullopt, ::dion::rule::kAny,                                      \
     "adamw: variance dtype (must equal the parameter's)")
 // clang-format on
 
-// The rules a hyperparameter's value must follow. `ok` is the check, `text` goes into the
-// error, `comm`: the value changes which collectives run (compared across ranks).
+// The rules a hyperparameter's value must follow. `ok(value, algorithm)`: the value is valid in
+// a group of that algorithm (the defaults of a named optimizer are checked with its algorithm).
+// `text` goes into the error, `comm`: the value changes which collectives run (compared across
+// ranks).
+//
+// The ranges are the reference's: the checks of microsoft/dion's constructors (Muon, NorMuon,
+// Dion2, NorDion2 = Dion3, Dion), e.g. `if mu < 0.0: raise` (mu >= 0, mu = 1 and above accepted),
+// and where a constructor checks nothing (epsilon; weight_decay outside Dion), any value that
+// works. Refused besides, because such values cannot work (docs/errors.md lists each):
+//   - NaN and +-inf in every real hyperparameter (NaN passes the reference's `x < 0` checks);
+//   - muon_beta2 > 1 (the variance EMA goes negative: its square root is NaN at the first step);
+//   - adamw's beta1 = 1 and beta2 >= 1 (bias correction 1 - beta^t = 0, or a negative variance);
+//   - oversample <= 0 (a sketch of no rows);
+//   - and a param group is checked like the constructor's arguments (the reference checks
+//     only those; torch.optim's add_param_group checks nothing).
+// tests/data/reference_ranges.json holds the reference's rule for each option, with its line.
 namespace rule {
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+
 struct Any {
   bool comm = false;
   template <typename T>
-  bool ok(const T&) const { return true; }
+  bool ok(const T&, Algorithm) const { return true; }
   const char* text = "";
 };
-struct NonNegative {  // >= 0 (NaN refused)
-  bool ok(double v) const { return v >= 0.0; }
-  const char* text = "must be >= 0";
+struct Real {  // a finite number with lo <= v (lo < v when lo_open) and v <= hi
+  double lo = -kInf;
+  bool lo_open = false;
+  double hi = kInf;
+  const char* text = "must be finite";
+  bool comm = false;
+  bool ok(double v, Algorithm) const { return std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi; }
+};
+struct WeightDecay {  // finite; >= 0 in dion groups (the reference's Dion checks it, the others do not)
+  bool ok(double v, Algorithm a) const { return std::isfinite(v) && (a != Algorithm::Dion || v >= 0.0); }
+  const char* text = "must be finite, and >= 0 for dion";
   bool comm = false;
 };
-struct Decay {  // [0, 1), as torch.optim checks Adam's betas
-  bool ok(double v) const { return v >= 0.0 && v < 1.0; }
-  const char* text = "must be in [0, 1)";
+struct BetasRule {  // each finite and >= 0; adamw: beta1 != 1 and beta2 < 1
+  bool ok(const Betas& b, Algorithm a) const {
+    const double b1 = std::get<0>(b), b2 = std::get<1>(b);
+    if (!(std::isfinite(b1) && std::isfinite(b2) && b1 >= 0.0 && b2 >= 0.0)) return false;
+    return a != Algorithm::AdamW || (b1 != 1.0 && b2 < 1.0);
+  }
+  const char* text = "each must be finite and >= 0; for adamw beta1 != 1 and beta2 < 1";
   bool comm = false;
-};
-struct BetasRule {
-  bool ok(const Betas& b) const { return Decay{}.ok(std::get<0>(b)) && Decay{}.ok(std::get<1>(b)); }
-  const char* text = "both must be in [0, 1)";
-  bool comm = false;
-};
-struct Fraction {  // (0, 1]
-  bool ok(double v) const { return v > 0.0 && v <= 1.0; }
-  const char* text = "must be in (0, 1]";
-  bool comm = true;
 };
 struct Positive {
-  bool ok(int64_t v) const { return v > 0; }
+  bool ok(int64_t v, Algorithm) const { return v > 0; }
   const char* text = "must be > 0";
   bool comm = true;
 };
-struct AtLeastOne {
-  bool ok(double v) const { return v >= 1.0; }
-  const char* text = "must be >= 1";
-  bool comm = true;
-};
 struct Heads {  // 0 (and 1): off. Python: None is off, other values must be positive integers
-  bool ok(int64_t v) const { return v >= 0; }
+  bool ok(int64_t v, Algorithm) const { return v >= 0; }
   const char* text = "must be a positive integer if set";
   bool comm = true;
 };
 struct Splits {  // empty (off) or >= 2 positive block sizes
-  bool ok(const SplitSizes& s) const {
+  bool ok(const SplitSizes& s, Algorithm) const {
     if (s.empty()) return true;
     if (s.size() < 2) return false;
     for (int64_t v : s)
@@ -122,25 +139,27 @@ struct Splits {  // empty (off) or >= 2 positive block sizes
 struct Choice {  // one of two strings
   const char* a;
   const char* b;
-  bool ok(const std::string& v) const { return v == a || v == b; }
+  bool ok(const std::string& v, Algorithm) const { return v == a || v == b; }
   const char* text;
   bool comm = true;
 };
 struct DtypeRule {
   template <typename T>
-  bool ok(const T&) const { return true; }
+  bool ok(const T&, Algorithm) const { return true; }
   const char* text = "";
   bool comm = true;
 };
 
 inline constexpr Any kAny{};
 inline constexpr Any kComm{true};
-inline constexpr NonNegative kNonNegative{};
-inline constexpr Decay kDecay{};
+inline constexpr Real kFinite{};
+inline constexpr Real kNonNegative{.lo = 0.0, .text = "must be finite and >= 0"};
+inline constexpr Real kVarianceDecay{.lo = 0.0, .hi = 1.0, .text = "must be in [0, 1]"};
+inline constexpr Real kFractionComm{.lo = 0.0, .lo_open = true, .hi = 1.0, .text = "must be in (0, 1]", .comm = true};
+inline constexpr Real kOversampleComm{.lo = 0.0, .lo_open = true, .text = "must be finite and > 0", .comm = true};
+inline constexpr WeightDecay kWeightDecay{};
 inline constexpr BetasRule kBetas{};
-inline constexpr Fraction kFractionComm{};
 inline constexpr Positive kPositiveComm{};
-inline constexpr AtLeastOne kAtLeastOneComm{};
 inline constexpr Heads kHeads{};
 inline constexpr Splits kSplits{};
 inline constexpr Choice kScope{"local", "global", "valid: 'local', 'global'"};

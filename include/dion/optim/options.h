@@ -21,16 +21,16 @@
 #include <vector>
 
 #include "dion/math/lr.h"
+#include "dion/optim/algorithm.h"
 #include "dion/optim/hyperparameters.h"
 
 namespace dion {
 
 using math::AdjustLR;
 
-// The algorithm of a group. Strings ("muon", ...) are the API edge: Options::algorithm(name),
-// the trainer's config, Python. Inside the optimizer only the enum is compared.
-enum class Algorithm { Muon, NorMuon, Dion2, NorDion2, Dion, AdamW, Lion };
-inline constexpr int kAlgorithmCount = 7;
+// The algorithm of a group (dion/optim/algorithm.h). Strings ("muon", ...) are the API edge:
+// Options::algorithm(name), the trainer's config, Python. Inside the optimizer only the enum is
+// compared.
 
 // "muon", "normuon", "dion2", "nordion2", "dion", "adamw", "lion" (the enum's order).
 const char* to_string(Algorithm algorithm);
