@@ -111,6 +111,21 @@ TEST(TrainConfig, TpSizeWorksWithEveryOptimizer) {
     EXPECT_EQ(error_of({"--tp_size", "2", "--fs_size", "2", "--optimizer", opt}), "(no error)") << opt;
 }
 
+// One value per key: a second value, a stray word, or a key given twice is an error naming it
+// (they were taken as "the last value wins" or written into a folder named after the stray word).
+TEST(TrainConfig, OneValuePerKeyGivenOnce) {
+  EXPECT_NE(error_of({"--lr", "0.01", "0.7"}).find("unexpected argument '0.7'"), std::string::npos)
+      << error_of({"--lr", "0.01", "0.7"});
+  EXPECT_NE(error_of({"--run_dir", "runs/x", "stray"}).find("unexpected argument 'stray'"), std::string::npos);
+  EXPECT_NE(error_of({"--debug", "true", "stray"}).find("unexpected argument 'stray'"), std::string::npos);
+  EXPECT_NE(error_of({"--lr", "0.01", "--lr", "0.7"}).find("key 'lr' is given 2 times; give each key once"),
+            std::string::npos)
+      << error_of({"--lr", "0.01", "--lr", "0.7"});
+  EXPECT_NE(error_of({"--debug", "--debug"}).find("key 'debug' is given 2 times"), std::string::npos)
+      << error_of({"--debug", "--debug"});
+  EXPECT_EQ(parse({"--lr", "0.02", "--debug"}).lr, 0.02);
+}
+
 TEST(TrainConfig, BadValuesNameTheKeyTheValueAndWhatIsValid) {
   EXPECT_NE(error_of({"--lr", "fast"}).find("key 'lr': value 'fast' is not a number"), std::string::npos);
   EXPECT_NE(error_of({"--n_layer", "2.5"}).find("key 'n_layer': value '2.5' is not an integer"), std::string::npos);
