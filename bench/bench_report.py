@@ -20,6 +20,11 @@ def machine_line(m):
         parts.append(m["cpu"])
     if m.get("cpu_flags"):
         parts.append("flags " + " ".join(m["cpu_flags"]))
+    if m.get("onednn_max_cpu_isa"):
+        parts.append(f"ONEDNN_MAX_CPU_ISA={m['onednn_max_cpu_isa']}")
+    dt = m.get("cpu_compute_dtype", {})
+    if dt:
+        parts.append("gram NS in " + dt["gram"]["dtype"] + ", fast path (bf16 wanted) in " + dt["fast_bf16"]["dtype"])
     parts.append(f"torch {m.get('torch_version', '?')}")
     if m.get("time_utc"):
         parts.append(m["time_utc"])
@@ -39,7 +44,7 @@ def ortho(t):
           "(`[B, r, c] x [B, c, r]`, contiguous); goal (bf16): 1.3x square, 1.6x 1:4")
     print()
     print("| dtype | m x n x B | matmul ms (GFLOP/s) | exact ms (x rate) | fast ms (x rate) | "
-          "gram fp16 ms (x rate) | sv exact | sv fast | sv gram | fast - exact max abs |")
+          "gram ms (x rate) | sv exact | sv fast | sv gram | fast - exact max abs |")
     print("|---|---|--:|--:|--:|--:|--|--|--|--:|")
     for r in t["rows"]:
         mm, ex, fa, gr = r["matmul"], r["exact"], r["fast"], r["gram"]
@@ -51,7 +56,8 @@ def ortho(t):
         diff = f"{fa['max_abs_diff_to_exact']:.1e}" if "max_abs_diff_to_exact" in fa else "—"
         print(f"| {r['dtype']} | {r['m']} x {r['n']} x {r['batch']} | {mm['ms']:.2f} "
               f"({mm['gflops']:.0f}) | {ex['ms']:.1f} ({ex['x_matmul_rate']:.2f}) | "
-              f"{fa['ms']:.1f} ({fast_x}) | {gr['ms']:.1f} ({gr['x_matmul_rate']:.2f}) | "
+              f"{fa['ms']:.1f} ({fast_x}) | {gr['ms']:.1f} ({gr['x_matmul_rate']:.2f}, "
+              f"{r.get('gram_dtype', 'fp16')}) | "
               f"{sv(ex)} | {sv(fa)} | {sv(gr)} | {diff} |")
     print()
 

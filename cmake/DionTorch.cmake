@@ -64,6 +64,7 @@ endif()
 add_library(dion
   src/math/ortho.cpp
   src/math/ortho_fast.cpp
+  src/math/cpu_dtype.cpp
   src/math/symmetric.cpp
   src/math/lr.cpp
   src/math/rates.cpp

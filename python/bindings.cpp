@@ -239,7 +239,8 @@ dion::math::OrthoFn python_ortho(py::object fn) {
 }
 
 // Constructor keywords that choose the orthogonalizer: use_polar_express, newton_schulz_func,
-// use_gram_newton_schulz (Gram Newton-Schulz in fp16, as the reference), use_triton (ignored:
+// use_gram_newton_schulz (Gram Newton-Schulz in fp16 as the reference; in fp32 on a CPU without
+// native fp16 GEMMs, dion/math/ortho.h), use_triton (ignored:
 // the C++ kernels are used). The path (exact: the reference's bits; fast) is process-wide:
 // dion_cpp._C.set_ortho_path("fast") (docs/benchmarks.md).
 dion::math::OrthoPath g_ortho_path = dion::math::OrthoPath::EXACT;
@@ -542,6 +543,20 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("path"), "'exact' (default: the reference's bits) or 'fast', for optimizers built later");
   m.def("get_ortho_path", [] { return dion::math::to_string(g_ortho_path); });
+  m.def(
+      "cpu_compute_dtype",
+      [](const std::string& wanted) {
+        try {
+          const dion::math::CpuComputeDtype c =
+              dion::math::cpu_compute_dtype(dion::math::cpu_dtype_from_string(wanted));
+          return py::make_tuple(dion::math::dtype_short_name(c.dtype), c.reason);
+        } catch (const std::invalid_argument& e) {
+          throw dion::ValueError(e.what());
+        }
+      },
+      py::arg("wanted") = "fp16",
+      "(dtype, reason): what the fast path (wanting 'bf16') and Gram Newton-Schulz (wanting 'fp16') compute in on "
+      "this CPU, and why");
 
   py::class_<PyOptimizer>(m, "Optimizer")
       .def(py::init<const std::string&, const py::dict&>(), py::arg("kind"), py::arg("kwargs"))

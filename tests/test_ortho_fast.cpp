@@ -14,15 +14,27 @@
 //
 // Gram Newton-Schulz's band. Its coefficients (the package's Polar Express, safety 1.05) map a
 // normalized singular value s in [3e-3, 1] to [0.8461, 1.1236] (the scalar composition in
-// float64 on a 2e5-point grid). It computes in fp16, as the package does: the Gram matrix R is
-// a degree-2 quantity whose rounding error is then iterated, and in bf16 (3 fewer mantissa
-// bits) the largest singular value reached 1.25-1.84 at condition number 100 on these shapes.
-// Asserted in fp16: [0.80, 1.20] (about 40 fp16 ulps outside the float64 band, room for the
-// bf16-like cases above to fail; a missed restart reaches 30-700 on the rank-deficient input).
+// float64 on a 2e5-point grid). It computes in fp16 as the package does where the CPU
+// multiplies fp16 natively, else in fp32 (dion/math/ortho.h; the no_fp16.* ctest run caps
+// oneDNN at AVX512_CORE_BF16 to check that case here). Never in bf16: the Gram matrix R is a
+// degree-2 quantity whose rounding error is then iterated, and in bf16 (3 fewer mantissa bits)
+// the largest singular value at condition number 100 reached 1.25, 1.66 and 1.35 on three of
+// these shapes (1.12-1.17 on the other two; 1.25-1.84 in an earlier measurement), where fp16
+// stays at 1.12-1.15 and fp32 at 1.1236 on all of them.
+// Asserted: [0.80, 1.20] (about 40 fp16 ulps outside the float64 band, room for the bf16-like
+// cases above to fail; a missed restart reaches 30-700 on the rank-deficient input). fp32
+// rounds 2^13 times finer than fp16, so the same band holds for it with room.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/Utils.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +63,33 @@ double rel_fro(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor d = a.to(at::kDouble) - b.to(at::kDouble);
   return (d.norm() / b.to(at::kDouble).norm()).item<double>();
 }
+
+// Sets an environment variable (nullptr: unsets it) for one scope and restores it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// What Gram NS computes in here when no dtype is given (fp16 or fp32: see ortho.h).
+at::ScalarType gram_cpu_dtype() { return dion::math::cpu_compute_dtype(at::kHalf).dtype; }
 
 // ---------------------------------------------------------------------------- symmetric
 
@@ -263,17 +302,25 @@ TEST(OrthoFast, ZeroMapsToZero) {
 
 // ---------------------------------------------------------------------------- Gram NS
 
+// In the dtype this CPU picks: fp16 with native fp16 GEMMs, else fp32 (the ctest run under
+// ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 checks fp32 here too). The band is fp16's (see the file
+// comment); fp32 rounds 2^13 times finer, so the same band holds with room (measured in fp32:
+// [0.8461, 1.1236] at condition 10, the float64 band to 4 digits).
 TEST(GramNewtonSchulz, SingularValueBand) {
   at::manual_seed(9);
+  const dion::math::CpuComputeDtype dt = dion::math::cpu_compute_dtype(at::kHalf);
+  std::printf("gram NS on this CPU: %s\n", dt.reason.c_str());
   for (const auto& shape : kFastShapes) {
     for (double smin : {0.1, 0.01}) {
       const at::Tensor G = conditioned(shape, smin);
       const at::Tensor U = dion::math::gram_newton_schulz(G);
+      ASSERT_EQ(U.scalar_type(), dt.dtype);
       ASSERT_TRUE(all_finite(U));
       const at::Tensor sv = svdvals(U);
       const double lo = sv.min().item<double>(), hi = sv.max().item<double>();
-      std::printf("gram [%ld, %ld, %ld] cond %.0f: sv [%.4f, %.4f]\n", long(shape[0]),
-                  long(shape[1]), long(shape[2]), 1 / smin, lo, hi);
+      std::printf("gram %s [%ld, %ld, %ld] cond %.0f: sv [%.4f, %.4f]\n",
+                  dion::math::dtype_short_name(dt.dtype).c_str(), long(shape[0]), long(shape[1]), long(shape[2]),
+                  1 / smin, lo, hi);
       EXPECT_LE(hi, 1.20);
       if (smin == 0.1) {  // normalized s >= 3e-3 only at condition 10
         EXPECT_GE(lo, 0.80);
@@ -297,8 +344,15 @@ TEST(GramNewtonSchulz, RankDeficientStaysBounded) {
 // compilation). With dtype fp16 we run the same operations in the same order and orientation
 // on the same kernels; only the square case differs (our normalization divides the fp16 copy,
 // the package divides in fp32 first). Measured max |diff|: 0 for wide and tall, 8.5e-4 for
-// square (under 3 fp16 ulps of entries up to 0.39). These matrices are under the block-row
-// threshold, so tiled = true takes the same batched products. Asserted 2e-3.
+// square (under 3 fp16 ulps of entries up to 0.39). Without native fp16 (the no_fp16.* run)
+// the fp16 products take ATen's fallback, which sums in another order: 3.7-7.9e-4. These
+// matrices are under the block-row threshold, so tiled = true takes the same batched products.
+// Asserted 2e-3.
+// fp32 (what a CPU without native fp16 computes in) is compared with our own float64 iteration
+// instead: the package's fp16 output is itself 0.7-1.7e-3 from it (its fp16 rounding), while
+// fp32 measured 0.9-1.8e-6. Asserted 1e-5: about 430 fp32 roundings of the largest entries
+// (2^-24 x 0.39 = 2.3e-8), some 20 for each of the ~20 products the iteration compounds, and
+// 19x under one fp16 rounding of them (2^-11 x 0.39 = 1.9e-4), so a step left in fp16 fails.
 TEST(GramNewtonSchulz, MatchesTheGramNewtonSchulzPackage) {
   const auto st = dion::testing::load_safetensors(std::string(DION_SOURCE_DIR) +
                                                   "/tests/data/gram/gram_newton_schulz.safetensors");
@@ -308,11 +362,130 @@ TEST(GramNewtonSchulz, MatchesTheGramNewtonSchulzPackage) {
     const at::Tensor ours = dion::math::gram_newton_schulz(G, 1e-7, at::kHalf, /*tiled=*/false);
     const at::Tensor tiled = dion::math::gram_newton_schulz(G, 1e-7, at::kHalf, true);
     const double d = max_abs_diff(ours, want), dt = max_abs_diff(tiled, want);
-    std::printf("package %s: max |diff| untiled %.2e, tiled %.2e (max |U| %.3f)\n", name, d,
-                dt, want.abs().max().item<double>());
+    const at::Tensor f32 = dion::math::gram_newton_schulz(G, 1e-7, at::kFloat, true);
+    const at::Tensor f64 = dion::math::gram_newton_schulz(G, 1e-7, at::kDouble, false);
+    const double d32 = max_abs_diff(f32, f64);
+    std::printf("package %s: max |diff| untiled %.2e, tiled %.2e (max |U| %.3f); fp32 to fp64 %.2e, "
+                "package to fp64 %.2e\n",
+                name, d, dt, want.abs().max().item<double>(), d32, max_abs_diff(want, f64));
     EXPECT_LE(d, 2e-3) << name;
     EXPECT_LE(dt, 2e-3) << name;
+    EXPECT_LE(d32, 1e-5) << name;
   }
+}
+
+// ---------------------------------------------------------------------------- CPU compute dtype
+
+bool cpu_flag(const char* name) {
+  const auto caps = at::cpu::get_cpu_capabilities();
+  const auto it = caps.find(name);
+  return it != caps.end() && it->second.isBool() && it->second.toBool();
+}
+
+// The rule of dion/math/ortho.h on this CPU's flags under every kind of ISA cap: the rule reads
+// ONEDNN_MAX_CPU_ISA at each call, so one machine plays the others (oneDNN itself read the
+// cap once at start; its kernels do not change here, TheRuleMatchesTheKernels checks those).
+// With AVX512-FP16 and no cap: fp16; capped at AVX512_CORE_BF16 (an AMD Zen 4's ISA): fp32,
+// never bf16; bf16 stays bf16 where AVX512-BF16 is allowed. Without the flags: fp32 always.
+TEST(CpuComputeDtype, Fp16OnlyWhereTheCpuMultipliesFp16) {
+  ScopedEnv no_override("DION_FAST_CPU_DTYPE", nullptr), no_legacy("DNNL_MAX_CPU_ISA", nullptr);
+  const bool fp16 = cpu_flag("avx512_fp16") || cpu_flag("amx_fp16");
+  const bool bf16 = cpu_flag("avx512_bf16") || cpu_flag("amx_bf16");
+  struct Case {
+    const char* cap;
+    bool allows_fp16, allows_bf16;
+  };
+  const Case cases[] = {{nullptr, true, true},          {"AVX512_CORE_FP16", true, true},
+                        {"avx10_1_512", true, true},    {"AVX512_CORE_AMX", true, true},
+                        {"ALL", true, true},            {"no_such_isa", true, true},
+                        {"AVX512_CORE_BF16", false, true}, {"AVX512_CORE", false, false},
+                        {"AVX2", false, false}};
+  for (const Case& c : cases) {
+    ScopedEnv cap("ONEDNN_MAX_CPU_ISA", c.cap);
+    SCOPED_TRACE(std::string("ONEDNN_MAX_CPU_ISA=") + (c.cap ? c.cap : "(unset)"));
+    const auto h = dion::math::cpu_compute_dtype(at::kHalf), b = dion::math::cpu_compute_dtype(at::kBFloat16);
+    std::printf("cap %-16s fp16 -> %s\n                      bf16 -> %s\n", c.cap ? c.cap : "(none)", h.reason.c_str(),
+                b.reason.c_str());
+    EXPECT_EQ(h.dtype, fp16 && c.allows_fp16 ? at::kHalf : at::kFloat) << h.reason;
+    EXPECT_EQ(b.dtype, bf16 && c.allows_bf16 ? at::kBFloat16 : at::kFloat) << b.reason;
+    EXPECT_EQ(dion::math::cpu_has_native_gemm(at::kHalf), h.dtype == at::kHalf);
+    EXPECT_EQ(dion::math::cpu_compute_dtype(at::kFloat).dtype, at::kFloat);
+    if (fp16 && !c.allows_fp16) {  // the reason names the cap
+      EXPECT_PRED_FORMAT2(::testing::IsSubstring, std::string("ONEDNN_MAX_CPU_ISA=") + c.cap, h.reason);
+      EXPECT_PRED_FORMAT2(::testing::IsSubstring, "below AVX512_CORE_FP16", h.reason);
+    }
+  }
+  // oneDNN's older name for the cap, and the newer one wins over it.
+  ScopedEnv no_cap("ONEDNN_MAX_CPU_ISA", nullptr);
+  {
+    ScopedEnv legacy("DNNL_MAX_CPU_ISA", "AVX2");
+    EXPECT_EQ(dion::math::cpu_compute_dtype(at::kHalf).dtype, at::kFloat);
+    ScopedEnv newer("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_FP16");
+    EXPECT_EQ(dion::math::cpu_compute_dtype(at::kHalf).dtype, fp16 ? at::kHalf : at::kFloat);
+  }
+}
+
+TEST(CpuComputeDtype, OverrideAndNames) {
+  for (const char* name : {"fp16", "bf16", "fp32"}) {
+    ScopedEnv o("DION_FAST_CPU_DTYPE", name);
+    const auto c = dion::math::cpu_compute_dtype(at::kHalf);
+    EXPECT_EQ(dion::math::dtype_short_name(c.dtype), name);
+    EXPECT_EQ(c.reason, std::string(name) + ": DION_FAST_CPU_DTYPE=" + name);
+    EXPECT_EQ(dion::math::cpu_dtype_from_string(name), c.dtype);
+  }
+  {
+    ScopedEnv o("DION_FAST_CPU_DTYPE", "auto");
+    ScopedEnv cap("ONEDNN_MAX_CPU_ISA", "AVX2");
+    EXPECT_EQ(dion::math::cpu_compute_dtype(at::kHalf).dtype, at::kFloat);
+  }
+  ScopedEnv bad("DION_FAST_CPU_DTYPE", "fp8");
+  try {
+    dion::math::cpu_compute_dtype(at::kHalf);
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "DION_FAST_CPU_DTYPE: unknown CPU compute dtype 'fp8'", e.what());
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "'fp16', 'bf16' and 'fp32'", e.what());
+  }
+}
+
+// The rule against the kernels this process really runs (under the cap it was started with:
+// the emulated-CPU ctest run sets ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16): a 256 x 256 fp16
+// product against the fp32 one, the best of 5 each on one thread. Native fp16 runs at about the fp32 rate
+// (measured 1.1-1.5x its time); ATen's fallback 85-90x (capped at AVX512_CORE_BF16; 32x on a
+// Zen 4 at 512 x 512). Asserted < 4x when the rule says native, > 8x when it says not: a rule
+// that misreads the flags or the cap lands on the wrong side by 4x or more.
+TEST(CpuComputeDtype, TheRuleMatchesTheKernels) {
+  ScopedEnv no_override("DION_FAST_CPU_DTYPE", nullptr);
+  at::manual_seed(13);
+  // One thread, timed on its own CPU clock: a loaded machine (other tests beside this one)
+  // neither stalls a second GEMM thread nor counts the time this thread waits to run.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  auto thread_ms = [] {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+  };
+  auto best_ms = [&thread_ms](at::ScalarType dt) {
+    const at::Tensor a = at::randn({256, 256}).to(dt), b = at::randn({256, 256}).to(dt);
+    at::Tensor c = at::mm(a, b);  // warm-up (oneDNN builds its kernel)
+    double best = 1e30;
+    for (int i = 0; i < 5; ++i) {
+      const double t0 = thread_ms();
+      c = at::mm(a, b);
+      best = std::min(best, thread_ms() - t0);
+    }
+    return best;
+  };
+  const double h = best_ms(at::kHalf), f = best_ms(at::kFloat);
+  at::set_num_threads(threads);
+  const auto choice = dion::math::cpu_compute_dtype(at::kHalf);
+  std::printf("256 x 256 product: fp16 %.3f ms, fp32 %.3f ms (%.1fx); Gram NS on this CPU: %s\n", h, f, h / f,
+              choice.reason.c_str());
+  if (choice.dtype == at::kHalf)
+    EXPECT_LT(h, 4 * f) << choice.reason;
+  else
+    EXPECT_GT(h, 8 * f) << choice.reason;
 }
 
 // ---------------------------------------------------------------------------- configuration
@@ -322,11 +495,33 @@ TEST(OrthoConfigPaths, DispatchAndNames) {
   const at::Tensor G = at::randn({2, 24, 40});
   dion::math::OrthoConfig c;
   EXPECT_EQ(c.path, dion::math::OrthoPath::EXACT);  // the reference's bits by default
+  EXPECT_EQ(c.cpu_compute().dtype, at::kBFloat16);
   c.path = dion::math::OrthoPath::FAST;
-  EXPECT_TRUE(at::equal(c.function()(G, 1e-6),
-                        dion::math::orthogonalize_fast(G, OrthoMethod::POLAR_EXPRESS, 1e-6, at::kBFloat16)));
+  // On the CPU the FAST path computes in cpu_compute_dtype(bf16) and returns the config's dtype.
+  const at::ScalarType fast_dt = dion::math::cpu_compute_dtype(at::kBFloat16).dtype;
+  EXPECT_EQ(c.cpu_compute().dtype, fast_dt);
+  const at::Tensor U = c.function()(G, 1e-6);
+  EXPECT_EQ(U.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(
+      at::equal(U, dion::math::orthogonalize_fast(G, OrthoMethod::POLAR_EXPRESS, 1e-6, fast_dt).to(at::kBFloat16)));
   c.use_gram_newton_schulz = true;
-  EXPECT_TRUE(at::equal(c.function()(G, 1e-6), dion::math::gram_newton_schulz(G, 1e-7)));
+  // Gram NS: cpu_compute_dtype(fp16), the result in fp16 as the reference returns it.
+  EXPECT_EQ(c.cpu_compute().dtype, gram_cpu_dtype());
+  const at::Tensor V = c.function()(G, 1e-6);
+  EXPECT_EQ(V.scalar_type(), at::kHalf);
+  EXPECT_TRUE(at::equal(V, dion::math::gram_newton_schulz(G, 1e-7).to(at::kHalf)));
+  // An explicit cpu_dtype wins over the rule and the override; the override over the rule.
+  {
+    ScopedEnv o("DION_FAST_CPU_DTYPE", "bf16");
+    EXPECT_EQ(c.cpu_compute().dtype, at::kBFloat16);
+    EXPECT_TRUE(at::equal(c.function()(G, 1e-6), dion::math::gram_newton_schulz(G, 1e-7, at::kBFloat16).to(at::kHalf)));
+    c.cpu_dtype = at::kFloat;
+    EXPECT_EQ(c.cpu_compute().reason, "fp32: OrthoConfig::cpu_dtype");
+    EXPECT_TRUE(at::equal(c.function()(G, 1e-6), dion::math::gram_newton_schulz(G, 1e-7, at::kFloat).to(at::kHalf)));
+    c.use_gram_newton_schulz = false;
+    const at::Tensor F = dion::math::orthogonalize_fast(G, OrthoMethod::POLAR_EXPRESS, 1e-6, at::kFloat);
+    EXPECT_TRUE(at::equal(c.function()(G, 1e-6), F.to(at::kBFloat16)));
+  }
   for (auto p : {dion::math::OrthoPath::EXACT, dion::math::OrthoPath::FAST})
     EXPECT_EQ(dion::math::ortho_path_from_string(dion::math::to_string(p)), p);
   EXPECT_THROW(dion::math::ortho_path_from_string("quick"), std::invalid_argument);

@@ -88,18 +88,36 @@ OrthoPath ortho_path_from_string(const std::string& name) {
 
 std::string to_string(OrthoPath path) { return path == OrthoPath::EXACT ? "exact" : "fast"; }
 
+CpuComputeDtype OrthoConfig::cpu_compute() const {
+  if (custom) return {dtype, "a user-supplied orthogonalizer"};
+  if (!use_gram_newton_schulz && path == OrthoPath::EXACT)
+    return {dtype, dtype_short_name(dtype) + ": the exact path computes in OrthoConfig::dtype"};
+  if (cpu_dtype) return {*cpu_dtype, dtype_short_name(*cpu_dtype) + ": OrthoConfig::cpu_dtype"};
+  return cpu_compute_dtype(use_gram_newton_schulz ? at::kHalf : dtype);
+}
+
 OrthoFn OrthoConfig::function() const {
   if (custom) return custom;
   const at::ScalarType dt = dtype;
   const bool tiled = path == OrthoPath::FAST;
-  if (use_gram_newton_schulz)  // the reference passes no epsilon (the package's 1e-7) and
-    // computes in fp16 whatever the optimizer's dtype (see gram_newton_schulz)
-    return [tiled](const at::Tensor& X, double) {
-      return gram_newton_schulz(X, 1e-7, at::kHalf, tiled);
+  if (use_gram_newton_schulz) {
+    // The reference passes no epsilon (the package's 1e-7) and computes in fp16 whatever the
+    // optimizer's dtype; on a CPU without native fp16 GEMMs in fp32 (cpu_compute), the result
+    // cast to fp16 as the reference returns it.
+    const at::ScalarType cpu = cpu_compute().dtype;
+    return [tiled, cpu](const at::Tensor& X, double) {
+      if (!X.is_cpu()) return gram_newton_schulz(X, 1e-7, at::kHalf, tiled);
+      at::Tensor U = gram_newton_schulz(X, 1e-7, cpu, tiled);
+      return cpu == at::kHalf ? U : U.to(at::kHalf);
     };
+  }
   if (path == OrthoPath::FAST) {
     const OrthoMethod m = method;
-    return [dt, m](const at::Tensor& X, double eps) { return orthogonalize_fast(X, m, eps, dt); };
+    const at::ScalarType cpu = cpu_compute().dtype;
+    return [dt, cpu, m](const at::Tensor& X, double eps) {
+      if (!X.is_cpu() || cpu == dt) return orthogonalize_fast(X, m, eps, dt);
+      return orthogonalize_fast(X, m, eps, cpu).to(dt);  // the optimizer's dtype, as before
+    };
   }
   if (method == OrthoMethod::NEWTON_SCHULZ)
     return [dt](const at::Tensor& X, double eps) { return newton_schulz(X, eps, dt); };

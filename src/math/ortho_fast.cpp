@@ -142,8 +142,9 @@ at::Tensor orthogonalize_fast(const at::Tensor& G, OrthoMethod method, double ep
   return iterate(G, detail::kPolarExpress, 1.02, epsilon, dtype, tiled, "polar_express");
 }
 
-at::Tensor gram_newton_schulz(const at::Tensor& G, double epsilon, at::ScalarType dtype,
+at::Tensor gram_newton_schulz(const at::Tensor& G, double epsilon, std::optional<at::ScalarType> compute,
                               bool tiled) {
+  const at::ScalarType dtype = compute ? *compute : G.is_cpu() ? cpu_compute_dtype(at::kHalf).dtype : at::kHalf;
   const auto& coeffs = detail::kGramPolarExpress;
   if (G.dim() >= 2 && G.size(-2) == G.size(-1)) {
     // The package's standard iteration for square inputs: its norm in fp32, no safety factor.

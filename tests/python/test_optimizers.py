@@ -385,3 +385,20 @@ def test_gram_newton_schulz_and_fast_path():
     for other in (gram, fast):
         assert not torch.equal(other, exact)
         assert (other - exact).abs().max() / scale < 2e-2
+
+
+def test_cpu_compute_dtype_is_visible(monkeypatch):
+    """What the fast path and Gram Newton-Schulz compute in on this CPU, and why: fp16 only
+    where the CPU multiplies fp16 natively (ONEDNN_MAX_CPU_ISA below AVX512_CORE_FP16 rules it
+    out), DION_FAST_CPU_DTYPE overrides (dion/math/ortho.h)."""
+    from dion_cpp import _C
+    monkeypatch.delenv("DION_FAST_CPU_DTYPE", raising=False)
+    dtype, why = _C.cpu_compute_dtype("fp16")
+    assert dtype in ("fp16", "fp32") and why.startswith(dtype + ": ")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert _C.cpu_compute_dtype("fp16")[0] == "fp32"
+    assert _C.cpu_compute_dtype("bf16")[0] == "fp32"
+    monkeypatch.setenv("DION_FAST_CPU_DTYPE", "bf16")
+    assert _C.cpu_compute_dtype() == ("bf16", "bf16: DION_FAST_CPU_DTYPE=bf16")
+    with pytest.raises(ValueError, match="fp32"):
+        _C.cpu_compute_dtype("fp8")

@@ -135,6 +135,9 @@ double singular_extreme(const at::Tensor& U, bool max) {
 void run_ortho(const Common& common, const OrthoArgs& a) {
   using dion::math::OrthoMethod;
   json rows = json::array();
+  // Gram NS without a dtype: fp16 where this CPU multiplies fp16 natively, else fp32 (ortho.h).
+  const dion::math::CpuComputeDtype gram = dion::math::cpu_compute_dtype(at::kHalf);
+  std::printf("gram: %s\n", gram.reason.c_str());
   std::printf("%-6s %-16s %9s %9s %9s %9s  %s\n", "dtype", "m x n x B", "matmul", "exact",
               "fast", "gram", "(ms; rate / matmul rate)");
   for (const std::string& dt_name : split(a.dtypes)) {
@@ -152,12 +155,13 @@ void run_ortho(const Common& common, const OrthoArgs& a) {
           [&] { sink = at::bmm(X, W); },
           [&] { sink = dion::math::polar_express(G, 1e-6, dt); },
           [&] { sink = dion::math::orthogonalize_fast(G, OrthoMethod::POLAR_EXPRESS, 1e-6, dt); },
-          [&] { sink = dion::math::gram_newton_schulz(G, 1e-7, at::kHalf, true); },
+          [&] { sink = dion::math::gram_newton_schulz(G, 1e-7, std::nullopt, true); },
       };
       const auto times = interleave(fns, a.reps, /*warmup=*/1);
       const double mm_flops = 2.0 * B * r * r * c;
       const double ref_flops = 5.0 * B * (4.0 * r * r * c + 2.0 * r * r * r);
-      json row = {{"dtype", dt_name}, {"m", m}, {"n", n}, {"batch", B}};
+      json row = {{"dtype", dt_name}, {"m", m}, {"n", n}, {"batch", B},
+                  {"gram_dtype", dion::math::dtype_short_name(gram.dtype)}};
       const char* names[] = {"matmul", "exact", "fast", "gram"};
       double ms[4];
       for (int i = 0; i < 4; ++i) {
@@ -174,7 +178,7 @@ void run_ortho(const Common& common, const OrthoArgs& a) {
         for (int i = 1; i < 4; ++i) {
           at::Tensor U = i == 1 ? ex
                                 : (i == 2 ? dion::math::orthogonalize_fast(G[0], OrthoMethod::POLAR_EXPRESS, 1e-6, dt)
-                                          : dion::math::gram_newton_schulz(G[0], 1e-7, at::kHalf, true))
+                                          : dion::math::gram_newton_schulz(G[0], 1e-7, std::nullopt, true))
                                       .to(at::kDouble);
           row[names[i]]["sv_min"] = singular_extreme(U, false);
           row[names[i]]["sv_max"] = singular_extreme(U, true);

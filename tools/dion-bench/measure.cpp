@@ -9,13 +9,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <ctime>
 #include <cstring>
 #include <fstream>
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <utility>
 #include <vector>
+
+#include "dion/math/ortho.h"
 
 namespace dion::bench {
 
@@ -169,6 +173,12 @@ nlohmann::json machine_info() {
   for (std::string f; flags >> f;)
     if (std::find(wanted.begin(), wanted.end(), f) != wanted.end()) have.push_back(f);
   j["cpu_flags"] = have;
+  if (const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA")) j["onednn_max_cpu_isa"] = cap;
+  // What the fast path (wanting bf16) and Gram NS (wanting fp16) compute in here, and why.
+  for (const auto& [key, wanted] : {std::pair{"fast_bf16", at::kBFloat16}, std::pair{"gram", at::kHalf}}) {
+    const dion::math::CpuComputeDtype c = dion::math::cpu_compute_dtype(wanted);
+    j["cpu_compute_dtype"][key] = {{"dtype", dion::math::dtype_short_name(c.dtype)}, {"reason", c.reason}};
+  }
   j["torch_version"] = TORCH_VERSION;
   j["time_utc"] = [] {
     std::time_t t = std::time(nullptr);

@@ -22,6 +22,9 @@
 // A third orthogonalizer, gram_newton_schulz (the reference's use_gram_newton_schulz=True, the
 // gram-newton-schulz package's algorithm), iterates on the m x m Gram matrix of a non-square
 // input and applies the accumulated polynomial to X at the end, with a restart at step 2.
+// On a CPU, OrthoConfig's FAST path and Gram NS (and gram_newton_schulz without a dtype)
+// compute in a dtype the CPU multiplies natively (cpu_compute_dtype below: fp16 / bf16 where
+// the CPU has the instructions, else fp32).
 //
 // What it is not: no momentum, no learning rate, no communication. The optimizers call these
 // through an OrthoFn so that a user-supplied orthogonalizer can replace them.
@@ -32,6 +35,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,12 +83,56 @@ at::Tensor orthogonalize_fast(const at::Tensor& G, OrthoMethod method, double ep
 // A square matrix takes the standard 5-step iteration with the same coefficients (as the
 // package does). Every product between two m x m polynomials in R is symmetric, so `tiled`
 // computes them as symmetric products; tiled = false uses full batched products in the
-// package's operation order (its torch backend). epsilon: the package's 1e-7. dtype: the
-// package's fp16 by default; in bf16 the iterated Gram polynomial loses too much (singular
-// values up to 1.8 at condition number 100, tests/test_ortho_fast.cpp), so OrthoConfig always
-// runs it in fp16, as the reference does.
+// package's operation order (its torch backend). epsilon: the package's 1e-7.
+// dtype: the compute dtype, and the result's. Unset: the package's fp16 on a GPU, and on the
+// CPU cpu_compute_dtype(fp16) (below): fp16 where the CPU multiplies fp16 natively, else fp32.
+// Never bf16 by default: the iterated Gram polynomial loses too much in it (singular values up
+// to 1.66 at condition number 100, 1.84 in an earlier run, where fp16 stays under 1.15 and
+// fp32 at 1.1236; tests/test_ortho_fast.cpp).
 at::Tensor gram_newton_schulz(const at::Tensor& G, double epsilon = 1e-7,
-                              at::ScalarType dtype = at::kHalf, bool tiled = true);
+                              std::optional<at::ScalarType> dtype = std::nullopt, bool tiled = true);
+
+// ---------------------------------------------------------------------------- CPU compute dtype
+//
+// On a CPU, fp16 and bf16 GEMMs are fast only where the CPU multiplies that type natively and
+// oneDNN may use those instructions; elsewhere ATen runs them on a scalar fallback. One 512 x 512
+// product, one thread (best of 3-15, docs/benchmarks.md "CPU compute dtype"):
+//   Intel Xeon (KVM; AVX512-FP16, AVX512-BF16, no AMX):       fp16 2.1-2.6 ms, bf16 3.6-7.3, fp32 1.9-2.8
+//   the same, ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 (a Zen 4's ISA):  fp16 131-166, bf16 3.2-3.5, fp32 1.7-1.9
+//   the same, ONEDNN_MAX_CPU_ISA=AVX2:                         fp16 150-159, bf16 156-179, fp32 1.9-2.0
+//   AMD EPYC Zen 4 (AVX-512 BF16, no AVX512-FP16, no AMX):     fp16 102, bf16 1.4, fp32 3.2
+// and Gram NS on 512 x 512 in fp16: 30-38 ms natively, 1,550-1,870 ms under the AVX512_CORE_BF16
+// cap (1,026 ms on the Zen 4, where the exact path took 26 ms); in fp32 there 29-36 ms.
+// So the FAST path and Gram NS pick their CPU compute dtype by what the CPU has:
+//   - the dtype they would use (Gram NS: fp16, the package's; FAST: OrthoConfig::dtype) when
+//     cpu_has_native_gemm says its GEMMs are native. For Gram NS that keeps the package's bits
+//     (tests/data/gram: max |diff| 0) at fp32's speed or better; native bf16 is kept as the
+//     reference's dtype although on this AMX-less Xeon it is no faster than fp32;
+//   - else fp32: never a less precise type (bf16 instead of fp16 would break Gram NS's band),
+//     and there the fastest accurate one.
+// OrthoConfig::cpu_dtype, when set, wins; then DION_FAST_CPU_DTYPE=fp16|bf16|fp32 (for tests
+// and benchmarks; 'auto' or unset: the rule). The EXACT path always computes in
+// OrthoConfig::dtype (the reference's bits), and on a GPU nothing changes.
+
+// Whether `dtype`'s GEMMs are native on this CPU: fp32 and fp64 always; fp16 with AVX512-FP16
+// or AMX-FP16, bf16 with AVX512-BF16 or AMX-BF16 (cpuinfo's flags), each only when oneDNN is
+// enabled and ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA), when set, allows that ISA (e.g.
+// AVX512_CORE_BF16 rules out fp16, AVX2 both). `why`, when given, receives one sentence.
+bool cpu_has_native_gemm(at::ScalarType dtype, std::string* why = nullptr);
+
+struct CpuComputeDtype {
+  at::ScalarType dtype;
+  std::string reason;  // "fp32: fp16 GEMMs are not native: this CPU has avx512_fp16, but ..."
+};
+
+// The CPU compute dtype for a caller that wants `wanted` (the rule above, with the
+// DION_FAST_CPU_DTYPE override; throws std::invalid_argument on a bad value of it).
+CpuComputeDtype cpu_compute_dtype(at::ScalarType wanted);
+
+// "fp16" | "bf16" | "fp32"; throws std::invalid_argument naming the valid values.
+at::ScalarType cpu_dtype_from_string(const std::string& name);
+// "fp16", "bf16", "fp32", "fp64" (else ATen's name).
+std::string dtype_short_name(at::ScalarType dtype);
 
 // Which orthogonalizer an optimizer uses. `custom`, when set, wins over everything else;
 // use_gram_newton_schulz wins over `method` (as in the reference, where it implies Polar Express).
@@ -96,8 +144,14 @@ struct OrthoConfig {
   // EXACT stays the default: every reference-vector test, the distributed bit-identity checks
   // and the trainer's expected losses rely on the reference's bits (docs/benchmarks.md).
   OrthoPath path = OrthoPath::EXACT;
+  // The FAST path's and Gram NS's compute dtype on a CPU; unset: cpu_compute_dtype of
+  // `dtype` (FAST) or of fp16 (Gram NS). Either returns what it did before (`dtype`; fp16).
+  std::optional<at::ScalarType> cpu_dtype = std::nullopt;
 
   OrthoFn function() const;               // the callable the optimizers use
+  // What function() computes in on a CPU, and why (for logs): the EXACT path's `dtype`, or the
+  // FAST / Gram choice above. Reads DION_FAST_CPU_DTYPE as function() does.
+  CpuComputeDtype cpu_compute() const;
 };
 
 // The megabatch U_0 .. U_{N-1} (same shape, dtype and device) as one tensor [N, *shape]: a view
