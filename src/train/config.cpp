@@ -336,22 +336,16 @@ Config config_parse(int argc, const char* const* argv) {
   for (const Key& k : keys()) {
     auto* opt = app.add_option(std::string("--") + k.name, given[k.name]);
     opt->expected(std::holds_alternative<bool Config::*>(k.field) ? 0 : 1, 1);
-    // One value per key, given once: `--lr 0.01 0.7` leaves 0.7 as a stray word (an error below)
-    // instead of CLI11 collecting both into the vector and keeping the last; a repeated key is an
-    // error, not "the last one wins".
+    // One value per key: `--lr 0.01 0.7` leaves 0.7 as a stray word (an error below) instead of
+    // CLI11 collecting both into the vector and keeping the last. A key given twice still takes
+    // the later value (the tests and scripts override a base command line that way).
     opt->allow_extra_args(false);
-    opt->multi_option_policy(CLI::MultiOptionPolicy::Throw);
+    opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   }
   try {
     std::vector<std::string> args;
     for (int i = argc - 1; i >= 1; --i) args.emplace_back(argv[i]);
     app.parse(args);
-  } catch (const CLI::ArgumentMismatch& e) {
-    for (const Key& k : keys())
-      if (app.count(std::string("--") + k.name) > 1)
-        throw ConfigError(fmt::format("command line: key '{}' is given {} times; give each key once",
-                                      k.name, app.count(std::string("--") + k.name)));
-    throw ConfigError(fmt::format("command line: {}", e.what()));
   } catch (const CLI::ParseError& e) {
     throw ConfigError(fmt::format("command line: {}", e.what()));
   }

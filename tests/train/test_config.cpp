@@ -111,18 +111,15 @@ TEST(TrainConfig, TpSizeWorksWithEveryOptimizer) {
     EXPECT_EQ(error_of({"--tp_size", "2", "--fs_size", "2", "--optimizer", opt}), "(no error)") << opt;
 }
 
-// One value per key: a second value, a stray word, or a key given twice is an error naming it
-// (they were taken as "the last value wins" or written into a folder named after the stray word).
-TEST(TrainConfig, OneValuePerKeyGivenOnce) {
+// One value per key: a second value or a stray word is an error naming it (they were taken as
+// "the last value wins" or written into a folder named after the stray word). A key given twice
+// takes the later value, on purpose: a base command line is overridden so.
+TEST(TrainConfig, OneValuePerKey) {
   EXPECT_NE(error_of({"--lr", "0.01", "0.7"}).find("unexpected argument '0.7'"), std::string::npos)
       << error_of({"--lr", "0.01", "0.7"});
   EXPECT_NE(error_of({"--run_dir", "runs/x", "stray"}).find("unexpected argument 'stray'"), std::string::npos);
   EXPECT_NE(error_of({"--debug", "true", "stray"}).find("unexpected argument 'stray'"), std::string::npos);
-  EXPECT_NE(error_of({"--lr", "0.01", "--lr", "0.7"}).find("key 'lr' is given 2 times; give each key once"),
-            std::string::npos)
-      << error_of({"--lr", "0.01", "--lr", "0.7"});
-  EXPECT_NE(error_of({"--debug", "--debug"}).find("key 'debug' is given 2 times"), std::string::npos)
-      << error_of({"--debug", "--debug"});
+  EXPECT_EQ(parse({"--lr", "0.01", "--lr", "0.7"}).lr, 0.7);
   EXPECT_EQ(parse({"--lr", "0.02", "--debug"}).lr, 0.02);
 }
 
