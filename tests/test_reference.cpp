@@ -45,10 +45,7 @@
 #include <nlohmann/json.hpp>
 
 #include <ATen/Parallel.h>
-#include <ATen/Version.h>
 #include <dlfcn.h>
-#include <sys/utsname.h>
-#include <torch/version.h>
 
 #include <cstdlib>
 #include <filesystem>
