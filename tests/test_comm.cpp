@@ -23,6 +23,7 @@
 
 #include "dion/comm/group.h"
 #include "dion/comm/tasks.h"
+#include "support/free_port.h"
 #include "support/threads.h"
 
 namespace {
@@ -91,16 +92,90 @@ TEST_F(Env, RankAndLocalRankMustBeBelowTheWorldSize) {
 }
 
 TEST_F(Env, WorldSizeAndMissingVariables) {
-  set({{"WORLD_SIZE", "0"}});
+  set({{"RANK", "0"}, {"WORLD_SIZE", "0"}});
   EXPECT_NE(error().find("WORLD_SIZE='0'"), std::string::npos);
   set({{"WORLD_SIZE", "two"}});
   EXPECT_NE(error().find(">= 1"), std::string::npos);
-  set({{"WORLD_SIZE", "2"}});
-  EXPECT_NE(error().find("RANK is not set"), std::string::npos);
-  set({{"RANK", "1"}});
+  set({{"WORLD_SIZE", "2"}, {"RANK", "1"}});
   EXPECT_NE(error().find("MASTER_ADDR is not set"), std::string::npos);
   set({{"MASTER_ADDR", "127.0.0.1"}});
   EXPECT_NE(error().find("MASTER_PORT is not set"), std::string::npos);
+}
+
+// Half of torchrun's environment is an error, not one process (RANK=0 alone ran as one
+// process; WORLD_SIZE=2 alone asked for a RANK but said nothing of the pair).
+TEST_F(Env, RankWithoutWorldSizeOrTheReverseIsAnError) {
+  set({{"RANK", "0"}});
+  std::string e = error();
+  EXPECT_NE(e.find("RANK='0' is set but WORLD_SIZE is not: set both"), std::string::npos) << e;
+  clear();
+  set({{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}});
+  e = error();
+  EXPECT_NE(e.find("WORLD_SIZE='2' is set but RANK is not"), std::string::npos) << e;
+  clear();
+  set({{"LOCAL_RANK", "0"}});  // LOCAL_RANK alone: one process (as before)
+  EXPECT_EQ(error(), "");
+}
+
+// A rendezvous that cannot complete ends within the rendezvous timeout on every rank that came,
+// saying how many of how many arrived (WORLD_SIZE=2 with one process started waited 301 s and
+// said "Timed out ... waiting for clients" with a C++ backtrace).
+TEST_F(Env, ARendezvousShortOfRanksSaysHowManyArrived) {
+  const std::string port = std::to_string(dion::testing::free_port());
+  set({{"WORLD_SIZE", "3"}, {"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port.c_str()}});
+  dion::comm::GroupOptions o, o1;
+  o.rendezvous_timeout = std::chrono::seconds(3);
+  o1.rendezvous_timeout = std::chrono::seconds(2);  // gives up first, while rank 0's store still answers
+  // Rank 1 comes (in a thread of this process, through Group::create); rank 2 never does.
+  std::string e1;
+  std::thread one([&] {
+    try {
+      Group::create("127.0.0.1", std::stoi(port), 1, 3, o1);
+    } catch (const CommError& x) {
+      e1 = x.what();
+    }
+  });
+  std::string e0;
+  try {
+    Group::init_from_env(o);
+  } catch (const CommError& x) {
+    e0 = x.what();
+  }
+  one.join();
+  for (const std::string* e : {&e0, &e1}) {
+    EXPECT_NE(e->find("only 2 of 3 ranks arrived at the rendezvous 127.0.0.1:" + port + " within "),
+              std::string::npos) << *e;
+    EXPECT_NE(e->find("--nproc_per_node 3"), std::string::npos) << *e;
+    EXPECT_EQ(e->find("Exception raised from"), std::string::npos) << *e;
+  }
+  EXPECT_NE(e0.find("within 3000 ms"), std::string::npos) << e0;
+  EXPECT_NE(e0.find("rank 0 of 3"), std::string::npos) << e0;
+  EXPECT_NE(e1.find("rank 1 of 3"), std::string::npos) << e1;
+}
+
+// Two processes given the same RANK: the second is told so (it used to take the first one's
+// place in the store's bookkeeping and hang or fail obscurely in Gloo).
+TEST_F(Env, TheSameRankTwiceIsAnError) {
+  const int port = dion::testing::free_port();
+  dion::comm::GroupOptions o, o1;
+  o.rendezvous_timeout = std::chrono::seconds(3);
+  o1.rendezvous_timeout = std::chrono::seconds(2);
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> ranks;
+  const int rank_of[3] = {0, 1, 1};
+  for (int i = 0; i < 3; ++i)
+    ranks.emplace_back([&, i] {
+      if (i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the second "rank 1"
+      try {
+        Group::create("127.0.0.1", port, rank_of[i], 3, i == 0 ? o : o1);
+      } catch (const CommError& x) {
+        errors[i] = x.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  EXPECT_NE(errors[2].find("another process with RANK=1 already joined the rendezvous"), std::string::npos)
+      << errors[2];
+  EXPECT_NE(errors[0].find("only 2 of 3 ranks arrived"), std::string::npos) << errors[0];
 }
 
 // A listening socket whose backlog completes the TCP handshake but which never accept()s nor
@@ -121,7 +196,7 @@ TEST_F(Env, PortThatAcceptsButNeverAnswersFailsWithinTheTimeout) {
 
   set({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port.c_str()}});
   dion::comm::GroupOptions o;
-  o.timeout = std::chrono::seconds(2);
+  o.rendezvous_timeout = std::chrono::seconds(2);
   const int threads_before = dion::testing::thread_count();
   const auto t0 = std::chrono::steady_clock::now();
   std::string e;

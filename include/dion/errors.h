@@ -21,4 +21,13 @@ struct NotImplementedError : std::logic_error {
   using std::logic_error::logic_error;
 };
 
+inline std::string message_of(const std::string& what) {
+  std::string out = what;
+  const std::size_t at = out.find("Exception raised from ");
+  if (at != std::string::npos) out.erase(at);
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+inline std::string message_of(const std::exception& e) { return message_of(std::string(e.what())); }
+
 }  // namespace dion

@@ -18,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -27,6 +28,7 @@
 #include <thread>
 #include <utility>
 
+#include "dion/errors.h"
 #include "work_state.h"
 
 namespace dion::comm {
@@ -58,7 +60,7 @@ struct Group::Impl {
           nccl = pg->getBackend(c10::DeviceType::CUDA);
         } catch (const std::exception& e) {
           throw CommError("group '" + group_name + "' has no backend for CUDA tensors (create it with "
-                          "backend='nccl' or 'cpu:gloo,cuda:nccl'): " + e.what());
+                          "backend='nccl' or 'cpu:gloo,cuda:nccl'): " + dion::message_of(e));
         }
       } else {
         auto opts = c10d::ProcessGroupNCCL::Options::create();
@@ -117,6 +119,14 @@ c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store
 }  // namespace
 
 Group Group::init_from_env(GroupOptions options) {
+  const char* rank_env = std::getenv("RANK");
+  const char* size_env = std::getenv("WORLD_SIZE");
+  const bool has_rank = rank_env && *rank_env, has_size = size_env && *size_env;
+  if (has_rank != has_size)
+    throw CommError(std::string("environment variable ") + (has_rank ? "RANK" : "WORLD_SIZE") + "='" +
+                    (has_rank ? rank_env : size_env) + "' is set but " + (has_rank ? "WORLD_SIZE" : "RANK") +
+                    " is not: set both (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) "
+                    "or neither for one process");
   const int size = env_int("WORLD_SIZE", false, 1, 1, INT_MAX, ">= 1");
   const std::string ranks = "in [0, WORLD_SIZE - 1] = [0, " + std::to_string(size - 1) + "]";
   const int rank = env_int("RANK", size > 1, 0, 0, size - 1, ranks);
@@ -155,13 +165,40 @@ Group Group::create(const std::string& host, int port, int rank, int size, Group
   so.port = static_cast<uint16_t>(port);
   so.isServer = rank == 0;
   so.numWorkers = size;
-  so.waitWorkers = true;
-  so.timeout = options.timeout;
+  so.waitWorkers = false;  // the arrival count below waits, and can say how many came
+  // The rendezvous timeout until everyone has arrived (a client's connection retries last that
+  // long), the collective timeout after.
+  so.timeout = options.rendezvous_timeout;
   g.impl_ = std::make_shared<Impl>();
   // The store and the Gloo backend over it; everything captured by value, nothing of `g`.
   using Rendezvous = std::pair<c10::intrusive_ptr<c10d::Store>, c10::intrusive_ptr<c10d::Backend>>;
-  auto rendezvous = [host, so, rank, size, timeout = options.timeout]() -> Rendezvous {
+  const auto deadline = std::chrono::steady_clock::now() + options.rendezvous_timeout;
+  auto all_arrived = std::make_shared<std::atomic<bool>>(false);
+  auto rendezvous = [host, port, so, rank, size, deadline, all_arrived, timeout = options.timeout,
+                     rdv_ms = options.rendezvous_timeout.count()]() -> Rendezvous {
     c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(host, so);
+    if (store->add("dion/rendezvous/rank_" + std::to_string(rank), 1) > 1) {
+      std::ostringstream os;
+      os << "rank " << rank << " of " << size << ": another process with RANK=" << rank
+         << " already joined the rendezvous at " << host << ":" << port
+         << ": every rank of a job needs its own RANK in [0, " << size - 1 << "]";
+      throw CommError(os.str());
+    }
+    int64_t arrived = store->add("dion/rendezvous/arrived", 1);
+    while (arrived < size) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::ostringstream os;
+        os << "rank " << rank << " of " << size << ": only " << arrived << " of " << size
+           << " ranks arrived at the rendezvous " << host << ":" << port << " within " << rdv_ms
+           << " ms: start all " << size << " (WORLD_SIZE) with the same MASTER_ADDR and MASTER_PORT, e.g. "
+           << "torchrun --nproc_per_node " << size << " or dion-train --nproc " << size;
+        throw CommError(os.str());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      arrived = store->add("dion/rendezvous/arrived", 0);
+    }
+    all_arrived->store(true);
+    store->setTimeout(timeout);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("world", store);
     return {store, make_gloo(prefixed, rank, size, timeout)};
   };
@@ -183,15 +220,19 @@ Group Group::create(const std::string& host, int port, int rank, int size, Group
           done.set_exception(std::current_exception());
         }
       });
-      if (result.wait_for(options.timeout) != std::future_status::ready) {
+      // Until every rank has counted itself in (bounded by the rendezvous timeout), then the
+      // Gloo connections (bounded by the collective timeout).
+      bool ready = result.wait_until(deadline + std::chrono::seconds(1)) == std::future_status::ready;
+      if (!ready && all_arrived->load()) ready = result.wait_for(options.timeout) == std::future_status::ready;
+      if (!ready) {
         // Deliberately left running: it owns everything it touches (captured by value, the
         // promise included) and blocks in a socket read we cannot cancel. The caller is failing
         // the start-up; the thread and its socket end with the process.
         connect.detach();
         std::ostringstream os;
         os << "rank " << rank << " of " << size << ": rendezvous at MASTER_ADDR:MASTER_PORT = " << host << ":"
-           << port << " did not finish within the timeout of " << options.timeout.count()
-           << " ms: is another program listening on that port? is rank 0 running the same job?";
+           << port << " did not finish within the timeout of " << options.rendezvous_timeout.count()
+           << " ms: is rank 0 running the same job? is another program listening on that port?";
         throw CommError(os.str());
       }
       connect.join();
@@ -208,7 +249,7 @@ Group Group::create(const std::string& host, int port, int rank, int size, Group
   } catch (const std::exception& e) {
     std::ostringstream os;
     os << "rank " << rank << " of " << size << ": rendezvous at " << host << ":" << port
-       << " failed within " << options.timeout.count() << " ms: " << e.what();
+       << " failed within " << options.timeout.count() << " ms: " << dion::message_of(e);
     throw CommError(os.str());
   }
   return g;
@@ -297,7 +338,7 @@ std::shared_ptr<Group> Group::subgroup(const std::vector<int>& ranks, const std:
     try {
       g->impl_->backend = make_gloo(prefixed, my, g->size_, options_.timeout);
     } catch (const std::exception& e) {
-      throw CommError("creating group '" + g->name_ + "' failed: " + e.what());
+      throw CommError("creating group '" + g->name_ + "' failed: " + dion::message_of(e));
     }
   }
   return g;

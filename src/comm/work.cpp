@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "dion/comm/tasks.h"
+#include "dion/errors.h"
 #include "work_state.h"
 
 namespace dion::comm {
@@ -12,7 +13,7 @@ void throw_comm_error(const std::string& kind, const std::string& group, int ran
                       std::chrono::milliseconds timeout, const std::exception& cause) {
   std::ostringstream os;
   os << kind << " on group '" << group << "' (rank " << rank << " of " << size << ") failed; timeout "
-     << timeout.count() << " ms. A peer may have died. Cause: " << cause.what();
+     << timeout.count() << " ms. A peer may have died. Cause: " << dion::message_of(cause);
   throw CommError(os.str());
 }
 

@@ -81,6 +81,7 @@ const std::vector<Key>& keys() {
       {"reshard_after_forward", &Config::reshard_after_forward, "FSDP: gather the blocks' weights again in backward instead of keeping them from forward (the reference's default)"},
       {"fast_fsdp", &Config::fast_fsdp, "the reference's --fast_fsdp: reshard_after_forward false, and with gradient accumulation the gathered weights are kept across the step and their gradients reduce-scattered once per step (costs the whole model and its gradient per rank)"},
       {"comm_timeout_s", &Config::comm_timeout_s, "seconds any collective may wait for the other ranks before the run fails", Check::POSITIVE},
+      {"rendezvous_timeout_s", &Config::rendezvous_timeout_s, "seconds the start waits for all WORLD_SIZE ranks to arrive at MASTER_ADDR:MASTER_PORT before every rank there fails, saying how many came", Check::POSITIVE},
       {"ddp_bucket_mb", &Config::ddp_bucket_mb, "DDP gradient all-reduce bucket size, MB (launched as their gradients become ready)", Check::POSITIVE},
       // debugging
       {"debug", &Config::debug, "the reference's debug mode (batch 2, device batch 1, 20 steps, <= 2 val batches) on synthetic tokens"},
@@ -252,10 +253,16 @@ void config_load_yaml(Config& config, const std::filesystem::path& file) {
   if (root.IsNull()) return;  // empty file
   if (!root.IsMap())
     throw ConfigError(fmt::format("config file '{}': expected a mapping of key: value lines", file.string()));
+  std::map<std::string, int> seen;  // key -> its first line (yaml-cpp keeps both of a repeated key)
   for (const auto& kv : root) {
+    const int line = kv.first.Mark().line + 1;
     if (!kv.first.IsScalar())  // `? [a]: 1`, `{a: 1}: 2` (found with tests/fuzz/fuzz_config.cpp)
       throw ConfigError(fmt::format("config file '{}': line {}: a key must be a plain name, not a YAML list or map",
-                                    file.string(), kv.first.Mark().line + 1));
+                                    file.string(), line));
+    const auto [first, fresh] = seen.emplace(kv.first.Scalar(), line);
+    if (!fresh)
+      throw ConfigError(fmt::format("config file '{}': line {}: key '{}' is given again (first on line {}); give "
+                                    "each key once", file.string(), line, kv.first.Scalar(), first->second));
     set_from_node(config, kv.first.Scalar(), kv.second, file.string());
   }
 }
@@ -295,6 +302,10 @@ void config_validate(const Config& c) {
   if ((c.model_dim / c.n_head) % 2 != 0)
     fail(fmt::format("model_dim {} / n_head {} = head size {} is odd; rotary embeddings need an even head size",
                      c.model_dim, c.n_head, c.model_dim / c.n_head));
+  if (c.warmup_ratio + c.warmdown_ratio > 1 + 1e-12)  // (0.3 + 0.7 may round above 1)
+    fail(fmt::format("keys 'warmup_ratio' {} + 'warmdown_ratio' {} = {} > 1: the warmup and the warmdown would "
+                     "overlap; valid: a sum <= 1", format_double(c.warmup_ratio), format_double(c.warmdown_ratio),
+                     format_double(c.warmup_ratio + c.warmdown_ratio)));
   const int64_t dp = c.dp_size * c.fs_size;
   if (c.batch_size % (c.device_batch_size * dp) != 0)
     fail(fmt::format("key 'batch_size': value {} is not divisible by device_batch_size {} x data-parallel ranks {}; "
@@ -330,17 +341,18 @@ Config config_parse(int argc, const char* const* argv) {
   app.allow_extras();
   std::string config_file;
   bool help = false;
-  app.add_option("--config", config_file);
+  std::vector<std::string> config_files;
+  app.add_option("--config", config_files)->expected(1)->allow_extra_args(false)->multi_option_policy(
+      CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("-h,--help", help);
   std::map<std::string, std::vector<std::string>> given;
   for (const Key& k : keys()) {
     auto* opt = app.add_option(std::string("--") + k.name, given[k.name]);
     opt->expected(std::holds_alternative<bool Config::*>(k.field) ? 0 : 1, 1);
     // One value per key: `--lr 0.01 0.7` leaves 0.7 as a stray word (an error below) instead of
-    // CLI11 collecting both into the vector and keeping the last. A key given twice still takes
-    // the later value (the tests and scripts override a base command line that way).
+    // CLI11 collecting both into the vector; a key given twice is an error below too.
     opt->allow_extra_args(false);
-    opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    opt->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   }
   try {
     std::vector<std::string> args;
@@ -358,6 +370,21 @@ Config config_parse(int argc, const char* const* argv) {
                                     "with defaults)", key, key_names()));
     }
     throw ConfigError(fmt::format("command line: unexpected argument '{}' (keys are given as --key value)", extra));
+  }
+
+  if (config_files.size() > 1)
+    throw ConfigError(fmt::format("command line: --config given more than once ('{}', '{}'); give one YAML file "
+                                  "(keys on the command line override it)", config_files[0], config_files[1]));
+  config_file = config_files.empty() ? std::string() : config_files[0];
+  for (const Key& k : keys()) {
+    const size_t times = app.count(std::string("--") + k.name);
+    if (times > 1) {
+      std::string values;
+      for (const std::string& v : given[k.name]) values += (values.empty() ? "'" : ", '") + v + "'";
+      throw ConfigError(fmt::format("command line: key '{}' given {} times{}; give it once (a value on the command "
+                                    "line overrides the --config file's)",
+                                    k.name, times, values.empty() ? "" : " (values " + values + ")"));
+    }
   }
 
   Config c;

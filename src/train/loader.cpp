@@ -51,6 +51,12 @@ ShardLoader::ShardLoader(const fs::path& dir, const std::string& split, int64_t 
   reset();
 }
 
+int64_t ShardLoader::tokens() const {
+  int64_t total = 0;
+  for (int64_t n : token_counts_) total += n;
+  return total;
+}
+
 void ShardLoader::open_shard(int64_t index) {
   if (index == shard_ && current_) return;
   try {

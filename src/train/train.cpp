@@ -109,9 +109,13 @@ RunSummary train_run(const Config& c) {
     throw ConfigError("key 'device': value 'cuda' but this machine (or this LibTorch) has no CUDA device; valid: cpu");
   comm::GroupOptions gopt;
   gopt.timeout = std::chrono::milliseconds(int64_t(c.comm_timeout_s * 1000));
-  Parallel par(comm::Group::init_from_env(gopt), MeshShape{c.dp_size, c.fs_size, c.tp_size});
-  g_main_rank = par.is_main();
-  check_config_agrees(par.world(), c);
+  gopt.rendezvous_timeout = std::chrono::milliseconds(int64_t(c.rendezvous_timeout_s * 1000));
+  comm::Group world = comm::Group::init_from_env(gopt);
+  g_main_rank = world.rank() == 0;
+  // Before the mesh: ranks that differ on dp/fs/tp would otherwise wait in the mesh's
+  // sub-group rendezvous until comm_timeout_s instead of naming the key.
+  check_config_agrees(world, c);
+  Parallel par(std::move(world), MeshShape{c.dp_size, c.fs_size, c.tp_size});
   const at::Device device = c.device == "cuda" ? at::Device(at::kCUDA, int8_t(par.world().local_rank())) : at::Device(at::kCPU);
   const std::string dtype = resolve_dtype(c);
   const bool autocast = dtype == "bf16";
@@ -125,6 +129,17 @@ RunSummary train_run(const Config& c) {
     train_loader = std::make_unique<ShardLoader>(c.data_dir, "train", c.device_batch_size, c.sequence_length, drank, dsize);
     val_loader = std::make_unique<ShardLoader>(c.data_dir, "val", c.device_batch_size, c.sequence_length, drank, dsize);
   }
+  // Sizes against the data: a validation that reads more than the val split re-reads it, a step
+  // larger than the train split reads it more than once (--val_tokens 1.28e12 ran for days).
+  if (val_loader->tokens() >= 0 && c.val_tokens > val_loader->tokens())
+    throw ConfigError(fmt::format("key 'val_tokens': value {} is more than the {} tokens of the val shards in '{}'; "
+                                  "valid: at most {} (a validation reads each val token once)",
+                                  c.val_tokens, val_loader->tokens(), c.data_dir, val_loader->tokens()));
+  if (train_loader->tokens() >= 0 && c.batch_size * c.sequence_length > train_loader->tokens())
+    throw ConfigError(fmt::format("keys 'batch_size' {} x 'sequence_length' {} = {} tokens per step, more than the {} "
+                                  "tokens of the train shards in '{}'; valid: a step of at most the whole train split",
+                                  c.batch_size, c.sequence_length, c.batch_size * c.sequence_length,
+                                  train_loader->tokens(), c.data_dir));
   std::optional<fs::path> ckpt;
   std::optional<CheckpointMeta> meta;
   if (!c.checkpoint_dir.empty() && c.resume) {

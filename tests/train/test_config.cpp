@@ -111,16 +111,46 @@ TEST(TrainConfig, TpSizeWorksWithEveryOptimizer) {
     EXPECT_EQ(error_of({"--tp_size", "2", "--fs_size", "2", "--optimizer", opt}), "(no error)") << opt;
 }
 
-// One value per key: a second value or a stray word is an error naming it (they were taken as
-// "the last value wins" or written into a folder named after the stray word). A key given twice
-// takes the later value, on purpose: a base command line is overridden so.
+// One value per key: a second value, a stray word, or a key given twice is an error naming it
+// (they were taken as "the last value wins" or written into a folder named after the stray word).
 TEST(TrainConfig, OneValuePerKey) {
   EXPECT_NE(error_of({"--lr", "0.01", "0.7"}).find("unexpected argument '0.7'"), std::string::npos)
       << error_of({"--lr", "0.01", "0.7"});
   EXPECT_NE(error_of({"--run_dir", "runs/x", "stray"}).find("unexpected argument 'stray'"), std::string::npos);
   EXPECT_NE(error_of({"--debug", "true", "stray"}).find("unexpected argument 'stray'"), std::string::npos);
-  EXPECT_EQ(parse({"--lr", "0.01", "--lr", "0.7"}).lr, 0.7);
+  const std::string twice = error_of({"--lr", "0.01", "--lr", "0.7"});
+  EXPECT_NE(twice.find("key 'lr' given 2 times (values '0.01', '0.7'); give it once"), std::string::npos) << twice;
+  EXPECT_NE(error_of({"--lr=0.01", "--debug", "--lr", "0.7"}).find("key 'lr' given 2 times"), std::string::npos);
+  EXPECT_NE(error_of({"--debug", "--debug"}).find("key 'debug' given 2 times"), std::string::npos);
+  EXPECT_NE(error_of({"--config", "a.yaml", "--config", "b.yaml"}).find("--config given more than once"),
+            std::string::npos);
   EXPECT_EQ(parse({"--lr", "0.02", "--debug"}).lr, 0.02);
+}
+
+// The test helpers' override rule (train_test_util.h): the last of each key, where it stands.
+TEST(TrainConfig, TestHelpersKeepTheLastOfEachKey) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(test::later_wins({"--lr", "1", "--debug", "--lr=2", "--n_layer", "3"}), (V{"--debug", "--lr=2", "--n_layer", "3"}));
+  EXPECT_EQ(test::later_wins({"--lr", "1", "stray", "--lr", "2"}), (V{"stray", "--lr", "2"}));
+  EXPECT_EQ(test::later_wins({"--debug", "--debug", "false"}), (V{"--debug", "false"}));
+}
+
+// A key given twice in a YAML file (yaml-cpp keeps both; the last used to win silently).
+TEST(TrainConfig, YamlKeyGivenTwiceIsAnError) {
+  test::TempDir tmp("config_twice");
+  {
+    std::ofstream f(tmp / "twice.yaml");
+    f << "lr: 0.01\nn_layer: 2\nlr: 0.7\n";
+  }
+  const std::string e = error_of({"--config", (tmp / "twice.yaml").string()});
+  EXPECT_NE(e.find("line 3: key 'lr' is given again (first on line 1)"), std::string::npos) << e;
+}
+
+// The warmup and the warmdown must not overlap (0.7 + 0.7 ran, with a schedule train.py never makes).
+TEST(TrainConfig, WarmupAndWarmdownMayNotOverlap) {
+  const std::string e = error_of({"--warmup_ratio", "0.7", "--warmdown_ratio", "0.7"});
+  EXPECT_NE(e.find("'warmup_ratio' 0.7 + 'warmdown_ratio' 0.7 = 1.4 > 1"), std::string::npos) << e;
+  EXPECT_EQ(parse({"--warmup_ratio", "0.5", "--warmdown_ratio", "0.5"}).warmup_ratio, 0.5);
 }
 
 TEST(TrainConfig, BadValuesNameTheKeyTheValueAndWhatIsValid) {

@@ -31,6 +31,7 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <cmath>
@@ -38,6 +39,7 @@
 #include <random>
 
 #include "dion/train/fs_util.h"
+#include "../support/free_port.h"
 #include "train_test_util.h"
 
 namespace dion::train {
@@ -346,7 +348,45 @@ TEST_F(ParallelRun, BadLayoutsAndDifferentConfigsFailOnEveryRank) {
       EXPECT_NE(r.output.find("key 'lr' differs between rank 0 and rank 1"), std::string::npos) << r.output;
     }
   }
+  {
+    // Ranks that differ on the layout (fs 2 on rank 0, dp 2 on rank 1) used to wait in the mesh's
+    // sub-group rendezvous for the whole comm_timeout_s (300 s), naming no key; the agreement
+    // check now runs before the mesh. The deadline (60 s) is far below that timeout.
+    RankOptions o;
+    o.rank0_extra = {"--dp_size", "1", "--fs_size", "2"};
+    o.deadline_s = 60;
+    const auto rs = test::run_train_ranks(2, tiny(data(), tmp / "run") + layout(2, 1, 1) +
+                                                 std::vector<std::string>{"--comm_timeout_s", "300"}, o);
+    for (const ProcResult& r : rs) {
+      EXPECT_EQ(r.exit_code, 2) << r.output;
+      EXPECT_NE(r.output.find("key 'dp_size' differs between rank 0 and rank 1"), std::string::npos) << r.output;
+    }
+  }
   EXPECT_TRUE(test::is_empty_or_missing(tmp / "run"));
+}
+
+// WORLD_SIZE=2 with one process started: the start ends after rendezvous_timeout_s, saying how
+// many ranks came, with no C++ backtrace (it waited comm_timeout_s + 1 = 301 s).
+TEST_F(ParallelRun, AMissingRankEndsTheStartWithinTheRendezvousTimeout) {
+  TempDir tmp("missing_rank");
+  // Rank 0 of 2, by hand (run_train_ranks starts every rank).
+  const int port = dion::testing::free_port();
+  const std::string env = "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port);
+  std::string cmd = env + " " + std::string(DION_TRAIN_EXE);
+  for (const std::string& a : test::later_wins(tiny(data(), tmp / "run") + std::vector<std::string>{"--rendezvous_timeout_s", "2"}))
+    cmd += " '" + a + "'";
+  cmd += " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = ::pclose(p);
+  EXPECT_EQ(WEXITSTATUS(status), 1) << out;
+  EXPECT_NE(out.find("only 1 of 2 ranks arrived at the rendezvous 127.0.0.1:" + std::to_string(port) + " within 2000 ms"),
+            std::string::npos) << out;
+  EXPECT_EQ(out.find("Exception raised from"), std::string::npos) << out;
+  EXPECT_EQ(out.find("frame #"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -203,6 +203,13 @@ TEST_F(TrainRun, BadConfigsFailWithTheKeyAndWriteNothing) {
       {{"--model_dim", "60", "--n_head", "8"}, "key 'model_dim': value 60 is not divisible by n_head 8"},
       {{"--dp_size", "2"}, "dp_size 2 x fs_size 1 x tp_size 1 = 2, but WORLD_SIZE is 1"},
       {{"--optimizer", "sgd"}, "key 'optimizer': value 'sgd' is invalid; valid: one of: adamw, lion, muon, normuon, dion2"},
+      {{"--lr", "0.01", "0.7"}, "unexpected argument '0.7'"},
+      {{"--run_dir", (tmp / "run2").string(), "stray"}, "unexpected argument 'stray'"},
+      {{"--warmup_ratio", "0.7", "--warmdown_ratio", "0.7"}, "= 1.4 > 1: the warmup and the warmdown would overlap"},
+      // Sizes against the data (the val shard holds 100000 tokens, the train shards ~238000):
+      // --val_tokens 1.28e12 used to run a validation of 2e10 batches.
+      {{"--val_tokens", "1280000000000"}, "key 'val_tokens': value 1280000000000 is more than the 100000 tokens of the val shards"},
+      {{"--batch_size", "10000"}, "keys 'batch_size' 10000 x 'sequence_length' 32 = 320000 tokens per step, more than the"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
@@ -211,6 +218,7 @@ TEST_F(TrainRun, BadConfigsFailWithTheKeyAndWriteNothing) {
     EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("dion-train: error:"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(run));
+    EXPECT_FALSE(fs::exists(tmp / "run2"));
     EXPECT_FALSE(fs::exists(ck));
   }
   // A bad YAML file names the file.

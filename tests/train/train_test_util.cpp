@@ -43,7 +43,31 @@ TempDir::~TempDir() {
   remove_tree(path_);
 }
 
-int spawn_train(const std::vector<std::string>& args, const fs::path& output) {
+std::vector<std::string> later_wins(const std::vector<std::string>& args) {
+  // Entries: a "--key" (or "--key=value") with the value after it when that is not a key; any
+  // other word stands alone (and stays, for dion-train to refuse).
+  std::vector<std::vector<std::string>> entries;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const bool key = args[i].rfind("--", 0) == 0;
+    entries.push_back({args[i]});
+    if (key && args[i].find('=') == std::string::npos && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0)
+      entries.back().push_back(args[++i]);
+  }
+  auto key_of = [](const std::vector<std::string>& e) {
+    return e[0].rfind("--", 0) == 0 ? e[0].substr(0, e[0].find('=')) : std::string();
+  };
+  std::vector<std::string> out;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::string key = key_of(entries[i]);
+    bool overridden = false;
+    for (size_t j = i + 1; j < entries.size() && !key.empty() && !overridden; ++j) overridden = key_of(entries[j]) == key;
+    if (!overridden) out.insert(out.end(), entries[i].begin(), entries[i].end());
+  }
+  return out;
+}
+
+int spawn_train(const std::vector<std::string>& given, const fs::path& output) {
+  const std::vector<std::string> args = later_wins(given);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -115,9 +139,10 @@ std::vector<ProcResult> run_train_ranks(int world, const std::vector<std::string
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, outs.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    std::vector<std::string> mine = args;
+    if (r == 0) mine.insert(mine.end(), o.rank0_extra.begin(), o.rank0_extra.end());
     std::vector<std::string> all = {DION_TRAIN_EXE};
-    all.insert(all.end(), args.begin(), args.end());
-    if (r == 0) all.insert(all.end(), o.rank0_extra.begin(), o.rank0_extra.end());
+    for (const std::string& a : later_wins(mine)) all.push_back(a);
     std::vector<char*> argv;
     for (std::string& a : all) argv.push_back(a.data());
     argv.push_back(nullptr);

@@ -29,7 +29,12 @@ struct ProcResult {
   int exit_code = -1;
   std::string output;  // stdout + stderr
 };
-// Runs build/dion-train with `args` (no shell); waits.
+// dion-train refuses a key given twice; the tests build a base command line and override keys
+// by appending, so the helpers below first keep only the last of each key ("--key value" or
+// "--key=value"), where it stands. Other words stay as they are.
+std::vector<std::string> later_wins(const std::vector<std::string>& args);
+
+// Runs build/dion-train with `args` (no shell), later_wins applied; waits.
 ProcResult run_train(const std::vector<std::string>& args);
 // Starts build/dion-train with `args`, stdout and stderr to `output`; returns the pid (-1 on
 // failure) without waiting.

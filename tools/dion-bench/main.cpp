@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "dion/errors.h"
 #include "dion/math/ortho.h"
 #include "dion/optim/optimizer.h"
 #include "dist.h"
@@ -502,7 +503,7 @@ int main(int argc, char** argv) {
     if (c_micro->parsed() || c_all->parsed()) run_micro(common, micro);
     if (c_dist->parsed() || c_all->parsed()) emit(common, dion::bench::run_dist(dargs));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dion-bench: %s\n", e.what());
+    std::fprintf(stderr, "dion-bench: %s\n", dion::message_of(e).c_str());
     return 1;
   }
   return 0;

@@ -14,6 +14,7 @@
 #include <cstdlib>
 
 #include "cli.h"
+#include "dion/errors.h"
 #include "dion/data/error.h"
 
 namespace dion::cli {
@@ -55,7 +56,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dion-data: error: %s\n", e.what());
     return dion::cli::stop_requested() ? 130 : 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dion-data: error: %s\n", e.what());
+    std::fprintf(stderr, "dion-data: error: %s\n", dion::message_of(e).c_str());
     return 1;
   }
   return dion::cli::stop_requested() ? 130 : 0;

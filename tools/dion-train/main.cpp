@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "dion/errors.h"
 #include "dion/train/checkpoint.h"
 #include "dion/train/config.h"
 #include "dion/train/loader.h"
@@ -86,8 +87,8 @@ int main(int argc, char** argv) {
     std::fputs(h.what(), stdout);
     return 0;
   } catch (const dion::train::ConfigError& e) {
-    return fail(2, e.what());
-  } catch (const std::exception& e) {
-    return fail(1, e.what());
+    return fail(2, dion::message_of(e));
+  } catch (const std::exception& e) {  // (a library's message without its C++ backtrace)
+    return fail(1, dion::message_of(e));
   }
 }

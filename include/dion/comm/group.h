@@ -59,7 +59,10 @@ struct CommStats {
 };
 
 struct GroupOptions {
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // every collective
+  // How long create() / init_from_env() wait for all ranks to arrive; then every rank that is
+  // there throws CommError saying how many of how many arrived.
+  std::chrono::milliseconds rendezvous_timeout{std::chrono::minutes(5)};
 };
 
 class Group {
@@ -68,15 +71,18 @@ class Group {
   Group();
 
   // From torchrun's variables RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT. Without
-  // WORLD_SIZE (or WORLD_SIZE=1): one process. Every value is range-checked: WORLD_SIZE >= 1,
+  // RANK and WORLD_SIZE (or WORLD_SIZE=1): one process; one of the two without the other is an
+  // error (a half-set torchrun environment). Every value is range-checked: WORLD_SIZE >= 1,
   // 0 <= RANK < WORLD_SIZE, 0 <= LOCAL_RANK < WORLD_SIZE (default: RANK), 1 <= MASTER_PORT <=
   // 65535, MASTER_ADDR not empty; a missing or bad one throws CommError naming the variable, its
   // value and the valid range.
   static Group init_from_env(GroupOptions options = {});
 
-  // Explicit rendezvous: rank 0 hosts the TCPStore at host:port. The other ranks give up after
-  // options.timeout with CommError naming host:port (even when something on that port accepts
-  // the connection but never answers, where torch's TCPStore client would wait forever).
+  // Explicit rendezvous: rank 0 hosts the TCPStore at host:port; every rank counts itself in
+  // and waits for all `size`. After options.rendezvous_timeout every waiting rank throws
+  // CommError naming host:port and how many of the ranks arrived (even when something on that
+  // port accepts the connection but never answers, where torch's TCPStore client would wait
+  // forever); a rank number that arrives twice is an error on the second.
   static Group create(const std::string& host, int port, int rank, int size, GroupOptions options = {});
 
   // Wrap an existing c10d ProcessGroup (torch.distributed's, e.g. from Python): collectives go

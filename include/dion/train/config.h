@@ -82,6 +82,7 @@ struct Config {
   bool reshard_after_forward = true;  // effective unless fast_fsdp (as train.py: not --fast_fsdp)
   bool fast_fsdp = false;
   double comm_timeout_s = 300;  // every collective of the run waits at most this long
+  double rendezvous_timeout_s = 120;  // the start waits at most this long for every rank to arrive
   double ddp_bucket_mb = 25;    // DDP gradient all-reduce bucket size
   // ---- debugging / reference flags without an effect here
   bool debug = false;

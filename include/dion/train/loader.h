@@ -62,6 +62,7 @@ class Loader {
   virtual LoaderPosition position() const = 0;
   virtual void restore(const LoaderPosition& pos) = 0;
   virtual std::string describe() const = 0;  // one line for the log
+  virtual int64_t tokens() const { return -1; }  // tokens in the split (-1: endless)
 };
 
 class ShardLoader : public Loader {
@@ -74,6 +75,7 @@ class ShardLoader : public Loader {
   LoaderPosition position() const override;
   void restore(const LoaderPosition& pos) override;
   std::string describe() const override;
+  int64_t tokens() const override;
   const std::vector<std::filesystem::path>& files() const { return files_; }
 
  private:
