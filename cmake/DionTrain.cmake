@@ -33,6 +33,7 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/mfu.cpp
   ${DION_TRAIN_ROOT}/src/train/optim_setup.cpp
   ${DION_TRAIN_ROOT}/src/train/parallel.cpp
+  ${DION_TRAIN_ROOT}/src/train/replicas.cpp
   ${DION_TRAIN_ROOT}/src/train/train.cpp)
 target_link_libraries(dion_train
   PUBLIC dion dion_dist dion_data dion_tb dion_safetensors

@@ -83,6 +83,7 @@ const std::vector<Key>& keys() {
       {"comm_timeout_s", &Config::comm_timeout_s, "seconds any collective may wait for the other ranks before the run fails", Check::POSITIVE},
       {"rendezvous_timeout_s", &Config::rendezvous_timeout_s, "seconds the start waits for all WORLD_SIZE ranks to arrive at MASTER_ADDR:MASTER_PORT before every rank there fails, saying how many came", Check::POSITIVE},
       {"ddp_bucket_mb", &Config::ddp_bucket_mb, "DDP gradient all-reduce bucket size, MB (launched as their gradients become ready)", Check::POSITIVE},
+      {"replica_check_every", &Config::replica_check_every, "compare the data-parallel replicas' parameters bit for bit every N steps and before each checkpoint (0: never; one all_gather of 8 bytes a parameter)", Check::NON_NEGATIVE},
       // debugging
       {"debug", &Config::debug, "the reference's debug mode (batch 2, device batch 1, 20 steps, <= 2 val batches) on synthetic tokens"},
       {"no_compile", &Config::no_compile, "accepted for the reference's configs; no effect (nothing is compiled at run time)"},

@@ -24,6 +24,7 @@
 #include "dion/train/tensorboard.h"
 #include "dion/train/optim_setup.h"
 #include "dion/train/parallel.h"
+#include "dion/train/replicas.h"
 #include "dion/train/schedule.h"
 
 namespace dion::train {
@@ -231,6 +232,7 @@ RunSummary train_run(const Config& c) {
     st.elapsed_s = elapsed();
     st.loader = train_loader->position();
     opt.synchronize_for_checkpoint();  // legacy Dion's decoupled momenta (a no-op otherwise)
+    if (c.replica_check_every > 0) replicas_check(model, par, step);  // a checkpoint keeps dp rank 0's copy
     const fs::path p = checkpoint_save(c.checkpoint_dir, model, opt, st, config_yaml, &par);
     last_saved = step;
     say(fmt::format("checkpoint {} written", p.string()));
@@ -274,6 +276,8 @@ RunSummary train_run(const Config& c) {
     const double factor = lr_factor(step, N, c.warmup_ratio, c.warmdown_ratio);
     for (size_t g = 0; g < topt.base_lrs.size(); ++g) opt.options(g).lr(topt.base_lrs[g] * factor);
     micro.optimizer_step();  // and zero the gradients
+    replicas_test_perturb(model, par, step);
+    if (c.replica_check_every > 0 && (step + 1) % c.replica_check_every == 0) replicas_check(model, par, step);
     const int64_t bytes2 = par.bytes_sent();
     model_bytes += bytes1 - bytes0;
     optimizer_bytes += bytes2 - bytes1;

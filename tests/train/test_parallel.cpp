@@ -39,6 +39,7 @@
 #include <random>
 
 #include "dion/train/fs_util.h"
+#include "dion/train/replicas.h"
 #include "../support/free_port.h"
 #include "train_test_util.h"
 
@@ -363,6 +364,47 @@ TEST_F(ParallelRun, BadLayoutsAndDifferentConfigsFailOnEveryRank) {
     }
   }
   EXPECT_TRUE(test::is_empty_or_missing(tmp / "run"));
+}
+
+// DDP replicas stay bit-identical (checked every step here), and one that drifts by a single
+// bit (the test hook DION_TEST_PERTURB_REPLICA, dion/train/replicas.h) stops every rank naming
+// the parameter; HSDP (dp 2 x fs 2) too, where the other dp group's ranks stop with it.
+TEST_F(ParallelRun, DriftingReplicasAreCaughtOnEveryRank) {
+  TempDir tmp("drift");
+  const std::vector<std::string> every_step = {"--replica_check_every", "1"};
+  expect_all_ok(test::run_train_ranks(2, tiny(data(), tmp / "ok") + layout(2, 1, 1) + every_step));
+  ::setenv("DION_TEST_PERTURB_REPLICA", "1:2", 1);  // global rank 1, after step index 2
+  const auto ddp = test::run_train_ranks(2, tiny(data(), tmp / "ddp") + layout(2, 1, 1) + every_step);
+  const auto hsdp = test::run_train_ranks(4, tiny(data(), tmp / "hsdp") + layout(2, 2, 1) + every_step);
+  ::unsetenv("DION_TEST_PERTURB_REPLICA");
+  for (const auto* rs : {&ddp, &hsdp})
+    for (size_t r = 0; r < rs->size(); ++r) {
+      const ProcResult& p = (*rs)[r];
+      EXPECT_EQ(p.exit_code, 1) << "rank " << r << ":\n" << p.output;
+      EXPECT_NE(p.output.find("after step 3: the data-parallel replicas"), std::string::npos) << p.output;
+    }
+  EXPECT_NE(ddp[0].output.find("parameter 'transformer.wte.weight' on dp rank 1 is not bit-identical"),
+            std::string::npos) << ddp[0].output;
+  // HSDP: global rank 1 is (dp 0, fs 1); its dp partner (rank 3) names it, ranks 0 and 2 stop too.
+  EXPECT_NE(hsdp[3].output.find("is not bit-identical"), std::string::npos) << hsdp[3].output;
+  EXPECT_NE(hsdp[0].output.find("of another dp group differ"), std::string::npos) << hsdp[0].output;
+}
+
+// The replicas' hash: the same bits give the same hash, one bit or a swap changes it, any dtype.
+TEST(ReplicaHash, SeesOneBitAndASwap) {
+  const at::Tensor a = at::randn({300, 7});
+  EXPECT_EQ(replicas_bit_hash(a), replicas_bit_hash(a.clone()));
+  at::Tensor b = a.clone();
+  b.view({-1})[1234] = std::nextafter(b.view({-1})[1234].item<float>(), 10.0f);
+  EXPECT_NE(replicas_bit_hash(a), replicas_bit_hash(b));
+  at::Tensor c = a.clone();
+  c.view({-1})[0] = a.view({-1})[1];
+  c.view({-1})[1] = a.view({-1})[0];
+  EXPECT_NE(replicas_bit_hash(a), replicas_bit_hash(c));
+  EXPECT_EQ(replicas_bit_hash(a.t()), replicas_bit_hash(a.t().contiguous()));
+  for (at::ScalarType t : {at::kBFloat16, at::kHalf, at::kDouble, at::kByte})
+    EXPECT_EQ(replicas_bit_hash(a.to(t)), replicas_bit_hash(a.to(t).clone())) << t;
+  EXPECT_NE(replicas_bit_hash(a.to(at::kBFloat16)), replicas_bit_hash((a * 1.01).to(at::kBFloat16)));
 }
 
 // WORLD_SIZE=2 with one process started: the start ends after rendezvous_timeout_s, saying how

@@ -84,6 +84,7 @@ struct Config {
   double comm_timeout_s = 300;  // every collective of the run waits at most this long
   double rendezvous_timeout_s = 120;  // the start waits at most this long for every rank to arrive
   double ddp_bucket_mb = 25;    // DDP gradient all-reduce bucket size
+  int64_t replica_check_every = 100;  // dp replicas compared bit for bit every N steps (0: never)
   // ---- debugging / reference flags without an effect here
   bool debug = false;
   bool no_compile = false;

@@ -1,0 +1,87 @@
+// src/train/replicas.cpp — data-parallel replicas compared by a hash of their bits (replicas.h).
+#include "dion/train/replicas.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "dion/comm/group.h"
+#include "dion/train/parallel.h"
+
+namespace dion::train {
+
+int64_t replicas_bit_hash(const at::Tensor& t) {
+  at::Tensor flat = t.detach().contiguous().view({-1});
+  at::ScalarType bits_type;
+  switch (flat.element_size()) {
+    case 1: bits_type = at::kByte; break;
+    case 2: bits_type = at::kShort; break;
+    case 4: bits_type = at::kInt; break;
+    default: bits_type = at::kLong; break;
+  }
+  if (flat.element_size() > 8) flat = flat.view(at::kByte);  // (complex128: bytes)
+  at::Tensor bits = flat.view(bits_type);
+  // Chunks bound the int64 temporaries (a 50304 x 768 embedding is 39M elements).
+  constexpr int64_t kChunk = int64_t(1) << 22;
+  int64_t hash = 0;
+  for (int64_t start = 0; start < bits.numel(); start += kChunk) {
+    const int64_t n = std::min(kChunk, bits.numel() - start);
+    at::Tensor b = bits.narrow(0, start, n).to(at::kLong);
+    // Weight by position (mod a prime, + 1) so that swapped elements change the hash; integer
+    // sums wrap mod 2^64 in any order, so the hash does not depend on how the sum is reduced.
+    at::Tensor w = at::arange(start, start + n, b.options()).remainder_(65521).add_(1);
+    hash += b.mul_(w).sum().item<int64_t>();
+  }
+  return hash;
+}
+
+void replicas_check(GPT& model, Parallel& par, int64_t step) {
+  const std::shared_ptr<comm::Group>& dp = par.dp_group();
+  if (!dp || dp->size() == 1) return;
+  std::vector<std::string> names;
+  std::vector<int64_t> hashes;
+  for (const auto& item : model->named_parameters()) {
+    names.push_back(item.key());
+    hashes.push_back(replicas_bit_hash(item.value()));
+  }
+  at::Tensor mine = at::tensor(hashes, at::kLong);
+  at::Tensor all = dp->all_gather(mine);  // [dp, params]
+  std::string message;
+  for (int r = 1; r < dp->size() && message.empty(); ++r)
+    for (size_t i = 0; i < names.size() && message.empty(); ++i)
+      if (all[r][int64_t(i)].item<int64_t>() != all[0][int64_t(i)].item<int64_t>())
+        message = fmt::format(
+            "after step {}: the data-parallel replicas differ: parameter '{}' on dp rank {} is not bit-identical to "
+            "dp rank 0's (this is global rank {}). The ranks computed the same update differently (different CPUs or "
+            "library versions on the hosts, or a bug); resume from the last checkpoint on uniform hosts "
+            "(docs/train.md \"Replica check\")",
+            step + 1, names[i], r, par.rank());
+  // Every rank stops, also those of dp groups whose replicas agree (they would wait in the next
+  // collective otherwise).
+  at::Tensor bad = at::tensor({message.empty() ? int64_t(0) : int64_t(1)}, at::kLong);
+  par.world().all_reduce_(bad);
+  if (!message.empty()) throw ReplicaDriftError(message);
+  if (bad.item<int64_t>() > 0)
+    throw ReplicaDriftError(fmt::format("after step {}: the data-parallel replicas of another dp group differ (its "
+                                        "ranks name the parameter); stopping with them",
+                                        step + 1));
+}
+
+void replicas_test_perturb(GPT& model, const Parallel& par, int64_t step) {
+  const char* v = std::getenv("DION_TEST_PERTURB_REPLICA");
+  if (!v || !*v) return;
+  const std::string s = v;
+  const size_t colon = s.find(':');
+  if (colon == std::string::npos) return;
+  if (std::stoll(s.substr(0, colon)) != par.rank() || std::stoll(s.substr(colon + 1)) != step) return;
+  at::NoGradGuard no_grad;
+  at::Tensor p = model->parameters().front();
+  if (p.numel() == 0) return;
+  at::Tensor first = p.view({-1}).narrow(0, 0, 1);
+  first.copy_(at::nextafter(first, first + 1));  // one ulp
+}
+
+}  // namespace dion::train
