@@ -7,6 +7,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
 #include <map>
@@ -30,6 +31,8 @@ struct Key {
   const char* help;
   Check check = Check::ANY;
   std::vector<std::string> choices = {};
+  // Values the reference's train.py accepts that are not implemented here -> the nearest choice.
+  std::vector<std::pair<std::string, std::string>> reference_only = {};
 };
 
 const std::vector<Key>& keys() {
@@ -57,13 +60,15 @@ const std::vector<Key>& keys() {
       {"no_wandb", &Config::no_wandb, "accepted for the reference's configs; no effect"},
       // optimizer
       {"optimizer", &Config::optimizer, "matrix optimizer", Check::CHOICE,
-       {"adamw", "lion", "muon", "normuon", "dion2", "nordion2", "dion3", "dion"}},
+       {"adamw", "lion", "muon", "normuon", "dion2", "nordion2", "dion3", "dion"},
+       {{"dion_reference", "dion"}, {"dion_simple", "dion"}, {"muon_reference", "muon"}}},
       {"scalar_opt", &Config::scalar_opt, "optimizer of the embedding and lm_head", Check::CHOICE, {"adamw", "lion"}},
       {"lr", &Config::lr, "base learning rate", Check::NON_NEGATIVE},
       {"mu", &Config::mu, "momentum (Dion2: error-feedback decay)", Check::NON_NEGATIVE},
       {"weight_decay", &Config::weight_decay, "weight decay of the matrix parameters", Check::NON_NEGATIVE},
       {"ortho_fraction", &Config::ortho_fraction, "Dion2/NorDion2 selected fraction; Dion rank fraction", Check::FRACTION},
-      {"qr_method", &Config::qr_method, "Dion's orthonormalization (only rcqr is implemented)", Check::CHOICE, {"rcqr"}},
+      {"qr_method", &Config::qr_method, "Dion's orthonormalization (only rcqr is implemented)", Check::CHOICE, {"rcqr"},
+       {{"qr", "rcqr"}, {"cqr", "rcqr"}}},
       {"cqr_warmup", &Config::cqr_warmup, "Dion cqr warmup (cqr is not implemented; no effect)", Check::RATIO},
       {"rcqr_oversample", &Config::rcqr_oversample, "Dion randomized-QR sketch oversampling", Check::POSITIVE},
       {"replicate_mesh_grad_sync", &Config::replicate_mesh_grad_sync, "Dion: data-parallel gradient sync inside the optimizer (dion only)"},
@@ -107,6 +112,47 @@ const Key* find_key(const std::string& name) {
   for (const Key& k : keys())
     if (name == k.name) return &k;
   return nullptr;
+}
+
+// Edit distance (insertions, deletions, substitutions) for "did you mean": a dozen lines, so
+// not worth a library.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// " (did you mean 'x'?)" for the nearest of `names` within a third of the word's length (at
+// least 2 edits), or one that contains the word or is contained in it; "" when none is near.
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& names) {
+  std::string best;
+  const size_t near = std::max<size_t>(2, word.size() / 3);  // the farthest a suggestion may be
+  size_t best_d = near + 1;
+  for (const std::string& n : names) {
+    size_t d = edit_distance(word, n);
+    if (d > near && word.size() >= 3 && (n.find(word) != std::string::npos || word.find(n) != std::string::npos))
+      d = near;
+    if (d < best_d) {
+      best = n;
+      best_d = d;
+    }
+  }
+  return best.empty() ? "" : " (did you mean '" + best + "'?)";
+}
+
+std::vector<std::string> all_key_names() {
+  std::vector<std::string> out;
+  for (const Key& k : keys()) out.push_back(k.name);
+  return out;
 }
 
 std::string key_names() {
@@ -155,8 +201,8 @@ std::string join_choices(const std::vector<std::string>& choices) {
 void set_from_node(Config& c, const std::string& key, const YAML::Node& node, const std::string& where) {
   const Key* k = find_key(key);
   if (!k)
-    throw ConfigError(fmt::format("{}: unknown key '{}'. Valid keys: {} (dion-train --help lists them with defaults)",
-                                  where, key, key_names()));
+    throw ConfigError(fmt::format("{}: unknown key '{}'{}. Valid keys: {} (dion-train --help lists them with defaults)",
+                                  where, key, did_you_mean(key, all_key_names()), key_names()));
   if (!node.IsDefined() || node.IsNull()) return;  // null: not set, the default applies
   const std::string text = node.IsScalar() ? node.Scalar() : std::string("<a YAML list or map>");
   auto bad = [&](const char* expected) {
@@ -206,7 +252,11 @@ std::string key_check(const Config& c, const Key& k) {
       const std::string v = value_text(c, k.field);
       for (const std::string& choice : k.choices)
         if (v == choice) return "";
-      return "one of: " + join_choices(k.choices);
+      for (const auto& [ref, nearest] : k.reference_only)
+        if (v == ref)
+          return fmt::format("one of: {} ('{}' is the reference train.py's, not implemented here; the nearest is "
+                             "'{}')", join_choices(k.choices), ref, nearest);
+      return "one of: " + join_choices(k.choices) + did_you_mean(v, k.choices);
     }
   }
   return "";
@@ -367,8 +417,8 @@ Config config_parse(int argc, const char* const* argv) {
     std::string key = extra;
     if (key.rfind("--", 0) == 0) {
       key = key.substr(2, key.find('=') == std::string::npos ? std::string::npos : key.find('=') - 2);
-      throw ConfigError(fmt::format("command line: unknown key '{}'. Valid keys: {} (dion-train --help lists them "
-                                    "with defaults)", key, key_names()));
+      throw ConfigError(fmt::format("command line: unknown key '{}'{}. Valid keys: {} (dion-train --help lists "
+                                    "them with defaults)", key, did_you_mean(key, all_key_names()), key_names()));
     }
     throw ConfigError(fmt::format("command line: unexpected argument '{}' (keys are given as --key value)", extra));
   }

@@ -127,6 +127,22 @@ TEST(TrainConfig, OneValuePerKey) {
   EXPECT_EQ(parse({"--lr", "0.02", "--debug"}).lr, 0.02);
 }
 
+// An unknown key or value suggests the nearest valid one; the reference's values that are not
+// implemented here say so and name the nearest choice (they were just "invalid").
+TEST(TrainConfig, NearMissesSuggestAndReferenceOnlyValuesSaySo) {
+  EXPECT_NE(error_of({"--modle_dim", "64"}).find("unknown key 'modle_dim' (did you mean 'model_dim'?)"),
+            std::string::npos) << error_of({"--modle_dim", "64"});
+  EXPECT_NE(error_of({"--num_iteration", "5"}).find("(did you mean 'num_iterations'?)"), std::string::npos);
+  EXPECT_EQ(error_of({"--zzzzzz", "5"}).find("did you mean"), std::string::npos);
+  EXPECT_NE(error_of({"--optimizer", "dion22"}).find("(did you mean 'dion2'?)"), std::string::npos);
+  const std::string simple = error_of({"--optimizer", "dion_simple"});
+  EXPECT_NE(simple.find("'dion_simple' is the reference train.py's, not implemented here; the nearest is 'dion'"),
+            std::string::npos) << simple;
+  EXPECT_NE(error_of({"--optimizer", "muon_reference"}).find("the nearest is 'muon'"), std::string::npos);
+  EXPECT_NE(error_of({"--qr_method", "cqr"}).find("'cqr' is the reference train.py's, not implemented here"),
+            std::string::npos);
+}
+
 // The test helpers' override rule (train_test_util.h): the last of each key, where it stands.
 TEST(TrainConfig, TestHelpersKeepTheLastOfEachKey) {
   using V = std::vector<std::string>;
