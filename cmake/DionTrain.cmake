@@ -15,6 +15,7 @@ if(NOT TARGET dion_data)
   return()
 endif()
 find_package(yaml-cpp REQUIRED)  # libyaml-cpp-dev
+find_package(ZLIB REQUIRED)      # zlib1g-dev: the CRC-32 of checkpoint files (checkpoint_files.h)
 
 set(DION_TRAIN_ROOT "${CMAKE_CURRENT_LIST_DIR}/..")
 cmake_path(NORMAL_PATH DION_TRAIN_ROOT)
@@ -23,6 +24,7 @@ string(REGEX REPLACE "/$" "" DION_TRAIN_ROOT "${DION_TRAIN_ROOT}")
 add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/autocast.cpp
   ${DION_TRAIN_ROOT}/src/train/checkpoint.cpp
+  ${DION_TRAIN_ROOT}/src/train/checkpoint_files.cpp
   ${DION_TRAIN_ROOT}/src/train/config.cpp
   ${DION_TRAIN_ROOT}/src/train/fs_util.cpp
   ${DION_TRAIN_ROOT}/src/train/generate.cpp
@@ -33,10 +35,11 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/mfu.cpp
   ${DION_TRAIN_ROOT}/src/train/optim_setup.cpp
   ${DION_TRAIN_ROOT}/src/train/parallel.cpp
+  ${DION_TRAIN_ROOT}/src/train/resume_policy.cpp
   ${DION_TRAIN_ROOT}/src/train/train.cpp)
 target_link_libraries(dion_train
   PUBLIC dion dion_dist dion_data dion_tb dion_safetensors
-  PRIVATE yaml-cpp CLI11::CLI11 nlohmann_json::nlohmann_json dion_warnings)
+  PRIVATE yaml-cpp ZLIB::ZLIB CLI11::CLI11 nlohmann_json::nlohmann_json dion_warnings)
 # <fmt/format.h> resolves to the fmt bundled in torch's include folder (v12) before Debian's (v9,
 # a shared library): use it header-only so that no fmt library symbols are needed.
 target_compile_definitions(dion_train PUBLIC FMT_HEADER_ONLY)
