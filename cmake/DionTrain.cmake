@@ -133,6 +133,12 @@ if(DION_BUILD_TESTS)
     PROPERTIES LABELS train TIMEOUT 300)
   # Parallel layouts (issue 10): several dion-train processes per test, one such test at a time
   # (RESOURCE_LOCK multiprocess, shared with the other multi-process suites).
+  # Issue 20's soak loops, one iteration each (scripts/soak_train_{kill,diskfull}.sh run 20).
+  foreach(_soak kill diskfull)
+    add_test(NAME soak_train_${_soak}.once
+             COMMAND bash ${DION_TRAIN_ROOT}/scripts/soak_train_${_soak}.sh ${CMAKE_BINARY_DIR} 1)
+    set_tests_properties(soak_train_${_soak}.once PROPERTIES LABELS train TIMEOUT 600 RESOURCE_LOCK multiprocess)
+  endforeach()
   dion_train_test_binary(dion_train_parallel_tests ${DION_TRAIN_ROOT}/tests/train/test_parallel.cpp)
   gtest_discover_tests(dion_train_parallel_tests
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
