@@ -28,7 +28,7 @@ MOUNTED=0
 cleanup() { [ "$MOUNTED" = 1 ] && umount "$MNT" 2> /dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 ARGS=(--data_dir "$WORK/shards" --model_dim 64 --n_layer 2 --n_head 2 --sequence_length 32 --batch_size 4
-      --device_batch_size 2 --val_tokens 256 --val_loss_every 4 --num_iterations 16 --warmup_ratio 0
+      --device_batch_size 2 --val_tokens 256 --val_loss_every 5 --num_iterations 30 --warmup_ratio 0
       --dtype fp32 --optimizer dion2 --scalar_opt adamw --log_every 100 --checkpoint_freq 2)
 # The losses of a metrics.jsonl, one "kind step loss" line each (the wall-clock fields dropped).
 losses() { python3 -c 'import json,sys

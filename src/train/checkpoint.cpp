@@ -436,7 +436,10 @@ fs::path checkpoint_save(const fs::path& dir, GPT& model, const dion::Optimizer&
       manifest_write(tmp, manifest);
       fsync_path(tmp);
       commit_rename(tmp, final_dir);
-      fsync_path(dir);
+      try {
+        fsync_path(dir);  // makes the rename durable; best effort (committed either way)
+      } catch (const CheckpointError&) {
+      }
     } catch (const std::exception& e) {
       error = error_text(e);
     }
@@ -722,7 +725,8 @@ SavedLayout read_layout(const fs::path& ckpt) {
 
 }  // namespace
 
-void checkpoint_load_model(const fs::path& ckpt, GPT& model, const Parallel* par) {
+namespace {
+void load_model(const fs::path& ckpt, GPT& model, const Parallel* par) {
   const SavedLayout saved = read_layout(ckpt);
   // The saved parts that cover every tensor: the ranks of dp index 0 (dp replicas are equal).
   struct Part {
@@ -779,7 +783,7 @@ void checkpoint_load_model(const fs::path& ckpt, GPT& model, const Parallel* par
   }
 }
 
-void checkpoint_load_training(const fs::path& ckpt, dion::Optimizer& optimizer) {
+void load_training(const fs::path& ckpt, dion::Optimizer& optimizer) {
   const SavedLayout saved = read_layout(ckpt);
   {
     std::vector<torch::serialize::InputArchive> archives;
@@ -806,6 +810,32 @@ void checkpoint_load_training(const fs::path& ckpt, dion::Optimizer& optimizer) 
     auto gen = at::globalContext().defaultGenerator(at::Device(at::kCUDA));
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(cuda);
+  }
+}
+
+}  // namespace
+
+// Any other failure of torch while loading (a c10::Error: a tensor of another dtype, a
+// generator state of another size) becomes a CheckpointError naming the checkpoint, without
+// torch's C++ backtrace.
+void checkpoint_load_model(const fs::path& ckpt, GPT& model, const Parallel* par) {
+  try {
+    load_model(ckpt, model, par);
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw CheckpointError(fmt::format("checkpoint '{}': its model cannot be loaded: {}", ckpt.string(), error_text(e)));
+  }
+}
+
+void checkpoint_load_training(const fs::path& ckpt, dion::Optimizer& optimizer) {
+  try {
+    load_training(ckpt, optimizer);
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw CheckpointError(fmt::format("checkpoint '{}': its optimizer or generator state cannot be loaded: {}",
+                                      ckpt.string(), error_text(e)));
   }
 }
 

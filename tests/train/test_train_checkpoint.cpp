@@ -409,6 +409,21 @@ TEST_F(TrainCheckpoint, KeysThatChangeTheSavedStateAreRefusedBeforeAnyStep) {
   EXPECT_HAS(ok.output, "resuming step_00000002 with changed keys: num_iterations 6 -> 8, lr 0.02 -> 0.01");
 }
 
+// A newer step_* folder than the one being saved is never removed (resume false: a new run in
+// the folder of a finished one); the next resume takes the newest.
+TEST_F(TrainCheckpoint, NewerFoldersAreNeverRemovedBySaves) {
+  ProcResult full = run_train(args());
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  const auto before = folder_bytes(step(5));
+  ProcResult again = run_train(args("again") + std::vector<std::string>{"--resume", "false", "--stop_after", "3"});
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(entries(ck()), (std::vector<std::string>{"step_00000002", "step_00000005"}));
+  EXPECT_EQ(folder_bytes(step(5)), before);
+  ProcResult resumed = run_train(args("resumed"));
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_HAS(resumed.output, "resumed from " + step(5).string());
+}
+
 TEST(TrainCheckpointPolicy, EveryConfigKeyHasAResumePolicy) {
   const auto items = config_items(Config{});
   ASSERT_GT(items.size(), 40u);
