@@ -334,7 +334,7 @@ TEST_F(ParallelRun, ARankFailingToWriteItsCheckpointFailsEveryRankCleanly) {
 
 // Issue 20: every rank's files of a parallel checkpoint are verified: a corrupt or missing rank
 // file is named before anything is loaded.
-TEST_F(ParallelRun, ADamagedRankFileIsNamedBeforeAnythingIsLoaded) {
+TEST_F(ParallelRun, ADamagedRankFileOfACheckpointIsNamedBeforeAnythingIsLoaded) {
   TempDir tmp("rankfile");
   const fs::path ck = tmp / "ck";
   expect_all_ok(test::run_train_ranks(
