@@ -15,6 +15,7 @@ if(NOT TARGET dion_data)
   return()
 endif()
 find_package(yaml-cpp REQUIRED)  # libyaml-cpp-dev
+find_package(ZLIB REQUIRED)      # zlib1g-dev: the CRC-32 of checkpoint files (checkpoint_files.h)
 
 set(DION_TRAIN_ROOT "${CMAKE_CURRENT_LIST_DIR}/..")
 cmake_path(NORMAL_PATH DION_TRAIN_ROOT)
@@ -23,6 +24,7 @@ string(REGEX REPLACE "/$" "" DION_TRAIN_ROOT "${DION_TRAIN_ROOT}")
 add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/autocast.cpp
   ${DION_TRAIN_ROOT}/src/train/checkpoint.cpp
+  ${DION_TRAIN_ROOT}/src/train/checkpoint_files.cpp
   ${DION_TRAIN_ROOT}/src/train/config.cpp
   ${DION_TRAIN_ROOT}/src/train/fs_util.cpp
   ${DION_TRAIN_ROOT}/src/train/generate.cpp
@@ -34,10 +36,11 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/optim_setup.cpp
   ${DION_TRAIN_ROOT}/src/train/parallel.cpp
   ${DION_TRAIN_ROOT}/src/train/replicas.cpp
+  ${DION_TRAIN_ROOT}/src/train/resume_policy.cpp
   ${DION_TRAIN_ROOT}/src/train/train.cpp)
 target_link_libraries(dion_train
   PUBLIC dion dion_dist dion_data dion_tb dion_safetensors
-  PRIVATE yaml-cpp CLI11::CLI11 nlohmann_json::nlohmann_json dion_warnings)
+  PRIVATE yaml-cpp ZLIB::ZLIB CLI11::CLI11 nlohmann_json::nlohmann_json dion_warnings)
 # <fmt/format.h> resolves to the fmt bundled in torch's include folder (v12) before Debian's (v9,
 # a shared library): use it header-only so that no fmt library symbols are needed.
 target_compile_definitions(dion_train PUBLIC FMT_HEADER_ONLY)
@@ -73,7 +76,8 @@ if(DION_BUILD_TESTS)
     ${DION_TRAIN_ROOT}/tests/train/test_config.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_gpt.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_graphs.cpp
-    ${DION_TRAIN_ROOT}/tests/train/test_run.cpp)
+    ${DION_TRAIN_ROOT}/tests/train/test_run.cpp
+    ${DION_TRAIN_ROOT}/tests/train/test_train_checkpoint.cpp)
   # The launcher, on tests/tools/launch_child.cpp as the ranks (multi-process: one at a time).
   add_executable(launch_child ${DION_TRAIN_ROOT}/tests/tools/launch_child.cpp)
   target_link_libraries(launch_child PRIVATE dion_warnings)
@@ -130,6 +134,12 @@ if(DION_BUILD_TESTS)
     PROPERTIES LABELS train TIMEOUT 300)
   # Parallel layouts (issue 10): several dion-train processes per test, one such test at a time
   # (RESOURCE_LOCK multiprocess, shared with the other multi-process suites).
+  # Issue 20's soak loops, one iteration each (scripts/soak_train_{kill,diskfull}.sh run 20).
+  foreach(_soak kill diskfull)
+    add_test(NAME soak_train_${_soak}.once
+             COMMAND bash ${DION_TRAIN_ROOT}/scripts/soak_train_${_soak}.sh ${CMAKE_BINARY_DIR} 1)
+    set_tests_properties(soak_train_${_soak}.once PROPERTIES LABELS train TIMEOUT 600 RESOURCE_LOCK multiprocess)
+  endforeach()
   dion_train_test_binary(dion_train_parallel_tests ${DION_TRAIN_ROOT}/tests/train/test_parallel.cpp)
   gtest_discover_tests(dion_train_parallel_tests
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}

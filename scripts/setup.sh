@@ -15,7 +15,7 @@ log() { printf '[setup] %s\n' "$*"; }
 # ---------------------------------------------------------------------------- system packages
 APT_PKGS=(build-essential cmake ninja-build ccache pkg-config git
           libgtest-dev libgmock-dev libbenchmark-dev
-          libyaml-cpp-dev libfmt-dev nlohmann-json3-dev libcli11-dev
+          libyaml-cpp-dev libfmt-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
           libcurl4-openssl-dev libpcre2-dev libgloo-dev
           clang libclang-rt-14-dev)  # clang + its sanitizer/libFuzzer runtimes: scripts/sanitize.sh
 missing=()

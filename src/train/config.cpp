@@ -100,6 +100,7 @@ const std::vector<Key>& keys() {
        Check::CHOICE, {"auto", "fp32", "bf16"}},
       {"seed", &Config::seed, "seed of the initialization and of debug mode's tokens", Check::NON_NEGATIVE},
       {"resume", &Config::resume, "resume from checkpoint_dir when it holds a checkpoint (false: start over)"},
+      {"resume_fallback", &Config::resume_fallback, "when checkpoint_dir's newest step_* folder is not a complete good checkpoint: resume from the newest good one, naming the bad ones (false: stop with an error)"},
       {"stop_after", &Config::stop_after, "stop after this many steps of this invocation, checkpointing first (0: run to num_iterations)", Check::NON_NEGATIVE},
       {"log_every", &Config::log_every, "print a step line every N steps (metrics.jsonl gets every step)", Check::POSITIVE},
       {"cuda_graphs", &Config::cuda_graphs, "capture the training step (forward + backward of a micro-batch, the optimizer step) in CUDA graphs once and replay them (device cuda, one process)"},

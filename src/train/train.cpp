@@ -8,6 +8,8 @@
 
 #include <sys/resource.h>
 
+#include <csignal>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -25,6 +27,7 @@
 #include "dion/train/optim_setup.h"
 #include "dion/train/parallel.h"
 #include "dion/train/replicas.h"
+#include "dion/train/resume_policy.h"
 #include "dion/train/schedule.h"
 
 namespace dion::train {
@@ -141,11 +144,40 @@ RunSummary train_run(const Config& c) {
                                   "tokens of the train shards in '{}'; valid: a step of at most the whole train split",
                                   c.batch_size, c.sequence_length, c.batch_size * c.sequence_length,
                                   train_loader->tokens(), c.data_dir));
+  // A write past `ulimit -f` must fail with EFBIG (a clear CheckpointError) instead of the
+  // default SIGXFSZ killing the process.
+  std::signal(SIGXFSZ, SIG_IGN);
+  const std::string data_fp = data_fingerprint(c);
+  // ---------------------------------------------------------------- the checkpoint to resume
+  // Verified whole (checkpoint.h) and compared with this run's keys (resume_policy.h) before
+  // anything is built or written.
   std::optional<fs::path> ckpt;
   std::optional<CheckpointMeta> meta;
+  std::vector<std::string> resume_lines;
   if (!c.checkpoint_dir.empty() && c.resume) {
-    ckpt = checkpoint_find_latest(c.checkpoint_dir);
-    if (ckpt) meta = checkpoint_read_meta(*ckpt);
+    CheckpointChoice choice = checkpoint_choose(c.checkpoint_dir, c.resume_fallback);
+    for (const auto& [folder, problem] : choice.skipped)
+      resume_lines.push_back(fmt::format("  resume_fallback: skipped {}: {}", folder.string(), problem));
+    if (!choice.skipped.empty() && !choice.chosen)
+      resume_lines.push_back("  resume_fallback: no good checkpoint left: starting over at step 0");
+    ckpt = choice.chosen;
+    meta = choice.meta;
+    if (par.world_size() > 1) {  // every rank must resume the same checkpoint (a shared file system)
+      at::Tensor all = par.world().all_gather(at::tensor({ckpt ? meta->state.step : int64_t(-1)}, at::kLong)).reshape({-1});
+      for (int r = 1; r < par.world_size(); ++r)
+        if (all[r].item<int64_t>() != all[0].item<int64_t>())
+          throw CheckpointError(fmt::format("rank 0 resumes checkpoint_dir '{}' at step {} but rank {} at step {}: the "
+                                            "ranks must see the same checkpoint_dir (a shared file system)",
+                                            c.checkpoint_dir, all[0].item<int64_t>(), r, all[r].item<int64_t>()));
+    }
+    if (ckpt) {
+      if (meta->state.step >= c.num_iterations)
+        throw CheckpointError(fmt::format("checkpoint '{}' is at step {}, past num_iterations {} (steps 0..{}): nothing "
+                                          "to do; raise --num_iterations above {} to continue training it",
+                                          ckpt->string(), meta->state.step, c.num_iterations, c.num_iterations - 1,
+                                          meta->state.step + 1));
+      for (std::string& line : resume_check(c, *meta, *ckpt, data_fp)) resume_lines.push_back(std::move(line));
+    }
   }
 
   // ---------------------------------------------------------------- model and optimizer
@@ -206,7 +238,9 @@ RunSummary train_run(const Config& c) {
                     par.world_size(), c.dp_size, c.fs_size, c.tp_size, dsize,
                     ddp ? fmt::format("{} of <= {} MB", ddp->buckets(), c.ddp_bucket_mb)
                         : std::string(c.replicate_mesh_grad_sync ? "none (the optimizer syncs)" : "none")));
-  if (ckpt) say(fmt::format("  resumed from {} (step {} done)", ckpt->string(), st.step));
+  if (ckpt) say(fmt::format("  resumed from {} (step {} done{})", ckpt->string(), st.step,
+                            st.step == N - 1 ? ": every training step is done" : ""));
+  for (const std::string& line : resume_lines) say(line);
   // MFU (dion/train/mfu.h): the model's FLOPs per token against the peak_tflops key or a matmul
   // in the compute dtype timed once here.
   const double model_flops = flops_per_token(gcfg);
@@ -227,13 +261,13 @@ RunSummary train_run(const Config& c) {
   double steps_ms_total = 0;
   int64_t model_bytes = 0, optimizer_bytes = 0;  // sent by this rank, all steps of this invocation
   int64_t steps_timed = 0;
-  int64_t last_saved = -1;
+  int64_t last_saved = ckpt ? st.step : -1;  // the resumed checkpoint is not written again
   auto save = [&](int64_t step) {
     st.elapsed_s = elapsed();
     st.loader = train_loader->position();
     opt.synchronize_for_checkpoint();  // legacy Dion's decoupled momenta (a no-op otherwise)
     if (c.replica_check_every > 0) replicas_check(model, par, step);  // a checkpoint keeps dp rank 0's copy
-    const fs::path p = checkpoint_save(c.checkpoint_dir, model, opt, st, config_yaml, &par);
+    const fs::path p = checkpoint_save(c.checkpoint_dir, model, opt, st, config_yaml, &par, data_fp);
     last_saved = step;
     say(fmt::format("checkpoint {} written", p.string()));
   };

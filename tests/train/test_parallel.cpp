@@ -228,6 +228,8 @@ TEST_F(ParallelRun, CheckpointsMoveBetweenLayouts) {
                                    std::vector<std::string>{"--checkpoint_dir", (tmp / "ck_to_one").string()});
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("resuming at another layout: dp 1 x fs 2 x tp 1 -> dp 1 x fs 1 x tp 1 (resharded)"),
+              std::string::npos) << r.output;
     expect_close(ref(), test::read_metrics(tmp / "one" / "metrics.jsonl"), "fsdp2 -> 1");
   }
   {
@@ -306,6 +308,61 @@ TEST_F(ParallelRun, KillDashNineDuringSavesLeavesACheckpointThatResumes) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   if (r.output.find("resumed from") != std::string::npos)
     expect_close(ref(), test::read_metrics(tmp / "resumed" / "metrics.jsonl"), "killed fsdp2 -> 1");
+}
+
+// Issue 20: a rank whose checkpoint write fails (RLIMIT_FSIZE on rank 1: EFBIG, as a full disk)
+// makes every rank fail cleanly at that save (the ok flags are exchanged before the commit, no
+// hang, no abort), with no step_* or tmp.* folder left; rank 0 names the failing rank.
+TEST_F(ParallelRun, ARankFailingToWriteItsCheckpointFailsEveryRankCleanly) {
+  TempDir tmp("diskfull");
+  const fs::path ck = tmp / "ck";
+  RankOptions o;
+  o.fsize_limit_rank = 1;
+  o.fsize_limit = 1 << 20;  // its model part is about 13 MB
+  o.deadline_s = 200;
+  const auto rs = test::run_train_ranks(
+      2, tiny(data(), tmp / "run") + layout(1, 2, 1) +
+             std::vector<std::string>{"--checkpoint_dir", ck.string(), "--checkpoint_freq", "1"}, o);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(rs[r].exit_code, 1) << "rank " << r << ":\n" << rs[r].output;
+    EXPECT_EQ(rs[r].output.find("terminate called"), std::string::npos) << rs[r].output;
+    EXPECT_EQ(rs[r].output.find("frame #"), std::string::npos) << rs[r].output;
+    EXPECT_NE(rs[r].output.find("checkpoint step_00000001 could not be written"), std::string::npos) << rs[r].output;
+  }
+  EXPECT_NE(rs[0].output.find("rank(s) 1 failed to write their files"), std::string::npos) << rs[0].output;
+  EXPECT_NE(rs[1].output.find("rank_00001.model.pt' failed after"), std::string::npos) << rs[1].output;
+  EXPECT_NE(rs[1].output.find("File too large"), std::string::npos) << rs[1].output;
+  EXPECT_TRUE(test::is_empty_or_missing(ck)) << "a step_* or tmp.* folder was left";
+}
+
+// Issue 20: every rank's files of a parallel checkpoint are verified: a corrupt or missing rank
+// file is named before anything is loaded.
+TEST_F(ParallelRun, ADamagedRankFileOfACheckpointIsNamedBeforeAnythingIsLoaded) {
+  TempDir tmp("rankfile");
+  const fs::path ck = tmp / "ck";
+  expect_all_ok(test::run_train_ranks(
+      2, tiny(data(), tmp / "save") + layout(1, 2, 1) +
+             std::vector<std::string>{"--checkpoint_dir", ck.string(), "--stop_after", "2"}));
+  const fs::path step = ck / "step_00000001";
+  const fs::path victim = step / "rank_00001.optimizer.pt";
+  ASSERT_TRUE(fs::exists(victim));
+  std::string bytes;
+  {
+    std::ifstream f(victim, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  std::string damaged = bytes;
+  for (size_t i = damaged.size() / 2; i < damaged.size() / 2 + 512; ++i) damaged[i] = char(~damaged[i]);
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << damaged;
+  ProcResult r = test::run_train(tiny(data(), tmp / "one") + std::vector<std::string>{"--checkpoint_dir", ck.string()});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(victim.string() + "': CRC-32"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(tmp / "one" / "metrics.jsonl"));
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+  fs::remove(step / "rank_00000.rng.pt");
+  r = test::run_train(tiny(data(), tmp / "one") + std::vector<std::string>{"--checkpoint_dir", ck.string()});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("rank_00000.rng.pt' is missing"), std::string::npos) << r.output;
 }
 
 TEST_F(ParallelRun, ARankKilledMidRunEndsTheOthersWithinTheTimeout) {

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -66,7 +67,27 @@ std::vector<std::string> later_wins(const std::vector<std::string>& args) {
   return out;
 }
 
-int spawn_train(const std::vector<std::string>& given, const fs::path& output) {
+
+namespace {
+// posix_spawn under a lowered soft RLIMIT_FSIZE: the child inherits the limit; the parent's is
+// restored at once (the tests spawn from one thread).
+pid_t spawn_limited(const char* exe, posix_spawn_file_actions_t* fa, char* const* argv, char* const* envp,
+                    int64_t fsize_limit) {
+  rlimit saved{};
+  ::getrlimit(RLIMIT_FSIZE, &saved);
+  if (fsize_limit > 0) {
+    rlimit lower = saved;
+    lower.rlim_cur = rlim_t(fsize_limit);
+    if (::setrlimit(RLIMIT_FSIZE, &lower) != 0) return -1;
+  }
+  pid_t pid = -1;
+  if (posix_spawn(&pid, exe, fa, nullptr, argv, envp) != 0) pid = -1;
+  if (fsize_limit > 0) ::setrlimit(RLIMIT_FSIZE, &saved);
+  return pid;
+}
+}  // namespace
+
+int spawn_train(const std::vector<std::string>& given, const fs::path& output, int64_t fsize_limit) {
   const std::vector<std::string> args = later_wins(given);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
@@ -77,17 +98,18 @@ int spawn_train(const std::vector<std::string>& given, const fs::path& output) {
   std::vector<char*> argv;
   for (std::string& a : all) argv.push_back(a.data());
   argv.push_back(nullptr);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, DION_TRAIN_EXE, &fa, nullptr, argv.data(), environ);
+  const pid_t pid = spawn_limited(DION_TRAIN_EXE, &fa, argv.data(), environ, fsize_limit);
   posix_spawn_file_actions_destroy(&fa);
-  return rc == 0 ? int(pid) : -1;
+  return int(pid);
 }
 
-ProcResult run_train(const std::vector<std::string>& args) {
+ProcResult run_train(const std::vector<std::string>& args) { return run_train_limited(args, 0); }
+
+ProcResult run_train_limited(const std::vector<std::string>& args, int64_t fsize_limit) {
   const fs::path out_file = fs::temp_directory_path() / ("dion_train_out." + std::to_string(::getpid()) + "." +
                                                           std::to_string(std::rand()));
   ProcResult r;
-  const pid_t pid = spawn_train(args, out_file);
+  const pid_t pid = spawn_train(args, out_file, fsize_limit);
   if (pid < 0) {
     r.output = "posix_spawn failed";
     return r;
@@ -146,8 +168,8 @@ std::vector<ProcResult> run_train_ranks(int world, const std::vector<std::string
     std::vector<char*> argv;
     for (std::string& a : all) argv.push_back(a.data());
     argv.push_back(nullptr);
-    pid_t pid = -1;
-    if (posix_spawn(&pid, DION_TRAIN_EXE, &fa, nullptr, argv.data(), envp.data()) != 0) pid = -1;
+    const pid_t pid = spawn_limited(DION_TRAIN_EXE, &fa, argv.data(), envp.data(),
+                                    r == o.fsize_limit_rank ? o.fsize_limit : 0);
     posix_spawn_file_actions_destroy(&fa);
     pids.push_back(pid);
   }

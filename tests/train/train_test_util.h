@@ -37,8 +37,11 @@ std::vector<std::string> later_wins(const std::vector<std::string>& args);
 // Runs build/dion-train with `args` (no shell), later_wins applied; waits.
 ProcResult run_train(const std::vector<std::string>& args);
 // Starts build/dion-train with `args`, stdout and stderr to `output`; returns the pid (-1 on
-// failure) without waiting.
-int spawn_train(const std::vector<std::string>& args, const std::filesystem::path& output);
+// failure) without waiting. `fsize_limit` > 0: the child's RLIMIT_FSIZE (`ulimit -f`, bytes), so
+// that a write past it fails with EFBIG (dion-train ignores SIGXFSZ): a full disk without root.
+int spawn_train(const std::vector<std::string>& args, const std::filesystem::path& output, int64_t fsize_limit = 0);
+// run_train with RLIMIT_FSIZE `fsize_limit` bytes.
+ProcResult run_train_limited(const std::vector<std::string>& args, int64_t fsize_limit);
 
 // Runs `world` copies of build/dion-train with `args` as the ranks of one job: each gets
 // torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT,
@@ -49,6 +52,8 @@ struct RankOptions {
   std::vector<std::string> rank0_extra;  // appended to rank 0's arguments only
   int kill_rank = -1;                    // >= 0: SIGKILL this rank once kill_when(rank 0's output)
   std::function<bool(const std::string&)> kill_when;
+  int fsize_limit_rank = -1;  // >= 0: this rank runs under RLIMIT_FSIZE fsize_limit bytes
+  int64_t fsize_limit = 0;
 };
 std::vector<ProcResult> run_train_ranks(int world, const std::vector<std::string>& args, const RankOptions& options = {});
 

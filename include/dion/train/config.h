@@ -95,6 +95,7 @@ struct Config {
   std::string dtype = "auto";    // auto | fp32 | bf16 (autocast)
   int64_t seed = 1337;
   bool resume = true;
+  bool resume_fallback = false;  // resume from the newest GOOD checkpoint when the newest is bad
   int64_t stop_after = 0;
   int64_t log_every = 1;
   bool cuda_graphs = false;      // capture the training step in CUDA graphs (train/graphed_step.h)
