@@ -71,7 +71,20 @@ int64_t as_int(const py::handle& v, size_t g, const char* key) {
   return v.cast<int64_t>();
 }
 
-bool as_bool(const py::handle& v) { return PyObject_IsTrue(v.ptr()) == 1; }
+// A switch: True / False, the integers 0 / 1 or a numpy bool (the reference tests truthiness;
+// anything else, a string above all, is a mistake: nesterov='no' would be truthy). `what` names
+// the option in the error ("param group 0: option 'nesterov'").
+bool as_bool(const py::handle& v, const std::string& what) {
+  if (PyBool_Check(v.ptr())) return v.ptr() == Py_True;
+  if (py::isinstance<py::int_>(v)) {
+    const py::int_ i = py::reinterpret_borrow<py::int_>(v);
+    if (i.equal(py::int_(0)) || i.equal(py::int_(1))) return i.equal(py::int_(1));
+  } else if (type_name(v) == "bool" || type_name(v) == "bool_") {  // numpy.bool_ (numpy 1 and 2)
+    return PyObject_IsTrue(v.ptr()) == 1;
+  }
+  throw dion::TypeError(what + " must be a bool (True or False, or the integers 0 / 1), got " +
+                        std::string(py::repr(v)) + " of type " + type_name(v));
+}
 
 std::string as_string(const py::handle& v, size_t g, const char* key) {
   if (!py::isinstance<py::str>(v))
@@ -94,8 +107,8 @@ void from_py(double& out, const py::handle& v, size_t g, const char* key, const 
   out = as_double(v, g, key);
 }
 template <typename Rule>
-void from_py(bool& out, const py::handle& v, size_t, const char*, const Rule&) {
-  out = as_bool(v);
+void from_py(bool& out, const py::handle& v, size_t g, const char* key, const Rule&) {
+  out = as_bool(v, where(g, key));
 }
 template <typename Rule>
 void from_py(int64_t& out, const py::handle& v, size_t g, const char* key, const Rule&) {
@@ -248,9 +261,9 @@ dion::math::OrthoPath g_ortho_path = dion::math::OrthoPath::EXACT;
 dion::math::OrthoConfig ortho_from_kwargs(const py::dict& kw) {
   dion::math::OrthoConfig ortho;
   ortho.path = g_ortho_path;
-  if (kw.contains("use_polar_express") && !as_bool(kw["use_polar_express"]))
+  if (kw.contains("use_polar_express") && !as_bool(kw["use_polar_express"], "option 'use_polar_express'"))
     ortho.method = dion::math::OrthoMethod::NEWTON_SCHULZ;
-  if (kw.contains("use_gram_newton_schulz") && as_bool(kw["use_gram_newton_schulz"]))
+  if (kw.contains("use_gram_newton_schulz") && as_bool(kw["use_gram_newton_schulz"], "option 'use_gram_newton_schulz'"))
     ortho.use_gram_newton_schulz = true;
   if (kw.contains("newton_schulz_func") && !kw["newton_schulz_func"].is_none()) {
     py::object fn = py::reinterpret_borrow<py::object>(kw["newton_schulz_func"]);
@@ -390,6 +403,20 @@ class PyOptimizer {
   void init_state() {
     py::gil_scoped_release no_gil;
     opt_->init_state();
+  }
+
+  // The state `param` of group g has once `group`'s edits (a checkpoint's saved group) apply:
+  // {key: (shape, dtype)} from the library's table (Optimizer::state_specs); what
+  // load_state_dict checks a checkpoint's state against.
+  py::dict state_specs(size_t g, const at::Tensor& param, const py::dict& group) const {
+    check_index(g);
+    const dion::Options o = options_from_dict(opt_->options(g), group, g);
+    py::dict out;
+    for (const auto& spec : opt_->state_specs(param, o))
+      out[py::str(spec.key)] = py::make_tuple(
+          py::tuple(py::cast(spec.shape)),
+          py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(spec.dtype))));
+    return out;
   }
 
   // The state of `param` as {key: tensor} (the live tensors), or None before it exists.
@@ -579,5 +606,6 @@ PYBIND11_MODULE(_C, m) {
            py::arg("inner_dim") = -1)
       .def("synchronize_for_checkpoint", &PyOptimizer::synchronize_for_checkpoint)
       .def("state", &PyOptimizer::state, py::arg("param"))
+      .def("state_specs", &PyOptimizer::state_specs, py::arg("index"), py::arg("param"), py::arg("group"))
       .def("set_state", &PyOptimizer::set_state, py::arg("param"), py::arg("key"), py::arg("value"));
 }
