@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import math
+import struct
 from typing import List, Optional, Sequence
 
 import torch
@@ -164,6 +166,24 @@ class ReplicaCheck:
         raise ValueError(_disagreement(type(opt).__name__, every, dist.get_process_group_ranks(self.group)))
 
 
+def _show(v) -> str:
+    """A value for the message: a float that is a float32 (a live 0-d lr tensor's) as the shortest
+    decimal that reads back as that float32 (0.01, not 0.009999999776482582)."""
+    if isinstance(v, tuple):
+        return "(" + ", ".join(_show(x) for x in v) + ("," if len(v) == 1 else "") + ")"
+    if isinstance(v, float) and math.isfinite(v):
+        try:
+            as32 = struct.unpack("f", struct.pack("f", v))[0]
+        except OverflowError:
+            as32 = None
+        if as32 == v:
+            for digits in range(1, 10):
+                text = f"{v:.{digits}g}"
+                if struct.unpack("f", struct.pack("f", float(text)))[0] == v:
+                    return text if any(c in text for c in ".e") else text + ".0"
+    return repr(v)
+
+
 def _disagreement(name: str, every: list, ranks: Sequence[int]) -> str:
     keys = []
     for desc in every:
@@ -174,7 +194,7 @@ def _disagreement(name: str, every: list, ranks: Sequence[int]) -> str:
     for where, key in keys:
         seen = [v.get((where, key), "<absent>") for v in values]
         if any(s != seen[0] for s in seen):
-            each = ", ".join(f"rank {r} has {s!r}" for r, s in zip(ranks, seen))
+            each = ", ".join(f"rank {r} has {_show(s)}" for r, s in zip(ranks, seen))
             return (f"{name}.step(): the ranks disagree on {where}, '{key}': {each}. Replicated "
                     "parameters would drift apart: give every rank the same optimizer options (or, "
                     "when the ranks deliberately optimize different parameters, e.g. pipeline "
