@@ -4,10 +4,15 @@ What it is: one base class, `_CppOptimizer`, that keeps a C++ dion optimizer (di
 over the same parameter tensors, plus the reference's five public classes with the
 reference's constructor signatures and defaults (microsoft/dion: Muon, NorMuon, Dion2,
 NorDion2 = Dion3, Dion). Every step:
-  1. each Python param group's hyperparameters are pushed into the C++ group (so LR
+  1. edits of param_groups' structure (a parameter appended, replaced, a group deleted) are
+     followed as torch.optim follows them: the C++ optimizer is rebuilt over the current groups
+     (single process; refused when distributed);
+  2. each Python param group's hyperparameters are pushed into the C++ group (so LR
      schedulers and manual edits of group["lr"] etc. take effect; C++ validates them);
-  2. the C++ step runs (GIL released);
-  3. group["step"] and `state` are refreshed from C++: opt.state[p]["momentum"] IS the C++
+  3. every gradient's metadata is checked against its parameter's, and with torch.distributed
+     initialized every rank's options are checked equal (_checks.py);
+  4. the C++ step runs (GIL released);
+  5. group["step"] and `state` are refreshed from C++: opt.state[p]["momentum"] IS the C++
      state tensor, so it is live.
 state_dict() / load_state_dict() are torch.optim's, with the reference's state keys
 (momentum, variance, variance_neuron, Q, step_dev); load_state_dict writes into the C++ state,
@@ -31,8 +36,10 @@ outer- (FSDP) and inner- (TP) sharded tensor dims; replicate_mesh adds HSDP's re
 
 What it is not: no math, and no validation of hyperparameters or groups: errors come from C++
 as ValueError, TypeError or NotImplementedError carrying the library's message (which names the
-group and the option). Python checks only what C++ never sees before a load: the state dict's
-structure and its state tensors' keys, dtypes and shapes.
+group and the option). Python checks what C++ never sees: before a load the state dict's
+structure and its state tensors' keys, dtypes and shapes (against the C++ state table,
+state_specs), and at each step what _checks.py checks (gradients, param_groups' structure,
+agreement across ranks).
 """
 from __future__ import annotations
 
