@@ -55,16 +55,16 @@ def check_grads(param_groups: Sequence[dict]) -> None:
 
 # ---------------------------------------------------------------------------- param_groups edits
 def structure_of(param_groups: Sequence[dict]) -> List[tuple]:
-    """(the group dict, its parameters) for each group: what C++ was given."""
+    """(the group dict, its parameters) for each group: what C++ was given. Groups are compared
+    by their parameters only: a group dict replaced by one over the same parameters (as
+    load_state_dict does) is the same group, its new values are pushed as any edit."""
     return [(group, tuple(group["params"])) for group in param_groups]
 
 
 def same_structure(registered: List[tuple], param_groups: Sequence[dict]) -> bool:
     if len(registered) != len(param_groups):
         return False
-    for (group, params), now in zip(registered, param_groups):
-        if group is not now:
-            return False
+    for (_, params), now in zip(registered, param_groups):
         current = now["params"]
         if len(current) != len(params) or any(a is not b for a, b in zip(params, current)):
             return False
@@ -75,9 +75,7 @@ def describe_change(registered: List[tuple], param_groups: Sequence[dict]) -> st
     """What changed, in words ("param group 0: 1 parameter added, 1 removed")."""
     if len(registered) != len(param_groups):
         return f"{len(registered)} param groups became {len(param_groups)}"
-    for g, ((group, params), now) in enumerate(zip(registered, param_groups)):
-        if group is not now:
-            return f"param group {g} was replaced by another dict"
+    for g, ((_, params), now) in enumerate(zip(registered, param_groups)):
         before, after = {id(p) for p in params}, {id(p) for p in now["params"]}
         if before != after:
             return (f"param group {g}: {len(after - before)} parameter(s) added, "

@@ -535,6 +535,7 @@ class _CppOptimizer(Optimizer):
 
     def _restore(self, backup: dict) -> None:
         Optimizer.__setstate__(self, {"state": backup["state"], "param_groups": backup["groups"]})
+        self._registered = _checks.structure_of(self.param_groups)
         for key, (tensor, value) in backup["hyper"].items():
             tensor.copy_(value)
             self._hyperparam_tensors[key] = tensor
@@ -548,7 +549,8 @@ class _CppOptimizer(Optimizer):
 
     def _load(self, state_dict: dict, targets: dict) -> None:
         saved_ids = list(chain.from_iterable(g["params"] for g in state_dict["param_groups"]))
-        super().load_state_dict(state_dict)
+        super().load_state_dict(state_dict)  # new group dicts over the same parameters
+        self._registered = _checks.structure_of(self.param_groups)
         params = list(chain.from_iterable(g["params"] for g in self.param_groups))
         by_id = dict(zip(saved_ids, params))
         self._sync_hyperparam_tensors()
