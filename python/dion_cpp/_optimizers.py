@@ -43,6 +43,8 @@ agreement across ranks).
 """
 from __future__ import annotations
 
+import atexit
+import weakref
 from dataclasses import dataclass
 from itertools import chain
 from typing import Callable, Optional, Tuple
@@ -63,6 +65,23 @@ if dist.is_available():
         _StridedShard = None
 else:  # a torch build without distributed: no meshes, no DTensors
     _DeviceMesh = _DTensor = _StridedShard = None
+
+
+# Distributed optimizers alive, released at interpreter exit (_release_at_exit).
+_distributed_optimizers: "weakref.WeakSet" = weakref.WeakSet()
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    """Drop the C++ side of every distributed optimizer still alive when the interpreter exits
+    (PyOptimizer::release): its references to torch's ProcessGroups go now, while the interpreter
+    and c10d are whole, not in the interpreter's teardown or never (an optimizer left in a
+    reference cycle), where Gloo's threads ran into exit()'s static destructors (SIGABRT).
+    Registered after torch's import, so it runs before torch's own atexit handlers."""
+    for opt in list(_distributed_optimizers):
+        cpp = opt.__dict__.get("_cpp")
+        if cpp is not None:
+            cpp.release()
 
 
 @dataclass
@@ -158,6 +177,7 @@ class _CppOptimizer(Optimizer):
         """Give the C++ optimizer its distribution (DDP / FSDP over `group`), if any."""
         if group is not None:
             self._cpp.set_distribution(group, dist.get_process_group_ranks(group), sync_gradients)
+            _distributed_optimizers.add(self)
 
     # ------------------------------------------------------------------ groups
     def add_param_group(self, param_group: dict) -> None:
@@ -811,6 +831,7 @@ class Dion(_CppOptimizer):
 
         self._cpp.set_sharded_distribution(outer, ranks(outer), inner, ranks(inner), replicate,
                                            ranks(replicate), sync_gradients)
+        _distributed_optimizers.add(self)
 
     def _register(self, p: torch.Tensor) -> torch.Tensor:
         """With sharding meshes: find the tensor dims that are Shard over the outer and the inner

@@ -236,3 +236,65 @@ def test_replicas(report, case):
 
 def test_a_rank_that_does_not_step_makes_the_other_raise_instead_of_hanging():
     check(_run_job("one_rank_steps"), "only_one_rank_steps")
+
+
+# ---------------------------------------------------------------------------- exit
+EXIT_SCRIPT = r'''
+import atexit, datetime, gc, os, sys
+import torch, torch.distributed as dist
+
+rank = int(sys.argv[1])
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+keep = {}
+
+
+@atexit.register  # registered before dion_cpp's handler: runs after it
+def _after_dion_cpp():
+    try:
+        keep["opt"]._cpp.group_step(0)
+        print("NOT RELEASED", flush=True)
+    except ValueError as e:
+        print("RELEASED:", e, flush=True)
+
+
+import dion_cpp  # noqa: E402
+
+ps = [torch.nn.Parameter(torch.randn(16, 8)) for _ in range(3)]
+opt = dion_cpp.NorMuon(ps, distributed_mesh=dist.group.WORLD)
+for s in range(2):
+    for p in ps:
+        p.grad = torch.ones_like(p)
+    opt.step()
+opt.cycle = opt  # alive at exit, in a reference cycle the collector is told not to collect
+keep["opt"] = opt
+gc.disable()
+'''
+
+
+def test_distributed_optimizer_alive_at_exit_is_released_and_exits_cleanly(tmp_path):
+    """Both ranks leave with a distributed optimizer alive (no destroy_process_group): the module's
+    atexit handler releases its C++ side (and so its ProcessGroup references) before the
+    interpreter's teardown, and both exit with status 0 and nothing on stderr."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit_alive.py"
+    script.write_text(EXIT_SCRIPT)
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), port], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(WORLD)]
+    outs = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=JOB_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a rank did not exit within the job timeout")
+        outs.append((p.returncode, out, err))
+    for rank, (rc, out, err) in enumerate(outs):
+        assert rc == 0, f"rank {rank} exited with {rc}: {err[-2000:]}"
+        assert "RELEASED: this dion_cpp optimizer was released at interpreter exit" in out, (rank, out, err)
+        assert "NOT RELEASED" not in out
+        assert err.strip() == "", f"rank {rank} wrote to stderr: {err[-2000:]}"
