@@ -356,3 +356,19 @@ def test_bools_and_0_1_are_switches(value):
     run(opt, [a], 2)
     run(ref, [b], 2)
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("cls", [Muon, Dion], ids=lambda c: c.__name__)
+def test_scheduler_that_makes_lr_inf_is_refused_at_the_next_step(cls):
+    """A LambdaLR whose factor overflows writes group["lr"] (a float32 tensor for Muon, a float
+    for Dion): the next step refuses it, the weights untouched."""
+    p = W(8, 4)
+    opt = cls([p], lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 if s == 0 else math.inf)
+    run(opt, [p], 1)
+    sched.step()
+    before = p.detach().clone()
+    set_grads([p], 9)
+    with pytest.raises(ValueError, match=re.escape("param group 0: invalid lr = inf (must be finite and >= 0)")):
+        opt.step()
+    assert torch.equal(p, before)
