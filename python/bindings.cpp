@@ -71,7 +71,20 @@ int64_t as_int(const py::handle& v, size_t g, const char* key) {
   return v.cast<int64_t>();
 }
 
-bool as_bool(const py::handle& v) { return PyObject_IsTrue(v.ptr()) == 1; }
+// A switch: True / False, the integers 0 / 1 or a numpy bool (the reference tests truthiness;
+// anything else, a string above all, is a mistake: nesterov='no' would be truthy). `what` names
+// the option in the error ("param group 0: option 'nesterov'").
+bool as_bool(const py::handle& v, const std::string& what) {
+  if (PyBool_Check(v.ptr())) return v.ptr() == Py_True;
+  if (py::isinstance<py::int_>(v)) {
+    const py::int_ i = py::reinterpret_borrow<py::int_>(v);
+    if (i.equal(py::int_(0)) || i.equal(py::int_(1))) return i.equal(py::int_(1));
+  } else if (type_name(v) == "bool" || type_name(v) == "bool_") {  // numpy.bool_ (numpy 1 and 2)
+    return PyObject_IsTrue(v.ptr()) == 1;
+  }
+  throw dion::TypeError(what + " must be a bool (True or False, or the integers 0 / 1), got " +
+                        std::string(py::repr(v)) + " of type " + type_name(v));
+}
 
 std::string as_string(const py::handle& v, size_t g, const char* key) {
   if (!py::isinstance<py::str>(v))
@@ -94,8 +107,8 @@ void from_py(double& out, const py::handle& v, size_t g, const char* key, const 
   out = as_double(v, g, key);
 }
 template <typename Rule>
-void from_py(bool& out, const py::handle& v, size_t, const char*, const Rule&) {
-  out = as_bool(v);
+void from_py(bool& out, const py::handle& v, size_t g, const char* key, const Rule&) {
+  out = as_bool(v, where(g, key));
 }
 template <typename Rule>
 void from_py(int64_t& out, const py::handle& v, size_t g, const char* key, const Rule&) {
@@ -214,6 +227,9 @@ dion::Override override_of(const dion::Options& o) {
 // of the OrthoFn made inside step() then never touch Python reference counts).
 dion::math::OrthoFn python_ortho(py::object fn) {
   std::shared_ptr<py::object> held(new py::object(std::move(fn)), [](py::object* p) {
+    // Destroyed after the interpreter finished (a C++ static, a leaked optimizer): leak the
+    // callable rather than take a GIL that no longer exists (a fatal error: SIGABRT at exit).
+    if (!Py_IsInitialized()) return;
     py::gil_scoped_acquire gil;
     delete p;
   });
@@ -248,9 +264,9 @@ dion::math::OrthoPath g_ortho_path = dion::math::OrthoPath::EXACT;
 dion::math::OrthoConfig ortho_from_kwargs(const py::dict& kw) {
   dion::math::OrthoConfig ortho;
   ortho.path = g_ortho_path;
-  if (kw.contains("use_polar_express") && !as_bool(kw["use_polar_express"]))
+  if (kw.contains("use_polar_express") && !as_bool(kw["use_polar_express"], "option 'use_polar_express'"))
     ortho.method = dion::math::OrthoMethod::NEWTON_SCHULZ;
-  if (kw.contains("use_gram_newton_schulz") && as_bool(kw["use_gram_newton_schulz"]))
+  if (kw.contains("use_gram_newton_schulz") && as_bool(kw["use_gram_newton_schulz"], "option 'use_gram_newton_schulz'"))
     ortho.use_gram_newton_schulz = true;
   if (kw.contains("newton_schulz_func") && !kw["newton_schulz_func"].is_none()) {
     py::object fn = py::reinterpret_borrow<py::object>(kw["newton_schulz_func"]);
@@ -291,10 +307,10 @@ class PyOptimizer {
 
   // Add a Python param group (a dict with every default filled in, as torch.optim makes it).
   void add_param_group(const std::vector<at::Tensor>& params, const py::dict& group) {
-    const size_t g = opt_->param_groups().size();
+    const size_t g = live()->param_groups().size();
     dion::Options o = options_from_dict(defaults_, group, g);
-    opt_->add_param_group(dion::ParamGroup{params, override_of(o)});
-    opt_->options(g) = o;  // the step counter (ParamGroup carries every hyperparameter)
+    live()->add_param_group(dion::ParamGroup{params, override_of(o)});
+    live()->options(g) = o;  // the step counter (ParamGroup carries every hyperparameter)
   }
 
   // Push a Python group's (possibly edited) hyperparameters into C++ group g, checked as
@@ -302,34 +318,34 @@ class PyOptimizer {
   // Returns whether the algorithm changed (the group's state was dropped).
   bool set_group(size_t g, const py::dict& group) {
     check_index(g);
-    dion::Options o = options_from_dict(opt_->options(g), group, g);
-    const bool changed = o.algo() != opt_->options(g).algo();
-    opt_->set_options(g, o);
+    dion::Options o = options_from_dict(live()->options(g), group, g);
+    const bool changed = o.algo() != live()->options(g).algo();
+    live()->set_options(g, o);
     return changed;
   }
 
   // The checks of set_group without the change (load_state_dict's dry run).
   void check_group(size_t g, const py::dict& group) const {
     check_index(g);
-    opt_->check_options(g, options_from_dict(opt_->options(g), group, g));
+    live()->check_options(g, options_from_dict(live()->options(g), group, g));
   }
 
   // Group g's algorithm and hyperparameters as C++ holds them (every field of the table).
   py::dict group_options(size_t g) const {
     check_index(g);
-    return dict_of(opt_->options(g));
+    return dict_of(live()->options(g));
   }
 
   std::string group_algorithm(size_t g) const {
     check_index(g);
-    return opt_->options(g).algorithm();
+    return live()->options(g).algorithm();
   }
 
   // The state dtypes group g configures ({momentum_dtype, Q_dtype, variance_dtype}: a
   // torch.dtype, or None for the parameter's).
   py::dict state_dtypes(size_t g) const {
     check_index(g);
-    const dion::Options& o = opt_->options(g);
+    const dion::Options& o = live()->options(g);
     auto dtype = [](const std::optional<at::ScalarType>& t) -> py::object {
       if (!t) return py::none();
       return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(*t)));
@@ -343,7 +359,7 @@ class PyOptimizer {
 
   void step() {
     py::gil_scoped_release no_gil;
-    opt_->step();
+    live()->step();
   }
 
   // Megabatch tasks in flight (the reference's 3), on the calling thread.
@@ -354,7 +370,7 @@ class PyOptimizer {
   void set_distribution(const py::object& process_group, std::vector<int> ranks, bool sync_gradients) {
     dist_ = std::make_shared<dion::dist::Distributed>(wrap(process_group, std::move(ranks)), sync_gradients);
     dist_->overlap(kTasksInFlight);
-    opt_->set_distribution(dist_);
+    live()->set_distribution(dist_);
   }
 
   // Legacy Dion's sharding meshes: Distributed(outer) or Distributed(outer, inner) (FSDP,
@@ -370,7 +386,7 @@ class PyOptimizer {
                                                             wrap(inner, std::move(inner_ranks)));
     if (!replicate.is_none()) dist_->replicate(wrap(replicate, std::move(replicate_ranks)), sync_gradients);
     dist_->overlap(kTasksInFlight);
-    opt_->set_distribution(dist_);
+    live()->set_distribution(dist_);
   }
 
   // `local` is this rank's chunk along `dim` of a parameter of `global_shape` (FSDP2 chunking),
@@ -380,21 +396,50 @@ class PyOptimizer {
     dist_->shard(local, std::move(global_shape), dim, inner_dim);
   }
 
-  void synchronize_for_checkpoint() {
+  // Drop the C++ optimizer and its distribution now (the module's atexit handler, for every
+  // distributed optimizer still alive at interpreter exit): the references to torch's
+  // ProcessGroups (and through them Gloo's worker threads) go while the interpreter and c10d
+  // are whole, instead of whenever the Python object dies in the interpreter's teardown, or
+  // never (an object left in a reference cycle), with the threads running into exit()'s static
+  // destructors. Without the GIL: a ProcessGroup's destructor joins Gloo's threads, which may
+  // need the GIL to drop tensors. Every later call raises.
+  void release() {
+    std::unique_ptr<dion::Optimizer> opt = std::move(opt_);
+    std::shared_ptr<dion::dist::Distributed> d = std::move(dist_);
     py::gil_scoped_release no_gil;
-    opt_->synchronize_for_checkpoint();
+    opt.reset();
+    d.reset();
   }
 
-  int64_t group_step(size_t g) const { return opt_->options(g).step(); }
+  void synchronize_for_checkpoint() {
+    py::gil_scoped_release no_gil;
+    live()->synchronize_for_checkpoint();
+  }
+
+  int64_t group_step(size_t g) const { return live()->options(g).step(); }
   // Collective (the first call checks the shard specs across ranks): without the GIL, as step().
   void init_state() {
     py::gil_scoped_release no_gil;
-    opt_->init_state();
+    live()->init_state();
+  }
+
+  // The state `param` of group g has once `group`'s edits (a checkpoint's saved group) apply:
+  // {key: (shape, dtype)} from the library's table (Optimizer::state_specs); what
+  // load_state_dict checks a checkpoint's state against.
+  py::dict state_specs(size_t g, const at::Tensor& param, const py::dict& group) const {
+    check_index(g);
+    const dion::Options o = options_from_dict(live()->options(g), group, g);
+    py::dict out;
+    for (const auto& spec : live()->state_specs(param, o))
+      out[py::str(spec.key)] = py::make_tuple(
+          py::tuple(py::cast(spec.shape)),
+          py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(spec.dtype))));
+    return out;
   }
 
   // The state of `param` as {key: tensor} (the live tensors), or None before it exists.
   py::object state(const at::Tensor& param) {
-    const dion::ParamState* s = opt_->state_of(param);
+    const dion::ParamState* s = live()->state_of(param);
     if (!s) return py::none();
     py::dict out;
     if (s->momentum().defined()) out["momentum"] = s->momentum();
@@ -408,13 +453,13 @@ class PyOptimizer {
   // Drop param's state (load_state_dict: the checkpoint's state replaces all state).
   void clear_state(const at::Tensor& param) {
     check_owned(param, "clear_state");
-    opt_->state().erase(param.unsafeGetTensorImpl());
+    live()->state().erase(param.unsafeGetTensorImpl());
   }
 
   // Make `value` param's state `key` (used by load_state_dict); creates the state if needed.
   void set_state(const at::Tensor& param, const std::string& key, const at::Tensor& value) {
     check_owned(param, "set_state");
-    auto& slot = opt_->state()[param.unsafeGetTensorImpl()];
+    auto& slot = live()->state()[param.unsafeGetTensorImpl()];
     if (!slot) slot = std::make_unique<dion::ParamState>();
     auto& s = static_cast<dion::ParamState&>(*slot);
     if (key == "momentum") s.momentum(value);
@@ -428,14 +473,20 @@ class PyOptimizer {
   }
 
  private:
+  dion::Optimizer* live() const {
+    if (!opt_)
+      throw dion::ValueError("this dion_cpp optimizer was released at interpreter exit (atexit): it cannot be used any more");
+    return opt_.get();
+  }
+
   void check_index(size_t g) const {
-    if (g >= opt_->param_groups().size())
+    if (g >= live()->param_groups().size())
       throw dion::ValueError("no param group " + std::to_string(g) + " (the optimizer has " +
-                             std::to_string(opt_->param_groups().size()) + ")");
+                             std::to_string(live()->param_groups().size()) + ")");
   }
 
   void check_owned(const at::Tensor& param, const char* what) const {
-    for (const auto& group : opt_->param_groups())
+    for (const auto& group : live()->param_groups())
       for (const at::Tensor& p : group.params())
         if (p.is_same(param)) return;
     throw dion::ValueError(std::string(what) + ": the tensor is not a parameter of this optimizer");
@@ -578,6 +629,8 @@ PYBIND11_MODULE(_C, m) {
       .def("shard", &PyOptimizer::shard, py::arg("local"), py::arg("global_shape"), py::arg("dim"),
            py::arg("inner_dim") = -1)
       .def("synchronize_for_checkpoint", &PyOptimizer::synchronize_for_checkpoint)
+      .def("release", &PyOptimizer::release)
       .def("state", &PyOptimizer::state, py::arg("param"))
+      .def("state_specs", &PyOptimizer::state_specs, py::arg("index"), py::arg("param"), py::arg("group"))
       .def("set_state", &PyOptimizer::set_state, py::arg("param"), py::arg("key"), py::arg("value"));
 }

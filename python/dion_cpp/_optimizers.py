@@ -4,10 +4,15 @@ What it is: one base class, `_CppOptimizer`, that keeps a C++ dion optimizer (di
 over the same parameter tensors, plus the reference's five public classes with the
 reference's constructor signatures and defaults (microsoft/dion: Muon, NorMuon, Dion2,
 NorDion2 = Dion3, Dion). Every step:
-  1. each Python param group's hyperparameters are pushed into the C++ group (so LR
+  1. edits of param_groups' structure (a parameter appended, replaced, a group deleted) are
+     followed as torch.optim follows them: the C++ optimizer is rebuilt over the current groups
+     (single process; refused when distributed);
+  2. each Python param group's hyperparameters are pushed into the C++ group (so LR
      schedulers and manual edits of group["lr"] etc. take effect; C++ validates them);
-  2. the C++ step runs (GIL released);
-  3. group["step"] and `state` are refreshed from C++: opt.state[p]["momentum"] IS the C++
+  3. every gradient's metadata is checked against its parameter's, and with torch.distributed
+     initialized every rank's options are checked equal (_checks.py);
+  4. the C++ step runs (GIL released);
+  5. group["step"] and `state` are refreshed from C++: opt.state[p]["momentum"] IS the C++
      state tensor, so it is live.
 state_dict() / load_state_dict() are torch.optim's, with the reference's state keys
 (momentum, variance, variance_neuron, Q, step_dev); load_state_dict writes into the C++ state,
@@ -31,11 +36,15 @@ outer- (FSDP) and inner- (TP) sharded tensor dims; replicate_mesh adds HSDP's re
 
 What it is not: no math, and no validation of hyperparameters or groups: errors come from C++
 as ValueError, TypeError or NotImplementedError carrying the library's message (which names the
-group and the option). Python checks only what C++ never sees before a load: the state dict's
-structure and its state tensors' keys, dtypes and shapes.
+group and the option). Python checks what C++ never sees: before a load the state dict's
+structure and its state tensors' keys, dtypes and shapes (against the C++ state table,
+state_specs), and at each step what _checks.py checks (gradients, param_groups' structure,
+agreement across ranks).
 """
 from __future__ import annotations
 
+import atexit
+import weakref
 from dataclasses import dataclass
 from itertools import chain
 from typing import Callable, Optional, Tuple
@@ -45,6 +54,7 @@ import torch.distributed as dist
 from torch.optim.optimizer import Optimizer, ParamsT
 
 from . import _C
+from . import _checks
 
 if dist.is_available():
     from torch.distributed.device_mesh import DeviceMesh as _DeviceMesh
@@ -55,6 +65,23 @@ if dist.is_available():
         _StridedShard = None
 else:  # a torch build without distributed: no meshes, no DTensors
     _DeviceMesh = _DTensor = _StridedShard = None
+
+
+# Distributed optimizers alive, released at interpreter exit (_release_at_exit).
+_distributed_optimizers: "weakref.WeakSet" = weakref.WeakSet()
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    """Drop the C++ side of every distributed optimizer still alive when the interpreter exits
+    (PyOptimizer::release): its references to torch's ProcessGroups go now, while the interpreter
+    and c10d are whole, not in the interpreter's teardown or never (an optimizer left in a
+    reference cycle), where Gloo's threads ran into exit()'s static destructors (SIGABRT).
+    Registered after torch's import, so it runs before torch's own atexit handlers."""
+    for opt in list(_distributed_optimizers):
+        cpp = opt.__dict__.get("_cpp")
+        if cpp is not None:
+            cpp.release()
 
 
 @dataclass
@@ -124,8 +151,16 @@ class _CppOptimizer(Optimizer):
         # C++ first: it validates the constructor's hyperparameters (betas included) and then
         # receives every group through add_param_group, which Optimizer.__init__ calls.
         # `group`: the ProcessGroup to distribute over (None: single process).
-        self._cpp = _C.Optimizer(self.kind, {**hyper, **extra})
+        self._ctor_kwargs = {**hyper, **extra}  # a rebuild after param_groups edits needs them
+        self._cpp = _C.Optimizer(self.kind, self._ctor_kwargs)
         self._group = group
+        self._registered = []  # (group dict, its parameters) as C++ holds them (_sync_structure)
+        # The cross-rank check of step() (_checks.ReplicaCheck): None = automatic (over the
+        # distributed_mesh / replicate and shard meshes given, else over the default group when
+        # torch.distributed is initialized with more than one rank), False = off, or a
+        # ProcessGroup to check over. replica_check_timeout: seconds to wait for the other ranks.
+        self.replica_check = None
+        self.replica_check_timeout = _checks.DEFAULT_TIMEOUT_S
         self._local = {}  # DTensor parameter -> its local tensor (what C++ holds)
         self._distribute(group, sync_gradients)
         hyper = dict(hyper)
@@ -142,9 +177,11 @@ class _CppOptimizer(Optimizer):
         """Give the C++ optimizer its distribution (DDP / FSDP over `group`), if any."""
         if group is not None:
             self._cpp.set_distribution(group, dist.get_process_group_ranks(group), sync_gradients)
+            _distributed_optimizers.add(self)
 
     # ------------------------------------------------------------------ groups
     def add_param_group(self, param_group: dict) -> None:
+        self._sync_structure()  # earlier edits of param_groups first: C++ groups by index
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         try:
@@ -152,10 +189,99 @@ class _CppOptimizer(Optimizer):
         except BaseException:
             self.param_groups.pop()
             raise
+        self._registered.append((group, tuple(group["params"])))
         if getattr(self, "_ready", False):
             if self.eager_state:
                 self.init_state()
             self._sync_hyperparam_tensors()
+
+    def _distributed(self) -> bool:
+        return self._group is not None or getattr(self, "_sharding", None) is not None
+
+    def _sync_structure(self) -> None:
+        """Follow edits of param_groups since the last step, as torch.optim does (its step reads
+        the current param_groups): a parameter appended to or replaced in group["params"], a group
+        deleted or replaced. Single process: the C++ optimizer is rebuilt over the current groups,
+        keeping the state of the parameters that stay (new ones start afresh). Distributed: the
+        parameters' layout over the group cannot change: RuntimeError."""
+        if _checks.same_structure(self._registered, self.param_groups):
+            return
+        change = _checks.describe_change(self._registered, self.param_groups)
+        if self._distributed():
+            raise RuntimeError(
+                f"{type(self).__name__}: param_groups were edited after construction ({change}); a "
+                "distributed dion_cpp optimizer cannot follow that (its parameters are laid out over "
+                "the process group): build a new optimizer over the new parameters")
+        _checks.check_new_params(self.param_groups)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """A new C++ optimizer over the current param_groups (single process), with the state of
+        every parameter that stays where its state still fits (same keys and shapes)."""
+        old_index = {id(group): i for i, (group, _) in enumerate(self._registered)}
+        saved = {}
+        for _, params in self._registered:
+            for p in params:
+                st = self._cpp.state(self._cpp_param(p))
+                if st:
+                    saved[p] = st
+        cpp = _C.Optimizer(self.kind, self._ctor_kwargs)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+            cpp.add_param_group([self._register(p) for p in group["params"]], group)
+        live = set()
+        for g, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                live.add(p)
+                st = saved.get(p)
+                if not st:
+                    continue
+                local = self._cpp_param(p)
+                specs = cpp.state_specs(g, local, {})
+                if set(st) == set(specs) and all(tuple(t.shape) == specs[k][0] for k, t in st.items()):
+                    for key, t in st.items():
+                        cpp.set_state(local, key, t)
+                else:
+                    self.state.pop(p, None)  # another algorithm's state: afresh
+        self._cpp = cpp
+        for p in [p for p in self.state if p not in live]:
+            del self.state[p]  # its C++ state went with the old optimizer
+        self._local = {p: t for p, t in self._local.items() if p in live}
+        tensors, live_by_group = {}, {}
+        for g, group in enumerate(self.param_groups):
+            i = old_index.get(id(group))
+            if i is None:
+                continue
+            if i in self._live_hyperparams_by_group:
+                live_by_group[g] = self._live_hyperparams_by_group[i]
+            for (k, name), t in self._hyperparam_tensors.items():
+                if k == i:
+                    tensors[(g, name)] = t
+        self._hyperparam_tensors, self._live_hyperparams_by_group = tensors, live_by_group
+        self._registered = _checks.structure_of(self.param_groups)
+        self._sync_hyperparam_tensors()
+        if self.eager_state:
+            self.init_state()
+        else:
+            self._pull_state()
+
+    def _replica_checks(self) -> None:
+        """The cross-rank agreement of step() (replica_check, _checks.ReplicaCheck)."""
+        setting = self.replica_check
+        if setting is False or not dist.is_available() or not dist.is_initialized():
+            return
+        if setting is None or setting is True:
+            groups = [self._group] if self._group is not None else []
+            for g in getattr(self, "_sharding", None) or ():
+                if g is not None and all(g is not h for h in groups):
+                    groups.append(g)
+            if not groups and dist.get_world_size() > 1:
+                groups = [dist.group.WORLD]
+        else:
+            groups = [setting]
+        for g in groups:
+            _checks.ReplicaCheck(g, self.replica_check_timeout)(self)
 
     def _push_groups(self) -> None:
         """Push every group into C++ (validated there). A group whose algorithm was edited
@@ -306,8 +432,11 @@ class _CppOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._sync_structure()
         self._sync_hyperparam_tensors()
         self._push_groups()
+        _checks.check_grads(self.param_groups)
+        self._replica_checks()
         self._push_grads()
         try:
             self._cpp.step()
@@ -341,6 +470,7 @@ class _CppOptimizer(Optimizer):
         torch.optim casts floating state), step_dev float32, Dion's mixed-precision momentum / Q
         their configured dtypes. Non-floating state (an int64 momentum) is refused (TypeError).
         Parameters without saved state start afresh at the next step, as with torch.optim."""
+        self._sync_structure()  # param_groups edits first: the state dict is matched to them
         targets = self._check_loadable(state_dict)
         backup = self._backup()
         try:
@@ -380,53 +510,40 @@ class _CppOptimizer(Optimizer):
                 raise ValueError(f"loading optimizer state: state for parameter id {pid!r}, which "
                                  "no param group of the state dict lists")
             g, j, p = by_id[pid]
-            dtypes = self._cpp.state_dtypes(g)
-            current = self._cpp.state(self._cpp_param(p)) or {}
-            same_algorithm = algorithms[g] == self._cpp.group_algorithm(g)
-            for key, value in saved_state.items():
-                if not isinstance(value, torch.Tensor):
-                    continue
-                where = (f"loading optimizer state: param group {g}, parameter {j} of shape "
-                         f"{list(p.shape)}: '{key}'")
+            tensors = {k: v for k, v in saved_state.items() if isinstance(v, torch.Tensor)}
+            if not tensors:
+                continue  # no state saved: the parameter starts afresh, as with torch.optim
+            where = (f"loading optimizer state: param group {g}, parameter {j} of shape "
+                     f"{list(p.shape)}")
+            # What the group keeps (the C++ state table, Optimizer::state_specs), under the
+            # options the load gives it: {key: (shape, dtype)}.
+            options = {k: v for k, v in state_dict["param_groups"][g].items() if k != "params"}
+            specs = self._cpp.state_specs(g, self._cpp_param(p), options)
+            needs = f"a {algorithms[g]} parameter's state is {', '.join(specs)}"
+            for key, value in tensors.items():
                 if key not in _STATE_KEYS:
-                    raise ValueError(f"{where}: unknown state key (known: {', '.join(_STATE_KEYS)})")
+                    raise ValueError(f"{where}: '{key}': unknown state key (known: {', '.join(_STATE_KEYS)})")
+                if key not in specs:
+                    raise ValueError(f"{where}: '{key}' is not state of this group ({needs}; a "
+                                     "checkpoint of another optimizer or algorithm?)")
                 if not value.is_floating_point():
-                    raise TypeError(f"{where} has dtype {value.dtype}; optimizer state must be "
-                                    "floating point (a checkpoint of another optimizer?)")
+                    raise TypeError(f"{where}: '{key}' has dtype {value.dtype}; optimizer state must "
+                                    "be floating point (a checkpoint of another optimizer?)")
                 local = value._local_tensor if _is_dtensor(value) else value
-                mine = current.get(key) if same_algorithm else None
-                want = tuple(mine.shape) if mine is not None else self._state_shape(p, key)
-                if want is None and local.dim() != 2:  # Q [n', r], before legacy Dion's first step
-                    raise ValueError(f"{where} has shape {list(local.shape)}, expected a matrix [n', r] "
-                                     "(a checkpoint of another model?)")
-                if want is not None and tuple(local.shape) != want:
-                    raise ValueError(f"{where} has shape {list(local.shape)}, expected {list(want)} "
-                                     "(a checkpoint of another model?)")
-                targets[(pid, key)] = (mine.dtype if mine is not None
-                                       else self._state_dtype(p, key, algorithms[g], dtypes))
+                want = tuple(specs[key][0])
+                if tuple(local.shape) != want:
+                    raise ValueError(f"{where}: '{key}' has shape {list(local.shape)}, expected "
+                                     f"{list(want)} (a checkpoint of another model?)")
+                targets[(pid, key)] = specs[key][1]
+            missing = [key for key in specs if key not in tensors]
+            # AdamW's device step counter may be absent (legacy Dion's checkpoints, or ones written
+            # before the reference had it): _load resumes it from the group's step.
+            if algorithms[g] == "adamw" and missing == ["step_dev"]:
+                missing = []
+            if missing:
+                raise ValueError(f"{where}: state '{', '.join(missing)}' missing ({needs}; a "
+                                 "truncated or hand-edited checkpoint?)")
         return targets
-
-    def _state_shape(self, p: torch.Tensor, key: str):
-        """The shape C++ keeps state `key` of `p` in (None: Q, whose rank is the checkpoint's)."""
-        local = tuple(self._cpp_param(p).shape)
-        if key in ("momentum", "variance"):
-            return local
-        if key == "variance_neuron":
-            return local[:-1] + (min(1, p.shape[-1]),)  # p.shape: global (a DTensor's too)
-        if key == "step_dev":
-            return ()
-        return None
-
-    @staticmethod
-    def _state_dtype(p: torch.Tensor, key: str, algorithm: str, dtypes: dict) -> torch.dtype:
-        """The dtype C++ creates state `key` of `p` in (Optimizer::state_for)."""
-        if key == "step_dev":
-            return torch.float32
-        if key == "momentum" and algorithm == "dion":
-            return dtypes["momentum_dtype"] or p.dtype
-        if key in ("variance", "Q"):
-            return dtypes[f"{key}_dtype"] or p.dtype
-        return p.dtype
 
     def _backup(self) -> dict:
         """What _restore needs to undo a load: the group and state containers, the C++ state
@@ -438,6 +555,7 @@ class _CppOptimizer(Optimizer):
 
     def _restore(self, backup: dict) -> None:
         Optimizer.__setstate__(self, {"state": backup["state"], "param_groups": backup["groups"]})
+        self._registered = _checks.structure_of(self.param_groups)
         for key, (tensor, value) in backup["hyper"].items():
             tensor.copy_(value)
             self._hyperparam_tensors[key] = tensor
@@ -451,7 +569,8 @@ class _CppOptimizer(Optimizer):
 
     def _load(self, state_dict: dict, targets: dict) -> None:
         saved_ids = list(chain.from_iterable(g["params"] for g in state_dict["param_groups"]))
-        super().load_state_dict(state_dict)
+        super().load_state_dict(state_dict)  # new group dicts over the same parameters
+        self._registered = _checks.structure_of(self.param_groups)
         params = list(chain.from_iterable(g["params"] for g in self.param_groups))
         by_id = dict(zip(saved_ids, params))
         self._sync_hyperparam_tensors()
@@ -712,6 +831,7 @@ class Dion(_CppOptimizer):
 
         self._cpp.set_sharded_distribution(outer, ranks(outer), inner, ranks(inner), replicate,
                                            ranks(replicate), sync_gradients)
+        _distributed_optimizers.add(self)
 
     def _register(self, p: torch.Tensor) -> torch.Tensor:
         """With sharding meshes: find the tensor dims that are Shard over the outer and the inner

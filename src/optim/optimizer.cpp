@@ -224,34 +224,53 @@ void Optimizer::refresh_device_scalars() {
 
 // ---------------------------------------------------------------------------- state
 
+std::vector<Optimizer::StateSpec> Optimizer::state_specs(const at::Tensor& p, const Options& o) const {
+  std::vector<StateSpec> out;
+  const Algorithm algo = o.algo();
+  const auto momentum_dtype = algo == Algorithm::Dion ? o.momentum_dtype().value_or(p.scalar_type()) : p.scalar_type();
+  out.push_back({"momentum", p.sizes().vec(), momentum_dtype});
+  if (algo == Algorithm::AdamW) {
+    out.push_back({"variance", p.sizes().vec(), o.variance_dtype().value_or(p.scalar_type())});
+    out.push_back({"step_dev", {}, at::kFloat});
+  }
+  if (algo == Algorithm::NorMuon || algo == Algorithm::NorDion2) {
+    // [.., m, 1], param dtype; [.., m, 0] for an empty parameter (the reference's p[..., 0:1]).
+    // A shard holding none of the columns still keeps its rows' [.., m, 1] (state_layout.h).
+    std::vector<int64_t> shape = p.sizes().vec();
+    shape.back() = std::min<int64_t>(1, layout_of(dist_.get(), p).global_shape.back());
+    out.push_back({"variance_neuron", std::move(shape), p.scalar_type()});
+  }
+  if (algo == Algorithm::Dion) {
+    // Q [n', r] for the whole matrix; a sharded parameter keeps the rows of its outer chunk.
+    const Layout L = layout_of(dist_.get(), p);
+    const QRows q = q_rows_of(L, axis_place(dist_.get()));  // src/optim/state_layout.h
+    const int64_t r = math::dion_rank(L.global_shape[0], L.global_shape[1], o.rank_fraction(), o.rank_multiple_of());
+    out.push_back({"Q", {L.sharded() ? q.length : q.rows, r}, o.Q_dtype().value_or(p.scalar_type())});
+  }
+  return out;
+}
+
 ParamState& Optimizer::state_for(const at::Tensor& p, const Options& o) {
   auto& slot = state_[p.unsafeGetTensorImpl()];
   if (!slot) {
     at::NoGradGuard no_grad;
     auto s = std::make_unique<ParamState>();
-    const Algorithm algo = o.algo();
-    const auto momentum_dtype = algo == Algorithm::Dion ? o.momentum_dtype().value_or(p.scalar_type()) : p.scalar_type();
-    s->momentum(at::zeros_like(p, p.options().dtype(momentum_dtype)));
-    if (algo == Algorithm::AdamW) {
-      s->variance(at::zeros_like(p, p.options().dtype(o.variance_dtype().value_or(p.scalar_type()))));
-      s->step_dev(at::zeros({}, p.options().dtype(at::kFloat)));
-    }
-    if (algo == Algorithm::NorMuon || algo == Algorithm::NorDion2) {
-      // [.., m, 1], param dtype; [.., m, 0] for an empty parameter (the reference's p[..., 0:1]).
-      // A shard holding none of the columns still keeps its rows' [.., m, 1] (state_layout.h).
-      std::vector<int64_t> shape = p.sizes().vec();
-      shape.back() = std::min<int64_t>(1, layout_of(dist_.get(), p).global_shape.back());
-      s->variance_neuron(at::zeros(shape, p.options()));
-    }
-    if (algo == Algorithm::Dion) {
-      // Q [n', r] for the whole matrix; a sharded parameter keeps the rows of its outer chunk
-      // (every rank draws the same whole Q from an identically seeded generator).
-      const Layout L = layout_of(dist_.get(), p);
-      const QRows q = q_rows_of(L, axis_place(dist_.get()));  // src/optim/state_layout.h
-      const int64_t r = math::dion_rank(L.global_shape[0], L.global_shape[1], o.rank_fraction(), o.rank_multiple_of());
-      at::Tensor Q = at::randn({q.rows, r}, p.options().dtype(o.Q_dtype().value_or(p.scalar_type())));
-      if (L.sharded()) Q = Q.narrow(0, q.start, q.length).clone();
-      s->Q(Q);
+    for (const StateSpec& spec : state_specs(p, o)) {  // zeros, except Q (random)
+      const auto options = p.options().dtype(spec.dtype);
+      if (spec.key == "Q") {
+        // Every rank draws the same whole Q from an identically seeded generator and keeps its rows.
+        const Layout L = layout_of(dist_.get(), p);
+        const QRows q = q_rows_of(L, axis_place(dist_.get()));
+        at::Tensor Q = at::randn({q.rows, spec.shape[1]}, options);
+        s->Q(L.sharded() ? Q.narrow(0, q.start, q.length).clone() : Q);
+        continue;
+      }
+      // The parameter's shape: zeros_like keeps its strides (a non-contiguous parameter's too).
+      at::Tensor t = c10::IntArrayRef(spec.shape) == p.sizes() ? at::zeros_like(p, options) : at::zeros(spec.shape, options);
+      if (spec.key == "momentum") s->momentum(t);
+      else if (spec.key == "variance") s->variance(t);
+      else if (spec.key == "variance_neuron") s->variance_neuron(t);
+      else s->step_dev(t);
     }
     slot = std::move(s);
   }

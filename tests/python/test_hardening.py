@@ -206,7 +206,8 @@ def W(*shape):
     (lambda: NorMuon([W(4, 4)], muon_beta2=1.5), "muon_beta2 = 1.5 (must be in [0, 1])"),
     (lambda: Dion2([W(4, 4)], ef_decay=-0.2), "ef_decay = -0.2 (must be finite and >= 0)"),
     (lambda: Muon([W(4, 4)], lr=float("nan")), "lr = nan"),
-    (lambda: Muon([W(4, 4)], epsilon=float("inf")), "epsilon = inf (must be finite)"),
+    (lambda: Muon([W(4, 4)], epsilon=float("inf")), "epsilon = inf (must be finite and > 0)"),
+    (lambda: Muon([W(4, 4)], epsilon=0.0), "epsilon = 0 (must be finite and > 0)"),
     (lambda: Dion([W(4, 4)], weight_decay=-0.1), "weight_decay = -0.1 (must be finite, and >= 0 for dion)"),
     (lambda: Dion2([W(4, 4)], fraction=1.5), "fraction = 1.5 (must be in (0, 1])"),
     (lambda: Dion([W(4, 4)], rank_fraction=0.0), "rank_fraction = 0 (must be in (0, 1])"),
@@ -296,7 +297,11 @@ def test_q_of_the_wrong_rank_is_refused_before_legacy_dions_first_step():
     _, opt, _ = train(Dion, steps=1)
     sd = copy.deepcopy(opt.state_dict())
     sd["state"][0]["Q"] = sd["state"][0]["Q"].flatten()
-    fresh = make_opt(Dion, make_model())  # no state yet: Q's shape is the checkpoint's rank
-    with pytest.raises(ValueError, match=r"'Q' has shape \[\d+\], expected a matrix"):
+    fresh = make_opt(Dion, make_model())  # no state yet: Q's shape [n, r] from the checkpoint's group
+    with pytest.raises(ValueError, match=r"'Q' has shape \[256\], expected \[16, 16\]"):
+        fresh.load_state_dict(sd)
+    assert len(fresh.state) == 0
+    sd["state"][0]["Q"] = torch.zeros(16, 8)  # a matrix of another rank r than the group's
+    with pytest.raises(ValueError, match=r"'Q' has shape \[16, 8\], expected \[16, 16\]"):
         fresh.load_state_dict(sd)
     assert len(fresh.state) == 0

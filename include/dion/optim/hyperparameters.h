@@ -44,7 +44,7 @@ using OptionalDtype = std::optional<at::ScalarType>;  // nullopt: the parameter'
   X(double, mu, 0.95, ::dion::rule::kNonNegative, "momentum (muon family); error-feedback decay (nordion2)")     \
   X(double, muon_beta2, 0.95, ::dion::rule::kVarianceDecay, "normuon / nordion2: per-neuron variance EMA")        \
   X(::dion::Betas, betas, (::dion::Betas{0.9, 0.95}), ::dion::rule::kBetas, "adamw / lion (beta1, beta2)")        \
-  X(double, epsilon, 1e-8, ::dion::rule::kFinite, "orthogonalization / adamw epsilon")                            \
+  X(double, epsilon, 1e-8, ::dion::rule::kPositive, "orthogonalization / adamw epsilon")                          \
   X(double, fraction, 0.25, ::dion::rule::kFractionComm, "dion2 / nordion2: fraction of slices selected")         \
   X(double, ef_decay, 0.95, ::dion::rule::kNonNegative, "dion2: error-feedback decay")                            \
   X(::dion::math::AdjustLR, adjust_lr, ::dion::math::AdjustLR::SPECTRAL_NORM, ::dion::rule::kAny,                 \
@@ -81,6 +81,8 @@ using OptionalDtype = std::optional<at::ScalarType>;  // nullopt: the parameter'
 //   - muon_beta2 > 1 (the variance EMA goes negative: its square root is NaN at the first step);
 //   - adamw's beta1 = 1 and beta2 >= 1 (bias correction 1 - beta^t = 0, or a negative variance);
 //   - oversample <= 0 (a sketch of no rows);
+//   - epsilon <= 0 (the reference checks nothing: a zero gradient, an all-zero megabatch slice
+//     or an AdamW element with zero variance then divides 0 by 0 and the weights turn NaN);
 //   - and a param group is checked like the constructor's arguments (the reference checks
 //     only those; torch.optim's add_param_group checks nothing).
 // tests/data/reference_ranges.json holds the reference's rule for each option, with its line.
@@ -154,6 +156,7 @@ inline constexpr Any kAny{};
 inline constexpr Any kComm{true};
 inline constexpr Real kFinite{};
 inline constexpr Real kNonNegative{.lo = 0.0, .text = "must be finite and >= 0"};
+inline constexpr Real kPositive{.lo = 0.0, .lo_open = true, .text = "must be finite and > 0"};
 inline constexpr Real kVarianceDecay{.lo = 0.0, .hi = 1.0, .text = "must be in [0, 1]"};
 inline constexpr Real kFractionComm{.lo = 0.0, .lo_open = true, .hi = 1.0, .text = "must be in (0, 1]", .comm = true};
 inline constexpr Real kOversampleComm{.lo = 0.0, .lo_open = true, .text = "must be finite and > 0", .comm = true};

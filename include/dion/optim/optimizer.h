@@ -106,6 +106,17 @@ class Optimizer : public torch::optim::Optimizer {
   void check_options(size_t group, const Options& options) const;
   ParamState* state_of(const at::Tensor& param);  // nullptr before the first step / init_state
 
+  // The state tensors `param` has in a group with options `o`: {key, shape (this rank's), dtype}
+  // for each, in creation order. The one table of what each algorithm keeps: the step creates
+  // state from it, and a load (the Python module's load_state_dict) checks a checkpoint against
+  // it. Q's column count r comes from `o` (rank_fraction, rank_multiple_of).
+  struct StateSpec {
+    std::string key;  // momentum | variance | variance_neuron | Q | step_dev
+    std::vector<int64_t> shape;
+    at::ScalarType dtype;
+  };
+  std::vector<StateSpec> state_specs(const at::Tensor& param, const Options& o) const;
+
   // Device scalars: each group's lr and weight decay read from 0-d float32 tensors on its
   // parameters' device (dion/math/rates.h) instead of host values — what a captured CUDA graph
   // needs to follow an lr schedule (CudaGraphStep turns this on). step() fills the tensors from
