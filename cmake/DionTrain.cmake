@@ -73,7 +73,8 @@ if(DION_BUILD_TESTS)
     ${DION_TRAIN_ROOT}/tests/train/test_config.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_gpt.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_graphs.cpp
-    ${DION_TRAIN_ROOT}/tests/train/test_run.cpp)
+    ${DION_TRAIN_ROOT}/tests/train/test_run.cpp
+    ${DION_TRAIN_ROOT}/tests/train/test_vocab.cpp)
   # The launcher, on tests/tools/launch_child.cpp as the ranks (multi-process: one at a time).
   add_executable(launch_child ${DION_TRAIN_ROOT}/tests/tools/launch_child.cpp)
   target_link_libraries(launch_child PRIVATE dion_warnings)
