@@ -280,6 +280,10 @@ def plot(curves, out, xkey):
             continue
         xs = [c[0] for c in curve] if xkey == "step" else [c[2] for c in curve]
         ax.plot(xs, [c[1] for c in curve], marker="o", markersize=3, label=name)
+    later = [c[1] for curve in curves.values() for c in curve[1:] if math.isfinite(c[1])]
+    if later:  # the step-0 loss (about ln 320) would flatten every difference that matters
+        lo, hi = min(later), max(later)
+        ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.05 * (hi - lo + 1e-9))
     ax.set_xlabel("step" if xkey == "step" else "wall time (s)")
     ax.set_ylabel("val loss (nats / byte)")
     ax.set_title(f"byte-level Tiny Shakespeare: val loss vs {'step' if xkey == 'step' else 'wall time'}")
@@ -300,7 +304,7 @@ def report(p, preset, sweep, seeds_recs, out, seconds):
     lines = [f"# Convergence benchmark ({preset})", ""]
     model_cpu, _ = machine.cpu()
     lines += [f"Machine: {model_cpu or 'unknown CPU'}, {os.cpu_count()} cores, load average before "
-              f"{p['load_before']}; {seconds:.0f} s in all.", ""]
+              f"{p['load_before']}; {seconds:.0f} s this invocation (runs that had finished are reused).", ""]
     lines += [f"Model: {p['n_layer']} layers x {p['model_dim']} wide, {p['n_head']} heads, T {p['sequence_length']}, "
               f"vocab_size {VOCAB} (bytes); batch {p['batch_size']} sequences, {p['num_iterations']} steps, "
               f"validation every {p['val_loss_every']} steps on {p['val_batches'] * p['batch_size'] * p['sequence_length']} "
@@ -324,6 +328,9 @@ def report(p, preset, sweep, seeds_recs, out, seconds):
             cells = [f"**{c}**" if c.startswith(f"{best[name]:g}:") else c for c in cells]
         lines.append(f"| {name} | " + ", ".join(cells) + " |")
     lines.append("")
+    grid_edge = [n for n, lr in best.items() if len(by_name[n]) > 1 and lr in (by_name[n][0]["lr"], by_name[n][-1]["lr"])]
+    if grid_edge:
+        lines += [f"The best lr is at the edge of the grid for {', '.join(grid_edge)}: a wider sweep may find a better one.", ""]
     tuned = {}
     for name, lr in best.items():
         rs = [r for r in sweep + seeds_recs if r["name"] == name and r["lr"] == lr and math.isfinite(r["final"])]
