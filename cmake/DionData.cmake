@@ -70,6 +70,7 @@ target_link_libraries(dion-data PRIVATE dion_data CLI11::CLI11 fmt::fmt dion_war
 if(DION_BUILD_TESTS)
   add_executable(dion_data_tests
     ${DION_DATA_ROOT}/tests/data_tools/http_server.cpp
+    ${DION_DATA_ROOT}/tests/data_tools/test_bytes.cpp
     ${DION_DATA_ROOT}/tests/data_tools/test_cli.cpp
     ${DION_DATA_ROOT}/tests/data_tools/test_download.cpp
     ${DION_DATA_ROOT}/tests/data_tools/test_prepare.cpp

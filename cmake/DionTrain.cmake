@@ -77,7 +77,8 @@ if(DION_BUILD_TESTS)
     ${DION_TRAIN_ROOT}/tests/train/test_gpt.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_graphs.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_run.cpp
-    ${DION_TRAIN_ROOT}/tests/train/test_train_checkpoint.cpp)
+    ${DION_TRAIN_ROOT}/tests/train/test_train_checkpoint.cpp
+    ${DION_TRAIN_ROOT}/tests/train/test_vocab.cpp)
   # The launcher, on tests/tools/launch_child.cpp as the ranks (multi-process: one at a time).
   add_executable(launch_child ${DION_TRAIN_ROOT}/tests/tools/launch_child.cpp)
   target_link_libraries(launch_child PRIVATE dion_warnings)
@@ -128,6 +129,12 @@ if(DION_BUILD_TESTS)
     set_tests_properties(dion_train_plot.${_case} PROPERTIES LABELS train TIMEOUT 60)
   endforeach()
 
+  # bench/convergence.py --smoke: the benchmark's plumbing (byte shards, two optimizers, the
+  # report and both PNGs), not its numbers (tests/scripts/convergence_smoke.sh).
+  add_test(NAME convergence_smoke
+           COMMAND sh ${DION_TRAIN_ROOT}/tests/scripts/convergence_smoke.sh ${DION_PYTHON3} ${DION_TRAIN_ROOT}
+                   $<TARGET_FILE_DIR:dion-train> ${CMAKE_CURRENT_BINARY_DIR}/convergence-smoke)
+  set_tests_properties(convergence_smoke PROPERTIES LABELS train TIMEOUT 180)
   gtest_discover_tests(dion_train_tests
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <optional>
 #include <fcntl.h>
 #include <span>
 #include <sys/stat.h>
@@ -274,8 +275,12 @@ struct Stream {
 
 class ShardCutter {
  public:
-  ShardCutter(detail::ShardSetWriter& staged, int64_t shard_size, PrepareResult& result)
-      : staged_(staged), shard_size_(static_cast<size_t>(shard_size)), result_(result) {}
+  ShardCutter(detail::ShardSetWriter& staged, int64_t shard_size, ShardTokenizer tokenizer,
+              PrepareResult& result)
+      : staged_(staged),
+        shard_size_(static_cast<size_t>(shard_size)),
+        tokenizer_(tokenizer),
+        result_(result) {}
 
   void append(Stream& s, std::span<const uint16_t> tokens) {
     while (!tokens.empty()) {
@@ -290,7 +295,7 @@ class ShardCutter {
   void flush(Stream& s) {
     if (s.buffer.empty()) return;
     const std::string split = s.split != nullptr ? s.split : (next_index_ == 0 ? "val" : "train");
-    const fs::path path = staged_.add(split, next_index_++, s.buffer);
+    const fs::path path = staged_.add(split, next_index_++, s.buffer, tokenizer_);
     result_.shards.push_back({path, split, static_cast<int64_t>(s.buffer.size())});
     (split == "val" ? result_.val_tokens : result_.train_tokens) += s.buffer.size();
     s.buffer.clear();
@@ -299,11 +304,13 @@ class ShardCutter {
  private:
   detail::ShardSetWriter& staged_;
   size_t shard_size_;
+  ShardTokenizer tokenizer_;
   PrepareResult& result_;
   int64_t next_index_ = 0;
 };
 
-// Tokens of a contiguous range of documents, each prefixed by <|endoftext|>.
+// Tokens of a contiguous range of documents, each prefixed by <|endoftext|> (GPT-2's 50256,
+// or the byte tokenizer's 256).
 struct BatchPart {
   std::vector<uint16_t> tokens;
   std::vector<size_t> doc_ends;  // end offset of each document in tokens
@@ -311,7 +318,8 @@ struct BatchPart {
   bool stopped = false;  // should_stop said so inside a document
 };
 
-void tokenize_range(Gpt2Tokenizer& tok, std::span<const std::string> docs,
+// `tok` null: the byte tokenizer.
+void tokenize_range(Gpt2Tokenizer* tok, std::span<const std::string> docs,
                     const std::function<bool()>& should_stop, BatchPart& part) {
   try {
     std::vector<uint32_t> ids;
@@ -319,8 +327,19 @@ void tokenize_range(Gpt2Tokenizer& tok, std::span<const std::string> docs,
     part.doc_ends.clear();
     for (const std::string& doc : docs) {
       ids.clear();
+      if (tok == nullptr) {
+        part.tokens.push_back(ByteTokenizer::kEndOfText);
+        part.tokens.insert(part.tokens.end(), reinterpret_cast<const unsigned char*>(doc.data()),
+                           reinterpret_cast<const unsigned char*>(doc.data()) + doc.size());
+        part.doc_ends.push_back(part.tokens.size());
+        if (should_stop && should_stop()) {
+          part.stopped = true;
+          return;
+        }
+        continue;
+      }
       ids.push_back(Gpt2Tokenizer::kEndOfText);
-      if (!tok.encode_ordinary(doc, ids, should_stop)) {
+      if (!tok->encode_ordinary(doc, ids, should_stop)) {
         part.stopped = true;
         return;
       }
@@ -342,8 +361,11 @@ constexpr const char* kInterrupted =
     "removed)";
 }  // namespace
 
-PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& source,
-                             const PrepareOptions& options) {
+namespace {
+
+// `tokenizer` null: bytes.
+PrepareResult prepare_impl(const Gpt2Tokenizer* tokenizer, DocumentSource& source,
+                           const PrepareOptions& options) {
   if (options.shard_size < 1 || options.shard_size > kShardMaxTokens) {
     throw DataError(fmt::format("shard size {} is out of range: use 1 .. {} tokens",
                                 options.shard_size, kShardMaxTokens));
@@ -377,10 +399,15 @@ PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& sou
   }
 
   PrepareResult result;
-  ShardCutter cutter(staged, options.shard_size, result);
+  const ShardTokenizer kind = tokenizer != nullptr ? ShardTokenizer::GPT2 : ShardTokenizer::BYTES;
+  ShardCutter cutter(staged, options.shard_size, kind, result);
   const bool by_fraction = options.val_fraction >= 0;
   Stream single{nullptr, {}}, val{"val", {}}, train{"train", {}};
-  std::vector<Gpt2Tokenizer> tokenizers(static_cast<size_t>(options.threads), tokenizer);
+  // One per thread (the byte tokenizer needs none: nulls).
+  std::vector<std::optional<Gpt2Tokenizer>> tokenizers(static_cast<size_t>(options.threads));
+  if (tokenizer != nullptr)
+    for (auto& t : tokenizers) t.emplace(*tokenizer);
+  auto tok_at = [&](size_t t) { return tokenizers[t] ? &*tokenizers[t] : nullptr; };
   std::vector<BatchPart> parts(tokenizers.size());
   std::vector<std::string> docs;
   const auto start = std::chrono::steady_clock::now();
@@ -418,9 +445,9 @@ PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& sou
         acc += batch[end++].size();
       const auto range = batch.subspan(begin, end - begin);
       if (t + 1 == tokenizers.size()) {
-        tokenize_range(tokenizers[t], range, options.should_stop, parts[t]);
+        tokenize_range(tok_at(t), range, options.should_stop, parts[t]);
       } else {
-        threads.emplace_back(tokenize_range, std::ref(tokenizers[t]), range,
+        threads.emplace_back(tokenize_range, tok_at(t), range,
                              std::cref(options.should_stop), std::ref(parts[t]));
       }
       begin = end;
@@ -471,6 +498,17 @@ PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& sou
                          true});
   }
   return result;
+}
+
+}  // namespace
+
+PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& source,
+                             const PrepareOptions& options) {
+  return prepare_impl(&tokenizer, source, options);
+}
+
+PrepareResult prepare_shards_bytes(DocumentSource& source, const PrepareOptions& options) {
+  return prepare_impl(nullptr, source, options);
 }
 
 }  // namespace dion::data

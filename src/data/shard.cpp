@@ -74,6 +74,7 @@ ShardHeader shard_parse_header(std::string_view bytes, int64_t file_bytes,
   h.magic = int_at(0);
   h.version = int_at(1);
   h.token_count = int_at(2);
+  const int32_t tokenizer = int_at(3);
   h.file_bytes = file_bytes;
   if (h.magic != kShardMagic) {
     throw DataError(
@@ -91,6 +92,13 @@ ShardHeader shard_parse_header(std::string_view bytes, int64_t file_bytes,
     throw DataError(fmt::format("shard {}: corrupt header: negative token count {}; {}", path,
                                 h.token_count, kRedo));
   }
+  if (tokenizer != static_cast<int32_t>(ShardTokenizer::GPT2) &&
+      tokenizer != static_cast<int32_t>(ShardTokenizer::BYTES)) {
+    throw DataError(fmt::format("shard {}: unknown tokenizer {} in header slot [3] (known: 0 = "
+                                "gpt2, 1 = bytes): written by a newer dion-data, or corrupt; {}",
+                                path, tokenizer, kRedo));
+  }
+  h.tokenizer = static_cast<ShardTokenizer>(tokenizer);
   const int64_t expected = shard_file_bytes(h.token_count);
   if (file_bytes >= 0 && file_bytes != expected) {
     throw DataError(
@@ -169,6 +177,20 @@ std::span<const uint16_t> ShardFile::tokens() const {
   return {tokens_.get(), static_cast<size_t>(header_.token_count)};
 }
 
+const char* shard_tokenizer_name(ShardTokenizer t) {
+  return t == ShardTokenizer::BYTES ? "bytes" : "gpt2";
+}
+
+uint32_t shard_tokenizer_vocab(ShardTokenizer t) { return t == ShardTokenizer::BYTES ? 257 : 50257; }
+
+ShardTokenizer shard_tokenizer_parse(std::string_view name, std::string_view what) {
+  if (name == "gpt2") return ShardTokenizer::GPT2;
+  if (name == "byte" || name == "bytes") return ShardTokenizer::BYTES;
+  throw DataError(fmt::format("{}: unknown tokenizer \"{}\"; valid: gpt2 (GPT-2 BPE, 50257 ids) "
+                              "or byte (each byte one id, 257 ids with end-of-text)",
+                              what, name));
+}
+
 void shard_check_tokens(const ShardFile& shard, uint32_t vocab_size) {
   const auto tokens = shard.tokens();
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -185,7 +207,8 @@ void shard_check_tokens(const ShardFile& shard, uint32_t vocab_size) {
 // ---------------------------------------------------------------------------- writing
 
 std::filesystem::path shard_write_temp(const std::filesystem::path& path,
-                                       std::span<const uint16_t> tokens) {
+                                       std::span<const uint16_t> tokens,
+                                       ShardTokenizer tokenizer) {
   if (tokens.size() > static_cast<size_t>(kShardMaxTokens)) {
     throw DataError(
         fmt::format("shard {}: {} tokens do not fit the int32 count of the header "
@@ -196,6 +219,7 @@ std::filesystem::path shard_write_temp(const std::filesystem::path& path,
   header[0] = kShardMagic;
   header[1] = kShardVersion;
   header[2] = static_cast<int32_t>(tokens.size());
+  header[3] = static_cast<int32_t>(tokenizer);
   std::filesystem::path tmp;
   int fd = detail::file_create_temp(path, tmp);
   try {
@@ -215,8 +239,9 @@ std::filesystem::path shard_write_temp(const std::filesystem::path& path,
   return tmp;
 }
 
-void shard_write(const std::filesystem::path& path, std::span<const uint16_t> tokens) {
-  const std::filesystem::path tmp = shard_write_temp(path, tokens);
+void shard_write(const std::filesystem::path& path, std::span<const uint16_t> tokens,
+                 ShardTokenizer tokenizer) {
+  const std::filesystem::path tmp = shard_write_temp(path, tokens, tokenizer);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());

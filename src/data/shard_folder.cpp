@@ -85,7 +85,24 @@ ShardFolder shard_folder_read(const fs::path& dir, std::string_view prefix_view)
   for (const Named& n : found) {
     (n.split == "val" ? out.val : out.train).push_back({n.path, shard_read_header(n.path)});
   }
-  for (const auto* split : {&out.val, &out.train}) {
+  // One tokenizer for the whole set (header slot [3]): a byte shard among GPT-2 shards would
+  // otherwise be read as GPT-2 ids.
+  const std::vector<ShardFolderEntry>* all[] = {&out.val, &out.train};
+  const ShardFolderEntry* first_any = nullptr;
+  for (const auto* split : all) {
+    for (const ShardFolderEntry& s : *split) {
+      if (first_any == nullptr) first_any = &s;
+      if (s.header.tokenizer != first_any->header.tokenizer) {
+        throw DataError(fmt::format(
+            "folder {}: {} holds {} tokens but {} holds {} tokens (header slot [3]): a set has "
+            "one tokenizer, so these come from two sets; {}",
+            dir, first_any->path.filename().string(), shard_tokenizer_name(first_any->header.tokenizer),
+            s.path.filename().string(), shard_tokenizer_name(s.header.tokenizer), hint));
+      }
+    }
+  }
+  if (first_any != nullptr) out.tokenizer = first_any->header.tokenizer;
+  for (const auto* split : all) {
     if (split->size() < 2) continue;
     const ShardFolderEntry& first = split->front();
     for (size_t i = 1; i < split->size(); ++i) {

@@ -225,7 +225,7 @@ void ShardSetWriter::recover() {
 }
 
 fs::path ShardSetWriter::add(const std::string& split, int64_t index,
-                             std::span<const uint16_t> tokens) {
+                             std::span<const uint16_t> tokens, ShardTokenizer tokenizer) {
   if (staged_.empty()) {
     std::error_code ec;
     fs::create_directory(staging_, ec);
@@ -235,7 +235,7 @@ fs::path ShardSetWriter::add(const std::string& split, int64_t index,
     }
   }
   const std::string name = shard_name(prefix_, split, index);
-  shard_write(staging_ / name, tokens);
+  shard_write(staging_ / name, tokens, tokenizer);
   staged_.push_back(name);
   failpoint("prepare-stage");
   return dir_ / name;

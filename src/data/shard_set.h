@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "dion/data/shard.h"
+
 namespace dion::data::detail {
 
 class ShardSetWriter {
@@ -43,7 +45,8 @@ class ShardSetWriter {
 
   // Writes a shard into the staging folder; returns its final path in DIR.
   std::filesystem::path add(const std::string& split, int64_t index,
-                            std::span<const uint16_t> tokens);
+                            std::span<const uint16_t> tokens,
+                            ShardTokenizer tokenizer = ShardTokenizer::GPT2);
 
   // Swaps the staged set in. `replace_existing`: the old set goes; otherwise there must be
   // none. Throws DataError (and leaves the old set) if DIR's shard set changed since the writer

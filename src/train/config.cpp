@@ -50,6 +50,7 @@ const std::vector<Key>& keys() {
       {"model_dim", &Config::model_dim, "model width (divisible by n_head)", Check::POSITIVE},
       {"n_layer", &Config::n_layer, "transformer blocks", Check::POSITIVE},
       {"n_head", &Config::n_head, "attention heads", Check::POSITIVE},
+      {"vocab_size", &Config::vocab_size, "embedding / lm_head rows: at least the data's vocabulary (GPT-2 shards 50257, byte shards 257); the reference pads 50257 to 50304", Check::POSITIVE},
       // evaluation, checkpoints, logging
       {"val_loss_every", &Config::val_loss_every, "validation every N steps (0: only at the end)", Check::NON_NEGATIVE},
       {"val_tokens", &Config::val_tokens, "tokens per validation (a multiple of device_batch_size * sequence_length)", Check::POSITIVE},

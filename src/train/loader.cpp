@@ -11,6 +11,7 @@
 #include "dion/data/error.h"
 #include "dion/data/shard_folder.h"
 #include "dion/data/tokenizer.h"
+#include "dion/train/config.h"
 
 namespace dion::train {
 
@@ -33,6 +34,7 @@ ShardLoader::ShardLoader(const fs::path& dir, const std::string& split, int64_t 
   } catch (const data::DataError& e) {
     throw DataLoadError(e.what());
   }
+  tokenizer_ = folder.tokenizer;
   const std::vector<data::ShardFolderEntry>& shards = split == "val" ? folder.val : folder.train;
   if (shards.empty())
     throw DataLoadError(fmt::format("data_dir '{}': no {}*.bin shards. Make them with `dion-data prepare TEXT -o {}`",
@@ -61,7 +63,7 @@ void ShardLoader::open_shard(int64_t index) {
   if (index == shard_ && current_) return;
   try {
     current_ = std::make_unique<data::ShardFile>(data::ShardFile::open(files_[index]));
-    if (!checked_[index]) data::shard_check_tokens(*current_, data::Gpt2Tokenizer::kVocabSize);
+    if (!checked_[index]) data::shard_check_tokens(*current_, data::shard_tokenizer_vocab(tokenizer_));
   } catch (const data::DataError& e) {
     throw DataLoadError(e.what());
   }
@@ -115,15 +117,30 @@ std::string ShardLoader::describe() const {
   return fmt::format("{} shard(s), {} tokens, first {}", files_.size(), total, files_.front().string());
 }
 
+// ---------------------------------------------------------------------------- vocabulary
+
+int64_t vocab_round_up(int64_t n) { return (n + 63) / 64 * 64; }
+
+void loader_check_vocab(const Loader& loader, int64_t vocab_size, const std::string& data_dir) {
+  if (vocab_size >= loader.vocab()) return;
+  throw ConfigError(fmt::format(
+      "key 'vocab_size': value {} is smaller than the vocabulary of the data: the shards in '{}' hold "
+      "{} tokens (ids 0..{}); valid: vocab_size >= {}; use {} (the data's vocabulary rounded up to a multiple "
+      "of 64{})",
+      vocab_size, data_dir, loader.tokenizer(), loader.vocab() - 1, loader.vocab(), vocab_round_up(loader.vocab()),
+      loader.tokenizer() == "gpt2" ? ", the reference's padded GPT-2 vocabulary" : ""));
+}
+
 // ---------------------------------------------------------------------------- synthetic
 
-SyntheticLoader::SyntheticLoader(int64_t B, int64_t T, uint64_t seed, int64_t rank, int64_t world)
-    : B_(B), T_(T), seed_(seed), rank_(rank), world_(world), gen_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
+SyntheticLoader::SyntheticLoader(int64_t B, int64_t T, uint64_t seed, int64_t rank, int64_t world,
+                                 int64_t vocab)
+    : B_(B), T_(T), vocab_(std::min<int64_t>(vocab, data::Gpt2Tokenizer::kVocabSize)), seed_(seed), rank_(rank), world_(world), gen_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
 
 Batch SyntheticLoader::next() {
   at::Tensor mine;
   for (int64_t r = 0; r < world_; ++r) {  // one batch per data-parallel rank; keep ours
-    at::Tensor buf = at::randint(0, data::Gpt2Tokenizer::kVocabSize, {B_ * T_ + 1}, gen_, at::kLong);
+    at::Tensor buf = at::randint(0, vocab_, {B_ * T_ + 1}, gen_, at::kLong);
     ++drawn_;
     if (r == rank_) mine = buf;
   }
@@ -140,7 +157,7 @@ LoaderPosition SyntheticLoader::position() const { return {0, drawn_, "synthetic
 void SyntheticLoader::restore(const LoaderPosition& pos) {
   reset();
   for (int64_t i = 0; i < pos.offset; ++i)
-    (void)at::randint(0, data::Gpt2Tokenizer::kVocabSize, {B_ * T_ + 1}, gen_, at::kLong);
+    (void)at::randint(0, vocab_, {B_ * T_ + 1}, gen_, at::kLong);
   drawn_ = pos.offset;
 }
 

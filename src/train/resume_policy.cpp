@@ -66,6 +66,7 @@ const std::map<std::string, Row>& table() {
       {"fast_fsdp", {P::FREE, ""}},
       {"comm_timeout_s", {P::FREE, ""}},
       {"rendezvous_timeout_s", {P::FREE, ""}},
+      {"vocab_size", {P::MUST_MATCH, "the embedding and lm_head have vocab_size rows"}},
       {"replica_check_every", {P::FREE, ""}},
       {"ddp_bucket_mb", {P::FREE, ""}},
       {"debug", {P::MUST_MATCH, "debug mode trains on synthetic tokens with its own batch sizes"}},

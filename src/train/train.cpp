@@ -127,12 +127,13 @@ RunSummary train_run(const Config& c) {
   std::unique_ptr<Loader> train_loader, val_loader;
   const int64_t drank = par.data_rank(), dsize = par.data_size();
   if (c.debug) {
-    train_loader = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed), drank, dsize);
-    val_loader = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed) + 1, drank, dsize);
+    train_loader = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed), drank, dsize, c.vocab_size);
+    val_loader = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed) + 1, drank, dsize, c.vocab_size);
   } else {
     train_loader = std::make_unique<ShardLoader>(c.data_dir, "train", c.device_batch_size, c.sequence_length, drank, dsize);
     val_loader = std::make_unique<ShardLoader>(c.data_dir, "val", c.device_batch_size, c.sequence_length, drank, dsize);
   }
+  loader_check_vocab(*train_loader, c.vocab_size, c.data_dir);  // key vocab_size vs the shards' tokenizer
   // Sizes against the data: a validation that reads more than the val split re-reads it, a step
   // larger than the train split reads it more than once (--val_tokens 1.28e12 ran for days).
   if (val_loader->tokens() >= 0 && c.val_tokens > val_loader->tokens())
@@ -181,7 +182,7 @@ RunSummary train_run(const Config& c) {
   }
 
   // ---------------------------------------------------------------- model and optimizer
-  const GPTConfig gcfg{c.sequence_length, kVocabSize, c.n_layer, c.n_head, c.model_dim};
+  const GPTConfig gcfg{c.sequence_length, c.vocab_size, c.n_layer, c.n_head, c.model_dim};
   GPTConfig placeholder = gcfg;
   placeholder.placeholder_weights = true;  // never the whole model: init_model draws one weight at a time
   GPT model(placeholder);

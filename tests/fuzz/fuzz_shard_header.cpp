@@ -20,14 +20,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const ShardHeader h = shard_parse_header(bytes, static_cast<int64_t>(size), "fuzz.bin");
     if (h.magic != kShardMagic || h.version != kShardVersion || h.token_count < 0 ||
-        shard_file_bytes(h.token_count) != static_cast<int64_t>(size)) {
+        shard_file_bytes(h.token_count) != static_cast<int64_t>(size) ||
+        (h.tokenizer != ShardTokenizer::GPT2 && h.tokenizer != ShardTokenizer::BYTES)) {
       std::abort();  // accepted something it must refuse
     }
     std::vector<uint16_t> tokens(static_cast<size_t>(h.token_count));
     if (!tokens.empty())  // memcpy to a null pointer is undefined even for 0 bytes
       std::memcpy(tokens.data(), data + kShardHeaderBytes, tokens.size() * sizeof(uint16_t));
     volatile size_t out_of_vocab = 0;
-    for (uint16_t t : tokens) out_of_vocab += t >= 50257;
+    for (uint16_t t : tokens) out_of_vocab += t >= shard_tokenizer_vocab(h.tokenizer);
   } catch (const DataError&) {
     // refused with a message: fine
   }

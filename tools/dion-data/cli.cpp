@@ -24,10 +24,13 @@ std::filesystem::path tokenizer_dir(const std::string& flag, bool required) {
   return dir;
 }
 
+bool tokenizer_is_bytes(const std::string& flag) { return flag == "byte" || flag == "bytes"; }
+
 void add_tokenizer_flag(CLI::App* cmd, std::string& value) {
   cmd->add_option("--tokenizer", value,
                   "Folder with the GPT-2 files encoder.json and vocab.bpe "
-                  "(default: $DION_GPT2_DIR)");
+                  "(default: $DION_GPT2_DIR), or 'byte': each byte one id, end-of-text 256 "
+                  "(257 ids; no files needed)");
 }
 
 std::string escape_bytes(std::string_view bytes) {

@@ -25,6 +25,9 @@ bool stop_requested();
 // The folder with encoder.json + vocab.bpe: `flag` if given, else $DION_GPT2_DIR. Empty if
 // neither is set and !required; throws DataError with the fix if required.
 std::filesystem::path tokenizer_dir(const std::string& flag, bool required);
+// True for `--tokenizer byte` (or "bytes"): the byte tokenizer, which needs no files. Any other
+// value is a GPT-2 folder (a folder named "byte" is ./byte).
+bool tokenizer_is_bytes(const std::string& flag);
 // Adds the shared --tokenizer flag to `cmd`.
 void add_tokenizer_flag(CLI::App* cmd, std::string& value);
 

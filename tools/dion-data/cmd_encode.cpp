@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "cli.h"
 #include "dion/data/prepare.h"
@@ -28,11 +29,14 @@ std::string read_input(const std::string& input) {
 }
 
 void run_encode(const EncodeArgs& args) {
-  auto tokenizer = data::Gpt2Tokenizer::from_dir(tokenizer_dir(args.tokenizer, true));
+  const bool bytes = tokenizer_is_bytes(args.tokenizer);
+  std::optional<data::Gpt2Tokenizer> tokenizer;
+  if (!bytes) tokenizer = data::Gpt2Tokenizer::from_dir(tokenizer_dir(args.tokenizer, true));
   const std::string text = read_input(args.input);
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<uint32_t> ids =
-      args.special ? tokenizer.encode(text) : tokenizer.encode_ordinary(text);
+      bytes ? data::ByteTokenizer::encode_ordinary(text)
+            : (args.special ? tokenizer->encode(text) : tokenizer->encode_ordinary(text));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (args.count_only) {
     std::printf("%zu\n", ids.size());
@@ -60,7 +64,8 @@ void register_encode(CLI::App& app) {
       "errors=\"replace\".");
   cmd->add_option("input", args->input, "Text file, or - for stdin")->capture_default_str();
   add_tokenizer_flag(cmd, args->tokenizer);
-  cmd->add_flag("--special", args->special, "Read the text <|endoftext|> as token 50256");
+  cmd->add_flag("--special", args->special,
+                "Read the text <|endoftext|> as token 50256 (GPT-2 only; bytes stay bytes)");
   cmd->add_flag("--count", args->count_only, "Print only the number of tokens");
   cmd->callback([args] { run_encode(*args); });
 }

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -30,7 +31,9 @@ struct PrepareArgs {
 };
 
 void run_prepare(const PrepareArgs& args) {
-  auto tokenizer = data::Gpt2Tokenizer::from_dir(tokenizer_dir(args.tokenizer, true));
+  const bool bytes = tokenizer_is_bytes(args.tokenizer);
+  std::optional<data::Gpt2Tokenizer> tokenizer;
+  if (!bytes) tokenizer = data::Gpt2Tokenizer::from_dir(tokenizer_dir(args.tokenizer, true));
   data::DocumentSourceOptions source_options;
   source_options.delimiter = unescape(args.delimiter);
   source_options.output_dir = args.output_dir;
@@ -71,7 +74,8 @@ void run_prepare(const PrepareArgs& args) {
     }
     progress.update(fraction, text, p.final);
   };
-  const data::PrepareResult r = data::prepare_shards(tokenizer, *source, options);
+  const data::PrepareResult r = bytes ? data::prepare_shards_bytes(*source, options)
+                                      : data::prepare_shards(*tokenizer, *source, options);
   progress.finish();
   if (!r.recovered.empty()) {
     std::fprintf(stderr, "dion-data prepare: note: %s\n", r.recovered.c_str());
@@ -114,7 +118,8 @@ void register_prepare(CLI::App& app) {
       "prepare",
       "Tokenize text into FineWeb shards PREFIX_{val,train}_NNNNNN.bin. Each document (one input "
       "file, all of stdin, or one --delimiter-separated piece) becomes <|endoftext|> + its GPT-2 "
-      "tokens. By default the first shard is val and the rest train, as the reference's "
+      "tokens (with --tokenizer byte: end-of-text 256 + one id per byte; the shard header "
+      "records which). By default the first shard is val and the rest train, as the reference's "
       "data/fineweb.py does. Shards appear only when everything succeeded.");
   cmd->add_option("inputs", args->inputs, "Text files, folders (read recursively), or - for stdin")
       ->required();

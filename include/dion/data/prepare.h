@@ -1,7 +1,8 @@
 // dion/data/prepare.h — text -> FineWeb token shards (what `dion-data prepare` runs).
 //
 // Each document becomes <|endoftext|> followed by its GPT-2 tokens (encode_ordinary, as the
-// reference's data/fineweb.py does). Tokens are cut into shards of exactly `shard_size` tokens
+// reference's data/fineweb.py does), or with prepare_shards_bytes end-of-text (256) followed by
+// its bytes (ByteTokenizer); the shards' header records which (shard.h, slot [3]). Tokens are cut into shards of exactly `shard_size` tokens
 // (the last one holds the rest), a document running across a shard boundary as in the
 // reference. Splits:
 //   - default (val_fraction < 0): the first shard is "val", every later one "train" — exactly
@@ -121,5 +122,8 @@ struct PrepareResult {
 // no documents at all, or cancellation; the output folder is then left as it was.
 PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& source,
                              const PrepareOptions& options);
+// The same with the byte tokenizer (ByteTokenizer: one id per byte, end-of-text 256); the
+// shards' header says ShardTokenizer::BYTES.
+PrepareResult prepare_shards_bytes(DocumentSource& source, const PrepareOptions& options);
 
 }  // namespace dion::data

@@ -3,14 +3,21 @@
 //
 // Format (little-endian):
 //   bytes 0..1023   256 int32 header: [0] magic 20240520, [1] version 1, [2] token count N,
+//                   [3] tokenizer (0: GPT-2 BPE, vocabulary 50257; 1: bytes, vocabulary 257),
 //                   the rest zero (ignored on read)
-//   bytes 1024..    N uint16 GPT-2 token ids
+//   bytes 1024..    N uint16 token ids
+// The tokenizer slot: the reference, llm.c and modded-nanogpt write zeros after [2] and never
+// read them, so 0 must mean GPT-2 (every FineWeb shard ever written is read as it was) and a
+// byte shard still loads in the reference's loader (its tokens are just small ids). A slot in
+// the header, not a sidecar file: the vocabulary then travels with each shard (a copied or
+// downloaded shard cannot lose it) and a set of shards mixing tokenizers is caught per file
+// (shard_folder_read). Any other value is refused, naming the file and the values known.
 // A shard is valid only if its size is exactly 1024 + 2*N bytes.
 //
 // Names are PREFIX_{val,train}_NNNNNN.bin (six digits); the trainer globs
 // fineweb_train_*.bin / fineweb_val_*.bin.
 //
-// What it does not do: choose which shard a rank reads (the trainer does), or other token widths
+// What it does not do: decode tokens (tokenizer.h), choose which shard a rank reads (the trainer does), or other token widths
 // (llm.c's version 2 with uint32 tokens is refused with a message saying so).
 #pragma once
 
@@ -29,10 +36,22 @@ inline constexpr size_t kShardHeaderInts = 256;
 inline constexpr size_t kShardHeaderBytes = kShardHeaderInts * sizeof(int32_t);  // 1024
 inline constexpr int64_t kShardMaxTokens = INT32_MAX;  // the count is an int32
 
+// Header slot [3]: which tokenizer wrote the tokens (see the top of this file).
+enum class ShardTokenizer : int32_t { GPT2 = 0, BYTES = 1 };
+
+// "gpt2" / "bytes".
+const char* shard_tokenizer_name(ShardTokenizer t);
+// The vocabulary of `t`: 50257 (GPT-2) or 257 (bytes 0..255 + end-of-text 256).
+uint32_t shard_tokenizer_vocab(ShardTokenizer t);
+// "gpt2" -> GPT2, "byte" or "bytes" -> BYTES; anything else throws DataError naming `what`
+// (e.g. "--tokenizer") and the valid names.
+ShardTokenizer shard_tokenizer_parse(std::string_view name, std::string_view what);
+
 struct ShardHeader {
   int32_t magic = kShardMagic;
   int32_t version = kShardVersion;
   int64_t token_count = 0;
+  ShardTokenizer tokenizer = ShardTokenizer::GPT2;  // header slot [3]
   int64_t file_bytes = 0;  // the size on disk, checked == 1024 + 2 * token_count
 };
 
@@ -43,7 +62,7 @@ inline constexpr int64_t shard_file_bytes(int64_t token_count) {
 inline constexpr int64_t kShardMaxFileBytes = shard_file_bytes(kShardMaxTokens);
 
 // Parses and checks the first 1024 bytes of a shard (`bytes`, at least that long): magic,
-// version, count >= 0, and — when file_bytes >= 0 — that the file has exactly
+// version, count >= 0, a known tokenizer, and — when file_bytes >= 0 — that the file has exactly
 // 1024 + 2*count bytes. `path` is for the message. Throws DataError as shard_read_header does.
 ShardHeader shard_parse_header(std::string_view bytes, int64_t file_bytes,
                                const std::filesystem::path& path);
@@ -84,12 +103,15 @@ void shard_check_tokens(const ShardFile& shard, uint32_t vocab_size);
 
 // Writes `tokens` as a shard under a temporary name beside `path` (never ending in ".bin"),
 // fsyncs it and returns the temporary path; the caller renames it into place (or removes it).
-// Throws DataError (and removes the temporary) if the write fails or there are too many tokens.
+// `tokenizer` goes into header slot [3]. Throws DataError (and removes the temporary) if the
+// write fails or there are too many tokens.
 std::filesystem::path shard_write_temp(const std::filesystem::path& path,
-                                       std::span<const uint16_t> tokens);
+                                       std::span<const uint16_t> tokens,
+                                       ShardTokenizer tokenizer = ShardTokenizer::GPT2);
 
 // shard_write_temp + rename: `path` either appears complete or not at all.
-void shard_write(const std::filesystem::path& path, std::span<const uint16_t> tokens);
+void shard_write(const std::filesystem::path& path, std::span<const uint16_t> tokens,
+                 ShardTokenizer tokenizer = ShardTokenizer::GPT2);
 
 // "PREFIX_SPLIT_NNNNNN.bin", e.g. shard_name("fineweb", "val", 0) = "fineweb_val_000000.bin".
 std::string shard_name(std::string_view prefix, std::string_view split, int64_t index);

@@ -10,7 +10,8 @@
 //   - in each split every shard but the last (highest-numbered) holds the same number of tokens
 //     and the last no more: prepare cuts a split into shards of exactly --shard-size tokens, so a
 //     short shard before the last one is the end of another run's set;
-//   - every header is valid (shard_read_header).
+//   - every header is valid (shard_read_header) and every shard has the same tokenizer (header
+//     slot [3]: GPT-2 or bytes).
 // Shards from two corpora that happen to share one shard size and numbering cannot be told apart
 // (a shard header carries no corpus id); the lock in `prepare` keeps two runs from writing them.
 //
@@ -33,6 +34,7 @@ struct ShardFolderEntry {
 
 struct ShardFolder {
   std::vector<ShardFolderEntry> val, train;  // each sorted by shard number
+  ShardTokenizer tokenizer = ShardTokenizer::GPT2;  // of every shard (GPT2 when there are none)
 };
 
 // Lists and checks the P_{val,train}_*.bin shards of `dir` (see above). Throws DataError naming

@@ -1,5 +1,11 @@
 // dion/data/tokenizer.h — the GPT-2 byte-level BPE tokenizer, id-for-id equal to tiktoken's
-// `gpt2` encoding.
+// `gpt2` encoding; and ByteTokenizer, each byte one id (for models whose parameters should sit
+// in the hidden matrices rather than a 50257-row embedding: bench/convergence.sh).
+//
+// ByteTokenizer: byte b -> id b (0..255), end-of-text -> 256; vocabulary 257. encode() is the
+// identity on bytes (no UTF-8 handling: any bytes round-trip exactly); decode() maps 256 to the
+// text "<|endoftext|>" as GPT-2's decode does. Shards record which tokenizer wrote them
+// (shard.h, ShardTokenizer).
 //
 // What it does:
 //   - loads the two files GPT-2 ships (encoder.json: token -> id, vocab.bpe: the merges) and
@@ -77,6 +83,20 @@ class Gpt2Tokenizer {
 
   std::shared_ptr<const Vocab> vocab_;
   std::unique_ptr<Workspace> work_;
+};
+
+class ByteTokenizer {
+ public:
+  static constexpr uint32_t kEndOfText = 256;
+  static constexpr uint32_t kVocabSize = 257;
+
+  // Appends one id per byte of `text`.
+  static void encode_ordinary(std::string_view text, std::vector<uint32_t>& out);
+  static std::vector<uint32_t> encode_ordinary(std::string_view text);
+  // The bytes of the ids; 256 becomes "<|endoftext|>". Throws DataError for an id >= 257.
+  static std::string decode(std::span<const uint32_t> ids);
+  static std::string decode(std::span<const uint16_t> ids);
+  static uint32_t vocab_size() { return kVocabSize; }
 };
 
 // True when `bytes` is well-formed UTF-8.

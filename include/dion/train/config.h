@@ -50,6 +50,7 @@ struct Config {
   int64_t model_dim = 768;
   int64_t n_layer = 12;
   int64_t n_head = 6;
+  int64_t vocab_size = 50304;  // rows of the embedding / lm_head; >= the data's vocabulary (GPT-2 50257, bytes 257)
   // ---- evaluation, checkpoints, logging
   int64_t val_loss_every = 125;
   int64_t val_tokens = 10485760;

@@ -13,7 +13,11 @@
 // reference prefetches the next batch before saving its position, so its resume skips one
 // batch; ours resumes at exactly the batch the uninterrupted run would read.)
 //
-// SyntheticLoader: uniform random tokens in [0, 50257) from its own generator seeded with
+// The vocabulary: a shard set records its tokenizer (GPT-2: 50257 ids, bytes: 257; dion/data/
+// shard.h); vocab() says it, tokenizer() names it, and each shard's tokens are checked against
+// it. loader_check_vocab refuses a model vocabulary (key vocab_size) smaller than the data's.
+//
+// SyntheticLoader: uniform random tokens in [0, min(50257, vocab)) from its own generator seeded with
 // `seed`; data-parallel rank r of `world` takes batches r, r + world, ... of that one stream (so
 // the global batch is the same at every world size); its position is the number of batches
 // drawn from the stream, all ranks together (re-seeded and advanced on restore).
@@ -63,7 +67,16 @@ class Loader {
   virtual void restore(const LoaderPosition& pos) = 0;
   virtual std::string describe() const = 0;  // one line for the log
   virtual int64_t tokens() const { return -1; }  // tokens in the split (-1: endless)
+  virtual int64_t vocab() const = 0;             // token ids are < this
+  virtual std::string tokenizer() const = 0;     // "gpt2", "bytes" or "synthetic"
 };
+
+// Throws ConfigError naming key 'vocab_size', its value, the data's tokenizer and vocabulary
+// (`data_dir` for the message) and the value to use when vocab_size < loader.vocab().
+void loader_check_vocab(const Loader& loader, int64_t vocab_size, const std::string& data_dir);
+// The smallest multiple of 64 >= n (GPT-2's 50257 -> 50304, bytes' 257 -> 320): the reference
+// pads its vocabulary so the embedding and lm_head matrices have friendly shapes.
+int64_t vocab_round_up(int64_t n);
 
 class ShardLoader : public Loader {
  public:
@@ -76,6 +89,8 @@ class ShardLoader : public Loader {
   void restore(const LoaderPosition& pos) override;
   std::string describe() const override;
   int64_t tokens() const override;
+  int64_t vocab() const override { return data::shard_tokenizer_vocab(tokenizer_); }
+  std::string tokenizer() const override { return data::shard_tokenizer_name(tokenizer_); }
   const std::vector<std::filesystem::path>& files() const { return files_; }
 
  private:
@@ -87,19 +102,25 @@ class ShardLoader : public Loader {
   int64_t shard_ = -1, offset_ = 0;
   std::unique_ptr<data::ShardFile> current_;
   std::vector<bool> checked_;
+  data::ShardTokenizer tokenizer_ = data::ShardTokenizer::GPT2;
 };
 
 class SyntheticLoader : public Loader {
  public:
-  SyntheticLoader(int64_t B, int64_t T, uint64_t seed, int64_t rank = 0, int64_t world = 1);
+  // `vocab`: tokens are drawn in [0, min(50257, vocab)) (the default keeps GPT-2's stream).
+  SyntheticLoader(int64_t B, int64_t T, uint64_t seed, int64_t rank = 0, int64_t world = 1,
+                  int64_t vocab = 50257);
   Batch next() override;
   void reset() override;
   LoaderPosition position() const override;
   void restore(const LoaderPosition& pos) override;
   std::string describe() const override;
+  int64_t vocab() const override { return vocab_; }
+  std::string tokenizer() const override { return "synthetic"; }
 
  private:
   int64_t B_, T_;
+  int64_t vocab_ = 50257;
   uint64_t seed_;
   int64_t rank_ = 0, world_ = 1;
   int64_t drawn_ = 0;

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# bench/convergence.sh — the convergence benchmark (bench/convergence.py, docs/convergence.md):
+# builds dion-train and dion-data, then runs every optimizer's learning-rate sweep and seeds on
+# byte-level Tiny Shakespeare and writes OUT/report.md and the two PNGs.
+#
+#   bench/convergence.sh            # full: about 60 minutes on two cores
+#   bench/convergence.sh --quick    # about 10 minutes
+#   bench/convergence.sh --smoke    # the plumbing only (what ctest convergence_smoke runs)
+#   bench/convergence.sh --out DIR --jobs 2 --optimizers adamw,muon
+#
+# Build folder: $DION_BUILD_DIR (default build/). Every other argument goes to convergence.py.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${DION_BUILD_DIR:-build}
+PYTHON=${PYTHON:-python3}
+if [ "${DION_CONVERGENCE_NO_BUILD:-0}" != 1 ]; then
+  cmake --build "$BUILD" --target dion-train dion-data -j"${DION_BENCH_JOBS:-2}" >&2
+fi
+exec "$PYTHON" bench/convergence.py --build "$BUILD" "$@"
