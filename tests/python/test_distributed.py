@@ -25,8 +25,6 @@ GROUP_TIMEOUT_S, so a failing rank cannot leave its peer waiting forever.
 """
 import datetime
 import os
-import queue as queue_mod
-import socket
 import traceback
 
 import pytest
@@ -34,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 import dion_cpp
+from spawn_job import free_port, run_job
 
 WORLD = 2
 STEPS = 3
@@ -362,37 +361,9 @@ def _worker(rank, world, port, report):
     report.put((rank, results))
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_job(world):
     """{rank: {case: (ok, detail)}} from one `world`-process job running JOBS[world]."""
-    ctx = torch.multiprocessing.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, q), daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
-    out = {}
-    try:
-        for _ in range(world):
-            rank, results = q.get(timeout=JOB_TIMEOUT_S)
-            out[rank] = results
-    except queue_mod.Empty:
-        pass
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if len(out) < world:
-        pytest.fail(f"the {world}-process job did not report within {JOB_TIMEOUT_S} s "
-                    f"(ranks that did: {sorted(out)}; exit codes {[p.exitcode for p in procs]})")
-    return out
+    return run_job(_worker, world, world, JOB_TIMEOUT_S, f"the {world}-process job", join_timeout_s=5)
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,7 @@ How: as test_distributed.py, one spawned 2-process job per case list reports
 """
 import datetime
 import os
-import queue as queue_mod
 import re
-import socket
 import traceback
 
 import pytest
@@ -27,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 import dion_cpp
+from spawn_job import free_port, run_job
 
 WORLD = 2
 JOB_TIMEOUT_S = 150
@@ -184,36 +183,8 @@ def _worker(rank, job, port, report):
     os._exit(0)
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_job(job):
-    ctx = torch.multiprocessing.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, job, port, q), daemon=True) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    out = {}
-    try:
-        for _ in range(WORLD):
-            rank, results = q.get(timeout=JOB_TIMEOUT_S)
-            out[rank] = results
-    except queue_mod.Empty:
-        pass
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if len(out) < WORLD:
-        pytest.fail(f"the job {job!r} did not report within {JOB_TIMEOUT_S} s "
-                    f"(ranks that did: {sorted(out)}; exit codes {[p.exitcode for p in procs]})")
-    return out
+    return run_job(_worker, WORLD, job, JOB_TIMEOUT_S, f"the job {job!r}")
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +252,7 @@ def test_distributed_optimizer_alive_at_exit_is_released_and_exits_cleanly(tmp_p
 
     script = tmp_path / "exit_alive.py"
     script.write_text(EXIT_SCRIPT)
-    port = str(_free_port())
+    port = str(free_port())
     procs = [subprocess.Popen([sys.executable, str(script), str(r), port], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(WORLD)]
     outs = []

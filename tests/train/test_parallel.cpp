@@ -55,11 +55,6 @@ using test::TempDir;
 constexpr double kStep0Tol = 1e-6, kStep1Tol = 1e-5, kTol = 3e-4;
 constexpr int kSteps = 5;
 
-std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 // 2 layers, 64 wide, T 64, a global batch of 4 sequences of device batch 1.
 std::vector<std::string> tiny(const fs::path& data, const fs::path& run_dir) {
   return {"--data_dir", data.string(), "--run_dir", run_dir.string(), "--model_dim", "64", "--n_layer", "2",

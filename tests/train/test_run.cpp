@@ -46,11 +46,6 @@ std::vector<std::string> tiny_args(const fs::path& data, const fs::path& run_dir
           "--optimizer", "dion2", "--scalar_opt", "adamw", "--lr", "0.02", "--log_every", "10"};
 }
 
-std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 class TrainRun : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

@@ -48,11 +48,6 @@ using test::TempDir;
 
 constexpr int64_t kSteps = 6;
 
-std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 // test_run.cpp's tiny model, 6 steps.
 std::vector<std::string> tiny(const fs::path& data, const fs::path& run_dir, const fs::path& ck) {
   return {"--data_dir", data.string(), "--run_dir", run_dir.string(), "--checkpoint_dir", ck.string(),

@@ -30,11 +30,6 @@ std::vector<std::string> tiny(const fs::path& data, const fs::path& run_dir) {
           "--optimizer", "dion2", "--scalar_opt", "adamw", "--lr", "0.02", "--log_every", "1"};
 }
 
-std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 // Byte shards of the first 20 kB of Tiny Shakespeare (prepare_shards_bytes, val fraction 0.2).
 void byte_shards(const fs::path& dir) {
   TempDir in("text");

@@ -9,6 +9,14 @@
 #include <string>
 #include <vector>
 
+namespace dion::train {
+// Command lines are built by appending: base + {"--key", "value"} (later_wins below).
+inline std::vector<std::string> operator+(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+}  // namespace dion::train
+
 namespace dion::train::test {
 
 std::filesystem::path source_dir();
