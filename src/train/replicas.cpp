@@ -26,16 +26,16 @@ int64_t replicas_bit_hash(const at::Tensor& t) {
   at::Tensor bits = flat.view(bits_type);
   // Chunks bound the int64 temporaries (a 50304 x 768 embedding is 39M elements).
   constexpr int64_t kChunk = int64_t(1) << 22;
-  int64_t hash = 0;
+  at::Tensor hash = at::zeros({}, bits.options().dtype(at::kLong));  // on the tensor's device: one sync at the end
   for (int64_t start = 0; start < bits.numel(); start += kChunk) {
     const int64_t n = std::min(kChunk, bits.numel() - start);
     at::Tensor b = bits.narrow(0, start, n).to(at::kLong);
     // Weight by position (mod a prime, + 1) so that swapped elements change the hash; integer
     // sums wrap mod 2^64 in any order, so the hash does not depend on how the sum is reduced.
     at::Tensor w = at::arange(start, start + n, b.options()).remainder_(65521).add_(1);
-    hash += b.mul_(w).sum().item<int64_t>();
+    hash += b.mul_(w).sum();
   }
-  return hash;
+  return hash.item<int64_t>();
 }
 
 void replicas_check(GPT& model, Parallel& par, int64_t step) {
@@ -48,11 +48,12 @@ void replicas_check(GPT& model, Parallel& par, int64_t step) {
     hashes.push_back(replicas_bit_hash(item.value()));
   }
   at::Tensor mine = at::tensor(hashes, at::kLong);
-  at::Tensor all = dp->all_gather(mine);  // [dp, params]
+  const at::Tensor all = dp->all_gather(mine).contiguous();  // [dp, params]
+  const auto h = all.accessor<int64_t, 2>();
   std::string message;
   for (int r = 1; r < dp->size() && message.empty(); ++r)
     for (size_t i = 0; i < names.size() && message.empty(); ++i)
-      if (all[r][int64_t(i)].item<int64_t>() != all[0][int64_t(i)].item<int64_t>())
+      if (h[r][int64_t(i)] != h[0][int64_t(i)])
         message = fmt::format(
             "after step {}: the data-parallel replicas differ: parameter '{}' on dp rank {} is not bit-identical to "
             "dp rank 0's (this is global rank {}). The ranks computed the same update differently (different CPUs or "
