@@ -140,13 +140,26 @@ class ReplicaCheck:
     def __init__(self, group, timeout: float = DEFAULT_TIMEOUT_S):
         self.group = group
         self.timeout = timeout
+        # The all_reduce's tensor, kept for the check's life: Gloo's worker thread drops its own
+        # reference to a finished work's tensors a moment after wait() returns. Were that the
+        # last reference to a Python tensor, the tensor's deallocation would need the GIL on
+        # that thread, and at interpreter exit (the script's last step just returned) the thread
+        # is then ended inside C++ code: "terminate called without an active exception",
+        # SIGABRT (seen 1 exit in 100 under load, scripts/soak_python_exit.sh). Holding it here
+        # (the optimizer keeps one ReplicaCheck per group), the last reference is always this
+        # object's, dropped on the Python thread.
+        self._buf: Optional[torch.Tensor] = None
 
     def __call__(self, opt) -> None:
         desc = describe(opt)
         device = torch.device("cpu")
         if dist.get_backend(self.group) == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
-        t = torch.tensor(_digest(desc), dtype=torch.int64, device=device)
+        digest = torch.tensor(_digest(desc), dtype=torch.int64)
+        if self._buf is None or self._buf.device != device:
+            self._buf = torch.empty(len(digest), dtype=torch.int64, device=device)
+        t = self._buf
+        t.copy_(digest)
         work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         try:
             work.wait(timeout=datetime.timedelta(seconds=self.timeout))

@@ -156,7 +156,16 @@ RunSummary train_run(const Config& c) {
   std::optional<CheckpointMeta> meta;
   std::vector<std::string> resume_lines;
   if (!c.checkpoint_dir.empty() && c.resume) {
-    CheckpointChoice choice = checkpoint_choose(c.checkpoint_dir, c.resume_fallback);
+    // Every rank verifies the whole checkpoint (every rank's files); a rank that finds it bad
+    // tells the others through the all_gather below instead of leaving them waiting in it.
+    CheckpointChoice choice;
+    std::optional<CheckpointError> bad;
+    try {
+      choice = checkpoint_choose(c.checkpoint_dir, c.resume_fallback);
+    } catch (const CheckpointError& e) {
+      if (par.world_size() == 1) throw;
+      bad = e;
+    }
     for (const auto& [folder, problem] : choice.skipped)
       resume_lines.push_back(fmt::format("  resume_fallback: skipped {}: {}", folder.string(), problem));
     if (!choice.skipped.empty() && !choice.chosen)
@@ -164,7 +173,14 @@ RunSummary train_run(const Config& c) {
     ckpt = choice.chosen;
     meta = choice.meta;
     if (par.world_size() > 1) {  // every rank must resume the same checkpoint (a shared file system)
-      at::Tensor all = par.world().all_gather(at::tensor({ckpt ? meta->state.step : int64_t(-1)}, at::kLong)).reshape({-1});
+      constexpr int64_t kBad = -2;  // this rank's verification failed
+      at::Tensor all = par.world().all_gather(
+          at::tensor({bad ? kBad : ckpt ? meta->state.step : int64_t(-1)}, at::kLong)).reshape({-1});
+      if (bad) throw *bad;
+      for (int r = 0; r < par.world_size(); ++r)
+        if (all[r].item<int64_t>() == kBad)
+          throw CheckpointError(fmt::format("rank {} found checkpoint_dir '{}' not resumable (its message is in that "
+                                            "rank's log); every rank stops", r, c.checkpoint_dir));
       for (int r = 1; r < par.world_size(); ++r)
         if (all[r].item<int64_t>() != all[0].item<int64_t>())
           throw CheckpointError(fmt::format("rank 0 resumes checkpoint_dir '{}' at step {} but rank {} at step {}: the "

@@ -147,6 +147,32 @@ def case_only_one_rank_steps():
     return False, "no error although the other rank never stepped"
 
 
+def case_check_tensor_outlives_the_step():
+    """The replica check's all_reduce tensor is still referenced by the check after step()
+    returns: Gloo's worker thread must never drop the last reference to a Python tensor (at
+    interpreter exit that thread would then be ended inside C++: SIGABRT)."""
+    import gc
+    import time
+    import weakref
+    ps = params()
+    opt = dion_cpp.Muon(ps, distributed_mesh=dist.group.WORLD)
+    seen, real = [], dist.all_reduce
+
+    def spy(t, *args, **kwargs):
+        seen.append(weakref.ref(t))
+        return real(t, *args, **kwargs)
+    dist.all_reduce = spy
+    try:
+        steps(opt, ps, 2)
+    finally:
+        dist.all_reduce = real
+    time.sleep(0.2)  # Gloo's thread has let go of its reference by now
+    gc.collect()
+    alive = [r() is not None for r in seen]
+    ok = len(seen) >= 2 and all(alive)
+    return ok, "ok" if ok else f"all_reduce tensors alive after the steps: {alive} (none seen: the check did not run)"
+
+
 CASES = {
     "lr_differs_with_mesh": lambda: case_lr_differs(True),
     "lr_differs_plain_ddp": lambda: case_lr_differs(False),
@@ -157,6 +183,7 @@ CASES = {
     "shape_differs": case_shape_differs,
     "equal_options_pass": case_equal_options_pass_and_stay_identical,
     "check_off": case_check_off_for_different_parameters,
+    "check_tensor_outlives_step": case_check_tensor_outlives_the_step,
 }
 JOBS = {"main": CASES, "one_rank_steps": {"only_one_rank_steps": case_only_one_rank_steps}}
 
