@@ -51,6 +51,14 @@ void say(const LaunchOptions& o, const std::string& text) {
 
 NodeFlags take_node_flags(std::vector<std::string>& argv) {
   NodeFlags f;
+  for (size_t i = 1; i < argv.size();) {
+    if (argv[i] == "--standalone") {
+      f.standalone = true;
+      argv.erase(argv.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
   if (auto v = take(argv, "nnodes")) f.nnodes = parse_flag_int("--nnodes", *v, 1, 1024, "a number of nodes");
   if (auto v = take(argv, "node_rank")) f.node_rank = parse_flag_int("--node_rank", *v, 0, 1023, "a node rank");
   if (auto v = take(argv, "master_port")) f.master_port = parse_flag_int("--master_port", *v, 1, 65535, "a TCP port");
@@ -69,6 +77,9 @@ void apply_node_flags(const NodeFlags& f, LaunchOptions& o) {
   if (o.node_rank >= o.nnodes)
     throw std::invalid_argument("--node_rank " + std::to_string(o.node_rank) + " is not below --nnodes " +
                                 std::to_string(o.nnodes) + "; valid: 0 to " + std::to_string(o.nnodes - 1));
+  if (f.standalone && (o.nnodes > 1 || f.master_addr || f.master_port))
+    throw std::invalid_argument("--standalone is one node on a free local port: not with --nnodes > 1, "
+                                "--master_addr or --master_port");
   const char* env_addr = std::getenv("MASTER_ADDR");
   if (o.nnodes > 1 && !f.master_addr && !(env_addr && *env_addr))
     throw std::invalid_argument("--nnodes " + std::to_string(o.nnodes) +

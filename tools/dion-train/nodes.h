@@ -27,14 +27,15 @@ namespace dion::train::tool {
 struct NodeFlags {
   std::optional<int> nnodes, node_rank, master_port, max_restarts;
   std::optional<std::string> master_addr;
-  bool any() const { return nnodes || node_rank || master_port || max_restarts || master_addr; }
+  bool standalone = false;  // torchrun's --standalone: one node, a free local port
+  bool any() const { return nnodes || node_rank || master_port || max_restarts || master_addr || standalone; }
 };
 
 // Finds and removes --nnodes, --node_rank, --master_addr, --master_port, --max_restarts (each as
-// `--flag V` or `--flag=V`). Throws std::invalid_argument naming the flag and what is valid.
+// `--flag V` or `--flag=V`) and --standalone. Throws std::invalid_argument naming the flag and what is valid.
 NodeFlags take_node_flags(std::vector<std::string>& argv);
 
-// Checks the combination (node_rank < nnodes; nnodes > 1 needs --master_addr or MASTER_ADDR; the
+// Checks the combination (node_rank < nnodes; --standalone only with one node; nnodes > 1 needs --master_addr or MASTER_ADDR; the
 // ports of every attempt fit in [1, 65535]); throws std::invalid_argument naming the flag.
 void apply_node_flags(const NodeFlags& flags, LaunchOptions& options);
 
