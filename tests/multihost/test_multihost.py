@@ -60,13 +60,13 @@ def work():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def tiny(data, run_dir, steps=5):
+def tiny(data, run_dir, steps=5, rendezvous_timeout_s=60):
     """tests/train/test_parallel.cpp's tiny() (2 layers, 64 wide, T 64, global batch 4 of 1)."""
     return ["--data_dir", data, "--run_dir", run_dir, "--model_dim", "64", "--n_layer", "2", "--n_head", "2",
             "--sequence_length", "64", "--batch_size", "4", "--device_batch_size", "1", "--val_tokens", "256",
             "--val_loss_every", "0", "--num_iterations", str(steps), "--warmup_ratio", "0", "--dtype", "fp32",
             "--optimizer", "muon", "--scalar_opt", "adamw", "--lr", "0.02", "--log_every", "1",
-            "--comm_timeout_s", str(COMM_TIMEOUT_S), "--rendezvous_timeout_s", "60"]
+            "--comm_timeout_s", str(COMM_TIMEOUT_S), "--rendezvous_timeout_s", str(rendezvous_timeout_s)]
 
 
 def metrics(run_dir):
@@ -222,7 +222,7 @@ def test_cut_link_every_process_exits(shards, work):
         ckpt = os.path.join(work, "ckpt")
         job = Job(hosts, work, tiny(shards, os.path.join(work, "run"), 200) +
                   ["--dp_size", "4", "--checkpoint_dir", ckpt, "--checkpoint_freq", "3"])
-        job.wait_for(0, r"\[rank 0\] step [4-9]/", 120)
+        job.wait_for(0, r"checkpoint \S+step_00000003 written", 120)
         hosts.cut(1)
         t0 = time.monotonic()
         codes = job.wait(COMM_TIMEOUT_S + MARGIN_S)
@@ -252,7 +252,7 @@ def test_restart_after_cut_resumes_equal(shards, work):
         job = Job(hosts, work, tiny(shards, run, steps) + ["--dp_size", "4", "--checkpoint_dir", ckpt,
                                                            "--checkpoint_freq", "4", "--max_restarts", "1"],
                   port=29700)
-        job.wait_for(0, r"\[rank 0\] step [5-9]/", 120)
+        job.wait_for(0, r"checkpoint \S+step_00000004 written", 120)
         hosts.cut(1)
         t_cut = time.monotonic()
         for k in range(2):
@@ -260,30 +260,29 @@ def test_restart_after_cut_resumes_equal(shards, work):
         t_detect = time.monotonic() - t_cut
         hosts.restore(1)
         t_restore = time.monotonic()
-        job.wait_for(0, r"\[rank 0\] step \d+/", 90)
+        job.wait_for(0, r"resumed from", 90)
         t_resumed = time.monotonic() - t_restore
         codes = job.wait(180)
         assert codes == [0, 0], job.dump()
-    out = job.output(0)
-    assert "resumed from" in out, job.dump()
     got = metrics(run)
     assert max(s for _, s in got) >= steps - 1, got
     expect_close(ref, got, "restarted after a cut link vs uninterrupted")
-    print(f"restart: both launchers restarting {t_detect:.1f} s after the cut; rank 0's first step "
+    print(f"restart: both launchers restarting {t_detect:.1f} s after the cut; rank 0 resumed "
           f"{t_resumed:.1f} s after the link came back")
 
 
 def test_rendezvous_host_unreachable(shards, work):
     with netns.Hosts(2) as hosts:
         hosts.cut(0)
-        args = tiny(shards, os.path.join(work, "run")) + ["--rendezvous_timeout_s", "5"]
+        args = tiny(shards, os.path.join(work, "run"), rendezvous_timeout_s=5)
         cmd = [TRAIN, "--nnodes", "2", "--node_rank", "1", "--nproc", "2", "--master_addr", hosts.addr(0),
                "--master_port", "29500"] + args
         t0 = time.monotonic()
         r = hosts.run(1, cmd, capture_output=True, text=True, env=host_env(), timeout=5 + MARGIN_S + 30)
         took = time.monotonic() - t0
     assert r.returncode != 0, r.stdout + r.stderr
-    assert "rendezvous" in (r.stdout + r.stderr), r.stdout + r.stderr
+    assert re.search(r"rank [23] of 4: rendezvous at MASTER_ADDR:MASTER_PORT = 10\.23\.0\.1:29500", r.stderr), \
+        r.stdout + r.stderr
     assert took < 5 + MARGIN_S, f"took {took:.1f} s"
     print(f"rendezvous host unreachable: failed after {took:.1f} s (rendezvous_timeout_s 5)")
 
