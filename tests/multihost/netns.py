@@ -9,6 +9,7 @@
         hosts.netem(1, "delay 20ms loss 1%")  # netem on both ends of host 1's link (each direction)
         hosts.clear_netem(1)
         hosts.cut(1); hosts.restore(1)        # host 1's link down / up (a blackhole: no RST, no ICMP)
+        hosts.kill_host(1)                    # SIGKILL every process inside host 1
     # leaving the block (a failure included) kills every process still inside the namespaces,
     # then deletes them, their links with them; an atexit hook does the same if the block is skipped.
 
@@ -164,6 +165,14 @@ class Hosts:
     def cut(self, i):
         """Host i's link goes silent: its bridge port down (packets vanish; TCP sees no reset)."""
         self._sw("ip", "link", "set", f"h{i}", "down")
+
+    def kill_host(self, i):
+        """SIGKILL every process inside host i (a host that dies: its kernel resets its sockets)."""
+        for pid in _ip("netns", "pids", self.names[i], check=False).stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
 
     def restore(self, i):
         self._sw("ip", "link", "set", f"h{i}", "up")

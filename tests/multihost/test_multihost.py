@@ -16,6 +16,9 @@ inside host K (GLOO_SOCKET_IFNAME=eth0: Gloo's address is the host's own, not th
 - Restart: --max_restarts 1 and the link cut after a checkpoint, restored once the launchers
   say they restart: both nodes restart from the last complete checkpoint and the resumed losses
   equal an uninterrupted run's.
+- A host killed (SIGKILL of everything on it) while every step checkpoints: host 0's ranks exit
+  within comm_timeout_s + MARGIN_S; the job started again resumes from the newest complete
+  checkpoint and its losses equal an uninterrupted run's.
 - The rendezvous host unreachable at start: a clear error within rendezvous_timeout_s + MARGIN_S.
 """
 import json
@@ -269,6 +272,30 @@ def test_restart_after_cut_resumes_equal(shards, work):
     expect_close(ref, got, "restarted after a cut link vs uninterrupted")
     print(f"restart: both launchers restarting {t_detect:.1f} s after the cut; rank 0 resumed "
           f"{t_resumed:.1f} s after the link came back")
+
+
+def test_host_killed_during_checkpoints_resumes(shards, work):
+    steps = 10
+    with netns.Hosts(2) as hosts:
+        plain = Job(hosts, work, tiny(shards, os.path.join(work, "plain"), steps) + ["--dp_size", "4"], port=29800)
+        assert plain.wait(180) == [0, 0], plain.dump()
+        args = tiny(shards, os.path.join(work, "run"), steps) + ["--dp_size", "4", "--checkpoint_dir",
+                                                               os.path.join(work, "ckpt"), "--checkpoint_freq", "1"]
+        job = Job(hosts, work, args, port=29810)
+        job.wait_for(0, r"checkpoint \S+step_00000003 written", 120)
+        hosts.kill_host(1)  # every process of host 1, the launcher included, while the saves go on
+        t0 = time.monotonic()
+        code0 = job.wait(COMM_TIMEOUT_S + MARGIN_S)[0]
+        took = time.monotonic() - t0
+        assert code0 not in (None, 0), job.dump()
+        died = job.output(0)
+        again = Job(hosts, work, args, port=29820)
+        assert again.wait(180) == [0, 0], again.dump()
+    assert "resumed from" in again.output(0), again.dump()
+    print(f"host 1 killed during the saves: host 0's ranks exited after {took:.1f} s; "
+          + (re.search(r"dion-train: error: [^\n]*", died) or re.search(r".*", "")).group(0)[:300])
+    expect_close(metrics(os.path.join(work, "plain")), metrics(os.path.join(work, "run")),
+                 "resumed after a host died during the saves vs uninterrupted")
 
 
 def test_rendezvous_host_unreachable(shards, work):
