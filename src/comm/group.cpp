@@ -140,6 +140,11 @@ Group Group::init_from_env(GroupOptions options) {
   if (!addr || !*addr)
     throw CommError("environment variable MASTER_ADDR is not set (the host of rank 0, e.g. 127.0.0.1)");
   const int port = env_int("MASTER_PORT", true, 0, 1, 65535, "in [1, 65535]");
+  if (const char* a = std::getenv("TORCHELASTIC_USE_AGENT_STORE"); a && std::string(a) == "True") {
+    options.agent_store = true;
+    const char* n = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    options.store_prefix = std::string("dion/attempt_") + (n && *n ? n : "0");
+  }
   Group g = create(addr, port, rank, size, options);
   g.local_rank_ = local_rank;
   return g;
@@ -163,7 +168,7 @@ Group Group::create(const std::string& host, int port, int rank, int size, Group
   if (size == 1) return g;
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(port);
-  so.isServer = rank == 0;
+  so.isServer = rank == 0 && !options.agent_store;
   so.numWorkers = size;
   so.waitWorkers = false;  // the arrival count below waits, and can say how many came
   // The rendezvous timeout until everyone has arrived (a client's connection retries last that
@@ -175,8 +180,9 @@ Group Group::create(const std::string& host, int port, int rank, int size, Group
   const auto deadline = std::chrono::steady_clock::now() + options.rendezvous_timeout;
   auto all_arrived = std::make_shared<std::atomic<bool>>(false);
   auto rendezvous = [host, port, so, rank, size, deadline, all_arrived, timeout = options.timeout,
-                     rdv_ms = options.rendezvous_timeout.count()]() -> Rendezvous {
+                     rdv_ms = options.rendezvous_timeout.count(), sp = options.store_prefix]() -> Rendezvous {
     c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(host, so);
+    if (!sp.empty()) store = c10::make_intrusive<c10d::PrefixStore>(sp, store);
     if (store->add("dion/rendezvous/rank_" + std::to_string(rank), 1) > 1) {
       std::ostringstream os;
       os << "rank " << rank << " of " << size << ": another process with RANK=" << rank

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "../../tools/dion-train/launch.h"
+#include "../../tools/dion-train/nodes.h"
 
 namespace dion::train::tool {
 namespace {
@@ -274,6 +275,68 @@ TEST(Launch, NprocFlagIsTakenOutOfTheCommandLine) {
   }
   std::vector<std::string> e = {"dion-train", "--nproc"};
   EXPECT_THROW(take_nproc_flag(e), std::invalid_argument);
+}
+
+// Node 1 of 2 with 2 processes each (nodes.h): ranks 2 and 3 of 4, prefixed with their global rank.
+TEST(Launch, NodeKOfMGetsGlobalRanksAndTheNodesEnvironment) {
+  TempDir dir;
+  Outputs o(dir);
+  LaunchOptions opt = options(2, {"env"}, o);
+  opt.nnodes = 2;
+  opt.node_rank = 1;
+  opt.master_addr = "10.1.2.3";
+  opt.master_port = 29777;
+  opt.restart_count = 1;
+  opt.max_restarts = 3;
+  const LaunchResult res = launch(opt);
+  EXPECT_EQ(res.exit_code, 0);
+  const std::string out = read_file(o.out_path);
+  for (int local = 0; local < 2; ++local) {
+    const std::string p = "[rank " + std::to_string(2 + local) + "] ";
+    for (const std::string& line :
+         {"RANK=" + std::to_string(2 + local), "LOCAL_RANK=" + std::to_string(local), std::string("WORLD_SIZE=4"),
+          std::string("LOCAL_WORLD_SIZE=2"), std::string("GROUP_RANK=1"), std::string("GROUP_WORLD_SIZE=2"),
+          std::string("MASTER_ADDR=10.1.2.3"), std::string("MASTER_PORT=29777")})
+      EXPECT_NE(out.find(p + line + "\n"), std::string::npos) << p + line << " missing in:\n" << out;
+  }
+  EXPECT_EQ(out.find("[rank 0] "), std::string::npos) << out;
+  opt.node_rank = 2;
+  EXPECT_NE(launch_error(opt).find("node_rank 2 is not in [0, nnodes = 2)"), std::string::npos);
+}
+
+TEST(Launch, NodeFlagsAreTakenOutAndBadCombinationsRefused) {
+  std::vector<std::string> a = {"dion-train", "--nnodes", "2", "--node_rank=1", "--master_addr", "h0",
+                                "--master_port", "29600", "--max_restarts", "2", "--lr", "0.1", "--nproc_per_node", "4"};
+  EXPECT_EQ(take_nproc_flag(a), 4);
+  const NodeFlags f = take_node_flags(a);
+  EXPECT_EQ(a, std::vector<std::string>({"dion-train", "--lr", "0.1"}));
+  LaunchOptions o;
+  apply_node_flags(f, o);
+  EXPECT_EQ(o.nnodes, 2);
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.master_addr, "h0");
+  EXPECT_EQ(o.master_port, 29600);
+  EXPECT_EQ(o.max_restarts, 2);
+  ::unsetenv("MASTER_ADDR");
+  ::unsetenv("MASTER_PORT");
+  auto refused = [](std::vector<std::string> args, const std::string& want) {
+    try {
+      LaunchOptions x;
+      apply_node_flags(take_node_flags(args), x);
+      ADD_FAILURE() << want << ": accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  refused({"t", "--nnodes", "2", "--node_rank", "2", "--master_addr", "h"}, "--node_rank 2 is not below --nnodes 2");
+  refused({"t", "--nnodes", "2"}, "needs --master_addr");
+  refused({"t", "--nnodes", "0"}, "--nnodes: '0'");
+  refused({"t", "--master_port", "65535", "--max_restarts", "1"}, "past 65535");
+  refused({"t", "--standalone", "--nnodes", "2", "--master_addr", "h"}, "--standalone is one node");
+  LaunchOptions two;  // two nodes without a port: torchrun's 29500, the same on every node
+  std::vector<std::string> t = {"t", "--nnodes", "2", "--master_addr", "h"};
+  apply_node_flags(take_node_flags(t), two);
+  EXPECT_EQ(two.master_port, 29500);
 }
 
 }  // namespace

@@ -69,15 +69,16 @@ const char* env_or_null(const char* name) {
 }
 
 // The environment of rank `rank`: ours, then everything else of the launcher's but the keys we set.
-std::vector<std::string> child_environment(int rank, int nproc, const std::string& addr, int port) {
+std::vector<std::string> child_environment(int local, const LaunchOptions& o, const std::string& addr, int port) {
+  const int nproc = o.nproc, rank = o.node_rank * o.nproc + local, world = o.nnodes * o.nproc;
   const std::vector<std::pair<std::string, std::string>> ours = {
-      {"RANK", std::to_string(rank)},         {"LOCAL_RANK", std::to_string(rank)},
-      {"WORLD_SIZE", std::to_string(nproc)},  {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
-      {"GROUP_RANK", "0"},                    {"GROUP_WORLD_SIZE", "1"},
-      {"ROLE_RANK", std::to_string(rank)},    {"ROLE_WORLD_SIZE", std::to_string(nproc)},
+      {"RANK", std::to_string(rank)},         {"LOCAL_RANK", std::to_string(local)},
+      {"WORLD_SIZE", std::to_string(world)},  {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
+      {"GROUP_RANK", std::to_string(o.node_rank)}, {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
+      {"ROLE_RANK", std::to_string(rank)},    {"ROLE_WORLD_SIZE", std::to_string(world)},
       {"ROLE_NAME", "default"},               {"MASTER_ADDR", addr},
-      {"MASTER_PORT", std::to_string(port)},  {"TORCHELASTIC_RESTART_COUNT", "0"},
-      {"TORCHELASTIC_MAX_RESTARTS", "0"}};
+      {"MASTER_PORT", std::to_string(port)},  {"TORCHELASTIC_RESTART_COUNT", std::to_string(o.restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)}};
   std::vector<std::string> env;
   for (const auto& [k, v] : ours) env.push_back(k + "=" + v);
   if (!env_or_null("OMP_NUM_THREADS")) {  // torchrun sets 1; we share the cores out instead
@@ -168,12 +169,12 @@ std::optional<int> take_nproc_flag(std::vector<std::string>& argv) {
   for (size_t i = 1; i < argv.size();) {
     std::string value;
     size_t erase = 0;
-    if (argv[i] == "--nproc") {
+    if (argv[i] == "--nproc" || argv[i] == "--nproc_per_node") {  // torchrun's name, an alias
       if (i + 1 >= argv.size()) throw std::invalid_argument("--nproc: needs a value (the number of processes, 1 to 1024)");
       value = argv[i + 1];
       erase = 2;
-    } else if (argv[i].rfind("--nproc=", 0) == 0) {
-      value = argv[i].substr(8);
+    } else if (argv[i].rfind("--nproc=", 0) == 0 || argv[i].rfind("--nproc_per_node=", 0) == 0) {
+      value = argv[i].substr(argv[i].find('=') + 1);
       erase = 1;
     } else {
       ++i;
@@ -189,7 +190,7 @@ std::optional<int> take_nproc_flag(std::vector<std::string>& argv) {
 }
 
 LaunchResult launch(const LaunchOptions& o) {
-  const std::string me = o.name + " --nproc: ";
+  const std::string me = o.nnodes > 1 ? o.name + " node " + std::to_string(o.node_rank) + ": " : o.name + " --nproc: ";
   if (o.nproc < 1) throw std::runtime_error(me + "the number of processes must be at least 1, got " + std::to_string(o.nproc));
   if (o.argv.empty()) throw std::runtime_error(me + "no command line to run");
   for (const char* var : {"RANK", "WORLD_SIZE"})
@@ -197,15 +198,21 @@ LaunchResult launch(const LaunchOptions& o) {
       throw std::runtime_error(me + var + "=" + std::getenv(var) +
                                " is set: this process was started by a launcher already (torchrun?); use either "
                                "torchrun or --nproc, not both");
-  int port = 0;
-  if (const char* p = env_or_null("MASTER_PORT")) {
+  if (o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes)
+    throw std::runtime_error(me + "node_rank " + std::to_string(o.node_rank) + " is not in [0, nnodes = " +
+                             std::to_string(o.nnodes) + ")");
+  int port = o.master_port;
+  if (port > 0) {
+  } else if (const char* p = env_or_null("MASTER_PORT")) {
     port = parse_int(p, 1, 65535);
     if (port < 0)
       throw std::runtime_error(me + "environment variable MASTER_PORT='" + p + "' is invalid: it must be an integer in [1, 65535]");
   } else {
     port = free_port();
   }
-  const std::string addr = env_or_null("MASTER_ADDR") ? std::getenv("MASTER_ADDR") : "127.0.0.1";
+  const std::string addr = !o.master_addr.empty()       ? o.master_addr
+                           : env_or_null("MASTER_ADDR") ? std::getenv("MASTER_ADDR")
+                                                         : "127.0.0.1";
 
   // Everything the children need, built before the first fork.
   std::vector<char*> argv;
@@ -213,7 +220,7 @@ LaunchResult launch(const LaunchOptions& o) {
   argv.push_back(nullptr);
   std::vector<std::vector<std::string>> envs;
   std::vector<std::vector<char*>> envps;
-  for (int r = 0; r < o.nproc; ++r) envs.push_back(child_environment(r, o.nproc, addr, port));
+  for (int r = 0; r < o.nproc; ++r) envs.push_back(child_environment(r, o, addr, port));
   for (auto& env : envs) {
     envps.emplace_back();
     for (std::string& e : env) envps.back().push_back(e.data());
@@ -222,6 +229,7 @@ LaunchResult launch(const LaunchOptions& o) {
 
   SignalForwarding signals;
   LaunchResult res;
+  const size_t base = static_cast<size_t>(o.node_rank) * static_cast<size_t>(o.nproc);  // global rank of local 0
   std::vector<Child> children(static_cast<size_t>(o.nproc));
   const pid_t launcher = ::getpid();
   auto kill_all = [&](int signo) {
@@ -245,7 +253,7 @@ LaunchResult launch(const LaunchOptions& o) {
       ::dup2(out[1], 1);
       ::dup2(err[1], 2);
       ::execve(o.exe.c_str(), argv.data(), envps[static_cast<size_t>(r)].data());
-      const char msg[] = "dion-train --nproc: execve of the child program failed\n";
+      const char msg[] = "dion-train: execve of the child program failed\n";
       [[maybe_unused]] const ssize_t n = ::write(2, msg, sizeof(msg) - 1);
       ::_exit(127);
     }
@@ -309,7 +317,7 @@ LaunchResult launch(const LaunchOptions& o) {
       char buf[65536];
       const ssize_t got = ::read(s.fd, buf, sizeof(buf));
       if (got < 0 && errno == EINTR) continue;
-      const std::string prefix = "[rank " + std::to_string(rank) + "] ";
+      const std::string prefix = "[rank " + std::to_string(base + rank) + "] ";
       if (got > 0) {
         s.partial.append(buf, static_cast<size_t>(got));
         flush_lines(s, prefix, false);
@@ -332,7 +340,7 @@ LaunchResult launch(const LaunchOptions& o) {
         res.first_failed_rank = static_cast<int>(r);
         const std::string how = WIFEXITED(status) ? "exited with code " + std::to_string(code)
                                                   : std::string("was killed by signal ") + strsignal(WTERMSIG(status));
-        stop_others(SIGTERM, "rank " + std::to_string(r) + " " + how + "; stopping the other ranks (SIGTERM, then "
+        stop_others(SIGTERM, "rank " + std::to_string(base + r) + " " + how + "; stopping the other ranks (SIGTERM, then "
                                  "SIGKILL after " + std::to_string(o.grace.count()) + " ms)");
       }
     }
@@ -340,7 +348,7 @@ LaunchResult launch(const LaunchOptions& o) {
     if (kill_at && running > 0 && Clock::now() >= *kill_at) {
       for (size_t r = 0; r < children.size(); ++r)
         if (children[r].running)
-          write_all(o.err_fd, me + "rank " + std::to_string(r) + " did not stop within " +
+          write_all(o.err_fd, me + "rank " + std::to_string(base + r) + " did not stop within " +
                                   std::to_string(o.grace.count()) + " ms: killed (SIGKILL)\n");
       kill_all(SIGKILL);
       kill_at = Clock::time_point::max();  // once
@@ -349,7 +357,7 @@ LaunchResult launch(const LaunchOptions& o) {
   // Pipes still open past the drain (a grandchild holds them): forward what is buffered, close.
   for (size_t r = 0; r < children.size(); ++r)
     for (Stream& s : children[r].streams) {
-      flush_lines(s, "[rank " + std::to_string(r) + "] ", true);
+      flush_lines(s, "[rank " + std::to_string(base + r) + "] ", true);
       if (s.fd >= 0) ::close(s.fd);
     }
 

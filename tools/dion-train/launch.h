@@ -1,8 +1,9 @@
 // tools/dion-train/launch.h — `dion-train --nproc N`: a local launcher for users without torchrun.
 //
 // launch() starts N child processes of one command line with the environment torchrun sets for
-// one node (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK=0, GROUP_WORLD_SIZE=1,
-// ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; OMP_NUM_THREADS = hardware threads / N
+// node K of M (RANK = K*N + local, LOCAL_RANK = local, WORLD_SIZE = M*N, LOCAL_WORLD_SIZE = N,
+// GROUP_RANK = K, GROUP_WORLD_SIZE = M, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+// TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS; OMP_NUM_THREADS = hardware threads / N
 // unless set, where torchrun sets 1), forwards each child's stdout and stderr
 // line by line with a "[rank R] " prefix (one thread, poll() on the pipes), and:
 //   - when a child exits non-zero (or is killed), sends SIGTERM to the others, SIGKILL to those
@@ -13,9 +14,9 @@
 //   - a child gets PR_SET_PDEATHSIG(SIGKILL): if the launcher dies (kill -9), its children die.
 // It returns once every child has exited and been reaped: no process outlives it.
 //
-// What it is not: a multi-node launcher or an elastic agent (no restarts, no rendezvous of its
-// own: multi-node jobs use torchrun), and it knows nothing of training (tools/dion-train/main.cpp
-// decides what the children run).
+// One attempt only: the multi-node flags and the restarts after a failure are nodes.h's; no
+// rendezvous of its own (the ranks meet at MASTER_ADDR:MASTER_PORT, src/comm/group.cpp), and it
+// knows nothing of training (tools/dion-train/main.cpp decides what the children run).
 #pragma once
 
 #include <sys/types.h>
@@ -28,13 +29,19 @@
 namespace dion::train::tool {
 
 struct LaunchOptions {
-  int nproc = 1;                        // N >= 1
+  int nproc = 1;                        // N >= 1: processes on this node
+  int nnodes = 1;                       // M >= 1
+  int node_rank = 0;                    // K in [0, M)
+  std::string master_addr;              // "": $MASTER_ADDR, else 127.0.0.1
+  int master_port = 0;                  // 0: $MASTER_PORT, else a free local port
+  int restart_count = 0;                // TORCHELASTIC_RESTART_COUNT
+  int max_restarts = 0;                 // TORCHELASTIC_MAX_RESTARTS
   std::string exe = "/proc/self/exe";   // the program the children run
   std::vector<std::string> argv;        // their command line, argv[0] included
   std::chrono::milliseconds grace{5000};  // SIGTERM -> SIGKILL
   int out_fd = 1;                       // where the children's prefixed stdout goes
   int err_fd = 2;                       // ... their stderr, and the launcher's own messages
-  std::string name = "dion-train";      // the launcher's messages start with "<name> --nproc: "
+  std::string name = "dion-train";      // the launcher's messages start with "<name> --nproc: " (node K: "<name> node K: ")
 };
 
 struct LaunchResult {
@@ -50,7 +57,7 @@ struct LaunchResult {
 // already; MASTER_PORT not in [1, 65535]) or a failed fork/pipe, before any child starts.
 LaunchResult launch(const LaunchOptions& options);
 
-// Finds `--nproc N` / `--nproc=N` in argv and removes it. Returns N, or nothing when absent.
+// Finds `--nproc N` / `--nproc=N` (or torchrun's `--nproc_per_node`) in argv and removes it. Returns N, or nothing when absent.
 // Throws std::invalid_argument naming --nproc when N is not an integer in [1, 1024].
 std::optional<int> take_nproc_flag(std::vector<std::string>& argv);
 

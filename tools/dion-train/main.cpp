@@ -3,6 +3,8 @@
 //
 //   dion-train [--config FILE.yaml] [--key value ...]        train (src/train/train.cpp)
 //   dion-train --nproc N [--config FILE.yaml] [...]          N local processes (launch.cpp)
+//   dion-train --nnodes M --node_rank K --nproc N --master_addr HOST0 [--master_port P]
+//              [--max_restarts R] [...]                     node K of a multi-node job (nodes.cpp)
 //   dion-train plot RUN_DIR... -o curves.png                  python3 tools/dion-train/plot.py
 //   dion-train sample --checkpoint DIR --prompt TEXT [...]    generate text (sample.cpp)
 //   dion-train export --checkpoint DIR [-o FILE]              weights as safetensors (export.cpp)
@@ -24,6 +26,7 @@
 #include "dion/train/train.h"
 #include "export.h"
 #include "launch.h"
+#include "nodes.h"
 #include "sample.h"
 
 #ifndef DION_TRAIN_PLOT_SCRIPT
@@ -55,14 +58,19 @@ int run_plot(int argc, char** argv) {
 
 // `dion-train --nproc N ARGS...`: N copies of `dion-train ARGS...` (launch.h). The configuration
 // is parsed here first, so that a bad one is reported once, not by every rank.
-int run_launcher(int nproc, const std::vector<std::string>& args) {
+int run_launcher(int nproc, const dion::train::tool::NodeFlags& nodes, const std::vector<std::string>& args) {
   std::vector<const char*> argv;
   for (const std::string& a : args) argv.push_back(a.c_str());
   (void)dion::train::config_parse(static_cast<int>(argv.size()), argv.data());  // throws
   dion::train::tool::LaunchOptions options;
   options.nproc = nproc;
   options.argv = args;
-  return dion::train::tool::launch(options).exit_code;
+  try {
+    dion::train::tool::apply_node_flags(nodes, options);
+  } catch (const std::invalid_argument& e) {
+    return fail(2, e.what());
+  }
+  return dion::train::tool::run_attempts(options);
 }
 
 }  // namespace
@@ -74,12 +82,17 @@ int main(int argc, char** argv) {
     if (argc >= 2 && std::strcmp(argv[1], "export") == 0) return dion::train::tool::run_export(argc - 1, argv + 1);
     std::vector<std::string> args(argv, argv + argc);
     std::optional<int> nproc;
+    dion::train::tool::NodeFlags nodes;
     try {
       nproc = dion::train::tool::take_nproc_flag(args);
+      nodes = dion::train::tool::take_node_flags(args);
     } catch (const std::invalid_argument& e) {
       return fail(2, e.what());
     }
-    if (nproc) return run_launcher(*nproc, args);
+    if (nodes.any() && !nproc)
+      return fail(2, "--nnodes, --node_rank, --master_addr, --master_port and --max_restarts are the launcher's: "
+                     "they need --nproc N (the processes on this node)");
+    if (nproc) return run_launcher(*nproc, nodes, args);
     const dion::train::Config config = dion::train::config_parse(argc, argv);
     dion::train::train_run(config);
     return 0;

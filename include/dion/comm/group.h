@@ -63,6 +63,12 @@ struct GroupOptions {
   // How long create() / init_from_env() wait for all ranks to arrive; then every rank that is
   // there throws CommError saying how many of how many arrived.
   std::chrono::milliseconds rendezvous_timeout{std::chrono::minutes(5)};
+  // A launcher serves the store at MASTER_ADDR:MASTER_PORT (torchrun's agent store,
+  // TORCHELASTIC_USE_AGENT_STORE=True): rank 0 connects as a client instead of listening, and
+  // every key goes under store_prefix (init_from_env: "dion/attempt_<TORCHELASTIC_RESTART_COUNT>",
+  // so a restart never reads the keys of an earlier attempt in the same store).
+  bool agent_store = false;
+  std::string store_prefix;
 };
 
 class Group {
