@@ -68,7 +68,7 @@ struct GroupOptions {
   // every key goes under store_prefix (init_from_env: "dion/attempt_<TORCHELASTIC_RESTART_COUNT>",
   // so a restart never reads the keys of an earlier attempt in the same store).
   bool agent_store = false;
-  std::string store_prefix;
+  std::string store_prefix{};
 };
 
 class Group {
