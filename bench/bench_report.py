@@ -185,26 +185,29 @@ def dist(t):
 
 def train(t):
     c = t["config"]
-    print("### Trainer tokens/s vs the reference's GPT model, eager (`bench/reference_train.py`)\n")
+    print("### Trainer tokens/s vs the reference's GPT model, eager and compiled (`bench/reference_train.py`)\n")
     print(machine_line(t["machine"]))
     print(f"- GPT {c['n_layer']} layers x {c['model_dim']} wide x {c['n_head']} heads, sequence "
           f"{c['sequence_length']}, batch {c['batch']} (one micro-batch), vocabulary {c['vocab']}, "
           f"{c['dtype']}, one thread, embedding and lm_head on {c['scalar_opt']}; median of {c['steps']} "
           f"steps after {c['warmup']}; reference: microsoft/dion's models/gpt_model.py and optimizer class, "
-          "eager (TORCH_COMPILE_DISABLE), forward + backward + step; ours: dion-train (wall: metrics.jsonl's "
+          "eager and (where measured) torch.compile'd by its GPT.compile, the first step (compile) apart, "
+          "forward + backward + step; ours: dion-train (wall: metrics.jsonl's "
           "ms_per_step; CPU: the difference of two runs' process CPU time per step)")
     if t.get("reference_error"):
         print(f"- reference not measured: {t['reference_error']}")
     print()
-    print("| optimizer | reference tok/s wall (CPU) | dion-train tok/s wall (CPU) | ours / reference, wall | "
-          "ours / reference, CPU |")
-    print("|---|--:|--:|--:|--:|")
+    print("| optimizer | reference tok/s wall (CPU) | compiled reference tok/s wall (CPU), first step s | "
+          "dion-train tok/s wall (CPU) | ours / reference, wall | ours / reference, CPU | "
+          "ours / compiled, wall | ours / compiled, CPU |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|")
     for r in t["rows"]:
-        ref, our = r.get("reference"), r["ours"]
+        ref, comp, our = r.get("reference"), r.get("reference_compiled"), r["ours"]
         cell = lambda v: f"{v['tokens_per_s_wall']:.0f} ({v['tokens_per_s_cpu']:.0f})" if v else "—"  # noqa: E731
-        rw = f"{r['ratio_wall']:.2f}" if "ratio_wall" in r else "—"
-        rc = f"{r['ratio_cpu']:.2f}" if "ratio_cpu" in r else "—"
-        print(f"| {r['optimizer']} | {cell(ref)} | {cell(our)} | {rw} | {rc} |")
+        ratio = lambda k: f"{r[k]:.2f}" if k in r else "—"  # noqa: E731
+        ccell = f"{cell(comp)}, {comp['first_step_s']:.1f}" if comp else "—"
+        print(f"| {r['optimizer']} | {cell(ref)} | {ccell} | {cell(our)} | {ratio('ratio_wall')} | "
+              f"{ratio('ratio_cpu')} | {ratio('ratio_wall_compiled')} | {ratio('ratio_cpu_compiled')} |")
     print()
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The trainer's tokens/s against microsoft/dion's GPT model run eagerly on the same CPU.
+"""The trainer's tokens/s against microsoft/dion's GPT model, eager and compiled, on the same CPU.
 
     PYTHONPATH=/tmp/dion_ref python3 bench/reference_train.py --dion-train build/dion-train \\
         --data-dir SHARDS --json out.jsonl
@@ -9,6 +9,9 @@ in one micro-batch, vocabulary 50304, fp32, one thread, the embedding and lm_hea
 per matrix optimizer (default Muon and Dion2 at fraction 0.25, Newton-Schulz, as train.py):
   - reference: models/gpt_model.py's GPT (from the checkout on PYTHONPATH, fetched for the run
     and never committed) with the reference's optimizer class and train.py's parameter groups;
+    run eagerly and (--reference-modes compiled, the default too) after the reference's own
+    GPT.compile() (torch.compile of its forward; the first step, which compiles, is reported
+    apart as first_step_s and never among the timed steps);
     each step is forward + backward + optimizer step + zero_grad on random tokens, timed on
     the wall clock and the process CPU clock (time.process_time), median of the steps after
     `--warmup`;
@@ -51,11 +54,16 @@ def parse_args():
     p.add_argument("--vocab", type=int, default=50304, help="the GPT-2 vocabulary dion-train uses")
     p.add_argument("--steps", type=int, default=5, help="timed steps per side")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--reference-modes", default="eager,compiled",
+                   help="eager, compiled (torch.compile via the reference's GPT.compile; comma-separated)")
     p.add_argument("--json", default="")
     args = p.parse_args()
     for o in args.optimizers.split(","):
         if o not in ("muon", "dion2"):
             p.error(f"--optimizers: '{o}': valid values are muon, dion2")
+    for m in args.reference_modes.split(","):
+        if m not in ("eager", "compiled"):
+            p.error(f"--reference-modes: '{m}': valid values are eager, compiled")
     if args.steps < 1 or args.warmup < 1:
         p.error("--steps and --warmup must be at least 1")
     if not (os.path.isfile(args.dion_train) and os.access(args.dion_train, os.X_OK)):
@@ -67,8 +75,9 @@ def parse_args():
 
 # ---------------------------------------------------------------------------- reference side
 
-def reference_steps(torch, args, optimizer):
-    """Wall and CPU seconds of each timed step of the reference's GPT + optimizer."""
+def reference_steps(torch, args, optimizer, compiled=False):
+    """Wall and CPU seconds of each timed step of the reference's GPT + optimizer, and the wall
+    seconds of the first step (with `compiled`, torch.compile's compile time is in it)."""
     from models.gpt_model import GPT, GPTConfig
     import dion
     from dion.opt_utils import lm_head_lr_scale
@@ -76,6 +85,8 @@ def reference_steps(torch, args, optimizer):
     model = GPT(GPTConfig(sequence_len=args.seq, vocab_size=args.vocab, n_layer=args.n_layer,
                           n_head=args.n_head, n_embd=args.model_dim))
     model.init_weights()
+    if compiled:
+        model.compile()  # the reference's own GPT.compile (torch.compile of its forward)
     lr, mu, wd = 0.02, 0.95, 0.01  # train.py's Hyperparameters defaults
     groups = [dict(params=list(model.transformer.h.parameters())),  # train.py's init_optimizer
               dict(params=list(model.transformer.wte.parameters()), algorithm="adamw", lr=lr,
@@ -89,7 +100,7 @@ def reference_steps(torch, args, optimizer):
         opt = dion.Dion2(groups, lr=lr, fraction=0.25, ef_decay=mu, weight_decay=wd,
                          adjust_lr="spectral_norm", use_triton=False, use_polar_express=False)
     model.train()
-    wall, cpu = [], []
+    wall, cpu, first = [], [], 0.0
     for i in range(args.warmup + args.steps):
         x = torch.randint(0, args.vocab, (args.batch, args.seq))
         y = torch.randint(0, args.vocab, (args.batch, args.seq))
@@ -99,10 +110,12 @@ def reference_steps(torch, args, optimizer):
         opt.step()
         opt.zero_grad(set_to_none=True)
         w, c = time.perf_counter() - w0, time.process_time() - c0
+        if i == 0:
+            first = w
         if i >= args.warmup:
             wall.append(w)
             cpu.append(c)
-    return wall, cpu
+    return wall, cpu, first
 
 
 # ---------------------------------------------------------------------------- our side
@@ -138,15 +151,18 @@ def ours(args, optimizer, work):
 
 # ---------------------------------------------------------------------------- main
 
-def side(wall, cpu, tokens):
+def side(wall, cpu, tokens, first=None):
     w, c = statistics.median(wall), statistics.median(cpu)
-    return {"wall_ms": w * 1e3, "cpu_ms": c * 1e3, "tokens_per_s_wall": tokens / w, "tokens_per_s_cpu": tokens / c,
+    extra = {} if first is None else {"first_step_s": first}
+    return {**extra, "wall_ms": w * 1e3, "cpu_ms": c * 1e3, "tokens_per_s_wall": tokens / w, "tokens_per_s_cpu": tokens / c,
             "reps_wall_ms": [x * 1e3 for x in wall]}
 
 
 def main():
     args = parse_args()
-    os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")  # eager: the reference's compiled steps excluded
+    modes = args.reference_modes.split(",")
+    if "compiled" not in modes:
+        os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")  # eager only
     import torch
     torch.set_num_threads(1)
     load_before = machine.loadavg()
@@ -163,24 +179,29 @@ def main():
         for optimizer in args.optimizers.split(","):
             row = {"optimizer": optimizer}
             if not ref_error:
-                row["reference"] = side(*reference_steps(torch, args, optimizer), tokens)
+                for mode in modes:
+                    key = "reference" if mode == "eager" else "reference_compiled"
+                    wall, cpu, first = reference_steps(torch, args, optimizer, compiled=(mode == "compiled"))
+                    row[key] = side(wall, cpu, tokens, first)
             try:
                 row["ours"] = side(*ours(args, optimizer, work), tokens)
             except RuntimeError as e:
                 print(f"reference_train: {e}", file=sys.stderr)
                 return 1
-            if "reference" in row:
-                for clock in ("wall", "cpu"):
-                    row[f"ratio_{clock}"] = (row["ours"][f"tokens_per_s_{clock}"] /
-                                             row["reference"][f"tokens_per_s_{clock}"])
+            for key, suffix in (("reference", ""), ("reference_compiled", "_compiled")):
+                if key in row:
+                    for clock in ("wall", "cpu"):
+                        row[f"ratio_{clock}{suffix}"] = (row["ours"][f"tokens_per_s_{clock}"] /
+                                                         row[key][f"tokens_per_s_{clock}"])
             rows.append(row)
             print(f"train {optimizer}: " + "; ".join(
                 f"{k} {row[k]['tokens_per_s_wall']:.0f} tok/s wall, {row[k]['tokens_per_s_cpu']:.0f} tok/s CPU"
-                for k in ("reference", "ours") if k in row), flush=True)
+                for k in ("reference", "reference_compiled", "ours") if k in row), flush=True)
     table = {"table": "train", "rows": rows, "reference_error": ref_error,
              "config": {"model_dim": args.model_dim, "n_layer": args.n_layer, "n_head": args.n_head,
                         "sequence_length": args.seq, "batch": args.batch, "vocab": args.vocab,
-                        "dtype": "fp32", "scalar_opt": "adamw", "steps": args.steps, "warmup": args.warmup},
+                        "dtype": "fp32", "scalar_opt": "adamw", "steps": args.steps, "warmup": args.warmup,
+                        "reference_modes": modes},
              "machine": machine.info(torch, load_before)}
     machine.append_json(args.json, table)
     return 0
