@@ -576,6 +576,39 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
+  // The replica check's collective (_checks.ReplicaCheck): the elementwise MAX of `values` over
+  // the ranks of `process_group`. The tensor is made and read here, never a Python object:
+  // Gloo's worker thread drops its reference to a finished work a moment after wait() returns,
+  // and were that the last reference to a Python tensor at interpreter exit, the thread would
+  // need the GIL there and be ended inside C++ (std::terminate, SIGABRT).
+  m.def(
+      "all_reduce_max",
+      [](const py::object& process_group, const std::vector<int64_t>& values, const std::string& device,
+         double timeout_s) {
+        c10::intrusive_ptr<c10d::ProcessGroup> pg;
+        try {
+          pg = process_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+        } catch (const py::cast_error&) {
+          throw dion::TypeError("expected a torch.distributed.ProcessGroup, got " + type_name(process_group));
+        }
+        std::vector<at::Tensor> t{at::tensor(values, at::kLong).to(at::Device(device))};
+        {
+          py::gil_scoped_release no_gil;
+          c10d::AllreduceOptions opts;
+          opts.reduceOp = c10d::ReduceOp(c10d::ReduceOp::MAX);
+          auto work = pg->allreduce(t, opts);
+          try {
+            work->wait(std::chrono::milliseconds(int64_t(timeout_s * 1000)));
+          } catch (const std::exception& e) {
+            throw std::runtime_error(dion::message_of(e));
+          }
+        }
+        at::Tensor out = t[0].cpu();
+        return std::vector<int64_t>(out.data_ptr<int64_t>(), out.data_ptr<int64_t>() + out.numel());
+      },
+      py::arg("process_group"), py::arg("values"), py::arg("device"), py::arg("timeout_s"),
+      "elementwise MAX of `values` (int64) over the ranks of `process_group`, waiting at most timeout_s");
+
   // The hyperparameter table (dion/optim/hyperparameters.h): [(name, doc)], in order.
   m.def("hyperparameters", [] {
     py::list out;

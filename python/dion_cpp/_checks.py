@@ -19,7 +19,6 @@ state-dict checks (the optimizer's load_state_dict, against the C++ state table)
 """
 from __future__ import annotations
 
-import datetime
 import hashlib
 import math
 import struct
@@ -27,6 +26,8 @@ from typing import List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+
+from . import _C
 
 
 def _param_name(group: dict, j: int) -> str:
@@ -140,35 +141,22 @@ class ReplicaCheck:
     def __init__(self, group, timeout: float = DEFAULT_TIMEOUT_S):
         self.group = group
         self.timeout = timeout
-        # The all_reduce's tensor, kept for the check's life: Gloo's worker thread drops its own
-        # reference to a finished work's tensors a moment after wait() returns. Were that the
-        # last reference to a Python tensor, the tensor's deallocation would need the GIL on
-        # that thread, and at interpreter exit (the script's last step just returned) the thread
-        # is then ended inside C++ code: "terminate called without an active exception",
-        # SIGABRT (seen 1 exit in 100 under load, scripts/soak_python_exit.sh). Holding it here
-        # (the optimizer keeps one ReplicaCheck per group), the last reference is always this
-        # object's, dropped on the Python thread.
-        self._buf: Optional[torch.Tensor] = None
 
     def __call__(self, opt) -> None:
         desc = describe(opt)
         device = torch.device("cpu")
         if dist.get_backend(self.group) == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
-        digest = torch.tensor(_digest(desc), dtype=torch.int64)
-        if self._buf is None or self._buf.device != device:
-            self._buf = torch.empty(len(digest), dtype=torch.int64, device=device)
-        t = self._buf
-        t.copy_(digest)
-        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        # Through _C.all_reduce_max, not dist.all_reduce: its tensor is never a Python object
+        # (a Python tensor whose last reference Gloo's thread drops at interpreter exit aborts
+        # the process: docs/distributed.md, "Two-rank exits").
         try:
-            work.wait(timeout=datetime.timedelta(seconds=self.timeout))
+            top = _C.all_reduce_max(self.group, _digest(desc), str(device), self.timeout)
         except RuntimeError as e:
             raise RuntimeError(
                 f"{type(opt).__name__}.step(): the other ranks of the process group did not step "
                 f"within {self.timeout:g} s (the replica check is collective: every rank of the "
                 f"group must call step(); {e})") from None
-        top = t.tolist()
         if top[0] == -top[2] and top[1] == -top[3]:
             return
         # Some rank differs: every rank saw it, so every rank gathers the descriptions.

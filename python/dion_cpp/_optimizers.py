@@ -280,15 +280,8 @@ class _CppOptimizer(Optimizer):
                 groups = [dist.group.WORLD]
         else:
             groups = [setting]
-        # One ReplicaCheck per group for the optimizer's life: each keeps its all_reduce tensor.
-        kept = self.__dict__.setdefault("_replica_check_objs", [])
         for g in groups:
-            check = next((c for c in kept if c.group is g), None)
-            if check is None:
-                check = _checks.ReplicaCheck(g, self.replica_check_timeout)
-                kept.append(check)
-            check.timeout = self.replica_check_timeout
-            check(self)
+            _checks.ReplicaCheck(g, self.replica_check_timeout)(self)
 
     def _push_groups(self) -> None:
         """Push every group into C++ (validated there). A group whose algorithm was edited
