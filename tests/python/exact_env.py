@@ -77,3 +77,17 @@ def differs(recorded, torch):
         if want != value:
             return f"{key} is {value!r} here, {recorded[key]!r} when recorded"
     return ""
+
+
+def unreachable(torch):
+    """'' when bit-exact replay is possible on this CPU at all, else why not (the mirror of
+    exact_unreachable_here in tests/support/exact_env.h): LibTorch's float32 sqrt is not correctly
+    rounded on some CPUs (an AMD EPYC, family 26) even under the pinned environment, so vectors
+    recorded where it is cannot replay bit for bit wherever a step takes a square root."""
+    x = torch.linspace(0.25, 4.0, 4096, dtype=torch.float32)
+    want = torch.sqrt(x.double()).float()  # correctly rounded (53 >= 2*24+2 bits)
+    off = int((torch.sqrt(x) != want).sum())
+    if off == 0:
+        return ""
+    return (f"LibTorch's float32 sqrt on this CPU is not correctly rounded ({off} of 4096 inputs off "
+            f"by an ulp), unlike where the vectors were recorded")

@@ -89,6 +89,8 @@ def test_matches_reference_vectors(name):
     exact = not why
     if os.environ.get("DION_REF_EXACT") and not exact:
         pytest.fail(f"DION_REF_EXACT is set but this environment cannot reproduce the vectors bit for bit: {why}")
+    if exact and exact_env.unreachable(torch):  # the pins took, but this CPU rounds differently
+        exact = False
     if case["optimizer"] == "Dion":
         opt.init_state()
         for i, p in enumerate(params):
