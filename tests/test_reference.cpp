@@ -198,7 +198,12 @@ TEST_P(Reference, MatchesStepByStep) {
   bool exact = exact_environment(c, why);
   if (!exact && std::getenv("DION_REF_EXACT"))
     FAIL() << "DION_REF_EXACT is set but this environment cannot reproduce the vectors bit for bit: " << why;
-  if (exact) {  // the pins took, but this CPU may still round differently (exact_env.h)
+  // The pins took, but this CPU's sqrt may round otherwise than the recording's (exact_env.h):
+  // then the classes whose step takes a square root compare with tolerances; the others stay
+  // bit for bit.
+  const std::string cls = c["optimizer"];
+  const bool takes_sqrt = cls == "NorMuon" || cls == "NorDion2" || cls == "Dion3" || cls == "Dion";
+  if (exact && takes_sqrt) {
     static const std::string unreachable = dion::testing::exact_unreachable_here();
     if (!unreachable.empty()) {
       why = unreachable;

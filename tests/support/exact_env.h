@@ -109,13 +109,14 @@ inline std::string exact_environment_differs(const nlohmann::json& recorded) {
   return "";
 }
 
-// "" when bit-exact replay is possible on this CPU at all; else why not. Measured, not assumed:
-// on an AMD EPYC (family 26) LibTorch's float32 sqrt is not correctly rounded even under the
-// pinned environment (about 20% of inputs differ by one ulp from the correctly rounded root;
-// numpy's sqrt on the same CPU is correctly rounded), so vectors recorded where it is (Intel
-// Xeon) cannot replay bit for bit wherever a step takes a square root (NorMuon's and NorDion2's
-// neuron norms, legacy Dion's column norms). There the exact tests compare with the plain tests'
-// tolerances and say so.
+// "" when this CPU's float32 sqrt is correctly rounded under the pinned environment; else how
+// many of 4096 inputs are not. torch.sqrt is MKL's vsSqrt, whose COMPATIBLE branch is not
+// correctly rounded and rounds differently per microarchitecture: on an AMD EPYC (family 26)
+// the reference itself, re-recorded there under the same pins, differs from the committed
+// (Intel Xeon) vectors in exactly the classes whose step takes a square root (NorMuon, NorDion2,
+// legacy Dion), by 1 ulp growing to 1.6e-5 on Dion's Q; dion-cpp equals that re-recording bit
+// for bit. Where sqrt is inexact, those classes compare with the plain tests' tolerances and say
+// why; every other class stays bit for bit.
 inline std::string exact_unreachable_here() {
   const at::Tensor x = at::linspace(0.25, 4.0, 4096, at::kFloat);
   const at::Tensor want = at::sqrt(x.to(at::kDouble)).to(at::kFloat);  // correctly rounded (53 >= 2*24+2)
