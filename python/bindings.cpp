@@ -51,6 +51,15 @@ std::string where(size_t group, const char* option) {
 
 std::string type_name(const py::handle& v) { return py::str(py::type::of(v).attr("__name__")); }
 
+// A torch.distributed ProcessGroup from Python, or TypeError naming what was given.
+c10::intrusive_ptr<c10d::ProcessGroup> process_group_of(const py::object& process_group) {
+  try {
+    return process_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+  } catch (const py::cast_error&) {
+    throw dion::TypeError("expected a torch.distributed.ProcessGroup, got " + type_name(process_group));
+  }
+}
+
 double as_double(const py::handle& v, size_t g, const char* key) {
   // float, int, 0-d tensor, numpy scalar: anything with __float__ (as the reference accepts).
   if (py::isinstance<py::str>(v) || v.is_none())
@@ -496,12 +505,7 @@ class PyOptimizer {
   // torch's own backends (no connections of our own), with the group's timeout where its backend
   // tells it.
   static std::shared_ptr<dion::comm::Group> wrap(const py::object& process_group, std::vector<int> ranks) {
-    c10::intrusive_ptr<c10d::ProcessGroup> pg;
-    try {
-      pg = process_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
-    } catch (const py::cast_error&) {
-      throw dion::TypeError("expected a torch.distributed.ProcessGroup, got " + type_name(process_group));
-    }
+    const c10::intrusive_ptr<c10d::ProcessGroup> pg = process_group_of(process_group);
     dion::comm::GroupOptions options;  // the torch group's timeout, where its backend tells it
     if (pg->getSize() > 1) {
       for (const c10::Device& d : pg->getDeviceTypes()) {
@@ -585,12 +589,7 @@ PYBIND11_MODULE(_C, m) {
       "all_reduce_max",
       [](const py::object& process_group, const std::vector<int64_t>& values, const std::string& device,
          double timeout_s) {
-        c10::intrusive_ptr<c10d::ProcessGroup> pg;
-        try {
-          pg = process_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
-        } catch (const py::cast_error&) {
-          throw dion::TypeError("expected a torch.distributed.ProcessGroup, got " + type_name(process_group));
-        }
+        const c10::intrusive_ptr<c10d::ProcessGroup> pg = process_group_of(process_group);
         std::vector<at::Tensor> t{at::tensor(values, at::kLong).to(at::Device(device))};
         {
           py::gil_scoped_release no_gil;
