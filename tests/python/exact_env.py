@@ -90,4 +90,5 @@ def unreachable(torch):
     if off == 0:
         return ""
     return (f"LibTorch's float32 sqrt on this CPU is not correctly rounded ({off} of 4096 inputs off "
-            f"by an ulp), unlike where the vectors were recorded")
+            f"by an ulp): its rounding depends on the microarchitecture, so vectors recorded on "
+            f"another CPU cannot replay bit for bit")

@@ -123,7 +123,8 @@ inline std::string exact_unreachable_here() {
   const int64_t off = at::ne(at::sqrt(x), want).sum().item<int64_t>();
   if (off == 0) return "";
   return "LibTorch's float32 sqrt on this CPU is not correctly rounded (" + std::to_string(off) +
-         " of 4096 inputs off by an ulp), unlike where the vectors were recorded";
+         " of 4096 inputs off by an ulp): its rounding depends on the microarchitecture, so vectors recorded on "
+         "another CPU cannot replay bit for bit";
 }
 
 }  // namespace dion::testing
