@@ -30,6 +30,7 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/generate.cpp
   ${DION_TRAIN_ROOT}/src/train/gpt.cpp
   ${DION_TRAIN_ROOT}/src/train/graphed_step.cpp
+  ${DION_TRAIN_ROOT}/src/train/kernels.cpp
   ${DION_TRAIN_ROOT}/src/train/loader.cpp
   ${DION_TRAIN_ROOT}/src/train/metrics.cpp
   ${DION_TRAIN_ROOT}/src/train/mfu.cpp
@@ -75,6 +76,7 @@ if(DION_BUILD_TESTS)
   dion_train_test_binary(dion_train_tests
     ${DION_TRAIN_ROOT}/tests/train/test_config.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_gpt.cpp
+    ${DION_TRAIN_ROOT}/tests/train/test_kernels.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_graphs.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_run.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_train_checkpoint.cpp

@@ -99,6 +99,10 @@ const std::vector<Key>& keys() {
       {"device", &Config::device, "where to train", Check::CHOICE, {"cpu", "cuda"}},
       {"dtype", &Config::dtype, "compute dtype: auto (cuda: bf16 autocast; cpu: the faster, docs/train.md), fp32, bf16 (autocast)",
        Check::CHOICE, {"auto", "fp32", "bf16"}},
+      {"model_kernels", &Config::model_kernels,
+       "fast: oneDNN GEMMs on CPU and the lm_head + cross entropy fused (docs/train.md); exact: ATen in the "
+       "reference's order",
+       Check::CHOICE, {"fast", "exact"}},
       {"seed", &Config::seed, "seed of the initialization and of debug mode's tokens", Check::NON_NEGATIVE},
       {"resume", &Config::resume, "resume from checkpoint_dir when it holds a checkpoint (false: start over)"},
       {"resume_fallback", &Config::resume_fallback, "when checkpoint_dir's newest step_* folder is not a complete good checkpoint: resume from the newest good one, naming the bad ones (false: stop with an error)"},

@@ -75,6 +75,7 @@ const std::map<std::string, Row>& table() {
       {"run_dir", {P::FREE, ""}},
       {"device", {P::LOGGED, ""}},
       {"dtype", {P::LOGGED, ""}},
+      {"model_kernels", {P::LOGGED, ""}},
       {"seed", {P::MUST_MATCH, "debug mode's synthetic tokens are drawn from it (the generators are restored from the checkpoint)"}},
       {"resume", {P::FREE, ""}},
       {"resume_fallback", {P::FREE, ""}},

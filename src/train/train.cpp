@@ -198,7 +198,8 @@ RunSummary train_run(const Config& c) {
   }
 
   // ---------------------------------------------------------------- model and optimizer
-  const GPTConfig gcfg{c.sequence_length, c.vocab_size, c.n_layer, c.n_head, c.model_dim};
+  GPTConfig gcfg{c.sequence_length, c.vocab_size, c.n_layer, c.n_head, c.model_dim};
+  gcfg.kernels = c.model_kernels == "exact" ? Kernels::exact : Kernels::fast;
   GPTConfig placeholder = gcfg;
   placeholder.placeholder_weights = true;  // never the whole model: init_model draws one weight at a time
   GPT model(placeholder);
@@ -345,7 +346,8 @@ RunSummary train_run(const Config& c) {
     const double ms_avg = steps_timed ? steps_ms_total / double(steps_timed) : step_s * 1000;
     const double lr = topt.base_lrs[0] * factor;
     if (metrics) {
-      metrics->train(step, train_loss, lr, st.tokens, double(tokens_per_step) / step_s, step_s * 1000, elapsed());
+      metrics->train(step, train_loss, lr, st.tokens, double(tokens_per_step) / step_s, step_s * 1000, elapsed(),
+                     t_fwd_bwd * 1000);
       tensorboard->add_scalar("train/loss", train_loss, step);
       tensorboard->add_scalar("train/lr", lr, step);
       tensorboard->add_scalar("train/tokens_per_s", double(tokens_per_step) / step_s, step);

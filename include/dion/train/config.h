@@ -94,6 +94,7 @@ struct Config {
   std::string run_dir = "";      // "" -> runs/<config file stem> (runs/default without --config)
   std::string device = "cpu";    // cpu | cuda
   std::string dtype = "auto";    // auto | fp32 | bf16 (autocast)
+  std::string model_kernels = "fast";  // fast | exact (dion/train/kernels.h)
   int64_t seed = 1337;
   bool resume = true;
   bool resume_fallback = false;  // resume from the newest GOOD checkpoint when the newest is bad

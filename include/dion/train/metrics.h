@@ -23,8 +23,9 @@ class MetricsWriter {
  public:
   // keep_through_step < 0: start a new file; else keep records with step <= it.
   MetricsWriter(const std::filesystem::path& file, int64_t keep_through_step);
+  // fwd_bwd_ms: the forward and backward passes' part of ms_per_step (the rest: the optimizer step).
   void train(int64_t step, double loss, double lr, int64_t tokens, double tokens_per_s, double ms_per_step,
-             double time_s);
+             double time_s, double fwd_bwd_ms);
   void val(int64_t step, double val_loss, int64_t tokens, double time_s);
 
  private:
