@@ -29,6 +29,7 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/fs_util.cpp
   ${DION_TRAIN_ROOT}/src/train/generate.cpp
   ${DION_TRAIN_ROOT}/src/train/gpt.cpp
+  ${DION_TRAIN_ROOT}/src/train/grad_norm.cpp
   ${DION_TRAIN_ROOT}/src/train/graphed_step.cpp
   ${DION_TRAIN_ROOT}/src/train/loader.cpp
   ${DION_TRAIN_ROOT}/src/train/metrics.cpp

@@ -82,6 +82,11 @@ const std::map<std::string, Row>& table() {
       {"log_every", {P::FREE, ""}},
       {"cuda_graphs", {P::FREE, ""}},
       {"peak_tflops", {P::FREE, ""}},
+      // numerics keys
+      {"grad_clip", {P::LOGGED, ""}},
+      {"max_nonfinite_steps", {P::FREE, ""}},
+      {"scalar_beta1", {P::LOGGED, ""}},
+      {"scalar_beta2", {P::LOGGED, ""}},
   };
   return rows;
 }
