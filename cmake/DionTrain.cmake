@@ -153,6 +153,13 @@ if(DION_BUILD_TESTS)
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
     PROPERTIES LABELS train TIMEOUT 300 RESOURCE_LOCK multiprocess)
+  # Issue 21: the gradient norm, grad_clip, the non-finite guard, train.py's trajectory
+  # (tests/train/test_numerics.cpp; several processes per test, as the parallel suite).
+  dion_train_test_binary(dion_train_numerics_tests ${DION_TRAIN_ROOT}/tests/train/test_numerics.cpp)
+  gtest_discover_tests(dion_train_numerics_tests
+    WORKING_DIRECTORY ${DION_TRAIN_ROOT}
+    DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
+    PROPERTIES LABELS train TIMEOUT 300 RESOURCE_LOCK multiprocess)
   # Issue 23: two "hosts" as network namespaces (tests/multihost, root only; skips elsewhere with
   # "network namespaces unavailable: ..."): multi-node launch, faults, restarts. ctest -L multihost
   add_test(NAME multihost_tests

@@ -353,10 +353,10 @@ RunSummary train_run(const Config& c) {
                       nonfinite_in_a_row, c.max_nonfinite_steps));
       if (nonfinite_in_a_row > c.max_nonfinite_steps)
         throw NonFiniteError(fmt::format(
-            "step {}: {} non-finite step{} in a row (loss {}, grad_norm {}), more than max_nonfinite_steps {}: the "
-            "run diverged; stopping. Resume from the last checkpoint with a lower lr, or set grad_clip "
+            "step {}/{}: {} non-finite step{} in a row (loss {}, grad_norm {}), more than max_nonfinite_steps {}: "
+            "the run diverged; stopping. Resume from the last checkpoint with a lower lr, or set grad_clip "
             "(docs/train.md \"Gradient norm, clipping, non-finite steps\")",
-            step, nonfinite_in_a_row, nonfinite_in_a_row == 1 ? "" : "s", train_loss, gnorm.norm,
+            step + 1, N, nonfinite_in_a_row, nonfinite_in_a_row == 1 ? "" : "s", train_loss, gnorm.norm,
             c.max_nonfinite_steps));
     }
     replicas_test_perturb(model, par, step);

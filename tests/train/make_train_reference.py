@@ -25,7 +25,9 @@ train.py needs CUDA and torchrun; what this script changes around it, and nothin
   - wandb and tqdm are stubs; the stub's wandb.log records what train.py logs at full precision:
     train/loss (the step's last micro-batch; one micro-batch here, so the step's mean as
     dion-train's), train/grad_norm, val/loss.
-What it records per run: train.py's flags, the 10 losses, grad norms and the final val loss.
+What it records per run: train.py's flags, the 10 losses, grad norms (its get_total_norm, fp32;
+and grad_norm_fp64: get_total_norm of the same gradients cast to float64, train.py's result
+unchanged) and the final val loss.
 """
 import argparse
 import contextlib
@@ -85,9 +87,13 @@ def install_stubs(logged):
     sys.modules["tqdm"] = tqdm
 
 
+norms_fp64 = []  # run_train_py: the float64 norm of each step's gradients
+
+
 def run_train_py(reference, data_dir, flags):
     """train.py main() with `flags`; returns what it passed to wandb.log."""
     logged = []
+    norms_fp64.clear()
     install_stubs(logged)
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(free_port()))
@@ -125,6 +131,18 @@ def run_train_py(reference, data_dir, flags):
             super().__init__(module, **k)
 
     train.DDP = CpuDDP
+    # train.py's get_total_norm, unchanged; beside it the same norm summed in float64 (what
+    # dion-train computes), recorded as grad_norm_fp64.
+    total_norm = torch.nn.utils.get_total_norm
+
+    def recording_total_norm(tensors, *a, **k):
+        tensors = list(tensors)
+        exact = torch.nn.utils.get_total_norm.__wrapped_exact__([t.double() for t in tensors])
+        norms_fp64.append(exact.item())
+        return total_norm(tensors, *a, **k)
+
+    recording_total_norm.__wrapped_exact__ = total_norm
+    torch.nn.utils.get_total_norm = recording_total_norm
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(YAML)
         cfg = f.name
@@ -165,6 +183,7 @@ def child(reference, data_dir, name):
         "train_py_flags": flags,
         "loss": [d["train/loss"] for d in train_logs],
         "grad_norm": [d["train/grad_norm"] for d in train_logs],
+        "grad_norm_fp64": list(norms_fp64),
         "val_loss": val_logs[-1]["val/loss"],
         "torch": torch.__version__,
     }))
@@ -191,7 +210,7 @@ def main():
             saved = json.load(f)
         worst = 0.0
         for s, g in zip(saved["runs"], got["runs"]):
-            for key in ("loss", "grad_norm"):
+            for key in ("loss", "grad_norm", "grad_norm_fp64"):
                 for x, y in zip(s[key], g[key]):
                     worst = max(worst, abs(x - y) / abs(x))
         print(f"max relative difference from the saved file: {worst:.3g}")
@@ -201,8 +220,9 @@ def main():
         json.dump(got, f, indent=1)
         f.write("\n")
     for r in runs:
+        fp32_vs_fp64 = max(abs(a - b) / b for a, b in zip(r["grad_norm"], r["grad_norm_fp64"]))
         print(f"{r['name']}: loss {r['loss'][0]:.7f} -> {r['loss'][-1]:.7f}, grad_norm[0] {r['grad_norm'][0]:.7f}, "
-              f"val {r['val_loss']:.7f}")
+              f"val {r['val_loss']:.7f}; torch's fp32 grad norm vs float64: {fp32_vs_fp64:.2g}")
     print(f"wrote {OUT}")
 
 

@@ -5,10 +5,11 @@
 //   GradNorm g = grad_norm(model->parameters(), par, grads_summed_over_dp);   // collective (world)
 //   if (g.finite && clip > 0) clip_gradients(model->parameters(), g.norm, clip);
 //
-// grad_norm: the L2 norm of the whole model's gradient, as train.py's
-// torch.nn.utils.get_total_norm over its (DTensor) gradients: each parameter's part's norm (fp32,
-// at::linalg_vector_norm, the tensor's dtype), squared and summed in double over this rank's
-// parts, then summed over the ranks that hold DISJOINT parts. Under FSDP and TP every parameter
+// grad_norm: the L2 norm of the whole model's gradient, what train.py logs with
+// torch.nn.utils.get_total_norm over its (DTensor) gradients, but summed in double: the squares
+// of every element of this rank's parts, in double, then summed over the ranks that hold
+// DISJOINT parts (torch's fp32 norm of a large tensor is off by up to ~1e-5 relative, by a
+// different amount per shard; tests/train/test_numerics.cpp measures both). Under FSDP and TP every parameter
 // is split (dion/train/parallel.h: wte and lm_head included), so the (fs, tp) parts of one dp
 // replica partition the model; the dp replicas hold identical copies of the summed gradient, so
 // only dp rank 0's parts are counted (one all_reduce over the world of two doubles; none for one
