@@ -32,8 +32,12 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "dion/train/checkpoint.h"
+#include "dion/train/config.h"
 #include "dion/train/grad_norm.h"
+#include "dion/train/resume_policy.h"
 #include "train_test_util.h"
 
 namespace dion::train {
@@ -284,6 +288,37 @@ TEST_F(Numerics, TooManyNonFiniteStepsInARowStopTheRun) {
   EXPECT_EQ(first.exit_code, 1) << first.output;
   EXPECT_NE(first.output.find("step 1/5: 1 non-finite step in a row (loss "), std::string::npos) << first.output;
   EXPECT_EQ(first.output.find("Exception raised from"), std::string::npos) << first.output;
+}
+
+// A checkpoint written before the scalar_beta keys (its config has none) was trained with
+// (0.95, 0.98): resuming it says which betas now apply and how to keep the old ones; a checkpoint
+// with the keys resumes silently when they match and names a change.
+TEST(ScalarBetas, ResumingACheckpointFromBeforeTheKeysSaysSo) {
+  Config c;
+  c.debug = true;
+  CheckpointMeta meta;
+  const std::string yaml = config_to_yaml(c);
+  std::string old_yaml;
+  std::istringstream in(yaml);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("scalar_beta", 0) != 0) old_yaml += line + "\n";
+  ASSERT_NE(old_yaml, yaml);
+  meta.config_yaml = old_yaml;
+  auto joined = [](const std::vector<std::string>& lines) {
+    std::string all;
+    for (const std::string& l : lines) all += l + "\n";
+    return all;
+  };
+  const std::string said = joined(resume_check(c, meta, "ck/step_00000002", data_fingerprint(c)));
+  EXPECT_NE(said.find("resuming step_00000002 with scalar betas (0.9, 0.95); it was trained by a dion-train without "
+                      "the scalar_beta keys, which used (0.95, 0.98): pass --scalar_beta1 0.95 --scalar_beta2 0.98"),
+            std::string::npos) << said;
+  meta.config_yaml = yaml;
+  EXPECT_EQ(joined(resume_check(c, meta, "ck/step_00000002", data_fingerprint(c))), "");
+  Config changed = c;
+  changed.scalar_beta2 = 0.98;
+  EXPECT_NE(joined(resume_check(changed, meta, "ck/step_00000002", data_fingerprint(c))).find("scalar_beta2 0.95 -> 0.98"),
+            std::string::npos);
 }
 
 }  // namespace
