@@ -111,6 +111,7 @@ const std::vector<Key>& keys() {
       {"max_nonfinite_steps", &Config::max_nonfinite_steps, "a step whose loss or gradient is not finite is skipped (weights and optimizer state untouched); this many in a row are skipped, one more stops the run (0: the first stops it)", Check::NON_NEGATIVE},
       {"scalar_beta1", &Config::scalar_beta1, "beta1 of the embedding and lm_head groups (scalar_opt); the default (0.9, 0.95) is what train.py runs (its betas=(0.95, 0.98) never reach its optimizers)", Check::RATIO},
       {"scalar_beta2", &Config::scalar_beta2, "beta2 of the embedding and lm_head groups (scalar_opt)", Check::RATIO},
+      {"fsdp_param_dtype", &Config::fsdp_param_dtype, "FSDP weight gathers: fp32, or bf16 as the reference's MixedPrecisionPolicy (param_dtype bf16: half the gather bytes, weights rounded to bf16 for compute; gradients reduce-scattered in fp32); no effect without fs_size > 1", Check::CHOICE, {"fp32", "bf16"}},
   };
   return table;
 }

@@ -206,6 +206,7 @@ RunSummary train_run(const Config& c) {
   at::manual_seed(uint64_t(c.seed));  // after construction, as the reference (built on meta) draws
   par.init_model(model);  // the weights of one process; each rank keeps its parts
   par.set_reshard_after_forward(c.reshard_after_forward && !c.fast_fsdp);
+  par.set_gather_dtype(c.fsdp_param_dtype == "bf16" ? at::kBFloat16 : at::kFloat);  // FSDP gathers
   model->to(device);
   TrainOptimizer topt = build_optimizer(c, model);
   dion::Optimizer& opt = *topt.optimizer;
@@ -416,10 +417,10 @@ RunSummary train_run(const Config& c) {
                       ddp->launched_during_backward(), ddp->buckets()));
     if (par.shape().fs > 1)
       say(fmt::format("FSDP: {} of {} forward weight gathers prefetched, {} of {} backward re-gathers, {} gradient "
-                      "reduce-scatters; reshard_after_forward {}, gradient sync {}",
+                      "reduce-scatters; reshard_after_forward {}, gradient sync {}, weights gathered in {}",
                       par.prefetched(), par.gathers(), par.regathers_prefetched(), par.regathers(),
                       par.reduce_scatters(), par.reshard_after_forward(),
-                      c.fast_fsdp ? "once per step (fast_fsdp)" : "every micro-batch"));
+                      c.fast_fsdp ? "once per step (fast_fsdp)" : "every micro-batch", c.fsdp_param_dtype));
   }
   sum.last_step = st.step;
   sum.best_val_loss = st.best_val_loss;

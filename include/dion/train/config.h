@@ -106,6 +106,7 @@ struct Config {
   int64_t max_nonfinite_steps = 3;   // non-finite steps in a row skipped; one more stops the run
   double scalar_beta1 = 0.9;         // the embedding / lm_head groups' betas: train.py's effective
   double scalar_beta2 = 0.95;        //   (0.9, 0.95) (docs/train.md "Parameter groups")
+  std::string fsdp_param_dtype = "fp32";  // FSDP weight gathers: fp32 | bf16 (the reference's policy)
 
   std::string config_file;  // the --config path ("" without one); not a key
 
