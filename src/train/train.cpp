@@ -427,9 +427,11 @@ RunSummary train_run(const Config& c) {
   sum.best_val_step = st.best_val_step;
   if (!sum.stopped_early)
     say(fmt::format("done: {} steps, best val_loss {:.4f} @ step {}, {} training tokens, {} total ({} this run); "
-                    "metrics in {}",
+                    "metrics in {}{}",
                     N, st.best_val_loss, st.best_val_step, st.tokens, format_duration(elapsed()),
-                    format_duration(seconds_since(t_start)), (run_dir / "metrics.jsonl").string()));
+                    format_duration(seconds_since(t_start)), (run_dir / "metrics.jsonl").string(),
+                    sum.steps_skipped ? fmt::format("; {} non-finite step(s) skipped in this run", sum.steps_skipped)
+                                      : std::string()));
   return sum;
 }
 

@@ -292,6 +292,12 @@ TEST_F(Numerics, TooManyNonFiniteStepsInARowStopTheRun) {
   }
   EXPECT_NE(rs[0].output.find("step 2/6: the gradient is not finite"), std::string::npos) << rs[0].output;
   EXPECT_NE(rs[0].output.find("(1 in a row; max_nonfinite_steps 1)"), std::string::npos) << rs[0].output;
+  // Fewer in a row than the limit: the run ends normally and its summary counts them.
+  ::setenv("DION_TEST_NONFINITE", "0:1,3", 1);
+  const ProcResult some = test::run_train(tiny(data(), tmp / "some", 6));
+  ::unsetenv("DION_TEST_NONFINITE");
+  EXPECT_EQ(some.exit_code, 0) << some.output;
+  EXPECT_NE(some.output.find("; 2 non-finite step(s) skipped in this run"), std::string::npos) << some.output;
   EXPECT_EQ(rs[0].output.find("step 1/6: 1 non-finite"), std::string::npos);
   ::setenv("DION_TEST_NONFINITE", "0:0", 1);
   const ProcResult first = test::run_train(tiny(data(), tmp / "zero") + std::vector<std::string>{"--max_nonfinite_steps", "0"});
