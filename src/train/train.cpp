@@ -381,6 +381,7 @@ RunSummary train_run(const Config& c) {
                      elapsed(), skipped);
       tensorboard->add_scalar("train/loss", train_loss, step);
       tensorboard->add_scalar("train/lr", lr, step);
+      tensorboard->add_scalar("train/grad_norm", gnorm.norm, step);
       tensorboard->add_scalar("train/tokens_per_s", double(tokens_per_step) / step_s, step);
     }
     if (step % c.log_every == 0 || step == N - 1) {
