@@ -16,7 +16,8 @@
 //   Muon's bf16 Newton-Schulz makes of that (tests/train/test_parallel.cpp's derivation), and a
 //   gradient is more sensitive to it than the loss: measured 1.3e-5 at step 1, 6e-5 over the 5
 //   steps, limit 3e-4 (the file's loss tolerance). A replicated part counted twice (or a shard
-//   missed) would be off by ~40%.
+//   missed) would be off by ~40%. Legacy Dion's replicate_mesh_grad_sync (no dp sum): dp rank
+//   0's own gradient, as train.py logs it, computed here in one process.
 // - grad_clip: the torch rule on the gradients (unit test, bit for bit); above every norm the
 //   run is bit-identical to no clipping; a tiny clip makes AdamW's steps vanish (the lr 0 run's
 //   losses); the logged norm is the one before clipping.
@@ -325,6 +326,32 @@ double first_batch_loss(const fs::path& data, bool round) {
     sum += model->loss(b.x, b.y).item<double>();
   }
   return sum / 4;
+}
+
+// Legacy Dion with replicate_mesh_grad_sync at dp 2 never sums the replicas' gradients; the
+// logged norm is then train.py's in that mode: dp rank 0's own gradient, the mean over its own
+// micro-batches (sequences 0 and 2 of the global batch: the loader's rank 0 of 2). One process
+// computes that gradient here: equal within 1e-6 at step 0 (measured: the fp32 sums' order).
+TEST_F(Numerics, UnderReplicateMeshGradSyncTheNormIsRankZerosOwnGradient) {
+  TempDir tmp("rmgs");
+  std::vector<std::string> args = tiny(data(), tmp / "run", 2) + layout(2, 1, 1) +
+      std::vector<std::string>{"--optimizer", "dion", "--replicate_mesh_grad_sync", "true"};
+  const auto rs = test::run_train_ranks(2, args);
+  for (size_t r = 0; r < rs.size(); ++r) ASSERT_EQ(rs[r].exit_code, 0) << rs[r].output;
+  const auto got = train_records(tmp / "run" / "metrics.jsonl");
+  ASSERT_EQ(got.size(), 2u);
+  GPT model(GPTConfig{64, kVocabSize, 2, 2, 64});
+  at::manual_seed(1337);
+  model->init_weights();
+  ShardLoader loader(data(), "train", 1, 64);
+  std::vector<Batch> seq;
+  for (int i = 0; i < 4; ++i) seq.push_back(loader.next());
+  at::Tensor loss = (model->loss(seq[0].x, seq[0].y) + model->loss(seq[2].x, seq[2].y)) / 2;
+  loss.backward();
+  double sq = 0;
+  for (const at::Tensor& p : model->parameters()) sq += p.grad().to(at::kDouble).square().sum().item<double>();
+  EXPECT_LE(rel(got[0].grad_norm, std::sqrt(sq)), 1e-6) << got[0].grad_norm << " vs " << std::sqrt(sq);
+  std::printf("replicate_mesh_grad_sync: rank 0's gradient norm %.9g, logged %.9g\n", std::sqrt(sq), got[0].grad_norm);
 }
 
 double model_kb_per_step(const std::string& output) {
