@@ -110,6 +110,12 @@ const std::vector<Key>& keys() {
       {"log_every", &Config::log_every, "print a step line every N steps (metrics.jsonl gets every step)", Check::POSITIVE},
       {"cuda_graphs", &Config::cuda_graphs, "capture the training step (forward + backward of a micro-batch, the optimizer step) in CUDA graphs once and replay them (device cuda, one process)"},
       {"peak_tflops", &Config::peak_tflops, "the peak TFLOP/s the MFU of the step lines is measured against (0: a matmul in the run's dtype, timed once at the start)", Check::NON_NEGATIVE},
+      // numerics keys (docs/train.md "Gradient norm, clipping, non-finite steps", "Parameter groups")
+      {"grad_clip", &Config::grad_clip, "clip the global gradient norm to this before each optimizer step, as torch.nn.utils.clip_grad_norm_ (0: off; the norm is logged either way)", Check::NON_NEGATIVE},
+      {"max_nonfinite_steps", &Config::max_nonfinite_steps, "a step whose loss or gradient is not finite is skipped (weights and optimizer state untouched); this many in a row are skipped, one more stops the run (0: the first stops it)", Check::NON_NEGATIVE},
+      {"scalar_beta1", &Config::scalar_beta1, "beta1 of the embedding and lm_head groups (scalar_opt); the default (0.9, 0.95) is what train.py runs (its betas=(0.95, 0.98) never reach its optimizers)", Check::RATIO},
+      {"scalar_beta2", &Config::scalar_beta2, "beta2 of the embedding and lm_head groups (scalar_opt)", Check::RATIO},
+      {"fsdp_param_dtype", &Config::fsdp_param_dtype, "FSDP weight gathers: fp32, or bf16 as the reference's MixedPrecisionPolicy (param_dtype bf16: half the gather bytes, weights rounded to bf16 for compute; gradients reduce-scattered in fp32); no effect without fs_size > 1", Check::CHOICE, {"fp32", "bf16"}},
   };
   return table;
 }
@@ -379,6 +385,16 @@ void config_validate(const Config& c) {
     fail(fmt::format("key 'stop_after': value {} needs checkpoint_dir to continue from (it is empty)", c.stop_after));
   if (c.replicate_mesh_grad_sync && c.optimizer != "dion")
     fail(fmt::format("key 'replicate_mesh_grad_sync': true is for optimizer dion only (optimizer is '{}')", c.optimizer));
+  // numerics keys
+  if (c.grad_clip > 0 && c.replicate_mesh_grad_sync && c.dp_size > 1)
+    fail(fmt::format("key 'grad_clip': value {} needs the gradient summed over the dp replicas, which legacy Dion "
+                     "with replicate_mesh_grad_sync never forms (dp_size {}); valid: grad_clip 0, or "
+                     "replicate_mesh_grad_sync false", format_double(c.grad_clip), c.dp_size));
+  if (c.scalar_opt == "adamw" && c.optimizer != "adamw" && c.optimizer != "lion" &&
+      (c.scalar_beta1 >= 1 || c.scalar_beta2 >= 1))
+    fail(fmt::format("keys 'scalar_beta1' {} / 'scalar_beta2' {}: AdamW (scalar_opt adamw) needs each beta < 1 (its "
+                     "bias correction divides by 1 - beta^t); valid: betas in [0, 1)",
+                     format_double(c.scalar_beta1), format_double(c.scalar_beta2)));
   if (c.use_gram_newton_schulz)
     fail("key 'use_gram_newton_schulz': true is not implemented; valid: false");
   if (c.cuda_graphs && c.device != "cuda")

@@ -283,14 +283,18 @@ int64_t Parallel::bytes_sent() const {
 }
 
 comm::Work Parallel::gather_async(const at::Tensor& param, const ParamPlacement& pl) {
-  return dist::gather_tensor_async(*fs_, param.detach(), pl.fs_dim, pl.global_shape[pl.fs_dim]);
+  at::Tensor shard = param.detach();
+  if (shard.is_floating_point() && gather_dtype_ != shard.scalar_type()) shard = shard.to(gather_dtype_);
+  return dist::gather_tensor_async(*fs_, shard, pl.fs_dim, pl.global_shape[pl.fs_dim]);
 }
 
 at::Tensor Parallel::fs_gathered(Prefetch& pf, const at::Tensor& param, const ParamPlacement& pl) {
   ++pf.gathers;
   const void* key = param.unsafeGetTensorImpl();
   const int64_t dim = pl.fs_dim, global = pl.global_shape[dim];
-  auto now = [&] { return dist::join_gathered(gather_async(param, pl).wait(), dim, global); };
+  // A bf16 gather (gather_dtype_) is computed with in the parameter's dtype.
+  auto join = [&](const at::Tensor& all) { return dist::join_gathered(all, dim, global).to(param.scalar_type()); };
+  auto now = [&] { return join(gather_async(param, pl).wait()); };
   if (!pf.recorded) {  // the first pass: record the order
     if (pf.order.empty() || key != pf.order[0]) {
       pf.order.push_back(key);
@@ -326,7 +330,7 @@ at::Tensor Parallel::fs_gathered(Prefetch& pf, const at::Tensor& param, const Pa
     at::Tensor all = it->second.wait();
     pf.inflight.erase(it);
     ++pf.prefetched;
-    return dist::join_gathered(all, dim, global);
+    return join(all);
   }
   return now();
 }
