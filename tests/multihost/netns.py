@@ -10,7 +10,7 @@
         hosts.clear_netem(1)                  # (the kernel's sch_netem where it exists, else tun_netem.py)
         hosts.forwarder_stats()               # {"forwarded", "dropped", "other"} packets (tun forwarder)
         hosts.cut(1); hosts.restore(1)        # host 1's link down / up (a blackhole: no RST, no ICMP)
-        hosts.kill_host(1)                    # SIGKILL every process inside host 1
+        hosts.kill_host(1)                    # SIGKILL every process inside host 1 (hosts.pids(1): them)
     # leaving the block (a failure included) kills every process still inside the namespaces,
     # then deletes them, their links with them; an atexit hook does the same if the block is skipped.
 
@@ -285,12 +285,17 @@ class Hosts:
         if self._fwd is not None:
             self._tell_forwarder(i)
 
-    def kill_host(self, i):
-        """SIGKILL every process inside host i (a host that dies: its kernel resets its sockets)."""
-        for pid in _ip("netns", "pids", self.names[i], check=False).stdout.split():
+    def pids(self, i):
+        """The processes inside host i now."""
+        return [int(p) for p in _ip("netns", "pids", self.names[i], check=False).stdout.split()]
+
+    def kill_host(self, i, pids=None):
+        """SIGKILL every process inside host i (a host that dies: its kernel resets its sockets); `pids`
+        (from pids(i), taken earlier) kills without listing them first, within microseconds."""
+        for pid in self.pids(i) if pids is None else pids:
             try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
                 pass
 
     def restore(self, i):

@@ -24,6 +24,9 @@ inside host K (GLOO_SOCKET_IFNAME=eth0: Gloo's address is the host's own, not th
 - A host killed (SIGKILL of everything on it) while every step checkpoints: host 0's ranks exit
   within comm_timeout_s + MARGIN_S; the job started again resumes from the newest complete
   checkpoint and its losses equal an uninterrupted run's.
+- The committing host killed mid-commit: host 0 (rank 0 writes the manifest and renames) killed
+  the moment a tmp.step_K folder appears: tmp.step_K stays uncommitted and the job started again
+  loads step_K-1 (the previous checkpoint), its losses an uninterrupted run's.
 - The rendezvous host unreachable at start: a clear error within rendezvous_timeout_s + MARGIN_S.
 """
 import json
@@ -341,6 +344,45 @@ def test_host_killed_during_checkpoints_resumes(shards, work):
           + (re.search(r"dion-train: error: [^\n]*", died) or re.search(r".*", "")).group(0)[:300])
     expect_close(metrics(os.path.join(work, "plain")), metrics(os.path.join(work, "run")),
                  "resumed after a host died during the saves vs uninterrupted")
+
+
+def test_committer_host_killed_mid_commit_previous_loads(shards, work):
+    """Host 0 (rank 0: the rank that commits) killed while a checkpoint is being written: the
+    test watches checkpoint_dir and kills every process of host 0 the moment tmp.step_K appears
+    (the ranks write there, rank 0 writes the manifest and renames it to step_K). Host 1's ranks
+    exit; tmp.step_K is left uncommitted; the job started again loads step_K-1 and its losses
+    equal an uninterrupted run's."""
+    steps = 10
+    with netns.Hosts(2) as hosts:
+        plain = Job(hosts, work, tiny(shards, os.path.join(work, "plain"), steps) + ["--dp_size", "4"], port=29830)
+        assert plain.wait(180) == [0, 0], plain.dump()
+        ckpt = os.path.join(work, "ckpt")
+        args = tiny(shards, os.path.join(work, "run"), steps) + ["--dp_size", "4", "--checkpoint_dir", ckpt,
+                                                               "--checkpoint_freq", "1"]
+        job = Job(hosts, work, args, port=29840)
+        job.wait_for(0, r"checkpoint \S+step_00000002 written", 120)
+        pids = hosts.pids(0)  # the launcher and its 2 ranks (no new process until a restart)
+        end, saving = time.monotonic() + 60, None
+        while saving is None and time.monotonic() < end and job.procs[0].poll() is None:
+            saving = next((e.name for e in os.scandir(ckpt) if e.name.startswith("tmp.")), None)
+        assert saving, "no checkpoint being written seen within 60 s:\n" + job.dump()
+        hosts.kill_host(0, pids)
+        t0 = time.monotonic()
+        code1 = job.wait(COMM_TIMEOUT_S + MARGIN_S)[1]
+        took = time.monotonic() - t0
+        assert code1 not in (None, 0), job.dump()
+        left = sorted(os.listdir(ckpt))
+        k = int(saving[len("tmp.step_"):])
+        assert saving in left, f"{saving} was committed or removed before the kill landed: {left}"
+        assert f"step_{k:08d}" not in left, left
+        again = Job(hosts, work, args, port=29850)
+        assert again.wait(180) == [0, 0], again.dump()
+    m = re.search(r"resumed from (\S+)", again.output(0))
+    assert m and os.path.basename(m.group(1)) == f"step_{k - 1:08d}", (left, again.dump())
+    print(f"host 0 killed while {saving} was being written (left: {left}): host 1's ranks exited after "
+          f"{took:.1f} s; the job started again resumed from step_{k - 1:08d}")
+    expect_close(metrics(os.path.join(work, "plain")), metrics(os.path.join(work, "run")),
+                 "resumed after the committing host died mid-commit vs uninterrupted")
 
 
 def test_rendezvous_host_unreachable(shards, work):
