@@ -8,10 +8,10 @@ Every rank joins torch.distributed (Gloo, the launcher's env://) and takes STEPS
 with Muon and Dion2 (fraction 0.5, global selection) twice: DDP (replicated tensors, the same
 gradients on every rank, distributed_mesh = the world group) and FSDP (DTensor parameters
 Shard(0) over a 1-D mesh of every rank, uneven shards included), and each optimizer without a
-mesh over full copies (one process's result: every rank computes it). Rank 0 writes OUT.pt: {"world": N, "ddp:muon": [full
-params], "fsdp:muon": [...], ..., "single:muon": [...]} and prints one line per case with its max
-relative difference to one process (DDP bit-identical, FSDP within 1e-5: tests/python/
-test_distributed.py's). Used by tests/multihost/test_multihost.py (2 hosts x 2 against one host x 4).
+mesh over full copies (one process's result: every rank computes it). Rank 0 writes OUT.pt:
+{"world": N, "ddp:muon": [full params], "fsdp:muon": [...], ..., "single:muon": [...]} and prints
+one line per case with its max relative difference to one process (DDP bit-identical, FSDP within
+1e-5: tests/python/test_distributed.py's). Used by tests/multihost/test_multihost.py (2 hosts x 2 against one host x 4).
 """
 import datetime
 import sys

@@ -165,10 +165,10 @@ class Hosts:
             except subprocess.TimeoutExpired:
                 pass
         if self._fwd is not None:  # EOF on its stdin ends it; its devices go with it
-            self._fwd.stdin.close()
             try:
+                self._fwd.stdin.close()
                 self._fwd.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+            except (subprocess.TimeoutExpired, BrokenPipeError):
                 self._fwd.kill()
                 self._fwd.wait()
             self._fwd = None
@@ -211,14 +211,14 @@ class Hosts:
         'tun forwarder'."""
         if via is None:
             via = "tc" if kernel_netem_unavailable() is None else "tun"
+        if via not in ("tc", "tun"):
+            raise ValueError(f"netem via {via!r}: 'tc', 'tun' or None")
+        delay, loss = tun_netem.parse_spec(spec) if via == "tun" else (None, None)  # before any change
         self.clear_netem(i)
         if via == "tc":
             self._in(self.names[i], "tc", "qdisc", "add", "dev", "eth0", "root", "netem", *spec.split())
             self._sw("tc", "qdisc", "add", "dev", f"h{i}", "root", "netem", *spec.split())
             return "tc netem"
-        if via != "tun":
-            raise ValueError(f"netem via {via!r}: 'tc', 'tun' or None")
-        delay, loss = tun_netem.parse_spec(spec)
         self._start_forwarder()
         for j in range(self.n):
             if j != i:
