@@ -20,8 +20,8 @@ over all rounds' steps, of the wall clock (dion-train's step time is wall time).
 backward is the loss and loss.backward() (ours: the same span, `fwd_bwd_ms`); the whole step
 adds the optimizer step and zero_grad.
 Peak memory: the peak resident set (ru_maxrss) of one process running 3 steps of that side alone
-(a fresh Python process for the reference; dion-train itself for ours): whole processes, the
-interpreter and LibTorch included on both sides.
+(a fresh Python process for the reference, its compiled side's first step compiling; dion-train
+itself for ours): whole processes, the interpreter and LibTorch included on both sides.
 Prints a markdown table (also to --markdown) and appends one JSON object to --json. Not a test:
 nothing asserts on time.
 """
@@ -106,24 +106,41 @@ def ours_cmd(args, margs, dtype, kernels, steps, run_dir):
 
 
 def run_ours(args, margs, dtype, kernels, steps, work):
-    """dion-train for 1 + steps steps: ([(fwd+bwd s, step s)] of the timed steps, peak RSS MiB)."""
+    """dion-train for 1 + steps steps: [(fwd+bwd s, step s)] of the timed steps."""
     run_dir = tempfile.mkdtemp(dir=work)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    with open(os.path.join(run_dir, "out.txt"), "w") as out:
-        proc = subprocess.Popen(ours_cmd(args, margs, dtype, kernels, steps + 1, run_dir), env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        with open(os.path.join(run_dir, "out.txt")) as f:
-            raise RuntimeError(f"dion-train exited {os.waitstatus_to_exitcode(status)}:\n{f.read()[-3000:]}")
+    out = subprocess.run(ours_cmd(args, margs, dtype, kernels, steps + 1, run_dir), env=env, capture_output=True,
+                         text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"dion-train exited {out.returncode}:\n{(out.stdout + out.stderr)[-3000:]}")
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        recs = [json.loads(line) for line in f if '"kind": "train"' in line or '"kind":"train"' in line]
-    return [(r["fwd_bwd_ms"] / 1e3, r["ms_per_step"] / 1e3) for r in recs[1:]], usage.ru_maxrss / 1024
+        recs = [json.loads(line) for line in f]
+    recs = [r for r in recs if r.get("kind") == "train"]
+    return [(r["fwd_bwd_ms"] / 1e3, r["ms_per_step"] / 1e3) for r in recs[1:]]
+
+
+# A fork of this process would start with its resident set as the child's high-water mark (Linux
+# keeps ru_maxrss across execve), so peak memory is measured under a small Python process that
+# imports nothing large: it forks, execs the command and reports the child's ru_maxrss.
+_RSS_WRAPPER = ("import os, sys\n"
+                "pid = os.fork()\n"
+                "if pid == 0:\n"
+                "    os.execvp(sys.argv[1], sys.argv[1:])\n"
+                "_, status, usage = os.wait4(pid, 0)\n"
+                "print('peak_rss_kib', usage.ru_maxrss, flush=True)\n"
+                "sys.exit(os.waitstatus_to_exitcode(status))\n")
+
+
+def peak_rss_mib(cmd, what):
+    out = subprocess.run([sys.executable, "-c", _RSS_WRAPPER] + cmd, capture_output=True, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if out.returncode != 0:
+        raise RuntimeError(f"{what} (peak memory run) exited {out.returncode}:\n{(out.stdout + out.stderr)[-3000:]}")
+    return int(out.stdout.split("peak_rss_kib")[-1].split()[0]) / 1024
 
 
 def rss_worker(args):
-    """One reference side alone for 3 steps; prints its peak RSS in MiB."""
-    import resource
+    """One reference side alone for 3 steps (its peak memory is measured by peak_rss_mib)."""
     import torch
     torch.set_num_threads(1)
     mode, size, dtype = args.rss_worker
@@ -131,17 +148,7 @@ def rss_worker(args):
     ref = Reference(torch, model_args(layers, width), mode == "compiled", dtype)
     ref.step()
     ref.step()
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return 0
-
-
-def reference_rss(mode, layers, width, dtype):
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--dion-train", "-", "--data-dir", "-",
-                          "--rss-worker", mode, f"{layers}x{width}", dtype],
-                         capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if out.returncode != 0:
-        raise RuntimeError(f"reference memory worker ({mode}) failed:\n{out.stderr[-3000:]}")
-    return float(out.stdout.split()[-1])
 
 
 def measure(torch, args, layers, width, dtype, work):
@@ -157,13 +164,17 @@ def measure(torch, args, layers, width, dtype, work):
                 sides[side].step()  # untimed
                 times[side] += [sides[side].step() for _ in range(args.steps)]
             else:
-                steps, peak = run_ours(args, margs, dtype, side.split()[1], args.steps, work)
-                times[side] += steps
-                rss[side] = max(rss.get(side, 0), peak)
+                times[side] += run_ours(args, margs, dtype, side.split()[1], args.steps, work)
         print(f"  {layers}x{width} {dtype}: round {r + 1}/{args.rounds} done, load {machine.loadavg()}", flush=True)
     if not args.no_memory:
-        for side in sides:
-            rss[side] = reference_rss(side.split()[1], layers, width, dtype)
+        for side in times:
+            mode = side.split()[1]
+            if side in sides:
+                cmd = [sys.executable, os.path.abspath(__file__), "--dion-train", "-", "--data-dir", "-",
+                       "--rss-worker", mode, f"{layers}x{width}", dtype]
+            else:
+                cmd = ours_cmd(args, margs, dtype, mode, 3, tempfile.mkdtemp(dir=work))
+            rss[side] = peak_rss_mib(cmd, side)
     tokens = margs.batch * margs.seq
     row = {"size": f"{layers}x{width}", "dtype": dtype, "tokens_per_step": tokens,
            "compile_first_step_s": sides["reference compiled"].first_step_s}

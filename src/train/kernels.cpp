@@ -6,7 +6,6 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
-#include <atomic>
 #include <optional>
 
 #include "dion/train/autocast.h"
@@ -25,8 +24,6 @@ const c10::OperatorHandle* onednn_linear_op() {
       c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
   return op ? &*op : nullptr;
 }
-
-std::atomic<bool> onednn_bf16_refused{false};  // this CPU's oneDNN has no bf16 GEMM: at::mm instead
 
 at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w) {
   torch::jit::Stack stack{x, w, c10::IValue(), c10::IValue("none"),
@@ -67,10 +64,10 @@ struct FastLinearFn : torch::autograd::Function<FastLinearFn> {
   }
 };
 
-// The fused, chunked lm_head + cross entropy. Forward: per chunk of rows, logits [n, V] (in h's
-// dtype, then fp32), their logsumexp, the chunk's summed loss; with `want_grad`, the logits
-// become (softmax - onehot) / n_valid in place, cast to h's dtype, and give dh (rows of the
-// chunk) and dW (accumulated in fp32). Backward scales the kept dh, dW by the loss's gradient.
+// The fused, chunked lm_head + cross entropy, fp32. Forward: per chunk of rows, logits [n, V],
+// their log-softmax, the chunk's summed loss (- log p of each target); with `want_grad`, the
+// log-probabilities become (softmax - onehot) / n_valid in place and give dh (rows of the chunk)
+// and dW (accumulated). Backward scales the kept dh, dW by the loss's gradient.
 struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets,
                             int64_t ignore_index, bool want_grad) {
@@ -91,26 +88,24 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
       const int64_t n = std::min(kCrossEntropyChunkRows, N - s);
       const at::Tensor hc = h.narrow(0, s, n), tc = safe_targets.narrow(0, s, n);
       at::Tensor lg = matmul_2d(hc, w.t(), Kernels::fast);            // [n, V]
-      if (lg.scalar_type() != at::kFloat) lg = lg.to(at::kFloat);     // the reference's logits.float()
-      const at::Tensor lse = at::logsumexp(lg, {1}, /*keepdim=*/true);  // [n, 1]
-      loss_sum.add_(at::where(valid.narrow(0, s, n), (lse - lg.gather(1, tc)).squeeze(1), 0.0).sum());
+      at::Tensor logp = at::_log_softmax(lg, 1, /*half_to_float=*/false);  // [n, V] fp32
+      lg = at::Tensor();                                               // (freed: one [n, V] at a time)
+      loss_sum.sub_(at::where(valid.narrow(0, s, n), logp.gather(1, tc).squeeze(1), 0.0).sum());
       if (!want_grad) continue;
-      lg.sub_(lse).exp_();                                             // softmax
-      lg.scatter_add_(1, tc, at::full({n, 1}, -1.0, f32));             // - onehot(target)
-      lg.mul_(row_scale.narrow(0, s, n));
-      const at::Tensor p = lg.to(h.scalar_type());                     // d loss / d logits, [n, V]
+      logp.exp_();                                                     // softmax
+      logp.scatter_add_(1, tc, at::full({n, 1}, -1.0, f32));           // - onehot(target)
+      const at::Tensor p = logp.mul_(row_scale.narrow(0, s, n));      // d loss / d logits, [n, V]
       dh.narrow(0, s, n).copy_(matmul_2d(p, w, Kernels::fast));        // [n, C]
       dw.add_(matmul_2d(p.t(), hc, Kernels::fast));                    // [V, C]
     }
-    if (want_grad) ctx->save_for_backward({dh, dw.to(w.scalar_type())});
+    if (want_grad) ctx->save_for_backward({dh, dw});
     return loss_sum.div(n_valid);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     TORCH_CHECK(!saved.empty(), "linear_cross_entropy: backward of a forward that ran without gradients");
     const at::Tensor g = grads[0];
-    return {saved[0] * g.to(saved[0].scalar_type()), saved[1] * g.to(saved[1].scalar_type()), at::Tensor(),
-            at::Tensor(), at::Tensor()};
+    return {saved[0] * g, saved[1] * g, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -119,17 +114,11 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
 bool onednn_linear_available() { return onednn_linear_op() != nullptr; }
 
 at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
-  const bool cpu_float = a.device().is_cpu() && a.scalar_type() == b.scalar_type() &&
-                         (a.scalar_type() == at::kFloat || a.scalar_type() == at::kBFloat16);
-  if (kind == Kernels::fast && cpu_float && onednn_linear_available() &&
-      !(a.scalar_type() == at::kBFloat16 && onednn_bf16_refused.load())) {
-    try {
-      return onednn_linear(a, b.t());
-    } catch (const c10::Error&) {
-      if (a.scalar_type() != at::kBFloat16) throw;
-      onednn_bf16_refused.store(true);  // e.g. a CPU without AVX-512 BF16 / AMX: ATen's bf16 GEMM
-    }
-  }
+  // fp32 only: for bf16, ATen's mm is already oneDNN's bf16 GEMM (and measured faster than
+  // _linear_pointwise for the transposed operands of the backward).
+  if (kind == Kernels::fast && a.device().is_cpu() && a.scalar_type() == at::kFloat &&
+      b.scalar_type() == at::kFloat && onednn_linear_available())
+    return onednn_linear(a, b.t());
   return at::mm(a, b);
 }
 
@@ -145,10 +134,12 @@ at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& w, const 
                   targets.size(0) == h.size(0),
               "linear_cross_entropy: h [N, C], w [V, C], targets [N]; got h ", h.sizes(), ", w ", w.sizes(),
               ", targets ", targets.sizes());
-  if (kind == Kernels::exact)
-    return at::cross_entropy_loss(at::linear(h, w).to(at::kFloat), targets, /*weight=*/{}, at::Reduction::Mean,
-                                  ignore_index);
   auto [hc, wc] = autocast_pair(h, w);
+  // bf16 (autocast): the unfused path, measured faster here than the chunks (ATen's log-softmax
+  // backward beats a separate exp pass, and whole-N bf16 GEMMs beat per-chunk dW sums).
+  if (kind == Kernels::exact || hc.scalar_type() != at::kFloat || wc.scalar_type() != at::kFloat)
+    return at::cross_entropy_loss(linear(h, w, kind).to(at::kFloat), targets, /*weight=*/{}, at::Reduction::Mean,
+                                  ignore_index);
   const bool want_grad = at::GradMode::is_enabled() && (hc.requires_grad() || wc.requires_grad());
   return LinearCrossEntropyFn::apply(hc, wc, targets, ignore_index, want_grad);
 }

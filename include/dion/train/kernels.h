@@ -4,12 +4,13 @@
 //                   the full fp32 logits. Equal to the reference's GPT to rounding (tests/train
 //                   compare bit for bit); the GPT module's default.
 //   Kernels::fast   the same math, faster on a CPU:
-//     - every GEMM of a linear (forward, dx, dW) through oneDNN (`mkldnn::_linear_pointwise`,
-//       LibTorch's own oneDNN) on CPU fp32 / bf16 tensors, where the build has it; at::mm
-//       elsewhere. Measured on an AMD EPYC (Zen 5, no AMX, 1 thread): 2-2.5x MKL's fp32 sgemm
+//     - every fp32 GEMM of a linear (forward, dx, dW) through oneDNN (`mkldnn::_linear_pointwise`,
+//       LibTorch's own oneDNN) on the CPU, where the build has it; at::mm elsewhere (bf16 on
+//       the CPU: ATen's mm is oneDNN's bf16 GEMM already). Measured on an AMD EPYC (Zen 5, no AMX, 1 thread): 2-2.5x MKL's fp32 sgemm
 //       on the lm_head's [1024, 128] x [128, 50304] (docs/benchmarks.md).
-//     - the lm_head and the cross entropy fused and chunked by rows (linear_cross_entropy): per
-//       chunk of kCrossEntropyChunkRows rows the logits, their logsumexp, the loss and, when a
+//     - the lm_head and the cross entropy fused and chunked by rows in fp32 (linear_cross_entropy;
+//       under bf16 autocast the unfused at::cross_entropy_loss, measured faster there): per
+//       chunk of kCrossEntropyChunkRows rows the logits, their log-softmax, the loss and, when a
 //       gradient is wanted, d(loss)/d(logits) in place, then dh and dW; the [N, V] logits and
 //       their gradient never exist whole (the dominant allocation of the exact kind).
 //   The fast kind's loss and gradients equal the exact kind's to fp32 rounding of a different
@@ -33,7 +34,7 @@ inline constexpr int64_t kCrossEntropyChunkRows = 256;  // logits chunk [256, V]
 // True when oneDNN's linear is registered in this LibTorch build (fast GEMMs on CPU).
 bool onednn_linear_available();
 
-// a [M, K] @ b [K, N] -> [M, N]; no autograd. `fast`: oneDNN on CPU float / bf16, else at::mm.
+// a [M, K] @ b [K, N] -> [M, N]; no autograd. `fast`: oneDNN for CPU fp32, else at::mm.
 at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind);
 
 // x [.., in] times w [out, in] transposed -> [.., out], no bias, differentiable in x and w
@@ -42,8 +43,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, Kernels kind);
 
 // Mean cross entropy of logits = h w^T (h [N, C], w [V, C], targets [N] int64, ignore_index
 // rows excluded from the mean, as F.cross_entropy), differentiable in h and w; fp32 scalar.
-// exact: at::linear + at::cross_entropy_loss over the full logits; fast: fused and chunked
-// (the gradients are computed in the forward when autograd wants them, kept for backward).
+// exact: at::linear + at::cross_entropy_loss over the full logits; fast: fused and chunked in
+// fp32 (the gradients computed in the forward when autograd wants them, kept for backward),
+// linear(fast) + at::cross_entropy_loss under bf16 autocast.
 at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets, Kernels kind,
                                 int64_t ignore_index = -1);
 
