@@ -9,7 +9,8 @@
 # model's calibration), then bench/reference_step.py (microsoft/dion eager and, unless
 # --no-compiled, compiled, next to dion_cpp's exact and fast paths in one Python process) and
 # bench/reference_train.py (dion-train's tokens/s against the reference's GPT model, eager),
-# then bench/bench_report.py over all the tables and scripts/cost_model.py check --bench (the
+# bench/train_speed.py (dion-train's forward + backward against the reference's GPT eager and
+# compiled, fp32 and bf16, two sizes, peak memory), then bench/bench_report.py over all the tables and scripts/cost_model.py check --bench (the
 # model's bytes and time against the dist table).
 # The reference: a checkout at $DION_REF (or on PYTHONPATH); without one, its files are taken
 # from the bare git mirror $DION_REF_GIT (default /work/.mirror/microsoft+dion/repo) into a
@@ -52,18 +53,26 @@ if [ "$QUICK" = 1 ]; then
   "$BIN" --json "$JSON" micro --sizes 256,512 --reps 2 >&2
   "$BIN" --json "$JSON" dist --ranks 1,2 --sets 64x2 --reps 2 >&2
   SETS=256x2 TRAIN=(--optimizers muon --steps 2 --warmup 1)
+  SPEED=(--sizes 2x128 --dtypes fp32 --rounds 1 --steps 1 --no-memory)
 else
   "$BIN" --json "$JSON" ortho --check --dtypes bf16,fp32 --reps 3 >&2
   "$BIN" --json "$JSON" step --reps 3 >&2
   "$BIN" --json "$JSON" micro --reps 3 >&2
   "$BIN" --json "$JSON" dist --reps 5 >&2
   SETS=768x2,256x4 TRAIN=(--steps 5 --warmup 2)
+  SPEED=(--rounds 3 --steps 3)
 fi
 export PYTHONPATH="$BUILD/python${REF_PATH:+:$REF_PATH}${PYTHONPATH:+:$PYTHONPATH}"
 "$PYTHON" bench/reference_step.py --sets "$SETS" --reps 3 $COMPILED --json "$JSON" >&2
 "$PYTHON" bench/reference_train.py --dion-train "$BUILD/dion-train" --data-dir "$WORK/shards" "${TRAIN[@]}" \
   --json "$JSON" >&2
+"$PYTHON" bench/train_speed.py --dion-train "$BUILD/dion-train" --data-dir "$WORK/shards" "${SPEED[@]}" \
+  --json "$JSON" --markdown "$WORK/train_speed.md" >&2
 "$PYTHON" bench/bench_report.py "$JSON"
+echo "### Forward + backward against the reference eager and compiled (\`bench/train_speed.py\`)"
+echo
+cat "$WORK/train_speed.md"
+echo
 echo "### Cost model against the distributed runs (\`scripts/cost_model.py check --bench\`)"
 echo
 "$PYTHON" scripts/cost_model.py check --bench "$JSON" --markdown
