@@ -3,7 +3,7 @@
 //
 // The keys are the reference train.py's flags (its Hyperparameters dataclass plus its argparse
 // flags), with the same names, types and defaults, plus a few of ours (run_dir, device, dtype,
-// seed, resume, stop_after). Every key is declared ONCE, in the table in config.cpp (name, the
+// seed, resume, stop_after). Every key is declared ONCE, in the table in config_keys.cpp (name, the
 // Config field it sets, a help line, an optional check); parsing, --help, validation and the
 // config.yaml dump of a run all read that table.
 //
