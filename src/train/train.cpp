@@ -350,11 +350,13 @@ RunSummary train_run(const Config& c) {
       tensorboard->add_scalar("train/lr", lr, step);
       tensorboard->add_scalar("train/tokens_per_s", double(tokens_per_step) / step_s, step);
     }
+    // Numbered as train.py (its loop, its debug lines and its wandb "step"): from 0, so "step s" of a
+    // train line is the update that the validation line "step s+1" comes after.
     if (step % c.log_every == 0 || step == N - 1) {
       const double tok_s = double(tokens_per_step) / step_s;
       std::string line =
           fmt::format("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | MFU {:.1f}% | {:.0f} ms/step | ETA {}",
-                      step + 1, N, train_loss, lr, tok_s, 100.0 * mfu(model_flops, tok_s / double(par.world_size()), peak_flops),
+                      step, N, train_loss, lr, tok_s, 100.0 * mfu(model_flops, tok_s / double(par.world_size()), peak_flops),
                       step_s * 1000, format_duration(ms_avg / 1000 * double(N - step - 1)));
       if (c.time_optimizer)
         line += fmt::format(" (fwd+bwd {:.0f} ms, optimizer {:.0f} ms)", t_fwd_bwd * 1000, (step_s - t_fwd_bwd) * 1000);

@@ -7,6 +7,7 @@
 //   FOR BIT to the uninterrupted run's (CPU).
 // - Bad configs, bad shards, a missing data folder: a message naming the problem, a non-zero
 //   exit (2 for configuration, 1 for data), and nothing written.
+// - Step lines count from 0 as train.py does: the train and val lines and metrics.jsonl agree.
 // - debug mode trains on synthetic tokens; `sample` generates from a checkpoint; `plot` without
 //   its script says so.
 // - `export` writes the checkpoint's weights as safetensors equal to model.pt's; the run's
@@ -21,6 +22,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <thread>
 
 #include "dion/data/shard.h"
@@ -313,6 +315,37 @@ TEST_F(TrainRun, DebugModeTrainsOnSyntheticTokensWithoutData) {
   for (const auto& rec : records) train += rec.kind == "train";
   EXPECT_EQ(train, 20);  // the reference's debug mode: 20 steps
   EXPECT_EQ(records.back().tokens, 20 * 2 * 16);
+}
+
+// train.py numbers its steps from 0 (`for step in range(start_step, num_iterations + 1)`: the
+// validation of step s runs before step s trains; its debug lines print `Step {step}`). Before,
+// train lines printed step + 1 and validation lines step, so "step 5" named two different points.
+// Every printed line is checked against metrics.jsonl's record of the same kind and step, and the
+// order against train.py's: val 0, train 0..4, val 5, train 5.., train N-1, val N.
+TEST_F(TrainRun, StepLinesCountFromZeroAsTheReference) {
+  TempDir tmp("numbering");
+  ProcResult r = run_train({"--debug", "--data_dir", (tmp / "no_data").string(), "--run_dir", (tmp / "run").string(),
+                            "--model_dim", "32", "--n_layer", "1", "--n_head", "2", "--sequence_length", "16",
+                            "--val_tokens", "32", "--val_loss_every", "5", "--log_every", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::map<std::pair<std::string, int64_t>, double> metrics;
+  for (const auto& rec : test::read_metrics(tmp / "run/metrics.jsonl")) metrics[{rec.kind, rec.step}] = rec.loss;
+  const std::regex line(R"(^step (\d+)/20 \| (loss|val_loss) ([0-9.]+))", std::regex::ECMAScript | std::regex::multiline);
+  std::vector<std::string> order;
+  for (std::sregex_iterator it(r.output.begin(), r.output.end(), line), end; it != end; ++it) {
+    const int64_t step = std::stoll((*it)[1]);
+    const std::string kind = (*it)[2] == "loss" ? "train" : "val";
+    order.push_back(kind + " " + std::to_string(step));
+    const auto m = metrics.find({kind, step});
+    ASSERT_NE(m, metrics.end()) << it->str() << ": no " << kind << " record of step " << step << " in metrics.jsonl";
+    EXPECT_NEAR(std::stod((*it)[3]), m->second, 5e-5) << it->str();  // printed with 4 decimals
+  }
+  std::vector<std::string> expected;
+  for (int64_t s = 0; s <= 20; ++s) {
+    if (s % 5 == 0) expected.push_back("val " + std::to_string(s));
+    if (s < 20) expected.push_back("train " + std::to_string(s));
+  }
+  EXPECT_EQ(order, expected) << r.output;
 }
 
 TEST_F(TrainRun, SampleGeneratesFromACheckpoint) {
