@@ -13,7 +13,7 @@ namespace {
 using namespace config_detail;
 
 // The per-key check: "" when valid, else what is valid.
-std::string key_check(const Config& c, const Key& k) {
+std::string key_valid(const Config& c, const Key& k) {
   auto num = [&]() -> double {
     if (auto* m = std::get_if<int64_t Config::*>(&k.field)) return double(c.**m);
     if (auto* m = std::get_if<double Config::*>(&k.field)) return c.**m;
@@ -29,14 +29,23 @@ std::string key_check(const Config& c, const Key& k) {
       const std::string v = value_text(c, k.field);
       for (const std::string& choice : k.choices)
         if (v == choice) return "";
-      for (const auto& [ref, nearest] : k.reference_only)
-        if (v == ref)
-          return fmt::format("one of: {} ('{}' is the reference train.py's, not implemented here; the nearest is "
-                             "'{}')", join_choices(k.choices), ref, nearest);
       return "one of: " + join_choices(k.choices) + did_you_mean(v, k.choices);
     }
   }
   return "";
+}
+
+// The error of key `k`'s value in `c`, "" when it is valid. A value the reference's train.py
+// accepts but dion-train does not implement says so and names the nearest supported choice.
+std::string key_error(const Config& c, const Key& k) {
+  const std::string v = value_text(c, k.field);
+  for (const auto& [ref, nearest] : k.reference_only)
+    if (v == ref)
+      return fmt::format("key '{}': value '{}' is not implemented in dion-train (the reference train.py accepts it); "
+                         "the nearest supported choice is '{}' (supported: {})",
+                         k.name, v, nearest, join_choices(k.choices));
+  const std::string valid = key_valid(c, k);
+  return valid.empty() ? "" : fmt::format("key '{}': value '{}' is invalid; valid: {}", k.name, v, valid);
 }
 
 }  // namespace
@@ -53,12 +62,8 @@ std::filesystem::path Config::resolved_run_dir() const {
 }
 
 void config_validate(const Config& c) {
-  for (const Key& k : keys()) {
-    const std::string valid = key_check(c, k);
-    if (!valid.empty())
-      throw ConfigError(
-          fmt::format("key '{}': value '{}' is invalid; valid: {}", k.name, value_text(c, k.field), valid));
-  }
+  for (const Key& k : keys())
+    if (const std::string error = key_error(c, k); !error.empty()) throw ConfigError(error);
   auto fail = [](const std::string& msg) { throw ConfigError(msg); };
   // The products below must fit in int64 (sequence_length 2^62 x device_batch_size 4 overflowed:
   // found with tests/fuzz/fuzz_config.cpp).

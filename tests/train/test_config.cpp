@@ -14,6 +14,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
+
+#include <fmt/format.h>
 
 #include "dion/train/config.h"
 #include "dion/train/gpt.h"
@@ -135,12 +138,29 @@ TEST(TrainConfig, NearMissesSuggestAndReferenceOnlyValuesSaySo) {
   EXPECT_NE(error_of({"--num_iteration", "5"}).find("(did you mean 'num_iterations'?)"), std::string::npos);
   EXPECT_EQ(error_of({"--zzzzzz", "5"}).find("did you mean"), std::string::npos);
   EXPECT_NE(error_of({"--optimizer", "dion22"}).find("(did you mean 'dion2'?)"), std::string::npos);
-  const std::string simple = error_of({"--optimizer", "dion_simple"});
-  EXPECT_NE(simple.find("'dion_simple' is the reference train.py's, not implemented here; the nearest is 'dion'"),
-            std::string::npos) << simple;
-  EXPECT_NE(error_of({"--optimizer", "muon_reference"}).find("the nearest is 'muon'"), std::string::npos);
-  EXPECT_NE(error_of({"--qr_method", "cqr"}).find("'cqr' is the reference train.py's, not implemented here"),
-            std::string::npos);
+  // Every value train.py accepts that dion-train does not (its optimizer if-chain, its qr_method
+  // choices): "not implemented in dion-train", never "invalid", and the nearest supported choice.
+  for (const auto& [key, value, nearest] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"optimizer", "dion_simple", "dion"}, {"optimizer", "dion_reference", "dion"},
+           {"optimizer", "muon_reference", "muon"}, {"qr_method", "qr", "rcqr"}, {"qr_method", "cqr", "rcqr"}}) {
+    const std::string e = error_of({"--" + key, value});
+    EXPECT_NE(e.find(fmt::format("key '{}': value '{}' is not implemented in dion-train (the reference train.py "
+                                 "accepts it); the nearest supported choice is '{}'", key, value, nearest)),
+              std::string::npos) << e;
+    EXPECT_EQ(e.find("invalid"), std::string::npos) << e;
+  }
+  // The same from a YAML file, keys and values (the file's name in the message).
+  test::TempDir tmp("config_near");
+  {
+    std::ofstream f(tmp / "typo.yaml");
+    f << "n_layers: 2\n";
+    std::ofstream g(tmp / "ref.yaml");
+    g << "optimizer: dion_simple\n";
+  }
+  const std::string typo = error_of({"--config", (tmp / "typo.yaml").string()});
+  EXPECT_NE(typo.find("typo.yaml: unknown key 'n_layers' (did you mean 'n_layer'?)"), std::string::npos) << typo;
+  const std::string ref = error_of({"--config", (tmp / "ref.yaml").string()});
+  EXPECT_NE(ref.find("value 'dion_simple' is not implemented in dion-train"), std::string::npos) << ref;
 }
 
 // The test helpers' override rule (train_test_util.h): the last of each key, where it stands.
