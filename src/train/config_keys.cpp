@@ -70,7 +70,7 @@ const std::vector<Key>& keys() {
       {"use_polar_express", &Config::use_polar_express,
        "orthogonalize with Polar Express (default: Newton-Schulz, as train.py)"},
       {"use_gram_newton_schulz", &Config::use_gram_newton_schulz,
-       "Gram Newton-Schulz (not implemented: must be false)"},
+       "orthogonalize with Gram Newton-Schulz (muon, dion2, nordion2/dion3, as train.py; others ignore it)"},
       // distribution
       {"dp_size", &Config::dp_size,
        "data-parallel (replicated) size; dp_size x fs_size x tp_size = WORLD_SIZE", Check::POSITIVE},

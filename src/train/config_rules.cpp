@@ -103,8 +103,6 @@ void config_validate(const Config& c) {
   if (c.replicate_mesh_grad_sync && c.optimizer != "dion")
     fail(fmt::format("key 'replicate_mesh_grad_sync': true is for optimizer dion only (optimizer is '{}')",
                      c.optimizer));
-  if (c.use_gram_newton_schulz)
-    fail("key 'use_gram_newton_schulz': true is not implemented; valid: false");
   if (c.cuda_graphs && c.device != "cuda")
     fail(fmt::format("key 'cuda_graphs': true needs device cuda (a CUDA graph captures GPU work; device is '{}'); "
                      "valid: false, or device cuda", c.device));

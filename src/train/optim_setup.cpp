@@ -9,6 +9,10 @@ TrainOptimizer build_optimizer(const Config& c, GPT& model) {
   const std::string& name = c.optimizer;
   math::OrthoConfig ortho;
   ortho.method = c.use_polar_express ? math::OrthoMethod::POLAR_EXPRESS : math::OrthoMethod::NEWTON_SCHULZ;
+  // train.py passes use_gram_newton_schulz to Muon, Dion2 and NorDion2 (= Dion3) only; NorMuon and
+  // Dion ignore it there, and so here.
+  ortho.use_gram_newton_schulz =
+      c.use_gram_newton_schulz && (name == "muon" || name == "dion2" || name == "nordion2" || name == "dion3");
 
   std::vector<at::Tensor> matrices = model->block_params();
   std::vector<at::Tensor> embedding = {model->embedding_weight()};

@@ -306,6 +306,50 @@ TEST(TrainOptimizer, GroupsAsTheReferenceBuildsThem) {
   }
 }
 
+// use_gram_newton_schulz reaches the optimizers train.py passes it to (Muon, Dion2, NorDion2 /
+// Dion3: the run trains and its weights differ from Newton-Schulz's, through the non-square MLP
+// matrices) and no other (NorMuon, Dion: bit for bit the run without it). It used to be refused.
+TEST(TrainOptimizer, GramNewtonSchulzWhereTrainPyPassesIt) {
+  const GPTConfig g{16, kVocabSize, 1, 2, 32};
+  EXPECT_NO_THROW(parse({"--use_gram_newton_schulz", "--optimizer", "dion2"}));
+  at::manual_seed(7);
+  const at::Tensor idx = at::randint(0, 50257, {2, 16}, at::kLong);
+  // (final matrix weights, losses of 4 steps) of a run.
+  auto run = [&](const std::string& name, bool gram) {
+    Config c;
+    c.optimizer = name;
+    c.scalar_opt = "adamw";
+    c.model_dim = 32;
+    c.lr = 0.02;
+    c.use_gram_newton_schulz = gram;
+    at::manual_seed(0);
+    GPT model(g);
+    TrainOptimizer t = build_optimizer(c, model);
+    std::vector<double> losses;
+    for (int s = 0; s < 4; ++s) {
+      at::Tensor loss = model->loss(idx, idx);
+      losses.push_back(loss.item<double>());
+      loss.backward();
+      t.optimizer->step();
+      t.optimizer->zero_grad();
+    }
+    std::vector<at::Tensor> w;
+    for (const at::Tensor& p : model->block_params()) w.push_back(p.detach().clone());
+    return std::make_pair(w, losses);
+  };
+  for (const std::string name : {"muon", "dion2", "nordion2", "dion3", "normuon", "dion"}) {
+    SCOPED_TRACE(name);
+    const auto [w_gram, loss_gram] = run(name, true);
+    const auto [w_ns, loss_ns] = run(name, false);
+    const bool passed = name != "normuon" && name != "dion";
+    bool same = true;
+    for (size_t i = 0; i < w_gram.size(); ++i) same = same && at::equal(w_gram[i], w_ns[i]);
+    EXPECT_EQ(same, !passed);
+    EXPECT_TRUE(std::isfinite(loss_gram.back()));
+    EXPECT_LT(loss_gram.back(), loss_gram.front());  // it trains
+  }
+}
+
 // ---------------------------------------------------------------------------- schedule
 
 TEST(TrainSchedule, IsTheReferencesGetLr) {
