@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <fmt/format.h>
 #include <map>
 
@@ -25,6 +26,7 @@ void set_from_node(Config& c, const std::string& key, const YAML::Node& node, co
     throw ConfigError(fmt::format("{}: unknown key '{}'{}. Valid keys: {} (dion-train --help lists them with "
                                   "defaults)", where, key, did_you_mean(key, all_key_names()), key_names()));
   if (!node.IsDefined() || node.IsNull()) return;  // null: not set, the default applies
+  c.keys_set.push_back(key);
   const std::string text = node.IsScalar() ? node.Scalar() : std::string("<a YAML list or map>");
   auto bad = [&](const char* expected) {
     return ConfigError(fmt::format("{}: key '{}': value '{}' is not {}", where, key, text, expected));
@@ -64,10 +66,12 @@ void config_set(Config& config, const std::string& key, const std::string& value
   const Key* k = find_key(key);
   if (k && std::holds_alternative<std::string Config::*>(k->field)) {  // text as given ("" included)
     config.*std::get<std::string Config::*>(k->field) = value;
+    config.keys_set.push_back(key);
     return;
   }
   if (k && std::holds_alternative<bool Config::*>(k->field) && value.empty()) {  // a bare --flag
     config.*std::get<bool Config::*>(k->field) = true;
+    config.keys_set.push_back(key);
     return;
   }
   YAML::Node node;
@@ -112,7 +116,31 @@ void config_load_yaml(Config& config, const std::filesystem::path& file) {
   }
 }
 
-Config config_parse(int argc, const char* const* argv) {
+namespace {
+
+// The WORLD_SIZE the processes run with: `given` when > 0, else the WORLD_SIZE variable, 1 when it
+// is unset or not a positive integer (the process group reports a bad value when it starts).
+int64_t world_size_or_env(int64_t given) {
+  if (given > 0) return given;
+  const char* env = std::getenv("WORLD_SIZE");
+  if (!env || !*env) return 1;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  return *end == '\0' && v > 0 ? int64_t(v) : 1;
+}
+
+// train.py's init_distributed: with none of dp_size, fs_size, tp_size set (YAML null counts as not
+// set), DDP over every process; with any of them set the others are 1 (their defaults).
+void default_mesh(Config& c, int64_t world_size) {
+  for (const std::string& k : c.keys_set)
+    if (k == "dp_size" || k == "fs_size" || k == "tp_size") return;
+  c.dp_size = world_size;
+  c.mesh_from_world = true;
+}
+
+}  // namespace
+
+Config config_parse(int argc, const char* const* argv, int64_t world_size) {
   // Every key is a "--key" option with 0 or 1 values (0 only makes sense for booleans).
   CLI::App app{"dion-train", "dion-train"};
   app.set_help_flag();  // our own --help (config_help)
@@ -173,6 +201,7 @@ Config config_parse(int argc, const char* const* argv) {
     if (app.count(std::string("--") + k.name) == 0) continue;
     config_set(c, k.name, values.empty() ? std::string() : values.back());
   }
+  default_mesh(c, world_size_or_env(world_size));
   if (c.debug) {  // the reference's debug mode (train.py main())
     c.batch_size = 2 * c.dp_size * c.fs_size;
     c.device_batch_size = 1;

@@ -73,7 +73,8 @@ const std::vector<Key>& keys() {
        "orthogonalize with Gram Newton-Schulz (muon, dion2, nordion2/dion3, as train.py; others ignore it)"},
       // distribution
       {"dp_size", &Config::dp_size,
-       "data-parallel (replicated) size; dp_size x fs_size x tp_size = WORLD_SIZE", Check::POSITIVE},
+       "data-parallel (replicated) size; dp_size x fs_size x tp_size = WORLD_SIZE (none of the three given: "
+       "dp_size = WORLD_SIZE, DDP over every process, as train.py)", Check::POSITIVE},
       {"fs_size", &Config::fs_size, "FSDP (sharded data-parallel) size", Check::POSITIVE},
       {"tp_size", &Config::tp_size, "tensor-parallel size (divides n_head)", Check::POSITIVE},
       {"reshard_after_forward", &Config::reshard_after_forward,
@@ -101,7 +102,9 @@ const std::vector<Key>& keys() {
       {"no_triton", &Config::no_triton, "accepted for the reference's configs; no effect (no Triton)"},
       // ours
       {"run_dir", &Config::run_dir, "where metrics.jsonl and config.yaml go (\"\": runs/<config file stem>)"},
-      {"device", &Config::device, "where to train", Check::CHOICE, {"cpu", "cuda"}},
+      {"device", &Config::device,
+       "where to train: auto (cuda when a CUDA device is present, else cpu; the first line says which)",
+       Check::CHOICE, {"auto", "cpu", "cuda"}},
       {"dtype", &Config::dtype,
        "compute dtype: auto (cuda: bf16 autocast; cpu: the faster, docs/train.md), fp32, bf16 (autocast)",
        Check::CHOICE, {"auto", "fp32", "bf16"}},

@@ -103,7 +103,7 @@ void config_validate(const Config& c) {
   if (c.replicate_mesh_grad_sync && c.optimizer != "dion")
     fail(fmt::format("key 'replicate_mesh_grad_sync': true is for optimizer dion only (optimizer is '{}')",
                      c.optimizer));
-  if (c.cuda_graphs && c.device != "cuda")
+  if (c.cuda_graphs && c.device == "cpu")  // (device auto: checked once resolved, train.cpp)
     fail(fmt::format("key 'cuda_graphs': true needs device cuda (a CUDA graph captures GPU work; device is '{}'); "
                      "valid: false, or device cuda", c.device));
   if (c.cuda_graphs && c.dp_size * c.fs_size * c.tp_size > 1)

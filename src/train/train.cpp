@@ -102,13 +102,28 @@ double peak_rss_mb() {
 
 }  // namespace
 
-std::string resolve_dtype(const Config& c) {
-  if (c.dtype != "auto") return c.dtype;
-  return c.device == "cuda" ? "bf16" : kCpuAutoDtype;
+std::string resolve_device(const Config& c) {
+  if (c.device != "auto") return c.device;
+  return at::globalContext().hasCUDA() ? "cuda" : "cpu";
 }
 
-RunSummary train_run(const Config& c) {
+std::string resolve_dtype(const Config& c) {
+  if (c.dtype != "auto") return c.dtype;
+  return resolve_device(c) == "cuda" ? "bf16" : kCpuAutoDtype;
+}
+
+RunSummary train_run(const Config& config) {
   // ---------------------------------------------------------------- checks before any write
+  Config c = config;  // device auto resolved (what config.yaml and the checkpoints record)
+  c.device = resolve_device(config);
+  const std::string device_why =
+      config.device != "auto" ? ""
+      : c.device == "cuda"    ? "device auto: a CUDA device is present; --device cpu trains on the CPU"
+                              : "device auto: no CUDA device here";
+  const std::string device_note = device_why.empty() ? "" : " (" + device_why + ")";
+  if (c.cuda_graphs && c.device != "cuda")
+    throw ConfigError(fmt::format("key 'cuda_graphs': true needs device cuda (device is '{}'{}); valid: false, or "
+                                  "device cuda", c.device, device_why.empty() ? "" : "; " + device_why));
   if (c.device == "cuda" && !at::globalContext().hasCUDA())
     throw ConfigError("key 'device': value 'cuda' but this machine (or this LibTorch) has no CUDA device; valid: cpu");
   comm::GroupOptions gopt;
@@ -239,8 +254,8 @@ RunSummary train_run(const Config& c) {
   const int64_t N = c.num_iterations;
   const int64_t accum = c.grad_accum_steps();
   const int64_t tokens_per_step = c.batch_size * c.sequence_length;
-  say(fmt::format("dion-train: GPT {} layers x {} dim x {} heads, {} parameters; {} on {} ({})", c.n_layer,
-                  c.model_dim, c.n_head, gpt_param_count(gcfg), c.optimizer, c.device, dtype));
+  say(fmt::format("dion-train: GPT {} layers x {} dim x {} heads, {} parameters; {} on {} ({}){}", c.n_layer,
+                  c.model_dim, c.n_head, gpt_param_count(gcfg), c.optimizer, c.device, dtype, device_note));
   say(fmt::format("  batch {} x {} tokens (device batch {}, {} accumulation steps), {} steps, lr {} "
                   "(warmup {}, warmdown {}), scalar_opt {}",
                   c.batch_size, c.sequence_length, c.device_batch_size, accum, N, c.lr, c.warmup_ratio,
@@ -251,10 +266,12 @@ RunSummary train_run(const Config& c) {
                   c.checkpoint_dir.empty() ? std::string("none")
                                            : fmt::format("{} every {} steps", c.checkpoint_dir, c.checkpoint_freq)));
   if (par.world_size() > 1)
-    say(fmt::format("  layout: {} processes = dp {} x fs {} x tp {}; {} data-parallel ranks; DDP buckets: {}",
-                    par.world_size(), c.dp_size, c.fs_size, c.tp_size, dsize,
-                    ddp ? fmt::format("{} of <= {} MB", ddp->buckets(), c.ddp_bucket_mb)
-                        : std::string(c.replicate_mesh_grad_sync ? "none (the optimizer syncs)" : "none")));
+    say(fmt::format("  layout: {} processes = dp {} x fs {} x tp {}{}; {} data-parallel ranks; DDP buckets: {}",
+                    par.world_size(), c.dp_size, c.fs_size, c.tp_size,
+                    c.mesh_from_world ? " (DDP over every process: no dp_size, fs_size or tp_size given, as train.py)"
+                                      : "",
+                    dsize, ddp ? fmt::format("{} of <= {} MB", ddp->buckets(), c.ddp_bucket_mb)
+                               : std::string(c.replicate_mesh_grad_sync ? "none (the optimizer syncs)" : "none")));
   if (ckpt) say(fmt::format("  resumed from {} (step {} done{})", ckpt->string(), st.step,
                             st.step == N - 1 ? ": every training step is done" : ""));
   for (const std::string& line : resume_lines) say(line);

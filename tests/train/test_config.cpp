@@ -22,6 +22,7 @@
 #include "dion/train/gpt.h"
 #include "dion/train/optim_setup.h"
 #include "dion/train/schedule.h"
+#include "dion/train/train.h"
 #include "train_test_util.h"
 
 namespace dion::train {
@@ -256,6 +257,51 @@ TEST(TrainConfig, HelpListsEveryKeyWithItsDefault) {
                           "replicate_mesh_grad_sync", "use_polar_express", "run_dir", "dtype", "seed"})
     EXPECT_NE(help.find(std::string("--") + key), std::string::npos) << key;
   EXPECT_NE(help.find("default 0.02"), std::string::npos);  // lr
+}
+
+// train.py's init_distributed: no mesh size given -> DDP over every process; any one given -> the
+// others 1. YAML null is "not given" (the reference's configs say `dp_size: null`).
+TEST(TrainConfig, NoMeshSizeMeansDdpOverTheWorldAsTrainPy) {
+  auto parse_at = [](std::vector<std::string> args, int64_t world) {
+    args.insert(args.begin(), "dion-train");
+    std::vector<const char*> argv;
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    return config_parse(int(argv.size()), argv.data(), world);
+  };
+  const std::vector<std::string> small = {"--batch_size", "8", "--device_batch_size", "1", "--val_tokens", "8192",
+                                          "--sequence_length", "1024"};
+  Config c = parse_at(small, 4);
+  EXPECT_EQ(c.dp_size, 4);
+  EXPECT_EQ(c.fs_size, 1);
+  EXPECT_EQ(c.tp_size, 1);
+  EXPECT_TRUE(c.mesh_from_world);
+  c = parse_at(small + std::vector<std::string>{"--fs_size", "2"}, 4);
+  EXPECT_EQ(c.dp_size, 1);
+  EXPECT_EQ(c.fs_size, 2);
+  EXPECT_FALSE(c.mesh_from_world);
+  c = parse_at(small + std::vector<std::string>{"--dp_size", "1"}, 4);  // given, even as the default
+  EXPECT_EQ(c.dp_size, 1);
+  EXPECT_FALSE(c.mesh_from_world);
+  c = parse_at(small, 1);
+  EXPECT_EQ(c.dp_size, 1);
+  // The reference's configs: dp_size / fs_size / tp_size null.
+  const Config ref = parse_at({"--config", (source_dir() / "configs" / "dion2_160m.yaml").string()}, 8);
+  EXPECT_EQ(ref.dp_size, 8);
+  EXPECT_TRUE(ref.mesh_from_world);
+  // The batch is checked against the chosen layout: 8 sequences do not split over 3 x device batch 4.
+  EXPECT_NE(error_of({"--batch_size", "8", "--device_batch_size", "4"}).find("(no error)"), std::string::npos);
+  EXPECT_THROW(parse_at({"--batch_size", "8", "--device_batch_size", "4"}, 3), ConfigError);
+}
+
+// device auto: cuda where a CUDA device is present, else cpu.
+TEST(TrainConfig, DeviceAutoIsCudaWhenPresentElseCpu) {
+  Config c;
+  EXPECT_EQ(c.device, "auto");
+  EXPECT_EQ(resolve_device(c), at::globalContext().hasCUDA() ? "cuda" : "cpu");
+  EXPECT_EQ(resolve_dtype(c), at::globalContext().hasCUDA() ? "bf16" : kCpuAutoDtype);
+  c.device = "cpu";
+  EXPECT_EQ(resolve_device(c), "cpu");
+  EXPECT_NE(error_of({"--device", "gpu"}).find("one of: auto, cpu, cuda"), std::string::npos);
 }
 
 // ---------------------------------------------------------------------------- param groups

@@ -382,6 +382,25 @@ TEST_F(ParallelRun, ARankKilledMidRunEndsTheOthersWithinTheTimeout) {
       << rs[0].output;
 }
 
+// The reference's commands as typed: `torchrun --nproc_per_node 2 train.py ...` with no mesh flag
+// runs DDP over both processes (train.py's init_distributed: all three sizes None -> DDP). Here
+// `dion-train --nproc 2` with no dp_size / fs_size / tp_size (it used to exit: "1 x 1 x 1 = 1, but
+// WORLD_SIZE is 2"): dp 2, the layout line says it was chosen, the losses are the one process's
+// within the file's tolerances. One size given fills the others with 1, as train.py.
+TEST_F(ParallelRun, NoMeshFlagRunsDdpOverEveryProcessAsTrainPy) {
+  TempDir tmp("ddp_default");
+  ProcResult r = test::run_train(std::vector<std::string>{"--nproc", "2"} + tiny(data(), tmp / "run"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("layout: 2 processes = dp 2 x fs 1 x tp 1 (DDP over every process: no dp_size, fs_size or "
+                          "tp_size given, as train.py)"),
+            std::string::npos) << r.output;
+  expect_close(ref(), test::read_metrics(tmp / "run" / "metrics.jsonl"), "--nproc 2, no mesh flag");
+  ProcResult one = test::run_train(std::vector<std::string>{"--nproc", "2"} + tiny(data(), tmp / "run2") +
+                                   std::vector<std::string>{"--fs_size", "2"});
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("layout: 2 processes = dp 1 x fs 2 x tp 1;"), std::string::npos) << one.output;
+}
+
 TEST_F(ParallelRun, BadLayoutsAndDifferentConfigsFailOnEveryRank) {
   TempDir tmp("bad_layout");
   {

@@ -25,6 +25,8 @@
 #include <regex>
 #include <thread>
 
+#include <ATen/Context.h>
+
 #include "dion/data/shard.h"
 #include "dion/train/checkpoint.h"
 #include "dion/train/gpt.h"
@@ -312,6 +314,12 @@ TEST_F(TrainRun, DebugModeTrainsOnSyntheticTokensWithoutData) {
                             "--val_tokens", "64", "--optimizer", "muon", "--scalar_opt", "lion"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("synthetic"), std::string::npos) << r.output;
+  // device auto (the default) says what it chose.
+  EXPECT_NE(r.output.find(at::globalContext().hasCUDA()
+                              ? "muon on cuda (bf16) (device auto: a CUDA device is present; --device cpu trains on "
+                                "the CPU)"
+                              : "muon on cpu (fp32) (device auto: no CUDA device here)"),
+            std::string::npos) << r.output;
   const auto records = test::read_metrics(tmp / "run/metrics.jsonl");
   int train = 0;
   for (const auto& rec : records) train += rec.kind == "train";

@@ -92,7 +92,7 @@ struct Config {
   bool no_triton = false;
   // ---- ours
   std::string run_dir = "";      // "" -> runs/<config file stem> (runs/default without --config)
-  std::string device = "cpu";    // cpu | cuda
+  std::string device = "auto";   // auto (cuda when a CUDA device is present, else cpu) | cpu | cuda
   std::string dtype = "auto";    // auto | fp32 | bf16 (autocast)
   int64_t seed = 1337;
   bool resume = true;
@@ -103,6 +103,11 @@ struct Config {
   double peak_tflops = 0;        // the MFU's peak; 0: a matmul measured once at the start
 
   std::string config_file;  // the --config path ("" without one); not a key
+  // Not keys either: the keys the YAML file or the command line set (null values do not count),
+  // in the order set; and whether dp_size was taken from WORLD_SIZE because none of dp_size,
+  // fs_size, tp_size was set (train.py's DDP over every process).
+  std::vector<std::string> keys_set;
+  bool mesh_from_world = false;
 
   // Derived values (after validation).
   // Data-parallel ranks: every (dp, fs) mesh position reads its own slice of the batch.
@@ -115,9 +120,11 @@ struct Config {
 };
 
 // Parses argv: `--config FILE` (optional), then `--key value` / `--key=value` / `--flag`.
-// Applies debug mode's overrides (as the reference: batch 2, device batch 1, 20 iterations) and
+// With none of dp_size, fs_size, tp_size set, dp_size = the world size (as train.py: DDP over
+// every process): `world_size`, or when it is 0 the WORLD_SIZE variable (unset: 1). Applies
+// debug mode's overrides (as the reference: batch 2, device batch 1, 20 iterations) and
 // validates. Throws ConfigError. `--help` throws HelpRequested with the text to print.
-Config config_parse(int argc, const char* const* argv);
+Config config_parse(int argc, const char* const* argv, int64_t world_size = 0);
 
 // Reads a YAML file into `config` (keys it sets only). Throws ConfigError naming the file.
 void config_load_yaml(Config& config, const std::filesystem::path& file);
