@@ -57,7 +57,9 @@ TrainOptimizer build_optimizer(const Config& c, GPT& model) {
   } else if (name == "dion") {
     Options d = Dion::defaults().lr(c.lr).mu(c.mu).weight_decay(c.weight_decay).rank_fraction(c.ortho_fraction)
                     .oversample(c.rcqr_oversample);
-    if (c.mixed_precision) d.momentum_dtype(at::kBFloat16).Q_dtype(at::kBFloat16);
+    // train.py's DionMixedPrecisionConfig(momentum, variance, Q: bf16); the variance is the AdamW
+    // scalar groups' (the scalar groups' momentum stays the parameter's: docs/train.md).
+    if (c.mixed_precision) d.momentum_dtype(at::kBFloat16).Q_dtype(at::kBFloat16).variance_dtype(at::kBFloat16);
     out.optimizer = std::make_unique<Dion>(groups, d);
   } else {
     throw ConfigError("key 'optimizer': value '" + name + "' is invalid");  // config_validate catches it first

@@ -14,6 +14,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -394,6 +395,49 @@ TEST(TrainOptimizer, GramNewtonSchulzWhereTrainPyPassesIt) {
     EXPECT_TRUE(std::isfinite(loss_gram.back()));
     EXPECT_LT(loss_gram.back(), loss_gram.front());  // it trains
   }
+}
+
+// mixed_precision (Dion): train.py's DionMixedPrecisionConfig sets momentum, variance and Q to
+// bf16; here the matrices' momentum and Q and the AdamW groups' variance are bf16 (the scalar
+// groups' momentum stays float32, docs/train.md). Without it every state is float32. The run
+// trains, and its first steps stay near the float32-state run (bf16 states: the loss within 1%).
+TEST(TrainOptimizer, MixedPrecisionStateDtypesAsTrainPy) {
+  const GPTConfig g{16, kVocabSize, 1, 2, 32};
+  at::manual_seed(7);
+  const at::Tensor idx = at::randint(0, 50257, {2, 16}, at::kLong);
+  std::map<bool, double> last_loss;
+  for (const bool mp : {false, true}) {
+    SCOPED_TRACE(mp ? "mixed_precision" : "float32 states");
+    Config c;
+    c.optimizer = "dion";
+    c.scalar_opt = "adamw";
+    c.model_dim = 32;
+    c.mixed_precision = mp;
+    at::manual_seed(0);
+    GPT model(g);
+    TrainOptimizer t = build_optimizer(c, model);
+    std::vector<double> losses;
+    for (int s = 0; s < 4; ++s) {
+      at::Tensor loss = model->loss(idx, idx);
+      losses.push_back(loss.item<double>());
+      loss.backward();
+      t.optimizer->step();
+      t.optimizer->zero_grad();
+    }
+    const at::ScalarType low = mp ? at::kBFloat16 : at::kFloat;
+    const ParamState* matrix = t.optimizer->state_of(model->block_params()[0]);
+    const ParamState* emb = t.optimizer->state_of(model->embedding_weight());
+    const ParamState* head = t.optimizer->state_of(model->lm_head_weight());
+    ASSERT_TRUE(matrix && emb && head);
+    EXPECT_EQ(matrix->momentum().scalar_type(), low);
+    EXPECT_EQ(matrix->Q().scalar_type(), low);
+    EXPECT_EQ(emb->variance().scalar_type(), low);
+    EXPECT_EQ(head->variance().scalar_type(), low);
+    EXPECT_EQ(emb->momentum().scalar_type(), at::kFloat);
+    EXPECT_LT(losses.back(), losses.front());  // it trains
+    last_loss[mp] = losses.back();
+  }
+  EXPECT_NEAR(last_loss[true], last_loss[false], 0.01 * last_loss[false]);
 }
 
 // ---------------------------------------------------------------------------- schedule
