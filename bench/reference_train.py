@@ -75,9 +75,9 @@ def parse_args():
 
 # ---------------------------------------------------------------------------- reference side
 
-def reference_steps(torch, args, optimizer, compiled=False):
-    """Wall and CPU seconds of each timed step of the reference's GPT + optimizer, and the wall
-    seconds of the first step (with `compiled`, torch.compile's compile time is in it)."""
+def reference_model(torch, args, optimizer, compiled=False):
+    """The reference's GPT (initialized under seed 0; GPT.compile()'d with `compiled`) and its
+    optimizer over train.py's parameter groups: (model, optimizer), the model in train mode."""
     from models.gpt_model import GPT, GPTConfig
     import dion
     from dion.opt_utils import lm_head_lr_scale
@@ -100,6 +100,13 @@ def reference_steps(torch, args, optimizer, compiled=False):
         opt = dion.Dion2(groups, lr=lr, fraction=0.25, ef_decay=mu, weight_decay=wd,
                          adjust_lr="spectral_norm", use_triton=False, use_polar_express=False)
     model.train()
+    return model, opt
+
+
+def reference_steps(torch, args, optimizer, compiled=False):
+    """Wall and CPU seconds of each timed step of the reference's GPT + optimizer, and the wall
+    seconds of the first step (with `compiled`, torch.compile's compile time is in it)."""
+    model, opt = reference_model(torch, args, optimizer, compiled)
     wall, cpu, first = [], [], 0.0
     for i in range(args.warmup + args.steps):
         x = torch.randint(0, args.vocab, (args.batch, args.seq))

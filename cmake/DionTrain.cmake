@@ -32,7 +32,9 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/fs_util.cpp
   ${DION_TRAIN_ROOT}/src/train/generate.cpp
   ${DION_TRAIN_ROOT}/src/train/gpt.cpp
+  ${DION_TRAIN_ROOT}/src/train/grad_norm.cpp
   ${DION_TRAIN_ROOT}/src/train/graphed_step.cpp
+  ${DION_TRAIN_ROOT}/src/train/kernels.cpp
   ${DION_TRAIN_ROOT}/src/train/loader.cpp
   ${DION_TRAIN_ROOT}/src/train/metrics.cpp
   ${DION_TRAIN_ROOT}/src/train/mfu.cpp
@@ -81,6 +83,7 @@ if(DION_BUILD_TESTS)
   dion_train_test_binary(dion_train_tests
     ${DION_TRAIN_ROOT}/tests/train/test_config.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_gpt.cpp
+    ${DION_TRAIN_ROOT}/tests/train/test_kernels.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_graphs.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_run.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_train_checkpoint.cpp
@@ -155,6 +158,13 @@ if(DION_BUILD_TESTS)
   endforeach()
   dion_train_test_binary(dion_train_parallel_tests ${DION_TRAIN_ROOT}/tests/train/test_parallel.cpp)
   gtest_discover_tests(dion_train_parallel_tests
+    WORKING_DIRECTORY ${DION_TRAIN_ROOT}
+    DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
+    PROPERTIES LABELS train TIMEOUT 300 RESOURCE_LOCK multiprocess)
+  # Issue 21: the gradient norm, grad_clip, the non-finite guard, train.py's trajectory
+  # (tests/train/test_numerics.cpp; several processes per test, as the parallel suite).
+  dion_train_test_binary(dion_train_numerics_tests ${DION_TRAIN_ROOT}/tests/train/test_numerics.cpp)
+  gtest_discover_tests(dion_train_numerics_tests
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
     PROPERTIES LABELS train TIMEOUT 300 RESOURCE_LOCK multiprocess)

@@ -22,4 +22,9 @@ AutocastScope::~AutocastScope() {
   at::autocast::set_autocast_dtype(device_, prev_dtype_);
 }
 
+std::optional<c10::ScalarType> autocast_dtype(c10::DeviceType device) {
+  if (!at::autocast::is_autocast_enabled(device)) return std::nullopt;
+  return at::autocast::get_autocast_dtype(device);
+}
+
 }  // namespace dion::train

@@ -108,6 +108,10 @@ const std::vector<Key>& keys() {
       {"dtype", &Config::dtype,
        "compute dtype: auto (cuda: bf16 autocast; cpu: the faster, docs/train.md), fp32, bf16 (autocast)",
        Check::CHOICE, {"auto", "fp32", "bf16"}},
+      {"model_kernels", &Config::model_kernels,
+       "fast: oneDNN GEMMs on CPU and the lm_head + cross entropy fused (docs/train.md); exact: ATen in the "
+       "reference's order",
+       Check::CHOICE, {"fast", "exact"}},
       {"seed", &Config::seed, "seed of the initialization and of debug mode's tokens", Check::NON_NEGATIVE},
       {"resume", &Config::resume, "resume from checkpoint_dir when it holds a checkpoint (false: start over)"},
       {"resume_fallback", &Config::resume_fallback,
@@ -124,6 +128,21 @@ const std::vector<Key>& keys() {
       {"peak_tflops", &Config::peak_tflops,
        "the peak TFLOP/s the MFU of the step lines is measured against (0: a matmul in the run's dtype, timed once "
        "at the start)", Check::NON_NEGATIVE},
+      // numerics keys (docs/train.md "Gradient norm, clipping, non-finite steps", "Parameter groups")
+      {"grad_clip", &Config::grad_clip,
+       "clip the global gradient norm to this before each optimizer step, as torch.nn.utils.clip_grad_norm_ (0: "
+       "off; the norm is logged either way)", Check::NON_NEGATIVE},
+      {"max_nonfinite_steps", &Config::max_nonfinite_steps,
+       "a step whose loss or gradient is not finite is skipped (weights and optimizer state untouched); this many "
+       "in a row are skipped, one more stops the run (0: the first stops it)", Check::NON_NEGATIVE},
+      {"scalar_beta1", &Config::scalar_beta1,
+       "beta1 of the embedding and lm_head groups (scalar_opt); the default (0.9, 0.95) is what train.py runs (its "
+       "betas=(0.95, 0.98) never reach its optimizers)", Check::RATIO},
+      {"scalar_beta2", &Config::scalar_beta2, "beta2 of the embedding and lm_head groups (scalar_opt)", Check::RATIO},
+      {"fsdp_param_dtype", &Config::fsdp_param_dtype,
+       "FSDP weight gathers: fp32, or bf16 as the reference's MixedPrecisionPolicy (param_dtype bf16: half the "
+       "gather bytes, weights rounded to bf16 for compute; gradients reduce-scattered in fp32); no effect without "
+       "fs_size > 1", Check::CHOICE, {"fp32", "bf16"}},
   };
   return table;
 }

@@ -103,6 +103,16 @@ void config_validate(const Config& c) {
   if (c.replicate_mesh_grad_sync && c.optimizer != "dion")
     fail(fmt::format("key 'replicate_mesh_grad_sync': true is for optimizer dion only (optimizer is '{}')",
                      c.optimizer));
+  // numerics keys
+  if (c.grad_clip > 0 && c.replicate_mesh_grad_sync && c.dp_size > 1)
+    fail(fmt::format("key 'grad_clip': value {} needs the gradient summed over the dp replicas, which legacy Dion "
+                     "with replicate_mesh_grad_sync never forms (dp_size {}); valid: grad_clip 0, or "
+                     "replicate_mesh_grad_sync false", format_double(c.grad_clip), c.dp_size));
+  if (c.scalar_opt == "adamw" && c.optimizer != "adamw" && c.optimizer != "lion" &&
+      (c.scalar_beta1 >= 1 || c.scalar_beta2 >= 1))
+    fail(fmt::format("keys 'scalar_beta1' {} / 'scalar_beta2' {}: AdamW (scalar_opt adamw) needs each beta < 1 (its "
+                     "bias correction divides by 1 - beta^t); valid: betas in [0, 1)",
+                     format_double(c.scalar_beta1), format_double(c.scalar_beta2)));
   if (c.cuda_graphs && c.device == "cpu")  // (device auto: checked once resolved, train.cpp)
     fail(fmt::format("key 'cuda_graphs': true needs device cuda (a CUDA graph captures GPU work; device is '{}'); "
                      "valid: false, or device cuda", c.device));

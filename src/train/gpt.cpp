@@ -2,7 +2,8 @@
 //
 // Each operation is the one the reference's PyTorch code calls (F.rms_norm with eps=None,
 // F.scaled_dot_product_attention(is_causal=True), F.cross_entropy(ignore_index=-1)), in the same
-// order, so that fp32 CPU results agree with the reference's to rounding (tests/train).
+// order, so that fp32 CPU results agree with the reference's to rounding (tests/train). With
+// Kernels::fast the linears and the lm_head + loss go through dion/train/kernels.h instead.
 #include "dion/train/gpt.h"
 
 #include <ATen/ATen.h>
@@ -19,9 +20,9 @@ at::Tensor rms_norm_last(const at::Tensor& x) {  // F.rms_norm(x, (x.size(-1),))
 }
 // The weight a layer computes with: the parameter itself, or what the parallel layout makes of it.
 at::Tensor weight_of(ModelParallel* par, const at::Tensor& w) { return par ? par->weight(w) : w; }
-// nn.Linear without bias (the same at::linear call torch::nn::Linear makes).
-at::Tensor linear(ModelParallel* par, const torch::nn::Linear& l, const at::Tensor& x) {
-  return par ? par->linear(x, l->weight) : at::linear(x, l->weight);
+// nn.Linear without bias (exact: the same at::linear call torch::nn::Linear makes).
+at::Tensor linear(ModelParallel* par, Kernels kind, const torch::nn::Linear& l, const at::Tensor& x) {
+  return par ? par->linear(x, l->weight) : dion::train::linear(x, l->weight, kind);
 }
 // A placeholder of w's shape that holds one element (GPTConfig::placeholder_weights).
 void make_placeholder(at::Tensor& w) {
@@ -32,7 +33,9 @@ at::Tensor tp_enter(ModelParallel* par, const at::Tensor& x) { return par ? par-
 at::Tensor tp_exit(ModelParallel* par, const at::Tensor& x) { return par ? par->tp_exit(x) : x; }
 }  // namespace
 
-at::Tensor ModelParallel::linear(const at::Tensor& x, const at::Tensor& param) { return at::linear(x, weight(param)); }
+at::Tensor ModelParallel::linear(const at::Tensor& x, const at::Tensor& param) {
+  return dion::train::linear(x, weight(param), kernels);
+}
 
 // ---------------------------------------------------------------------------- rotary
 
@@ -58,7 +61,7 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 // ---------------------------------------------------------------------------- modules
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& cfg)
-    : n_head_(cfg.n_head), head_dim_(cfg.n_embd / cfg.n_head) {
+    : n_head_(cfg.n_head), head_dim_(cfg.n_embd / cfg.n_head), kernels_(cfg.kernels) {
   auto lin = [&](const char* name) {
     return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(cfg.n_embd, cfg.n_embd).bias(false)));
   };
@@ -73,9 +76,9 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   ModelParallel* par = parallel.get();
   const int64_t H = n_head_ / (par ? par->tp_size() : 1);  // this rank's heads
   const at::Tensor xt = tp_enter(par, x);
-  at::Tensor q = linear(par, c_q, xt).view({B, T, H, head_dim_});  // [B, T, H, D]
-  at::Tensor k = linear(par, c_k, xt).view({B, T, H, head_dim_});
-  at::Tensor v = linear(par, c_v, xt).view({B, T, H, head_dim_});
+  at::Tensor q = linear(par, kernels_, c_q, xt).view({B, T, H, head_dim_});  // [B, T, H, D]
+  at::Tensor k = linear(par, kernels_, c_k, xt).view({B, T, H, head_dim_});
+  at::Tensor v = linear(par, kernels_, c_v, xt).view({B, T, H, head_dim_});
   if (!cos_.defined() || cos_.size(0) != T || cos_.device() != x.device())
     std::tie(cos_, sin_) = rotary_cos_sin(T, head_dim_, x.device());
   q = apply_rotary(q, cos_, sin_);
@@ -85,18 +88,18 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   at::Tensor y = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                   /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
   y = y.transpose(1, 2).contiguous().view({B, T, -1});  // [B, T, C / tp]
-  return tp_exit(par, linear(par, c_proj, y));          // [B, T, C]
+  return tp_exit(par, linear(par, kernels_, c_proj, y));          // [B, T, C]
 }
 
-MLPImpl::MLPImpl(const GPTConfig& cfg) {
+MLPImpl::MLPImpl(const GPTConfig& cfg) : kernels_(cfg.kernels) {
   c_fc = register_module("c_fc", torch::nn::Linear(torch::nn::LinearOptions(cfg.n_embd, 4 * cfg.n_embd).bias(false)));
   c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * cfg.n_embd, cfg.n_embd).bias(false)));
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
   ModelParallel* par = parallel.get();
-  at::Tensor h = at::relu(linear(par, c_fc, tp_enter(par, x))).square();  // relu squared [B, T, 4C / tp]
-  return tp_exit(par, linear(par, c_proj, h));
+  at::Tensor h = at::relu(linear(par, kernels_, c_fc, tp_enter(par, x))).square();  // relu squared [B, T, 4C / tp]
+  return tp_exit(par, linear(par, kernels_, c_proj, h));
 }
 
 BlockImpl::BlockImpl(const GPTConfig& cfg) {
@@ -151,6 +154,7 @@ void GPTImpl::init_weights(const KeepFn& keep) {
 
 void GPTImpl::set_parallel(std::shared_ptr<ModelParallel> parallel) {
   parallel_ = parallel;
+  if (parallel_) parallel_->kernels = config_.kernels;
   for (Block& b : blocks_) {
     b->attn->parallel = parallel;
     b->mlp->parallel = parallel;
@@ -164,13 +168,18 @@ at::Tensor GPTImpl::hidden(const at::Tensor& idx) {
 }
 
 at::Tensor GPTImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {
-  at::Tensor logits = linear(parallel_.get(), lm_head, hidden(idx)).to(at::kFloat);  // [B, T, V] fp32
+  if (config_.kernels == Kernels::fast) {  // the lm_head and the loss fused; no [B, T, V] logits
+    const at::Tensor h = hidden(idx);
+    return linear_cross_entropy(h.view({-1, h.size(-1)}), weight_of(parallel_.get(), lm_head->weight),
+                                targets.view({-1}), Kernels::fast, /*ignore_index=*/-1);
+  }
+  at::Tensor logits = linear(parallel_.get(), Kernels::exact, lm_head, hidden(idx)).to(at::kFloat);  // [B, T, V] fp32
   return at::cross_entropy_loss(logits.view({-1, logits.size(-1)}), targets.view({-1}), /*weight=*/{},
                                 at::Reduction::Mean, /*ignore_index=*/-1);
 }
 
 at::Tensor GPTImpl::logits(const at::Tensor& idx) {
-  return linear(parallel_.get(), lm_head, hidden(idx)).to(at::kFloat);
+  return linear(parallel_.get(), config_.kernels, lm_head, hidden(idx)).to(at::kFloat);
 }
 
 std::vector<at::Tensor> GPTImpl::block_params() { return h->parameters(); }

@@ -136,4 +136,11 @@ void MicroStep::optimizer_step() {
   ++s.steps_done;
 }
 
+void MicroStep::discard_gradients() {
+  Impl& s = *impl_;
+  // What optimizer_step does to the gradients, without the step: the weights, the optimizer's
+  // state and step counters stay as they are (a skipped non-finite step, train.cpp).
+  s.opt.zero_grad(/*set_to_none=*/!s.graphed_opt);
+}
+
 }  // namespace dion::train

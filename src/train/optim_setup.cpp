@@ -31,7 +31,10 @@ TrainOptimizer build_optimizer(const Config& c, GPT& model) {
   }
 
   const double lm_head_lr = c.lr * lm_head_lr_scale(c.scalar_opt, c.model_dim);
-  const auto scalar_betas = std::make_tuple(0.95, 0.98);
+  // train.py writes betas=(0.95, 0.98) into these groups, but its Dion-family optimizers read
+  // the group keys beta1 / beta2, filled from their constructor default (0.9, 0.95): keys
+  // scalar_beta1 / scalar_beta2, default that effective pair (docs/train.md "Parameter groups").
+  const auto scalar_betas = std::make_tuple(c.scalar_beta1, c.scalar_beta2);
   std::vector<ParamGroup> groups = {
       {matrices},
       {embedding, {.algorithm = c.scalar_opt, .lr = c.lr, .weight_decay = 0.0, .betas = scalar_betas}},

@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "dion/dist/distributed.h"
+#include "dion/train/autocast.h"
 #include "dion/train/config.h"
 
 namespace dion::train {
@@ -95,14 +96,19 @@ struct TpGatherFn : torch::autograd::Function<TpGatherFn> {
 // as `full` (gathered by the caller); saves x and `local` only, gathers W again in backward,
 // dW handed to Parallel::fs_reduce_gradient as FsGatherFn's. The backward computes what
 // at::linear's autograd computes (mm's backward formulas: dx = dy W, dW = dy^T x over the
-// flattened leading dims), so the gradients are the kept-weight run's bit for bit.
+// flattened leading dims) or, with `fast` (fp32 Kernels::fast), FastLinearFn's same three
+// oneDNN GEMMs (kernels.h), so the gradients are the kept-weight run's bit for bit.
 struct GatheredLinearFn : torch::autograd::Function<GatheredLinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& local, const at::Tensor& full,
-                            int64_t parallel, int64_t key) {
+                            int64_t parallel, int64_t key, bool fast) {
     ctx->save_for_backward({x, local});
     ctx->saved_data["parallel"] = parallel;
     ctx->saved_data["key"] = key;
-    return at::linear(x, full);  // [.., out]; `full` is freed when the caller drops it
+    ctx->saved_data["fast"] = fast;
+    if (!fast) return at::linear(x, full);  // [.., out]; `full` is freed when the caller drops it
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes.back() = full.size(0);
+    return matmul_2d(x.reshape({-1, x.size(-1)}), full.t(), Kernels::fast).view(sizes);  // as FastLinearFn
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     Parallel& par = parallel_of(ctx->saved_data["parallel"]);
@@ -110,10 +116,11 @@ struct GatheredLinearFn : torch::autograd::Function<GatheredLinearFn> {
     const at::Tensor& x = saved[0];                                        // [.., in]
     at::Tensor w = par.regathered(saved[1]);                               // [out, in]
     const at::Tensor dy = grads[0].reshape({-1, grads[0].size(-1)});       // [N, out]
-    at::Tensor dx = dy.mm(w).view(x.sizes());                              // [.., in]
-    at::Tensor dw = dy.t().mm(x.reshape({-1, x.size(-1)}));                // [out, in]
+    const Kernels kind = ctx->saved_data["fast"].toBool() ? Kernels::fast : Kernels::exact;
+    at::Tensor dx = matmul_2d(dy, w, kind).view(x.sizes());                      // [.., in]
+    at::Tensor dw = matmul_2d(dy.t(), x.reshape({-1, x.size(-1)}), kind);        // [out, in]
     return {dx, par.fs_reduce_gradient(from_key(ctx->saved_data["key"]), dw), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+            at::Tensor(), at::Tensor()};
   }
 };
 
@@ -283,14 +290,18 @@ int64_t Parallel::bytes_sent() const {
 }
 
 comm::Work Parallel::gather_async(const at::Tensor& param, const ParamPlacement& pl) {
-  return dist::gather_tensor_async(*fs_, param.detach(), pl.fs_dim, pl.global_shape[pl.fs_dim]);
+  at::Tensor shard = param.detach();
+  if (shard.is_floating_point() && gather_dtype_ != shard.scalar_type()) shard = shard.to(gather_dtype_);
+  return dist::gather_tensor_async(*fs_, shard, pl.fs_dim, pl.global_shape[pl.fs_dim]);
 }
 
 at::Tensor Parallel::fs_gathered(Prefetch& pf, const at::Tensor& param, const ParamPlacement& pl) {
   ++pf.gathers;
   const void* key = param.unsafeGetTensorImpl();
   const int64_t dim = pl.fs_dim, global = pl.global_shape[dim];
-  auto now = [&] { return dist::join_gathered(gather_async(param, pl).wait(), dim, global); };
+  // A bf16 gather (gather_dtype_) is computed with in the parameter's dtype.
+  auto join = [&](const at::Tensor& all) { return dist::join_gathered(all, dim, global).to(param.scalar_type()); };
+  auto now = [&] { return join(gather_async(param, pl).wait()); };
   if (!pf.recorded) {  // the first pass: record the order
     if (pf.order.empty() || key != pf.order[0]) {
       pf.order.push_back(key);
@@ -326,7 +337,7 @@ at::Tensor Parallel::fs_gathered(Prefetch& pf, const at::Tensor& param, const Pa
     at::Tensor all = it->second.wait();
     pf.inflight.erase(it);
     ++pf.prefetched;
-    return dist::join_gathered(all, dim, global);
+    return join(all);
   }
   return now();
 }
@@ -359,7 +370,8 @@ at::Tensor Parallel::linear(const at::Tensor& x, const at::Tensor& param) {
   // As the reference: the blocks' weights only (wte / lm_head: reshard_after_forward=False).
   if (reshard_after_forward_ && pl.fs_dim >= 0 && fs_->size() > 1 && !pl.tp_gather && unit_of(pl.name) != pl.name)
     return GatheredLinearFn::apply(x, param, fs_gathered(fwd_, param, pl), int64_t(reinterpret_cast<intptr_t>(this)),
-                                   key_handle(param));
+                                   key_handle(param),
+                                   /*fast=*/kernels == Kernels::fast && !autocast_dtype(x.device().type()));
   return ModelParallel::linear(x, param);
 }
 

@@ -75,6 +75,7 @@ const std::map<std::string, Row>& table() {
       {"run_dir", {P::FREE, ""}},
       {"device", {P::LOGGED, ""}},
       {"dtype", {P::LOGGED, ""}},
+      {"model_kernels", {P::LOGGED, ""}},
       {"seed", {P::MUST_MATCH, "debug mode's synthetic tokens are drawn from it (the generators are restored from the checkpoint)"}},
       {"resume", {P::FREE, ""}},
       {"resume_fallback", {P::FREE, ""}},
@@ -82,9 +83,17 @@ const std::map<std::string, Row>& table() {
       {"log_every", {P::FREE, ""}},
       {"cuda_graphs", {P::FREE, ""}},
       {"peak_tflops", {P::FREE, ""}},
+      // numerics keys
+      {"grad_clip", {P::LOGGED, ""}},
+      {"max_nonfinite_steps", {P::FREE, ""}},
+      {"scalar_beta1", {P::LOGGED, ""}},
+      {"scalar_beta2", {P::LOGGED, ""}},
+      {"fsdp_param_dtype", {P::LOGGED, ""}},
   };
   return rows;
 }
+
+std::string config_items_value(double v) { return fmt::format("{}", v); }
 
 uint32_t crc(uint32_t c, const void* p, size_t n) { return uint32_t(::crc32(c, static_cast<const Bytef*>(p), uInt(n))); }
 
@@ -153,6 +162,13 @@ std::vector<std::string> resume_check(const Config& c, const CheckpointMeta& met
         break;
     }
   }
+  // numerics keys: a checkpoint from before scalar_beta1/2 ran its embedding and lm_head with
+  // (0.95, 0.98) (the default then); say so rather than change them silently.
+  if (!saved["scalar_beta1"].IsDefined() && c.optimizer != "adamw" && c.optimizer != "lion")
+    lines.push_back(fmt::format("  resuming {} with scalar betas ({}, {}); it was trained by a dion-train without the "
+                                "scalar_beta keys, which used (0.95, 0.98): pass --scalar_beta1 0.95 --scalar_beta2 "
+                                "0.98 to keep those",
+                                name, config_items_value(c.scalar_beta1), config_items_value(c.scalar_beta2)));
   if (!meta.data_fingerprint.empty() && meta.data_fingerprint != fingerprint)
     throw ConfigError(fmt::format(
         "the training data differs from the checkpoint's: '{}' holds {}, checkpoint '{}' was trained on {}; the "

@@ -19,6 +19,7 @@
 #include "dion/train/autocast.h"
 #include "dion/train/checkpoint.h"
 #include "dion/train/gpt.h"
+#include "dion/train/grad_norm.h"
 #include "dion/train/graphed_step.h"
 #include "dion/train/loader.h"
 #include "dion/train/metrics.h"
@@ -213,13 +214,15 @@ RunSummary train_run(const Config& config) {
   }
 
   // ---------------------------------------------------------------- model and optimizer
-  const GPTConfig gcfg{c.sequence_length, c.vocab_size, c.n_layer, c.n_head, c.model_dim};
+  GPTConfig gcfg{c.sequence_length, c.vocab_size, c.n_layer, c.n_head, c.model_dim};
+  gcfg.kernels = c.model_kernels == "exact" ? Kernels::exact : Kernels::fast;
   GPTConfig placeholder = gcfg;
   placeholder.placeholder_weights = true;  // never the whole model: init_model draws one weight at a time
   GPT model(placeholder);
   at::manual_seed(uint64_t(c.seed));  // after construction, as the reference (built on meta) draws
   par.init_model(model);  // the weights of one process; each rank keeps its parts
   par.set_reshard_after_forward(c.reshard_after_forward && !c.fast_fsdp);
+  par.set_gather_dtype(c.fsdp_param_dtype == "bf16" ? at::kBFloat16 : at::kFloat);  // FSDP gathers
   model->to(device);
   TrainOptimizer topt = build_optimizer(c, model);
   dion::Optimizer& opt = *topt.optimizer;
@@ -286,6 +289,10 @@ RunSummary train_run(const Config& config) {
                                     : fmt::format("measured: {} matmul on {}", autocast ? "bf16" : "fp32", c.device),
                   c.cuda_graphs ? "on (forward + backward and the optimizer step replayed after step 1)" : "off"));
   MicroStep micro(model, opt, device, autocast, 1.0 / double(accum * dsize), c.cuda_graphs);
+  const std::vector<at::Tensor> params = model->parameters();
+  // Legacy Dion with replicate_mesh_grad_sync sums the dp replicas' gradients itself (never here).
+  const bool grads_summed_over_dp = !(c.replicate_mesh_grad_sync && par.shape().dp > 1);
+  int64_t nonfinite_in_a_row = 0;
 
   // ---------------------------------------------------------------- loop
   RunSummary sum;
@@ -341,15 +348,41 @@ RunSummary train_run(const Config& config) {
     if (ddp) ddp->finish();
     const double t_fwd_bwd = seconds_since(t0);
     const int64_t bytes1 = par.bytes_sent();
+    // Before the optimizer step (dion/train/grad_norm.h): the loss and the global gradient norm,
+    // identical on every rank (collectives), decide together whether the step is taken.
+    nonfinite_test_inject(params, par, step);
+    const double train_loss = mean_over_data(par, loss_sum, accum);
+    const GradNorm gnorm = grad_norm(params, par, grads_summed_over_dp);
+    const bool skipped = !gnorm.finite || !std::isfinite(train_loss);
     const double factor = lr_factor(step, N, c.warmup_ratio, c.warmdown_ratio);
-    for (size_t g = 0; g < topt.base_lrs.size(); ++g) opt.options(g).lr(topt.base_lrs[g] * factor);
-    micro.optimizer_step();  // and zero the gradients
+    if (!skipped) {
+      nonfinite_in_a_row = 0;
+      if (c.grad_clip > 0) clip_gradients(params, gnorm.norm, c.grad_clip);
+      for (size_t g = 0; g < topt.base_lrs.size(); ++g) opt.options(g).lr(topt.base_lrs[g] * factor);
+      micro.optimizer_step();  // and zero the gradients
+    } else {
+      // Nothing is written to the weights or the optimizer state (its step counters included);
+      // the data position has moved on (the batches were read).
+      micro.discard_gradients();
+      ++nonfinite_in_a_row;
+      ++sum.steps_skipped;
+      say(fmt::format("step {}/{}: {} is not finite (loss {}, grad_norm {}): step skipped, the weights and the "
+                      "optimizer state unchanged ({} in a row; max_nonfinite_steps {})",
+                      step, N, std::isfinite(train_loss) ? "the gradient" : "the loss", train_loss, gnorm.norm,
+                      nonfinite_in_a_row, c.max_nonfinite_steps));
+      if (nonfinite_in_a_row > c.max_nonfinite_steps)
+        throw NonFiniteError(fmt::format(
+            "step {}/{}: {} non-finite step{} in a row (loss {}, grad_norm {}), more than max_nonfinite_steps {}: "
+            "the run diverged; stopping. Resume from the last checkpoint with a lower lr, or set grad_clip "
+            "(docs/train.md \"Gradient norm, clipping, non-finite steps\")",
+            step, N, nonfinite_in_a_row, nonfinite_in_a_row == 1 ? "" : "s", train_loss, gnorm.norm,
+            c.max_nonfinite_steps));
+    }
     replicas_test_perturb(model, par, step);
     if (c.replica_check_every > 0 && (step + 1) % c.replica_check_every == 0) replicas_check(model, par, step);
     const int64_t bytes2 = par.bytes_sent();
     model_bytes += bytes1 - bytes0;
     optimizer_bytes += bytes2 - bytes1;
-    const double train_loss = mean_over_data(par, loss_sum, accum);
     const double step_s = seconds_since(t0);
 
     st.step = step;
@@ -362,9 +395,11 @@ RunSummary train_run(const Config& config) {
     const double ms_avg = steps_timed ? steps_ms_total / double(steps_timed) : step_s * 1000;
     const double lr = topt.base_lrs[0] * factor;
     if (metrics) {
-      metrics->train(step, train_loss, lr, st.tokens, double(tokens_per_step) / step_s, step_s * 1000, elapsed());
+      metrics->train(step, train_loss, gnorm.norm, lr, st.tokens, double(tokens_per_step) / step_s, step_s * 1000,
+                     elapsed(), t_fwd_bwd * 1000, skipped);
       tensorboard->add_scalar("train/loss", train_loss, step);
       tensorboard->add_scalar("train/lr", lr, step);
+      tensorboard->add_scalar("train/grad_norm", gnorm.norm, step);
       tensorboard->add_scalar("train/tokens_per_s", double(tokens_per_step) / step_s, step);
     }
     // Numbered as train.py (its loop, its debug lines and its wandb "step"): from 0, so "step s" of a
@@ -372,15 +407,14 @@ RunSummary train_run(const Config& config) {
     if (step % c.log_every == 0 || step == N - 1) {
       const double tok_s = double(tokens_per_step) / step_s;
       std::string line =
-          fmt::format("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | MFU {:.1f}% | {:.0f} ms/step | ETA {}",
-                      step, N, train_loss, lr, tok_s, 100.0 * mfu(model_flops, tok_s / double(par.world_size()), peak_flops),
+          fmt::format("step {}/{} | loss {:.4f} | grad_norm {:.4f} | lr {:.3e} | {:.0f} tok/s | MFU {:.1f}% | {:.0f} "
+                      "ms/step | ETA {}",
+                      step, N, train_loss, gnorm.norm, lr, tok_s, 100.0 * mfu(model_flops, tok_s / double(par.world_size()), peak_flops),
                       step_s * 1000, format_duration(ms_avg / 1000 * double(N - step - 1)));
       if (c.time_optimizer)
         line += fmt::format(" (fwd+bwd {:.0f} ms, optimizer {:.0f} ms)", t_fwd_bwd * 1000, (step_s - t_fwd_bwd) * 1000);
       say(line);
     }
-    if (!std::isfinite(train_loss)) throw std::runtime_error(fmt::format("step {}: the loss is {} (diverged)", step, train_loss));
-
     if (c.checkpoint_freq > 0 && step > 0 && step % c.checkpoint_freq == 0) save(step);
     if (c.stop_after > 0 && sum.steps_done >= c.stop_after && step < N - 1) {
       if (last_saved != step) save(step);
@@ -404,19 +438,21 @@ RunSummary train_run(const Config& config) {
                       ddp->launched_during_backward(), ddp->buckets()));
     if (par.shape().fs > 1)
       say(fmt::format("FSDP: {} of {} forward weight gathers prefetched, {} of {} backward re-gathers, {} gradient "
-                      "reduce-scatters; reshard_after_forward {}, gradient sync {}",
+                      "reduce-scatters; reshard_after_forward {}, gradient sync {}, weights gathered in {}",
                       par.prefetched(), par.gathers(), par.regathers_prefetched(), par.regathers(),
                       par.reduce_scatters(), par.reshard_after_forward(),
-                      c.fast_fsdp ? "once per step (fast_fsdp)" : "every micro-batch"));
+                      c.fast_fsdp ? "once per step (fast_fsdp)" : "every micro-batch", c.fsdp_param_dtype));
   }
   sum.last_step = st.step;
   sum.best_val_loss = st.best_val_loss;
   sum.best_val_step = st.best_val_step;
   if (!sum.stopped_early)
     say(fmt::format("done: {} steps, best val_loss {:.4f} @ step {}, {} training tokens, {} total ({} this run); "
-                    "metrics in {}",
+                    "metrics in {}{}",
                     N, st.best_val_loss, st.best_val_step, st.tokens, format_duration(elapsed()),
-                    format_duration(seconds_since(t_start)), (run_dir / "metrics.jsonl").string()));
+                    format_duration(seconds_since(t_start)), (run_dir / "metrics.jsonl").string(),
+                    sum.steps_skipped ? fmt::format("; {} non-finite step(s) skipped in this run", sum.steps_skipped)
+                                      : std::string()));
   return sum;
 }
 

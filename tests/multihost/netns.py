@@ -6,10 +6,11 @@
         hosts.addr(0)                 # '10.23.0.1' (host i is 10.23.0.<i+1>/24)
         p = hosts.popen(0, [...])     # a process inside host 0 (subprocess.Popen keywords pass on)
         hosts.run(1, [...])           # ... run to completion (subprocess.run)
-        hosts.netem(1, "delay 20ms loss 1%")  # netem on both ends of host 1's link (each direction)
-        hosts.clear_netem(1)
+        hosts.netem(1, "delay 20ms loss 1%")  # each direction of host 1's link: 'tc netem' or 'tun forwarder'
+        hosts.clear_netem(1)                  # (the kernel's sch_netem where it exists, else tun_netem.py)
+        hosts.forwarder_stats()               # {"forwarded", "dropped", "other"} packets (tun forwarder)
         hosts.cut(1); hosts.restore(1)        # host 1's link down / up (a blackhole: no RST, no ICMP)
-        hosts.kill_host(1)                    # SIGKILL every process inside host 1
+        hosts.kill_host(1)                    # SIGKILL every process inside host 1 (hosts.pids(1): them)
     # leaving the block (a failure included) kills every process still inside the namespaces,
     # then deletes them, their links with them; an atexit hook does the same if the block is skipped.
 
@@ -18,10 +19,20 @@ network; each host's eth0 is one end of a veth pair whose other end (h<i>) is a 
 Every Hosts() takes a fresh random tag, so parallel test runs cannot collide; addresses repeat
 across Hosts() objects, which is fine: each set has its own bridge.
 
+netem without the kernel's sch_netem (netem(i, spec, via="tun"), the fallback): a forwarder
+(tun_netem.py, a process of the harness in the caller's namespace) opens one TUN device per host
+and the harness moves each into its host as tun0 (MTU 64000, like veth's 64 KB GSO packets, so
+that the forwarder copies few packets); /32 routes send host i's traffic to and from every other
+host through tun0 instead of eth0 (same addresses: Gloo's sockets stay bound to eth0's), and the
+forwarder holds each packet for the delay and drops the loss fraction (seeded) at host i's end of
+each direction: real IP-level loss, TCP retransmits. cut(i) then also drops everything on host
+i's tun path. The routes go when the netem is cleared; the devices when the forwarder exits.
+
 Also a command line for scripts (scripts/soak_multihost_restart.sh) and by hand:
     python3 tests/multihost/netns.py check     # exit 0 when namespaces work, else prints why, 1
 """
 import atexit
+import json
 import os
 import secrets
 import shutil
@@ -30,7 +41,12 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tun_netem  # noqa: E402
+
 SUBNET = "10.23.0"
+TUN_MTU = 64000
+FORWARDER_SEED = 23
 
 
 def _ip(*args, check=True):
@@ -51,14 +67,41 @@ def unavailable():
     return None
 
 
+_probed = {}
+
+
+def kernel_netem_unavailable():
+    """None when tc netem works inside a namespace, else the reason (probed once per process)."""
+    if "tc" not in _probed:
+        if shutil.which("tc") is None:
+            _probed["tc"] = "no `tc` command (iproute2)"
+        else:
+            name = "dionprobe-" + secrets.token_hex(4)
+            _ip("netns", "add", name)
+            try:
+                r = subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "lo", "root", "netem",
+                                    "delay", "1ms"], capture_output=True, text=True)
+                _probed["tc"] = None if r.returncode == 0 else "tc netem failed: " + r.stderr.strip()
+            finally:
+                _ip("netns", "del", name, check=False)
+    return _probed["tc"]
+
+
+def tun_unavailable():
+    """None when a TUN device can be made here (the userspace netem, tun_netem.py), else the reason."""
+    if "tun" not in _probed:
+        try:
+            os.close(tun_netem.open_tun("dionprobe" + secrets.token_hex(3)))
+            _probed["tun"] = None
+        except OSError as e:
+            _probed["tun"] = f"/dev/net/tun: {e.strerror}"
+    return _probed["tun"]
+
+
 def netem_unavailable():
-    """None when tc netem works inside a namespace, else the reason."""
-    if shutil.which("tc") is None:
-        return "no `tc` command (iproute2)"
-    with Hosts(1) as h:
-        r = h.run(0, ["tc", "qdisc", "add", "dev", "eth0", "root", "netem", "delay", "1ms"], capture_output=True,
-                  text=True)
-        return None if r.returncode == 0 else "tc netem failed: " + r.stderr.strip()
+    """None when delay and loss can be put on a link here (tc netem or the TUN forwarder), else why."""
+    tc, tun = kernel_netem_unavailable(), tun_unavailable()
+    return None if tc is None or tun is None else f"{tc}; no TUN forwarder either ({tun})"
 
 
 class Hosts:
@@ -69,6 +112,9 @@ class Hosts:
         self.names = [f"{self.tag}-h{i}" for i in range(n)]
         self._procs = []
         self._made = []
+        self._fwd = None  # the TUN forwarder (tun_netem.py), started by the first netem(via="tun")
+        self._tun_links = {}  # host -> (delay s, loss) of the links routed through the forwarder
+        self._cut = set()
         atexit.register(self.close)
         try:
             self._create()
@@ -118,6 +164,14 @@ class Hosts:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        if self._fwd is not None:  # EOF on its stdin ends it; its devices go with it
+            try:
+                self._fwd.stdin.close()
+                self._fwd.wait(timeout=10)
+            except (subprocess.TimeoutExpired, BrokenPipeError):
+                self._fwd.kill()
+                self._fwd.wait()
+            self._fwd = None
         for ns in reversed(self._made):
             _ip("netns", "del", ns, check=False)
         self._made = []
@@ -150,33 +204,106 @@ class Hosts:
     def run(self, i, cmd, **kw):
         return subprocess.run(["ip", "netns", "exec", self.names[i], *cmd], **kw)
 
-    def netem(self, i, spec):
-        """netem `spec` (e.g. 'delay 20ms loss 1%') on host i's eth0 and on its bridge port: each direction."""
+    def netem(self, i, spec, via=None):
+        """Delay/loss `spec` (e.g. 'delay 20ms loss 1%') on each direction of host i's link. via: 'tc'
+        (netem on host i's eth0 and on its bridge port), 'tun' (the forwarder: 'delay' and 'loss'
+        only), None: tc where the kernel has sch_netem, else tun. Returns which ran: 'tc netem' or
+        'tun forwarder'."""
+        if via is None:
+            via = "tc" if kernel_netem_unavailable() is None else "tun"
+        if via not in ("tc", "tun"):
+            raise ValueError(f"netem via {via!r}: 'tc', 'tun' or None")
+        delay, loss = tun_netem.parse_spec(spec) if via == "tun" else (None, None)  # before any change
         self.clear_netem(i)
-        self._in(self.names[i], "tc", "qdisc", "add", "dev", "eth0", "root", "netem", *spec.split())
-        self._sw("tc", "qdisc", "add", "dev", f"h{i}", "root", "netem", *spec.split())
+        if via == "tc":
+            self._in(self.names[i], "tc", "qdisc", "add", "dev", "eth0", "root", "netem", *spec.split())
+            self._sw("tc", "qdisc", "add", "dev", f"h{i}", "root", "netem", *spec.split())
+            return "tc netem"
+        self._start_forwarder()
+        for j in range(self.n):
+            if j != i:
+                self._in(self.names[i], "ip", "route", "replace", f"{self.addr(j)}/32", "dev", "tun0", "src",
+                         self.addr(i))
+                self._in(self.names[j], "ip", "route", "replace", f"{self.addr(i)}/32", "dev", "tun0", "src",
+                         self.addr(j))
+        self._tun_links[i] = (delay, loss)
+        self._tell_forwarder(i)
+        return "tun forwarder"
 
     def clear_netem(self, i):
         subprocess.run(["ip", "netns", "exec", self.names[i], "tc", "qdisc", "del", "dev", "eth0", "root"],
                        capture_output=True)
         subprocess.run(["ip", "netns", "exec", self.sw, "tc", "qdisc", "del", "dev", f"h{i}", "root"],
                        capture_output=True)
+        if i in self._tun_links:
+            del self._tun_links[i]
+            self._tell_forwarder(i)
+            for j in range(self.n):
+                if j != i and j not in self._tun_links:  # a pair with another impaired host stays on tun0
+                    self._in(self.names[i], "ip", "route", "del", f"{self.addr(j)}/32", "dev", "tun0")
+                    self._in(self.names[j], "ip", "route", "del", f"{self.addr(i)}/32", "dev", "tun0")
+
+    def forwarder_stats(self):
+        """The TUN forwarder's packet counts so far: {"forwarded", "dropped", "other"} (None: not started)."""
+        if self._fwd is None:
+            return None
+        self._fwd.stdin.write("stats\n")
+        self._fwd.stdin.flush()
+        return json.loads(self._fwd.stdout.readline())
+
+    def _start_forwarder(self):
+        if self._fwd is not None:
+            return
+        devs = [f"{self.tag}t{k}" for k in range(self.n)]
+        self._fwd = subprocess.Popen(
+            [sys.executable, tun_netem.__file__, "forward", "--seed", str(FORWARDER_SEED),
+             *(f"{d}={self.addr(k)}" for k, d in enumerate(devs))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self._fwd.stdout.readline()
+        if line.strip() != "ready":
+            self._fwd.kill()
+            raise RuntimeError(f"the TUN forwarder (tun_netem.py) did not start: {line!r}, exit {self._fwd.wait()}")
+        for k, d in enumerate(devs):
+            _ip("link", "set", d, "netns", self.names[k])
+            self._in(self.names[k], "ip", "link", "set", d, "name", "tun0")
+            subprocess.run(["ip", "netns", "exec", self.names[k], "sysctl", "-qw", "net.ipv6.conf.tun0.disable_ipv6=1"],
+                           capture_output=True)  # no router solicitations; absent without IPv6
+            self._in(self.names[k], "ip", "link", "set", "tun0", "mtu", str(TUN_MTU), "up")
+
+    def _tell_forwarder(self, i):
+        delay, loss = self._tun_links.get(i, (0.0, 0.0))
+        if i in self._cut:
+            loss = 1.0
+        self._fwd.stdin.write(f"link {self.addr(i)} {delay} {loss}\n")
+        self._fwd.stdin.flush()
 
     def cut(self, i):
-        """Host i's link goes silent: its bridge port down (packets vanish; TCP sees no reset)."""
+        """Host i's link goes silent: its bridge port down (packets vanish; TCP sees no reset), and its
+        TUN path, if any, drops everything."""
         self._sw("ip", "link", "set", f"h{i}", "down")
+        self._cut.add(i)
+        if self._fwd is not None:
+            self._tell_forwarder(i)
 
-    def kill_host(self, i):
-        """SIGKILL every process inside host i (a host that dies: its kernel resets its sockets)."""
-        for pid in _ip("netns", "pids", self.names[i], check=False).stdout.split():
+    def pids(self, i):
+        """The processes inside host i now."""
+        return [int(p) for p in _ip("netns", "pids", self.names[i], check=False).stdout.split()]
+
+    def kill_host(self, i, pids=None):
+        """SIGKILL every process inside host i (a host that dies: its kernel resets its sockets); `pids`
+        (from pids(i), taken earlier) kills without listing them first, within microseconds."""
+        for pid in self.pids(i) if pids is None else pids:
             try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
                 pass
 
     def restore(self, i):
         self._sw("ip", "link", "set", f"h{i}", "up")
         # the port goes through the bridge's listening/learning states only with STP on (off here)
+        self._cut.discard(i)
+        if self._fwd is not None:
+            self._tell_forwarder(i)
 
 
 if __name__ == "__main__":

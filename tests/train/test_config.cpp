@@ -209,6 +209,17 @@ TEST(TrainConfig, BadValuesNameTheKeyTheValueAndWhatIsValid) {
   EXPECT_NE(error_of({"--checkpoint_freq", "10"}).find("needs checkpoint_dir"), std::string::npos);
   EXPECT_NE(error_of({"--val_tokens", "1000"}).find("key 'val_tokens'"), std::string::npos);
   EXPECT_NE(error_of({"--config", "/nonexistent.yaml"}).find("cannot be read"), std::string::npos);
+  // numerics keys
+  EXPECT_NE(error_of({"--grad_clip", "-1"}).find("key 'grad_clip': value '-1.0' is invalid; valid: a value >= 0"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--max_nonfinite_steps", "-1"}).find("key 'max_nonfinite_steps'"), std::string::npos);
+  EXPECT_NE(error_of({"--scalar_beta1", "1.5"}).find("key 'scalar_beta1': value '1.5' is invalid; valid: a value in [0, 1]"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--scalar_opt", "adamw", "--scalar_beta2", "1"}).find("AdamW (scalar_opt adamw) needs each beta < 1"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--optimizer", "dion", "--replicate_mesh_grad_sync", "--dp_size", "2", "--batch_size", "128",
+                      "--grad_clip", "1"}).find("key 'grad_clip': value 1.0 needs the gradient summed over the dp replicas"),
+            std::string::npos);
 }
 
 // Three inputs tests/fuzz/fuzz_config.cpp found: a YAML key that is a list or map (was: yaml-cpp's
@@ -335,9 +346,20 @@ TEST(TrainOptimizer, GroupsAsTheReferenceBuildsThem) {
       const double lm = all_scalar || std::string(scalar) == "adamw" ? 0.02 : 0.02 / std::sqrt(32.0);
       EXPECT_DOUBLE_EQ(t.optimizer->options(2).lr(), lm);
       EXPECT_DOUBLE_EQ(t.base_lrs[2], lm);
-      if (!all_scalar) {
-        EXPECT_EQ(std::get<0>(t.optimizer->options(1).betas()), 0.95);
-        EXPECT_EQ(std::get<1>(t.optimizer->options(1).betas()), 0.98);
+      if (!all_scalar) {  // scalar_beta1 / scalar_beta2: train.py's effective (0.9, 0.95) by default
+        for (size_t g = 1; g <= 2; ++g) {
+          EXPECT_EQ(std::get<0>(t.optimizer->options(g).betas()), 0.9);
+          EXPECT_EQ(std::get<1>(t.optimizer->options(g).betas()), 0.95);
+        }
+        Config written = c;
+        written.scalar_beta1 = 0.95;
+        written.scalar_beta2 = 0.98;
+        GPT m2(g);
+        TrainOptimizer t2 = build_optimizer(written, m2);
+        for (size_t g2 = 1; g2 <= 2; ++g2) {
+          EXPECT_EQ(std::get<0>(t2.optimizer->options(g2).betas()), 0.95);
+          EXPECT_EQ(std::get<1>(t2.optimizer->options(g2).betas()), 0.98);
+        }
       }
       if (std::string(name) == "dion2") {
         EXPECT_DOUBLE_EQ(t.optimizer->options(0).fraction(), 0.25);

@@ -119,7 +119,7 @@ void expect_same_metrics(const fs::path& a, const fs::path& b) {
     ASSERT_TRUE(std::getline(fb, lb)) << "line " << n << " missing in " << b;
     // Compare everything but the wall-clock fields.
     auto strip = [](std::string s) {
-      for (const char* key : {"\"tokens_per_s\"", "\"ms_per_step\"", "\"time_s\""}) {
+      for (const char* key : {"\"tokens_per_s\"", "\"ms_per_step\"", "\"time_s\"", "\"fwd_bwd_ms\""}) {
         const size_t at = s.find(key);
         if (at != std::string::npos) s.erase(at, s.find_first_of(",}", at) - at);
       }
@@ -411,14 +411,15 @@ TEST_F(TrainRun, ExportWritesTheCheckpointsWeightsAndTensorBoardHasEveryMetric) 
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.output.find("nothing"), std::string::npos) << bad.output;
 
-  // TensorBoard: the file_version record, then 3 scalars per train step and 1 per validation.
+  // TensorBoard: the file_version record, then 4 scalars per train step (loss, lr, grad_norm,
+  // tokens_per_s) and 1 per validation.
   std::vector<fs::path> events;
   for (const auto& entry : fs::directory_iterator(tmp / "run" / "tb")) events.push_back(entry.path());
   ASSERT_EQ(events.size(), 1u);
   int64_t train = 0, val = 0;
   for (const test::Record& rec : test::read_metrics(tmp / "run" / "metrics.jsonl")) (rec.kind == "val" ? val : train)++;
   EXPECT_GT(train, 0);
-  EXPECT_EQ(count_tfrecords(events[0]), 1 + 3 * train + val);
+  EXPECT_EQ(count_tfrecords(events[0]), 1 + 4 * train + val);
 }
 
 TEST_F(TrainRun, PlotWithoutItsScriptSaysWhere) {

@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -233,11 +235,17 @@ std::vector<Record> read_metrics(const fs::path& file) {
     r.kind = j.at("kind");
     r.step = j.at("step");
     r.tokens = j.at("tokens");
+    // null (what the JSON writer makes of NaN and inf) reads as NaN.
+    auto number = [&](const char* key) {
+      return j.contains(key) && j.at(key).is_number() ? j.at(key).get<double>() : std::nan("");
+    };
     if (r.kind == "train") {
-      r.loss = j.at("loss");
+      r.loss = number("loss");
       r.lr = j.at("lr");
+      r.grad_norm = number("grad_norm");
+      r.skipped = j.value("skipped", false);
     } else {
-      r.loss = j.at("val_loss");
+      r.loss = number("val_loss");
     }
     out.push_back(r);
   }

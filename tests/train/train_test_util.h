@@ -78,6 +78,8 @@ struct Record {
   double loss = 0;  // train: loss; val: val_loss
   double lr = 0;
   int64_t tokens = 0;
+  double grad_norm = 0;  // train: the global gradient norm (NaN: null or absent)
+  bool skipped = false;  // train: a non-finite step that was skipped
 };
 std::vector<Record> read_metrics(const std::filesystem::path& file);
 

@@ -3,10 +3,14 @@
 //
 // On exit it restores the previous autocast state and, at the outermost level, clears the
 // autocast weight cache (as Python's __exit__ does).
+// autocast_dtype(device): the dtype autocast computes in on `device` now, nullopt when it is off
+// (for code that computes outside ATen's autocast lists, as dion/train/kernels.h).
 #pragma once
 
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
+
+#include <optional>
 
 namespace dion::train {
 
@@ -23,5 +27,7 @@ class AutocastScope {
   bool prev_enabled_ = false;
   c10::ScalarType prev_dtype_ = c10::ScalarType::BFloat16;
 };
+
+std::optional<c10::ScalarType> autocast_dtype(c10::DeviceType device);
 
 }  // namespace dion::train

@@ -94,6 +94,7 @@ struct Config {
   std::string run_dir = "";      // "" -> runs/<config file stem> (runs/default without --config)
   std::string device = "auto";   // auto (cuda when a CUDA device is present, else cpu) | cpu | cuda
   std::string dtype = "auto";    // auto | fp32 | bf16 (autocast)
+  std::string model_kernels = "fast";  // fast | exact (dion/train/kernels.h)
   int64_t seed = 1337;
   bool resume = true;
   bool resume_fallback = false;  // resume from the newest GOOD checkpoint when the newest is bad
@@ -101,6 +102,12 @@ struct Config {
   int64_t log_every = 1;
   bool cuda_graphs = false;      // capture the training step in CUDA graphs (train/graphed_step.h)
   double peak_tflops = 0;        // the MFU's peak; 0: a matmul measured once at the start
+  // ---- numerics keys (docs/train.md "Gradient norm, clipping, non-finite steps")
+  double grad_clip = 0;              // clip the global gradient norm to this (0: off)
+  int64_t max_nonfinite_steps = 3;   // non-finite steps in a row skipped; one more stops the run
+  double scalar_beta1 = 0.9;         // the embedding / lm_head groups' betas: train.py's effective
+  double scalar_beta2 = 0.95;        //   (0.9, 0.95) (docs/train.md "Parameter groups")
+  std::string fsdp_param_dtype = "fp32";  // FSDP weight gathers: fp32 | bf16 (the reference's policy)
 
   std::string config_file;  // the --config path ("" without one); not a key
   // Not keys either: the keys the YAML file or the command line set (null values do not count),

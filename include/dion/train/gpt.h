@@ -24,6 +24,10 @@
 // ModelParallel's TP group (column-parallel c_q, c_k, c_v, c_fc; row-parallel c_proj; n_head /
 // tp heads per rank). dion/train/parallel.h implements it; without it every weight is whole.
 //
+// GPTConfig::kernels: the GEMMs and the loss computed by ATen in the reference's order (exact,
+// the default: equal to the reference to rounding) or by the fast kernels (dion/train/kernels.h:
+// oneDNN GEMMs on CPU, the lm_head and cross entropy fused and chunked).
+//
 // What it is not: no optimizer, no autocast (the caller sets it up), no collectives itself.
 #pragma once
 
@@ -36,6 +40,8 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "dion/train/kernels.h"
 
 namespace dion::train {
 
@@ -57,6 +63,8 @@ class ModelParallel {
   // Leaving a TP region (after a row-parallel matmul): sum over TP ranks forward, identity backward.
   virtual at::Tensor tp_exit(const at::Tensor& x) = 0;
   virtual int64_t tp_size() const = 0;
+
+  Kernels kernels = Kernels::exact;  // what the default linear() computes with (set by GPT::set_parallel)
 };
 
 struct GPTConfig {
@@ -66,6 +74,7 @@ struct GPTConfig {
   int64_t n_head = 6;
   int64_t n_embd = 768;
   bool placeholder_weights = false;  // weights are placeholders until init_weights (see the top)
+  Kernels kernels = Kernels::exact;  // see the top
 };
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
@@ -78,6 +87,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
  private:
   int64_t n_head_, head_dim_;
+  Kernels kernels_;
   // rotary_cos_sin for the last sequence length and device, computed once (its host-side
   // arange and copy to the device cannot run inside a CUDA-graph capture; train/graphed_step.h)
   at::Tensor cos_, sin_;
@@ -91,6 +101,9 @@ class MLPImpl : public torch::nn::Module {
 
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
   std::shared_ptr<ModelParallel> parallel;  // null: whole weights
+
+ private:
+  Kernels kernels_;
 };
 TORCH_MODULE(MLP);
 

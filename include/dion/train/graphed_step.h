@@ -4,6 +4,7 @@
 //   MicroStep step(model, opt, device, autocast, loss_scale, graphs);
 //   per micro-batch: at::Tensor loss = step.forward_backward(x, y);   // loss detached
 //   then:            step.optimizer_step();                           // step + zero the grads
+//   or:              step.discard_gradients();                        // zero the grads, no step
 //
 // Eager (graphs false): autocast forward, (loss * loss_scale).backward(), opt.step(),
 // zero_grad(set_to_none) — the loop train.py runs.
@@ -45,6 +46,9 @@ class MicroStep {
   // under graphs a static tensor overwritten by the next call).
   at::Tensor forward_backward(const at::Tensor& x, const at::Tensor& y);
   void optimizer_step();
+  // Zero the gradients as optimizer_step does, without stepping (nothing else changes; the
+  // CUDA-graph warm-up still waits for the first real step).
+  void discard_gradients();
 
   bool graphs() const;
   bool captured() const;       // the forward + backward graph exists

@@ -4,9 +4,10 @@
 // Groups (in this order, as the reference):
 //   0  every parameter of the blocks (transformer.h.*: the attention and MLP matrices)
 //      -> the `optimizer`'s algorithm with lr, mu, weight_decay, ortho_fraction, adjust_lr
-//   1  the token embedding -> scalar_opt, lr, betas (0.95, 0.98), weight decay 0
+//   1  the token embedding -> scalar_opt, lr, betas (scalar_beta1, scalar_beta2), default
+//                             (0.9, 0.95): what train.py runs; weight decay 0
 //   2  lm_head             -> scalar_opt, lr * lm_head_lr_scale(scalar_opt, model_dim),
-//                             betas (0.95, 0.98), weight decay 0
+//                             the same betas, weight decay 0
 // Per optimizer (train.py): muon / normuon: nesterov, muon_beta2 0.95 (normuon); dion2:
 // fraction = ortho_fraction, ef_decay = mu; nordion2 / dion3: fraction, mu, muon_beta2 0.95;
 // dion: rank_fraction = ortho_fraction, oversample = rcqr_oversample, mixed_precision -> bf16

@@ -31,6 +31,11 @@
 //            block's weights are issued (async) before this block computes, and waited when used.
 //            Backward's re-gathers (reshard_after_forward) are prefetched the same way.
 //            The order is the same on every rank (same model code), so the collectives match.
+//            set_gather_dtype(bf16) (key fsdp_param_dtype, the reference's MixedPrecisionPolicy
+//            param_dtype): each shard is rounded to bf16 before its gather (half the bytes) and
+//            the gathered weight is computed with in the parameter's dtype (bf16 values, so what
+//            autocast makes of it is unchanged); gradients stay fp32, reduce-scattered in fp32
+//            (reduce_dtype), into the fp32 shards the optimizer steps.
 //            Gradient sync (set_requires_gradient_sync, as FSDP2's): on (the default), every
 //            backward reduce-scatters each gathered weight's gradient; off (fast_fsdp's
 //            micro-batches before the last), the gathered weights' full-size gradients are summed
@@ -123,6 +128,9 @@ class Parallel : public ModelParallel {
   // reshard_after_forward, = not --fast_fsdp).
   void set_reshard_after_forward(bool on) { reshard_after_forward_ = on; }
   bool reshard_after_forward() const { return reshard_after_forward_; }
+  // The dtype of the FSDP weight gathers (the parameter's own by default; bf16: see the top).
+  void set_gather_dtype(at::ScalarType t) { gather_dtype_ = t; }
+  at::ScalarType gather_dtype() const { return gather_dtype_; }
   // FSDP gathers of the forward passes so far, and how many of them were prefetched; the same
   // for backward's re-gathers (reshard_after_forward).
   int64_t gathers() const { return fwd_.gathers; }
@@ -187,6 +195,7 @@ class Parallel : public ModelParallel {
   at::Tensor fs_gathered(Prefetch& pf, const at::Tensor& param, const ParamPlacement& pl);
   comm::Work gather_async(const at::Tensor& param, const ParamPlacement& pl);
   bool reshard_after_forward_ = false;
+  at::ScalarType gather_dtype_ = at::kFloat;
   Prefetch fwd_, bwd_;
   // Gradient sync off: the fs-gathered weights kept for the next micro-batch and the sums of
   // their gradients, by parameter.

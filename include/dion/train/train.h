@@ -7,12 +7,15 @@
 //      checkpoint in checkpoint_dir when there is one (and resume is true);
 //   3. write RUN_DIR/config.yaml, open RUN_DIR/metrics.jsonl;
 //   4. loop: validation every val_loss_every steps (and at the end), then
-//      grad_accum_steps x (forward + backward) per step, optimizer step at the scheduled lr,
+//      grad_accum_steps x (forward + backward) per step, the global gradient norm (and clipping,
+//      grad_clip), optimizer step at the scheduled lr — or, when the loss or the gradient is not
+//      finite, the step skipped (max_nonfinite_steps in a row, then NonFiniteError) —
 //      one console line per step, a checkpoint every checkpoint_freq steps and at the end;
 //   5. print a summary.
-// Throws ConfigError (exit 2), DataLoadError / CheckpointError (exit 1).
+// Throws ConfigError (exit 2), DataLoadError / CheckpointError / NonFiniteError (exit 1).
 #pragma once
 
+#include <stdexcept>
 #include <string>
 
 #include "dion/train/config.h"
@@ -34,6 +37,13 @@ struct RunSummary {
   double best_val_loss = 0;
   int64_t best_val_step = -1;
   bool stopped_early = false;  // stop_after
+  int64_t steps_skipped = 0;   // non-finite steps skipped in this invocation
+};
+
+// More than max_nonfinite_steps non-finite steps in a row: the run diverged. Exit code 1.
+class NonFiniteError : public std::runtime_error {
+ public:
+  explicit NonFiniteError(const std::string& message) : std::runtime_error(message) {}
 };
 
 RunSummary train_run(const Config& config);

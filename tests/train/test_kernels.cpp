@@ -1,0 +1,179 @@
+// tests/train/test_kernels.cpp — the fast kernels (dion/train/kernels.h) against the exact ones.
+//
+// The fast kind computes the same math in another order (oneDNN's GEMM blocking, the loss summed
+// per chunk of rows, dW accumulated over chunks), so it is compared with a tolerance:
+//   fp32: |fast - exact| <= 2e-5 * max|exact| (+1e-7 absolute for values near 0). Each output is
+//   a sum of at most K = 1024 products here; reordering such a sum moves it by about
+//   sqrt(K) * 2^-24 * max|term| (4e-6 relative, measured 1e-6 or below), so 2e-5 leaves a
+//   margin of 5 and still fails on any wrong term (one misplaced row or a missing 1/N is >= 1e-3).
+//   bf16 (autocast): both kinds round every GEMM's output to bf16 (2^-8 = 3.9e-3 relative); the
+//   fast dW rounds per chunk of 256 rows, then sums in fp32: 2e-2 of max|exact|.
+// The exact kind is ATen's own calls (at::linear, at::cross_entropy_loss), so the fast kind is
+// also checked against the reference GPT's recorded loss (tests/data/train/gpt_reference.json).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "dion/train/autocast.h"
+#include "dion/train/gpt.h"
+#include "dion/train/kernels.h"
+#include "train_test_util.h"
+
+namespace dion::train {
+namespace {
+
+double rel_diff(const at::Tensor& fast, const at::Tensor& exact) {
+  const double scale = exact.abs().max().item<double>();
+  return (fast.to(at::kFloat) - exact.to(at::kFloat)).abs().max().item<double>() / std::max(scale, 1e-30);
+}
+
+void expect_close(const at::Tensor& fast, const at::Tensor& exact, double tol, const char* what) {
+  ASSERT_EQ(fast.sizes(), exact.sizes()) << what;
+  const double d = rel_diff(fast, exact);
+  EXPECT_LE(d, tol) << what << ": max |fast - exact| / max |exact| = " << d;
+  std::printf("%-28s relative difference %.3g (tolerance %.1g)\n", what, d, tol);
+}
+
+TEST(TrainKernels, OneDnnLinearIsRegisteredInThisLibTorch) {
+  // The fast kind falls back to at::mm without it; the wheels this project uses have it.
+  EXPECT_TRUE(onednn_linear_available());
+}
+
+TEST(TrainKernels, MatmulEqualsAtenMmInEveryLayout) {
+  at::manual_seed(1);
+  const at::Tensor a = at::randn({64, 96}), b = at::randn({96, 80});
+  expect_close(matmul_2d(a, b, Kernels::fast), at::mm(a, b), 2e-5, "a b");
+  expect_close(matmul_2d(a.t().contiguous().t(), b, Kernels::fast), at::mm(a, b), 2e-5, "a (column-major) b");
+  expect_close(matmul_2d(a, b.t().contiguous().t(), Kernels::fast), at::mm(a, b), 2e-5, "a b (column-major)");
+  const at::Tensor ab = a.to(at::kBFloat16), bb = b.to(at::kBFloat16);
+  const at::Tensor fb = matmul_2d(ab, bb, Kernels::fast);
+  EXPECT_EQ(fb.scalar_type(), at::kBFloat16);
+  expect_close(fb, at::mm(ab, bb), 2e-2, "bf16 a b");
+  EXPECT_TRUE(at::equal(matmul_2d(a, b, Kernels::exact), at::mm(a, b)));
+}
+
+struct LinearGrads {
+  at::Tensor y, dx, dw;
+};
+LinearGrads linear_grads(Kernels kind, bool autocast) {
+  at::manual_seed(2);
+  at::Tensor x = at::randn({3, 40, 64}).requires_grad_();
+  at::Tensor w = (at::randn({48, 64}) * 0.1).requires_grad_();
+  at::Tensor y;
+  {
+    AutocastScope ac(at::kCPU, autocast);
+    y = linear(x, w, kind);
+  }
+  (y.to(at::kFloat) * at::linspace(-1, 1, 48)).sum().backward();
+  return {y.detach(), x.grad(), w.grad()};
+}
+
+TEST(TrainKernels, FastLinearEqualsAtLinearForwardAndBackward) {
+  for (bool autocast : {false, true}) {
+    SCOPED_TRACE(autocast ? "bf16 autocast" : "fp32");
+    const LinearGrads e = linear_grads(Kernels::exact, autocast), f = linear_grads(Kernels::fast, autocast);
+    EXPECT_EQ(f.y.scalar_type(), e.y.scalar_type());  // bf16 under autocast, as at::linear
+    EXPECT_EQ(f.dw.scalar_type(), at::kFloat);        // the parameter's dtype
+    const double tol = autocast ? 2e-2 : 2e-5;
+    expect_close(f.y, e.y, tol, autocast ? "linear y (bf16)" : "linear y");
+    expect_close(f.dx, e.dx, tol, autocast ? "linear dx (bf16)" : "linear dx");
+    expect_close(f.dw, e.dw, tol, autocast ? "linear dw (bf16)" : "linear dw");
+  }
+}
+
+struct LossGrads {
+  at::Tensor loss, dh, dw;
+};
+// N = 600 rows: two full chunks of 256 and a partial one; every 7th target ignored (-1).
+LossGrads loss_grads(Kernels kind, bool autocast, double grad_scale) {
+  at::manual_seed(3);
+  at::Tensor h = at::randn({600, 32}).requires_grad_();
+  at::Tensor w = (at::randn({1000, 32}) * 0.5).requires_grad_();
+  at::Tensor t = at::randint(0, 1000, {600}, at::kLong);
+  t.index_put_({at::arange(0, 600, 7)}, -1);
+  at::Tensor loss;
+  {
+    AutocastScope ac(at::kCPU, autocast);
+    loss = linear_cross_entropy(h, w, t, kind);
+  }
+  (loss * grad_scale).backward();
+  return {loss.detach(), h.grad(), w.grad()};
+}
+
+TEST(TrainKernels, FusedChunkedCrossEntropyEqualsLinearThenCrossEntropy) {
+  for (bool autocast : {false, true}) {
+    SCOPED_TRACE(autocast ? "bf16 autocast" : "fp32");
+    const LossGrads e = loss_grads(Kernels::exact, autocast, 3.0), f = loss_grads(Kernels::fast, autocast, 3.0);
+    EXPECT_EQ(f.loss.scalar_type(), at::kFloat);
+    EXPECT_EQ(f.loss.dim(), 0);
+    const double tol = autocast ? 2e-2 : 2e-5;
+    expect_close(f.loss, e.loss, autocast ? 1e-3 : 2e-6, autocast ? "loss (bf16 logits)" : "loss");
+    expect_close(f.dh, e.dh, tol, autocast ? "dh (bf16)" : "dh");
+    expect_close(f.dw, e.dw, tol, autocast ? "dw (bf16)" : "dw");
+  }
+}
+
+TEST(TrainKernels, FusedCrossEntropyWithoutGradientsIsTheSameLoss) {
+  at::manual_seed(4);
+  const at::Tensor h = at::randn({300, 16}), w = at::randn({500, 16});
+  const at::Tensor t = at::randint(0, 500, {300}, at::kLong);
+  at::NoGradGuard no_grad;
+  expect_close(linear_cross_entropy(h, w, t, Kernels::fast), linear_cross_entropy(h, w, t, Kernels::exact), 2e-6,
+               "no-grad loss");
+}
+
+TEST(TrainKernels, AllTargetsIgnoredIsNanAsCrossEntropy) {
+  const at::Tensor h = at::randn({4, 8}), w = at::randn({10, 8});
+  const at::Tensor t = at::full({4}, -1, at::kLong);
+  EXPECT_TRUE(std::isnan(linear_cross_entropy(h, w, t, Kernels::exact).item<double>()));
+  EXPECT_TRUE(std::isnan(linear_cross_entropy(h, w, t, Kernels::fast).item<double>()));
+}
+
+TEST(TrainKernels, BadShapesNameThem) {
+  const at::Tensor h = at::randn({4, 8}), w = at::randn({10, 9}), t = at::zeros({4}, at::kLong);
+  try {
+    linear_cross_entropy(h, w, t, Kernels::fast);
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("h [N, C], w [V, C]"), std::string::npos) << e.what();
+  }
+}
+
+// The whole GPT: fast against exact on every parameter's gradient, and against the reference's
+// recorded loss (the exact kind's tolerance there is 2e-5 absolute, test_gpt.cpp).
+TEST(TrainKernels, FastGptEqualsExactGptAndTheReferencesLoss) {
+  std::ifstream f(test::source_dir() / "tests/data/train/gpt_reference.json");
+  const nlohmann::json ref = nlohmann::json::parse(f);
+  const auto& c = ref.at("config");
+  GPTConfig cfg{c.at("sequence_len"), c.at("vocab_size"), c.at("n_layer"), c.at("n_head"), c.at("n_embd")};
+  auto grads_of = [&](Kernels kind, double* loss) {
+    GPTConfig k = cfg;
+    k.kernels = kind;
+    GPT model(k);
+    at::manual_seed(ref.at("seed").get<uint64_t>());
+    model->init_weights();
+    const int64_t B = ref.at("batch").at("B"), T = ref.at("batch").at("T");
+    at::Tensor tok = (at::arange(B, at::kLong).view({B, 1}) * 7919 + at::arange(T + 1, at::kLong).view({1, T + 1}) * 104729)
+                         .remainder(50257);
+    at::Tensor l = model->loss(tok.slice(1, 0, T).contiguous(), tok.slice(1, 1).contiguous());
+    l.backward();
+    *loss = l.item<double>();
+    std::vector<std::pair<std::string, at::Tensor>> g;
+    for (const auto& item : model->named_parameters()) g.emplace_back(item.key(), item.value().grad());
+    return g;
+  };
+  double loss_exact = 0, loss_fast = 0;
+  const auto ge = grads_of(Kernels::exact, &loss_exact), gf = grads_of(Kernels::fast, &loss_fast);
+  EXPECT_NEAR(loss_fast, ref.at("loss").get<double>(), 2e-5);
+  EXPECT_NEAR(loss_fast, loss_exact, 2e-5);
+  std::printf("loss fast %.9g exact %.9g reference %.9g\n", loss_fast, loss_exact, ref.at("loss").get<double>());
+  ASSERT_EQ(ge.size(), gf.size());
+  for (size_t i = 0; i < ge.size(); ++i) expect_close(gf[i].second, ge[i].second, 2e-5, ge[i].first.c_str());
+}
+
+}  // namespace
+}  // namespace dion::train
