@@ -375,6 +375,19 @@ TEST(TrainOptimizer, GroupsAsTheReferenceBuildsThem) {
   }
 }
 
+// The losses of `steps` optimizer steps on the batch (idx, idx).
+std::vector<double> train_steps(GPT& model, dion::Optimizer& opt, const at::Tensor& idx, int steps) {
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    at::Tensor loss = model->loss(idx, idx);
+    losses.push_back(loss.item<double>());
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+  }
+  return losses;
+}
+
 // use_gram_newton_schulz reaches the optimizers train.py passes it to (Muon, Dion2, NorDion2 /
 // Dion3: the run trains and its weights differ from Newton-Schulz's, through the non-square MLP
 // matrices) and no other (NorMuon, Dion: bit for bit the run without it). It used to be refused.
@@ -394,14 +407,7 @@ TEST(TrainOptimizer, GramNewtonSchulzWhereTrainPyPassesIt) {
     at::manual_seed(0);
     GPT model(g);
     TrainOptimizer t = build_optimizer(c, model);
-    std::vector<double> losses;
-    for (int s = 0; s < 4; ++s) {
-      at::Tensor loss = model->loss(idx, idx);
-      losses.push_back(loss.item<double>());
-      loss.backward();
-      t.optimizer->step();
-      t.optimizer->zero_grad();
-    }
+    const std::vector<double> losses = train_steps(model, *t.optimizer, idx, 4);
     std::vector<at::Tensor> w;
     for (const at::Tensor& p : model->block_params()) w.push_back(p.detach().clone());
     return std::make_pair(w, losses);
@@ -438,14 +444,7 @@ TEST(TrainOptimizer, MixedPrecisionStateDtypesAsTrainPy) {
     at::manual_seed(0);
     GPT model(g);
     TrainOptimizer t = build_optimizer(c, model);
-    std::vector<double> losses;
-    for (int s = 0; s < 4; ++s) {
-      at::Tensor loss = model->loss(idx, idx);
-      losses.push_back(loss.item<double>());
-      loss.backward();
-      t.optimizer->step();
-      t.optimizer->zero_grad();
-    }
+    const std::vector<double> losses = train_steps(model, *t.optimizer, idx, 4);
     const at::ScalarType low = mp ? at::kBFloat16 : at::kFloat;
     const ParamState* matrix = t.optimizer->state_of(model->block_params()[0]);
     const ParamState* emb = t.optimizer->state_of(model->embedding_weight());
