@@ -8,7 +8,7 @@
 #   dion_data_tests  GoogleTest suite (tests/data_tools), with DION_BUILD_TESTS
 #   bench_tokenizer  Google Benchmark (bench/tokenizer), with DION_BUILD_BENCH and benchmark found
 #   fuzz_shard_header, fuzz_tokenizer  libFuzzer targets (tests/fuzz), with DION_FUZZ (clang)
-#   fuzz_config      libFuzzer target of dion-train's config parser (src/train/config.cpp has
+#   fuzz_config      libFuzzer target of dion-train's config parser (src/train/config_*.cpp have
 #                    no LibTorch dependency), with DION_FUZZ
 #   DION_SANITIZE    option: build everything here with ASan + UBSan (scripts/sanitize.sh)
 #   DION_DATA_DIR    cache path: the repository's own data/ (GPT-2 files, Tiny Shakespeare,
@@ -102,11 +102,14 @@ if(DION_FUZZ)
     target_link_options(${_fuzz} PRIVATE -fsanitize=fuzzer)
   endforeach()
   target_compile_definitions(fuzz_tokenizer PRIVATE DION_DATA_DIR="${DION_DATA_DIR}")
-  # dion-train's config parser: src/train/config.cpp needs yaml-cpp, CLI11 and fmt but not
+  # dion-train's config parser: src/train/config_*.cpp need yaml-cpp, CLI11 and fmt but not
   # LibTorch, so it is compiled into its fuzz target here, where the sanitizer build has no torch.
   find_package(yaml-cpp REQUIRED)  # libyaml-cpp-dev
   add_executable(fuzz_config ${DION_DATA_ROOT}/tests/fuzz/fuzz_config.cpp
-                             ${DION_DATA_ROOT}/src/train/config.cpp)
+                             ${DION_DATA_ROOT}/src/train/config_help.cpp
+                             ${DION_DATA_ROOT}/src/train/config_io.cpp
+                             ${DION_DATA_ROOT}/src/train/config_keys.cpp
+                             ${DION_DATA_ROOT}/src/train/config_rules.cpp)
   target_include_directories(fuzz_config PRIVATE ${DION_DATA_ROOT}/include)
   target_link_libraries(fuzz_config PRIVATE yaml-cpp CLI11::CLI11 fmt::fmt dion_warnings)
   target_compile_options(fuzz_config PRIVATE -fsanitize=fuzzer)

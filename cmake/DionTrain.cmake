@@ -25,7 +25,10 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/autocast.cpp
   ${DION_TRAIN_ROOT}/src/train/checkpoint.cpp
   ${DION_TRAIN_ROOT}/src/train/checkpoint_files.cpp
-  ${DION_TRAIN_ROOT}/src/train/config.cpp
+  ${DION_TRAIN_ROOT}/src/train/config_help.cpp
+  ${DION_TRAIN_ROOT}/src/train/config_io.cpp
+  ${DION_TRAIN_ROOT}/src/train/config_keys.cpp
+  ${DION_TRAIN_ROOT}/src/train/config_rules.cpp
   ${DION_TRAIN_ROOT}/src/train/fs_util.cpp
   ${DION_TRAIN_ROOT}/src/train/generate.cpp
   ${DION_TRAIN_ROOT}/src/train/gpt.cpp
@@ -47,7 +50,10 @@ target_link_libraries(dion_train
 # a shared library): use it header-only so that no fmt library symbols are needed.
 target_compile_definitions(dion_train PUBLIC FMT_HEADER_ONLY)
 target_precompile_headers(dion_train REUSE_FROM dion_pch)
-set_source_files_properties(${DION_TRAIN_ROOT}/src/train/config.cpp PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+set_source_files_properties(
+  ${DION_TRAIN_ROOT}/src/train/config_help.cpp ${DION_TRAIN_ROOT}/src/train/config_io.cpp
+  ${DION_TRAIN_ROOT}/src/train/config_keys.cpp ${DION_TRAIN_ROOT}/src/train/config_rules.cpp
+  PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
 
 # The local launcher of `dion-train --nproc N` (no LibTorch; its own test runs it on a stub child).
 add_library(dion_launch STATIC ${DION_TRAIN_ROOT}/tools/dion-train/launch.cpp ${DION_TRAIN_ROOT}/tools/dion-train/nodes.cpp)

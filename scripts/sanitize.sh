@@ -3,7 +3,7 @@
 # LibTorch) with clang + AddressSanitizer + UndefinedBehaviorSanitizer in build-sanitize/, runs
 # dion_data_tests there (any leak, overflow or undefined behaviour fails), then each libFuzzer
 # target for DION_FUZZ_SECONDS (default 20) from the small committed corpus in tests/fuzz/corpus:
-# the shard header, the tokenizer, and dion-train's config parser (src/train/config.cpp, built
+# the shard header, the tokenizer, and dion-train's config parser (src/train/config_*.cpp, built
 # into fuzz_config without LibTorch).
 # scripts/test.sh runs it after ctest (DION_SKIP_SANITIZE=1 skips it). About 3 minutes on 2 cores.
 #

@@ -13,10 +13,41 @@
 
 namespace dion::math {
 
+namespace {
+
+// The reference's adamw_update (dion/scalar_opts.py) for one parameter whose M or V is in another
+// dtype than X: each op in the state's dtype, as there. `step` already incremented.
+void adamw_unfused(const at::Tensor& X, const at::Tensor& G, const at::Tensor& M, const at::Tensor& V,
+                   const at::Tensor& step, const AdamWHyper& h) {
+  const at::Tensor lr = h.lr_dev.defined() ? h.lr_dev : f32(h.lr);
+  M.lerp_(G.to(M.scalar_type()), f32(1.0f - h.beta1));
+  V.mul_(f32(h.beta2)).addcmul_(G, G, 1.0 - double(h.beta2));
+  const at::Tensor bc1 = 1 - at::pow(f32(h.beta1), step);
+  const at::Tensor bc2_sqrt = (1 - at::pow(f32(h.beta2), step)).sqrt();
+  const at::Tensor denom = V.sqrt().div_(bc2_sqrt).add_(double(h.epsilon));
+  if (h.cautious_wd && h.weight_decay > 0.0f) {
+    const at::Tensor mask = (M / denom * X >= 0).to(X.scalar_type());
+    X.sub_(X * mask * (lr * f32(h.weight_decay)));
+  } else {
+    X.mul_(1 - lr * f32(h.weight_decay));
+  }
+  X.sub_(M.to(X.scalar_type()) / denom.to(X.scalar_type()) * (lr / bc1));
+}
+
+}  // namespace
+
 void adamw_update(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList V,
                   at::TensorList steps, const AdamWHyper& h) {
   RECORD_USER_SCOPE("dion::adamw");
   if (X.empty()) return;
+  bool one_dtype = true;
+  for (size_t i = 0; i < X.size(); ++i)
+    one_dtype = one_dtype && M[i].scalar_type() == X[i].scalar_type() && V[i].scalar_type() == X[i].scalar_type();
+  if (!one_dtype) {
+    at::_foreach_add_(steps, 1);
+    for (size_t i = 0; i < X.size(); ++i) adamw_unfused(X[i], G[i], M[i], V[i], steps[i], h);
+    return;
+  }
   std::vector<at::Tensor> X_orig;
   const bool cwd = h.cautious_wd && h.weight_decay > 0.0f;
   if (cwd) {

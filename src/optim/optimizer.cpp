@@ -123,9 +123,9 @@ void Optimizer::check_group(size_t g, const std::vector<at::Tensor>& params, con
       throw ValueError(what + ": '" + o.algorithm() +
                        "' needs matrix parameters (ndim >= 2); put vectors and scalars in an "
                        "'adamw' or 'lion' group");
-    if (algo == Algorithm::AdamW && o.variance_dtype() && *o.variance_dtype() != p.scalar_type())
+    if (algo == Algorithm::AdamW && o.variance_dtype() && !at::isFloatingType(*o.variance_dtype()))
       throw ValueError(what + ": variance_dtype " + std::string(c10::toString(*o.variance_dtype())) +
-                       " must equal the parameter dtype for adamw (the fused AdamW kernel needs one dtype)");
+                       " must be a floating-point dtype (e.g. the parameter's, or bfloat16)");
     if (algo == Algorithm::Dion && p.dim() != 2)
       throw NotImplementedError(what + ": legacy 'dion' supports 2-D parameters only");
     if (o.num_heads() > 1 && is_matrix_algorithm(algo)) {

@@ -9,6 +9,10 @@ TrainOptimizer build_optimizer(const Config& c, GPT& model) {
   const std::string& name = c.optimizer;
   math::OrthoConfig ortho;
   ortho.method = c.use_polar_express ? math::OrthoMethod::POLAR_EXPRESS : math::OrthoMethod::NEWTON_SCHULZ;
+  // train.py passes use_gram_newton_schulz to Muon, Dion2 and NorDion2 (= Dion3) only; NorMuon and
+  // Dion ignore it there, and so here.
+  ortho.use_gram_newton_schulz =
+      c.use_gram_newton_schulz && (name == "muon" || name == "dion2" || name == "nordion2" || name == "dion3");
 
   std::vector<at::Tensor> matrices = model->block_params();
   std::vector<at::Tensor> embedding = {model->embedding_weight()};
@@ -56,7 +60,9 @@ TrainOptimizer build_optimizer(const Config& c, GPT& model) {
   } else if (name == "dion") {
     Options d = Dion::defaults().lr(c.lr).mu(c.mu).weight_decay(c.weight_decay).rank_fraction(c.ortho_fraction)
                     .oversample(c.rcqr_oversample);
-    if (c.mixed_precision) d.momentum_dtype(at::kBFloat16).Q_dtype(at::kBFloat16);
+    // train.py's DionMixedPrecisionConfig(momentum, variance, Q: bf16); the variance is the AdamW
+    // scalar groups' (the scalar groups' momentum stays the parameter's: docs/train.md).
+    if (c.mixed_precision) d.momentum_dtype(at::kBFloat16).Q_dtype(at::kBFloat16).variance_dtype(at::kBFloat16);
     out.optimizer = std::make_unique<Dion>(groups, d);
   } else {
     throw ConfigError("key 'optimizer': value '" + name + "' is invalid");  // config_validate catches it first

@@ -59,7 +59,7 @@ void replicas_check(GPT& model, Parallel& par, int64_t step) {
             "dp rank 0's (this is global rank {}). The ranks computed the same update differently (different CPUs or "
             "library versions on the hosts, or a bug); resume from the last checkpoint on uniform hosts "
             "(docs/train.md \"Replica check\")",
-            step + 1, names[i], r, par.rank());
+            step, names[i], r, par.rank());
   // Every rank stops, also those of dp groups whose replicas agree (they would wait in the next
   // collective otherwise).
   at::Tensor bad = at::tensor({message.empty() ? int64_t(0) : int64_t(1)}, at::kLong);
@@ -68,7 +68,7 @@ void replicas_check(GPT& model, Parallel& par, int64_t step) {
   if (bad.item<int64_t>() > 0)
     throw ReplicaDriftError(fmt::format("after step {}: the data-parallel replicas of another dp group differ (its "
                                         "ranks name the parameter); stopping with them",
-                                        step + 1));
+                                        step));
 }
 
 void replicas_test_perturb(GPT& model, const Parallel& par, int64_t step) {

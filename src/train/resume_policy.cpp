@@ -23,7 +23,7 @@ struct Row {
   const char* why;  // MUST_MATCH: what the saved state depends on
 };
 
-// One row per key of config.cpp's table.
+// One row per key of config_keys.cpp's table.
 const std::map<std::string, Row>& table() {
   static const std::map<std::string, Row> rows = {
       {"data_dir", {P::FREE, "the data's identity is checked by its fingerprint, not its path"}},

@@ -103,13 +103,28 @@ double peak_rss_mb() {
 
 }  // namespace
 
-std::string resolve_dtype(const Config& c) {
-  if (c.dtype != "auto") return c.dtype;
-  return c.device == "cuda" ? "bf16" : kCpuAutoDtype;
+std::string resolve_device(const Config& c) {
+  if (c.device != "auto") return c.device;
+  return at::globalContext().hasCUDA() ? "cuda" : "cpu";
 }
 
-RunSummary train_run(const Config& c) {
+std::string resolve_dtype(const Config& c) {
+  if (c.dtype != "auto") return c.dtype;
+  return resolve_device(c) == "cuda" ? "bf16" : kCpuAutoDtype;
+}
+
+RunSummary train_run(const Config& config) {
   // ---------------------------------------------------------------- checks before any write
+  Config c = config;  // device auto resolved (what config.yaml and the checkpoints record)
+  c.device = resolve_device(config);
+  const std::string device_why =
+      config.device != "auto" ? ""
+      : c.device == "cuda"    ? "device auto: a CUDA device is present; --device cpu trains on the CPU"
+                              : "device auto: no CUDA device here";
+  const std::string device_note = device_why.empty() ? "" : " (" + device_why + ")";
+  if (c.cuda_graphs && c.device != "cuda")
+    throw ConfigError(fmt::format("key 'cuda_graphs': true needs device cuda (device is '{}'{}); valid: false, or "
+                                  "device cuda", c.device, device_why.empty() ? "" : "; " + device_why));
   if (c.device == "cuda" && !at::globalContext().hasCUDA())
     throw ConfigError("key 'device': value 'cuda' but this machine (or this LibTorch) has no CUDA device; valid: cpu");
   comm::GroupOptions gopt;
@@ -242,8 +257,8 @@ RunSummary train_run(const Config& c) {
   const int64_t N = c.num_iterations;
   const int64_t accum = c.grad_accum_steps();
   const int64_t tokens_per_step = c.batch_size * c.sequence_length;
-  say(fmt::format("dion-train: GPT {} layers x {} dim x {} heads, {} parameters; {} on {} ({})", c.n_layer,
-                  c.model_dim, c.n_head, gpt_param_count(gcfg), c.optimizer, c.device, dtype));
+  say(fmt::format("dion-train: GPT {} layers x {} dim x {} heads, {} parameters; {} on {} ({}){}", c.n_layer,
+                  c.model_dim, c.n_head, gpt_param_count(gcfg), c.optimizer, c.device, dtype, device_note));
   say(fmt::format("  batch {} x {} tokens (device batch {}, {} accumulation steps), {} steps, lr {} "
                   "(warmup {}, warmdown {}), scalar_opt {}",
                   c.batch_size, c.sequence_length, c.device_batch_size, accum, N, c.lr, c.warmup_ratio,
@@ -254,10 +269,12 @@ RunSummary train_run(const Config& c) {
                   c.checkpoint_dir.empty() ? std::string("none")
                                            : fmt::format("{} every {} steps", c.checkpoint_dir, c.checkpoint_freq)));
   if (par.world_size() > 1)
-    say(fmt::format("  layout: {} processes = dp {} x fs {} x tp {}; {} data-parallel ranks; DDP buckets: {}",
-                    par.world_size(), c.dp_size, c.fs_size, c.tp_size, dsize,
-                    ddp ? fmt::format("{} of <= {} MB", ddp->buckets(), c.ddp_bucket_mb)
-                        : std::string(c.replicate_mesh_grad_sync ? "none (the optimizer syncs)" : "none")));
+    say(fmt::format("  layout: {} processes = dp {} x fs {} x tp {}{}; {} data-parallel ranks; DDP buckets: {}",
+                    par.world_size(), c.dp_size, c.fs_size, c.tp_size,
+                    c.mesh_from_world ? " (DDP over every process: no dp_size, fs_size or tp_size given, as train.py)"
+                                      : "",
+                    dsize, ddp ? fmt::format("{} of <= {} MB", ddp->buckets(), c.ddp_bucket_mb)
+                               : std::string(c.replicate_mesh_grad_sync ? "none (the optimizer syncs)" : "none")));
   if (ckpt) say(fmt::format("  resumed from {} (step {} done{})", ckpt->string(), st.step,
                             st.step == N - 1 ? ": every training step is done" : ""));
   for (const std::string& line : resume_lines) say(line);
@@ -351,14 +368,14 @@ RunSummary train_run(const Config& c) {
       ++sum.steps_skipped;
       say(fmt::format("step {}/{}: {} is not finite (loss {}, grad_norm {}): step skipped, the weights and the "
                       "optimizer state unchanged ({} in a row; max_nonfinite_steps {})",
-                      step + 1, N, std::isfinite(train_loss) ? "the gradient" : "the loss", train_loss, gnorm.norm,
+                      step, N, std::isfinite(train_loss) ? "the gradient" : "the loss", train_loss, gnorm.norm,
                       nonfinite_in_a_row, c.max_nonfinite_steps));
       if (nonfinite_in_a_row > c.max_nonfinite_steps)
         throw NonFiniteError(fmt::format(
             "step {}/{}: {} non-finite step{} in a row (loss {}, grad_norm {}), more than max_nonfinite_steps {}: "
             "the run diverged; stopping. Resume from the last checkpoint with a lower lr, or set grad_clip "
             "(docs/train.md \"Gradient norm, clipping, non-finite steps\")",
-            step + 1, N, nonfinite_in_a_row, nonfinite_in_a_row == 1 ? "" : "s", train_loss, gnorm.norm,
+            step, N, nonfinite_in_a_row, nonfinite_in_a_row == 1 ? "" : "s", train_loss, gnorm.norm,
             c.max_nonfinite_steps));
     }
     replicas_test_perturb(model, par, step);
@@ -385,12 +402,14 @@ RunSummary train_run(const Config& c) {
       tensorboard->add_scalar("train/grad_norm", gnorm.norm, step);
       tensorboard->add_scalar("train/tokens_per_s", double(tokens_per_step) / step_s, step);
     }
+    // Numbered as train.py (its loop, its debug lines and its wandb "step"): from 0, so "step s" of a
+    // train line is the update that the validation line "step s+1" comes after.
     if (step % c.log_every == 0 || step == N - 1) {
       const double tok_s = double(tokens_per_step) / step_s;
       std::string line =
           fmt::format("step {}/{} | loss {:.4f} | grad_norm {:.4f} | lr {:.3e} | {:.0f} tok/s | MFU {:.1f}% | {:.0f} "
                       "ms/step | ETA {}",
-                      step + 1, N, train_loss, gnorm.norm, lr, tok_s, 100.0 * mfu(model_flops, tok_s / double(par.world_size()), peak_flops),
+                      step, N, train_loss, gnorm.norm, lr, tok_s, 100.0 * mfu(model_flops, tok_s / double(par.world_size()), peak_flops),
                       step_s * 1000, format_duration(ms_avg / 1000 * double(N - step - 1)));
       if (c.time_optimizer)
         line += fmt::format(" (fwd+bwd {:.0f} ms, optimizer {:.0f} ms)", t_fwd_bwd * 1000, (step_s - t_fwd_bwd) * 1000);

@@ -1,5 +1,5 @@
 // tests/fuzz/fuzz_config.cpp — libFuzzer target: dion-train's configuration parser
-// (src/train/config.cpp: the YAML file, the --key value overrides, the checks).
+// (src/train/config_*.cpp: the YAML file, the --key value overrides, the checks).
 //
 // Input: bytes split at NUL characters. The first piece is the YAML config file's content (read
 // through a memfd, as --config /proc/self/fd/N); each further piece is one command-line word.
@@ -7,7 +7,7 @@
 // --help): any other exception, a crash, a leak or undefined behaviour is a finding. An accepted
 // Config must survive its own dump: config_to_yaml -> config_load_yaml -> config_to_yaml is the
 // same text and config_validate accepts it again (a run's config.yaml is read back on resume).
-// Built by DION_FUZZ (clang), with config.cpp compiled in (it needs yaml-cpp, CLI11 and fmt,
+// Built by DION_FUZZ (clang), with config_*.cpp compiled in (they need yaml-cpp, CLI11 and fmt,
 // not LibTorch); run by scripts/sanitize.sh for a bounded time.
 #include <sys/mman.h>
 #include <unistd.h>

@@ -185,9 +185,9 @@ class Job:
 
 
 def step_ms(out):
-    """The median ms/step of rank 0's step lines, past step 1."""
+    """The median ms/step of rank 0's step lines, past the first (step 0: the warm-up)."""
     ms = [float(m.group(2)) for m in re.finditer(r"\[rank 0\] step (\d+)/\d+ .*?(\d+) ms/step", out)
-          if int(m.group(1)) > 1]
+          if int(m.group(1)) > 0]
     return sorted(ms)[len(ms) // 2] if ms else float("nan")
 
 

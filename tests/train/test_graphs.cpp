@@ -38,7 +38,8 @@ std::string config_error(const Config& c) {
 TEST(CudaGraphsConfig, RefusedOnCpuAndWithMoreThanOneProcess) {
   Config c;
   EXPECT_EQ(config_error(c), "(no error)");
-  c.cuda_graphs = true;  // device cpu (the default)
+  c.device = "cpu";
+  c.cuda_graphs = true;
   EXPECT_NE(config_error(c).find("key 'cuda_graphs': true needs device cuda"), std::string::npos) << config_error(c);
   c.device = "cuda";
   EXPECT_EQ(config_error(c), "(no error)");

@@ -156,7 +156,7 @@ TEST_F(ParallelRun, EveryLayoutEqualsOneProcess) {
       EXPECT_NE(rs[0].output.find("DDP: 3 of 3 gradient buckets launched during backward"), std::string::npos)
           << rs[0].output;
     }
-    for (size_t r = 1; r < rs.size(); ++r) EXPECT_EQ(rs[r].output.find("step 1/5"), std::string::npos) << rs[r].output;
+    for (size_t r = 1; r < rs.size(); ++r) EXPECT_EQ(rs[r].output.find("| loss "), std::string::npos) << rs[r].output;
     if (c.fs > 1) {
       // Forward prefetch: from the second forward on, every block's gathers were issued while
       // the unit before it computed (wte, the first gathered, never is).
@@ -364,7 +364,7 @@ TEST_F(ParallelRun, ARankKilledMidRunEndsTheOthersWithinTheTimeout) {
   TempDir tmp("kill_run");
   RankOptions o;
   o.kill_rank = 1;
-  o.kill_when = [](const std::string& out0) { return out0.find("step 2/") != std::string::npos; };
+  o.kill_when = [](const std::string& out0) { return out0.find("step 1/") != std::string::npos; };
   o.deadline_s = 60;
   const auto t0 = std::chrono::steady_clock::now();
   const auto rs = test::run_train_ranks(
@@ -380,6 +380,25 @@ TEST_F(ParallelRun, ARankKilledMidRunEndsTheOthersWithinTheTimeout) {
               rs[0].output.find("all_to_all") != std::string::npos ||
               rs[0].output.find("all_reduce") != std::string::npos)
       << rs[0].output;
+}
+
+// The reference's commands as typed: `torchrun --nproc_per_node 2 train.py ...` with no mesh flag
+// runs DDP over both processes (train.py's init_distributed: all three sizes None -> DDP). Here
+// `dion-train --nproc 2` with no dp_size / fs_size / tp_size (it used to exit: "1 x 1 x 1 = 1, but
+// WORLD_SIZE is 2"): dp 2, the layout line says it was chosen, the losses are the one process's
+// within the file's tolerances. One size given fills the others with 1, as train.py.
+TEST_F(ParallelRun, NoMeshFlagRunsDdpOverEveryProcessAsTrainPy) {
+  TempDir tmp("ddp_default");
+  ProcResult r = test::run_train(std::vector<std::string>{"--nproc", "2"} + tiny(data(), tmp / "run"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("layout: 2 processes = dp 2 x fs 1 x tp 1 (DDP over every process: no dp_size, fs_size or "
+                          "tp_size given, as train.py)"),
+            std::string::npos) << r.output;
+  expect_close(ref(), test::read_metrics(tmp / "run" / "metrics.jsonl"), "--nproc 2, no mesh flag");
+  ProcResult one = test::run_train(std::vector<std::string>{"--nproc", "2"} + tiny(data(), tmp / "run2") +
+                                   std::vector<std::string>{"--fs_size", "2"});
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("layout: 2 processes = dp 1 x fs 2 x tp 1;"), std::string::npos) << one.output;
 }
 
 TEST_F(ParallelRun, BadLayoutsAndDifferentConfigsFailOnEveryRank) {
@@ -433,7 +452,7 @@ TEST_F(ParallelRun, DriftingReplicasAreCaughtOnEveryRank) {
     for (size_t r = 0; r < rs->size(); ++r) {
       const ProcResult& p = (*rs)[r];
       EXPECT_EQ(p.exit_code, 1) << "rank " << r << ":\n" << p.output;
-      EXPECT_NE(p.output.find("after step 3: the data-parallel replicas"), std::string::npos) << p.output;
+      EXPECT_NE(p.output.find("after step 2: the data-parallel replicas"), std::string::npos) << p.output;
     }
   EXPECT_NE(ddp[0].output.find("parameter 'transformer.wte.weight' on dp rank 1 is not bit-identical"),
             std::string::npos) << ddp[0].output;

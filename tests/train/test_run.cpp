@@ -7,6 +7,7 @@
 //   FOR BIT to the uninterrupted run's (CPU).
 // - Bad configs, bad shards, a missing data folder: a message naming the problem, a non-zero
 //   exit (2 for configuration, 1 for data), and nothing written.
+// - Step lines count from 0 as train.py does: the train and val lines and metrics.jsonl agree.
 // - debug mode trains on synthetic tokens; `sample` generates from a checkpoint; `plot` without
 //   its script says so.
 // - `export` writes the checkpoint's weights as safetensors equal to model.pt's; the run's
@@ -21,7 +22,10 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <thread>
+
+#include <ATen/Context.h>
 
 #include "dion/data/shard.h"
 #include "dion/train/checkpoint.h"
@@ -198,6 +202,8 @@ TEST_F(TrainRun, BadConfigsFailWithTheKeyAndWriteNothing) {
       {{"--model_dim", "60", "--n_head", "8"}, "key 'model_dim': value 60 is not divisible by n_head 8"},
       {{"--dp_size", "2"}, "dp_size 2 x fs_size 1 x tp_size 1 = 2, but WORLD_SIZE is 1"},
       {{"--optimizer", "sgd"}, "key 'optimizer': value 'sgd' is invalid; valid: one of: adamw, lion, muon, normuon, dion2"},
+      {{"--qr_method", "cqr"}, "key 'qr_method': value 'cqr' is not implemented in dion-train (the reference "
+                               "train.py accepts it); the nearest supported choice is 'rcqr'"},
       {{"--lr", "0.01", "0.7"}, "unexpected argument '0.7'"},
       {{"--run_dir", (tmp / "run2").string(), "stray"}, "unexpected argument 'stray'"},
       {{"--warmup_ratio", "0.7", "--warmdown_ratio", "0.7"}, "= 1.4 > 1: the warmup and the warmdown would overlap"},
@@ -308,11 +314,48 @@ TEST_F(TrainRun, DebugModeTrainsOnSyntheticTokensWithoutData) {
                             "--val_tokens", "64", "--optimizer", "muon", "--scalar_opt", "lion"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("synthetic"), std::string::npos) << r.output;
+  // device auto (the default) says what it chose.
+  EXPECT_NE(r.output.find(at::globalContext().hasCUDA()
+                              ? "muon on cuda (bf16) (device auto: a CUDA device is present; --device cpu trains on "
+                                "the CPU)"
+                              : "muon on cpu (fp32) (device auto: no CUDA device here)"),
+            std::string::npos) << r.output;
   const auto records = test::read_metrics(tmp / "run/metrics.jsonl");
   int train = 0;
   for (const auto& rec : records) train += rec.kind == "train";
   EXPECT_EQ(train, 20);  // the reference's debug mode: 20 steps
   EXPECT_EQ(records.back().tokens, 20 * 2 * 16);
+}
+
+// train.py numbers its steps from 0 (`for step in range(start_step, num_iterations + 1)`: the
+// validation of step s runs before step s trains; its debug lines print `Step {step}`). Before,
+// train lines printed step + 1 and validation lines step, so "step 5" named two different points.
+// Every printed line is checked against metrics.jsonl's record of the same kind and step, and the
+// order against train.py's: val 0, train 0..4, val 5, train 5.., train N-1, val N.
+TEST_F(TrainRun, StepLinesCountFromZeroAsTheReference) {
+  TempDir tmp("numbering");
+  ProcResult r = run_train({"--debug", "--data_dir", (tmp / "no_data").string(), "--run_dir", (tmp / "run").string(),
+                            "--model_dim", "32", "--n_layer", "1", "--n_head", "2", "--sequence_length", "16",
+                            "--val_tokens", "32", "--val_loss_every", "5", "--log_every", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::map<std::pair<std::string, int64_t>, double> metrics;
+  for (const auto& rec : test::read_metrics(tmp / "run/metrics.jsonl")) metrics[{rec.kind, rec.step}] = rec.loss;
+  const std::regex line(R"(^step (\d+)/20 \| (loss|val_loss) ([0-9.]+))", std::regex::ECMAScript | std::regex::multiline);
+  std::vector<std::string> order;
+  for (std::sregex_iterator it(r.output.begin(), r.output.end(), line), end; it != end; ++it) {
+    const int64_t step = std::stoll((*it)[1]);
+    const std::string kind = (*it)[2] == "loss" ? "train" : "val";
+    order.push_back(kind + " " + std::to_string(step));
+    const auto m = metrics.find({kind, step});
+    ASSERT_NE(m, metrics.end()) << it->str() << ": no " << kind << " record of step " << step << " in metrics.jsonl";
+    EXPECT_NEAR(std::stod((*it)[3]), m->second, 5e-5) << it->str();  // printed with 4 decimals
+  }
+  std::vector<std::string> expected;
+  for (int64_t s = 0; s <= 20; ++s) {
+    if (s % 5 == 0) expected.push_back("val " + std::to_string(s));
+    if (s < 20) expected.push_back("train " + std::to_string(s));
+  }
+  EXPECT_EQ(order, expected) << r.output;
 }
 
 TEST_F(TrainRun, SampleGeneratesFromACheckpoint) {

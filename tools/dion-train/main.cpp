@@ -63,7 +63,9 @@ int run_plot(int argc, char** argv) {
 int run_launcher(int nproc, const dion::train::tool::NodeFlags& nodes, const std::vector<std::string>& args) {
   std::vector<const char*> argv;
   for (const std::string& a : args) argv.push_back(a.c_str());
-  (void)dion::train::config_parse(static_cast<int>(argv.size()), argv.data());  // throws
+  // Parsed at the world size the children will see (WORLD_SIZE is not set here yet).
+  (void)dion::train::config_parse(static_cast<int>(argv.size()), argv.data(),
+                                  int64_t(nproc) * nodes.nnodes.value_or(1));  // throws
   dion::train::tool::LaunchOptions options;
   options.nproc = nproc;
   options.argv = args;

@@ -2,7 +2,11 @@
 //
 // adamw: multi-tensor fused AdamW (ATen's _fused_adamw_): bias correction from a per-parameter
 //        step counter (0-d fp32 tensor, incremented here), decoupled weight decay; cautious
-//        weight decay undoes the decay where sign(M * X) < 0.
+//        weight decay undoes the decay where sign(M * X) < 0. A parameter whose M or V has
+//        another dtype than it (the reference's variance_dtype, e.g. bf16 under Dion's mixed
+//        precision) takes the reference's unfused adamw_update instead (the fused kernel needs
+//        one dtype): M = lerp(M, G, 1 - beta1); V = beta2 V + (1 - beta2) G^2;
+//        X *= 1 - lr wd;  X -= lr / (1 - beta1^t) * M / (sqrt(V) / sqrt(1 - beta2^t) + eps).
 // lion:  U = sign(lerp(M, G, 1 - beta1));  M = lerp(M, G, 1 - beta2);
 //        X *= 1 - lr wd (or cautious);  X -= lr U
 // Hyperparameters are float32, as the reference passes them as 0-d float32 tensors. Lion without

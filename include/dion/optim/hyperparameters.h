@@ -65,7 +65,7 @@ using OptionalDtype = std::optional<at::ScalarType>;  // nullopt: the parameter'
   X(::dion::OptionalDtype, momentum_dtype, std::nullopt, ::dion::rule::kDtypeComm, "dion: momentum dtype")       \
   X(::dion::OptionalDtype, Q_dtype, std::nullopt, ::dion::rule::kDtypeComm, "dion: Q dtype")                     \
   X(::dion::OptionalDtype, variance_dtype, std::nullopt, ::dion::rule::kAny,                                      \
-    "adamw: variance dtype (must equal the parameter's)")
+    "adamw: variance dtype (another than the parameter's: the unfused update)")
 // clang-format on
 
 // The rules a hyperparameter's value must follow. `ok(value, algorithm)`: the value is valid in

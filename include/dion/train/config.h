@@ -3,7 +3,7 @@
 //
 // The keys are the reference train.py's flags (its Hyperparameters dataclass plus its argparse
 // flags), with the same names, types and defaults, plus a few of ours (run_dir, device, dtype,
-// seed, resume, stop_after). Every key is declared ONCE, in the table in config.cpp (name, the
+// seed, resume, stop_after). Every key is declared ONCE, in the table in config_keys.cpp (name, the
 // Config field it sets, a help line, an optional check); parsing, --help, validation and the
 // config.yaml dump of a run all read that table.
 //
@@ -92,7 +92,7 @@ struct Config {
   bool no_triton = false;
   // ---- ours
   std::string run_dir = "";      // "" -> runs/<config file stem> (runs/default without --config)
-  std::string device = "cpu";    // cpu | cuda
+  std::string device = "auto";   // auto (cuda when a CUDA device is present, else cpu) | cpu | cuda
   std::string dtype = "auto";    // auto | fp32 | bf16 (autocast)
   std::string model_kernels = "fast";  // fast | exact (dion/train/kernels.h)
   int64_t seed = 1337;
@@ -110,6 +110,11 @@ struct Config {
   std::string fsdp_param_dtype = "fp32";  // FSDP weight gathers: fp32 | bf16 (the reference's policy)
 
   std::string config_file;  // the --config path ("" without one); not a key
+  // Not keys either: the keys the YAML file or the command line set (null values do not count),
+  // in the order set; and whether dp_size was taken from WORLD_SIZE because none of dp_size,
+  // fs_size, tp_size was set (train.py's DDP over every process).
+  std::vector<std::string> keys_set;
+  bool mesh_from_world = false;
 
   // Derived values (after validation).
   // Data-parallel ranks: every (dp, fs) mesh position reads its own slice of the batch.
@@ -122,9 +127,11 @@ struct Config {
 };
 
 // Parses argv: `--config FILE` (optional), then `--key value` / `--key=value` / `--flag`.
-// Applies debug mode's overrides (as the reference: batch 2, device batch 1, 20 iterations) and
+// With none of dp_size, fs_size, tp_size set, dp_size = the world size (as train.py: DDP over
+// every process): `world_size`, or when it is 0 the WORLD_SIZE variable (unset: 1). Applies
+// debug mode's overrides (as the reference: batch 2, device batch 1, 20 iterations) and
 // validates. Throws ConfigError. `--help` throws HelpRequested with the text to print.
-Config config_parse(int argc, const char* const* argv);
+Config config_parse(int argc, const char* const* argv, int64_t world_size = 0);
 
 // Reads a YAML file into `config` (keys it sets only). Throws ConfigError naming the file.
 void config_load_yaml(Config& config, const std::filesystem::path& file);

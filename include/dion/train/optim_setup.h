@@ -13,7 +13,9 @@
 // dion: rank_fraction = ortho_fraction, oversample = rcqr_oversample, mixed_precision -> bf16
 // momentum and Q; adamw: every group AdamW at lr, betas (0.9, 0.95) (scalar_opt ignored, as
 // torch.optim.AdamW in train.py). lion (ours, not in train.py): every group Lion at lr, betas
-// (0.9, 0.99). Orthogonalization: Newton-Schulz, or Polar Express with use_polar_express.
+// (0.9, 0.99). Orthogonalization: Newton-Schulz, or Polar Express with use_polar_express;
+// use_gram_newton_schulz (Gram Newton-Schulz, dion/math/ortho.h) for muon, dion2 and nordion2 /
+// dion3, the optimizers train.py passes it to (normuon and dion ignore it, as there).
 //
 // What it is not: no learning-rate schedule (schedule.h), no distribution.
 #pragma once

@@ -16,7 +16,7 @@
 //   LAYOUT      dp_size, fs_size, tp_size: allowed (the checkpoint is resharded), one line
 //               ("resuming at another layout: dp 1 x fs 2 x tp 1 -> dp 2 x fs 1 x tp 1 (resharded)").
 //   FREE        no effect on the state (logging, checkpointing, paths, timeouts): silent.
-// Every key of config.cpp's table has a row (a test checks it: a new key must be given one).
+// Every key of config_keys.cpp's table has a row (a test checks it: a new key must be given one).
 #pragma once
 
 #include <filesystem>

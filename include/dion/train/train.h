@@ -22,8 +22,11 @@
 
 namespace dion::train {
 
+// "cpu" or "cuda": where a run trains (config.device, with "auto" resolved: cuda when this
+// process sees a CUDA device, else cpu).
+std::string resolve_device(const Config& config);
 // "fp32" or "bf16": the dtype a run computes in (config.dtype, with "auto" resolved:
-// bf16 autocast on CUDA, kCpuAutoDtype on CPU).
+// bf16 autocast on CUDA, kCpuAutoDtype on CPU; device auto resolved first).
 std::string resolve_dtype(const Config& config);
 // The CPU default for dtype auto, chosen by measurement (docs/train.md "CPU dtype").
 inline constexpr const char* kCpuAutoDtype = "fp32";

@@ -1,0 +1,241 @@
+// src/train/config_keys.cpp — the table of dion-train's keys (one row per key: name, the Config
+// field it sets, a help line, a check) and the lookups over it: find a key, its value as text,
+// the nearest name for "did you mean".
+//
+// To add a key: a field in Config (config.h) with its default, one row in keys() below, and a
+// row in resume_policy.cpp (a test enforces it).
+#include "config_keys.h"
+
+#include <algorithm>
+#include <fmt/format.h>
+
+namespace dion::train::config_detail {
+
+// ---------------------------------------------------------------------------- the table
+
+const std::vector<Key>& keys() {
+  static const std::vector<Key> table = {
+      // data
+      {"data_dir", &Config::data_dir, "folder with fineweb_train_*.bin and fineweb_val_*.bin shards"},
+      // training
+      {"batch_size", &Config::batch_size,
+       "global batch size, sequences (gradient accumulation = batch_size / device_batch_size)", Check::POSITIVE},
+      {"device_batch_size", &Config::device_batch_size, "sequences per forward/backward pass", Check::POSITIVE},
+      {"sequence_length", &Config::sequence_length, "tokens per sequence", Check::POSITIVE},
+      {"num_iterations", &Config::num_iterations, "optimizer steps", Check::POSITIVE},
+      {"warmup_ratio", &Config::warmup_ratio, "fraction of num_iterations with linear lr warmup", Check::RATIO},
+      {"warmdown_ratio", &Config::warmdown_ratio,
+       "fraction of num_iterations with linear lr decay to 0", Check::RATIO},
+      // model
+      {"model_dim", &Config::model_dim, "model width (divisible by n_head)", Check::POSITIVE},
+      {"n_layer", &Config::n_layer, "transformer blocks", Check::POSITIVE},
+      {"n_head", &Config::n_head, "attention heads", Check::POSITIVE},
+      {"vocab_size", &Config::vocab_size,
+       "embedding / lm_head rows: at least the data's vocabulary (GPT-2 shards 50257, byte shards 257); the "
+       "reference pads 50257 to 50304", Check::POSITIVE},
+      // evaluation, checkpoints, logging
+      {"val_loss_every", &Config::val_loss_every,
+       "validation every N steps (0: only at the end)", Check::NON_NEGATIVE},
+      {"val_tokens", &Config::val_tokens,
+       "tokens per validation (a multiple of device_batch_size * sequence_length)", Check::POSITIVE},
+      {"checkpoint_freq", &Config::checkpoint_freq,
+       "checkpoint every N steps and at the end (0: never)", Check::NON_NEGATIVE},
+      {"checkpoint_dir", &Config::checkpoint_dir, "folder for checkpoints; a run resumes from it (\"\": none)"},
+      {"wandb_project_name", &Config::wandb_project_name,
+       "accepted for the reference's configs; no effect (metrics go to run_dir)"},
+      {"wandb_job_name", &Config::wandb_job_name, "accepted for the reference's configs; no effect"},
+      {"no_wandb", &Config::no_wandb, "accepted for the reference's configs; no effect"},
+      // optimizer
+      {"optimizer", &Config::optimizer, "matrix optimizer", Check::CHOICE,
+       {"adamw", "lion", "muon", "normuon", "dion2", "nordion2", "dion3", "dion"},
+       {{"dion_reference", "dion"}, {"dion_simple", "dion"}, {"muon_reference", "muon"}}},
+      {"scalar_opt", &Config::scalar_opt, "optimizer of the embedding and lm_head", Check::CHOICE, {"adamw", "lion"}},
+      {"lr", &Config::lr, "base learning rate", Check::NON_NEGATIVE},
+      {"mu", &Config::mu, "momentum (Dion2: error-feedback decay)", Check::NON_NEGATIVE},
+      {"weight_decay", &Config::weight_decay, "weight decay of the matrix parameters", Check::NON_NEGATIVE},
+      {"ortho_fraction", &Config::ortho_fraction,
+       "Dion2/NorDion2 selected fraction; Dion rank fraction", Check::FRACTION},
+      {"qr_method", &Config::qr_method,
+       "Dion's orthonormalization (only rcqr is implemented)", Check::CHOICE, {"rcqr"},
+       {{"qr", "rcqr"}, {"cqr", "rcqr"}}},
+      {"cqr_warmup", &Config::cqr_warmup, "Dion cqr warmup (cqr is not implemented; no effect)", Check::RATIO},
+      {"rcqr_oversample", &Config::rcqr_oversample, "Dion randomized-QR sketch oversampling", Check::POSITIVE},
+      {"replicate_mesh_grad_sync", &Config::replicate_mesh_grad_sync,
+       "Dion: data-parallel gradient sync inside the optimizer (dion only)"},
+      {"mixed_precision", &Config::mixed_precision, "Dion: bf16 momentum and Q"},
+      {"adjust_lr", &Config::adjust_lr, "learning-rate scaling of the orthogonalized update", Check::CHOICE,
+       {"spectral_norm", "rms_norm", "none"}},
+      {"verbose", &Config::verbose, "accepted for the reference's configs; no effect"},
+      {"time_optimizer", &Config::time_optimizer, "print forward/backward and optimizer time separately"},
+      {"use_polar_express", &Config::use_polar_express,
+       "orthogonalize with Polar Express (default: Newton-Schulz, as train.py)"},
+      {"use_gram_newton_schulz", &Config::use_gram_newton_schulz,
+       "orthogonalize with Gram Newton-Schulz (muon, dion2, nordion2/dion3, as train.py; others ignore it)"},
+      // distribution
+      {"dp_size", &Config::dp_size,
+       "data-parallel (replicated) size; dp_size x fs_size x tp_size = WORLD_SIZE (none of the three given: "
+       "dp_size = WORLD_SIZE, DDP over every process, as train.py)", Check::POSITIVE},
+      {"fs_size", &Config::fs_size, "FSDP (sharded data-parallel) size", Check::POSITIVE},
+      {"tp_size", &Config::tp_size, "tensor-parallel size (divides n_head)", Check::POSITIVE},
+      {"reshard_after_forward", &Config::reshard_after_forward,
+       "FSDP: gather the blocks' weights again in backward instead of keeping them from forward (the reference's "
+       "default)"},
+      {"fast_fsdp", &Config::fast_fsdp,
+       "the reference's --fast_fsdp: reshard_after_forward false, and with gradient accumulation the gathered "
+       "weights are kept across the step and their gradients reduce-scattered once per step (costs the whole model "
+       "and its gradient per rank)"},
+      {"comm_timeout_s", &Config::comm_timeout_s,
+       "seconds any collective may wait for the other ranks before the run fails", Check::POSITIVE},
+      {"rendezvous_timeout_s", &Config::rendezvous_timeout_s,
+       "seconds the start waits for all WORLD_SIZE ranks to arrive at MASTER_ADDR:MASTER_PORT before every rank "
+       "there fails, saying how many came", Check::POSITIVE},
+      {"ddp_bucket_mb", &Config::ddp_bucket_mb,
+       "DDP gradient all-reduce bucket size, MB (launched as their gradients become ready)", Check::POSITIVE},
+      {"replica_check_every", &Config::replica_check_every,
+       "compare the data-parallel replicas' parameters bit for bit every N steps and before each checkpoint (0: "
+       "never; one all_gather of 8 bytes a parameter)", Check::NON_NEGATIVE},
+      // debugging
+      {"debug", &Config::debug,
+       "the reference's debug mode (batch 2, device batch 1, 20 steps, <= 2 val batches) on synthetic tokens"},
+      {"no_compile", &Config::no_compile,
+       "accepted for the reference's configs; no effect (nothing is compiled at run time)"},
+      {"no_triton", &Config::no_triton, "accepted for the reference's configs; no effect (no Triton)"},
+      // ours
+      {"run_dir", &Config::run_dir, "where metrics.jsonl and config.yaml go (\"\": runs/<config file stem>)"},
+      {"device", &Config::device,
+       "where to train: auto (cuda when a CUDA device is present, else cpu; the first line says which)",
+       Check::CHOICE, {"auto", "cpu", "cuda"}},
+      {"dtype", &Config::dtype,
+       "compute dtype: auto (cuda: bf16 autocast; cpu: the faster, docs/train.md), fp32, bf16 (autocast)",
+       Check::CHOICE, {"auto", "fp32", "bf16"}},
+      {"model_kernels", &Config::model_kernels,
+       "fast: oneDNN GEMMs on CPU and the lm_head + cross entropy fused (docs/train.md); exact: ATen in the "
+       "reference's order",
+       Check::CHOICE, {"fast", "exact"}},
+      {"seed", &Config::seed, "seed of the initialization and of debug mode's tokens", Check::NON_NEGATIVE},
+      {"resume", &Config::resume, "resume from checkpoint_dir when it holds a checkpoint (false: start over)"},
+      {"resume_fallback", &Config::resume_fallback,
+       "when checkpoint_dir's newest step_* folder is not a complete good checkpoint: resume from the newest good "
+       "one, naming the bad ones (false: stop with an error)"},
+      {"stop_after", &Config::stop_after,
+       "stop after this many steps of this invocation, checkpointing first (0: run to num_iterations)",
+       Check::NON_NEGATIVE},
+      {"log_every", &Config::log_every,
+       "print a step line every N steps (metrics.jsonl gets every step)", Check::POSITIVE},
+      {"cuda_graphs", &Config::cuda_graphs,
+       "capture the training step (forward + backward of a micro-batch, the optimizer step) in CUDA graphs once and "
+       "replay them (device cuda, one process)"},
+      {"peak_tflops", &Config::peak_tflops,
+       "the peak TFLOP/s the MFU of the step lines is measured against (0: a matmul in the run's dtype, timed once "
+       "at the start)", Check::NON_NEGATIVE},
+      // numerics keys (docs/train.md "Gradient norm, clipping, non-finite steps", "Parameter groups")
+      {"grad_clip", &Config::grad_clip,
+       "clip the global gradient norm to this before each optimizer step, as torch.nn.utils.clip_grad_norm_ (0: "
+       "off; the norm is logged either way)", Check::NON_NEGATIVE},
+      {"max_nonfinite_steps", &Config::max_nonfinite_steps,
+       "a step whose loss or gradient is not finite is skipped (weights and optimizer state untouched); this many "
+       "in a row are skipped, one more stops the run (0: the first stops it)", Check::NON_NEGATIVE},
+      {"scalar_beta1", &Config::scalar_beta1,
+       "beta1 of the embedding and lm_head groups (scalar_opt); the default (0.9, 0.95) is what train.py runs (its "
+       "betas=(0.95, 0.98) never reach its optimizers)", Check::RATIO},
+      {"scalar_beta2", &Config::scalar_beta2, "beta2 of the embedding and lm_head groups (scalar_opt)", Check::RATIO},
+      {"fsdp_param_dtype", &Config::fsdp_param_dtype,
+       "FSDP weight gathers: fp32, or bf16 as the reference's MixedPrecisionPolicy (param_dtype bf16: half the "
+       "gather bytes, weights rounded to bf16 for compute; gradients reduce-scattered in fp32); no effect without "
+       "fs_size > 1", Check::CHOICE, {"fp32", "bf16"}},
+  };
+  return table;
+}
+
+// ---------------------------------------------------------------------------- lookups, text
+
+const Key* find_key(const std::string& name) {
+  for (const Key& k : keys())
+    if (name == k.name) return &k;
+  return nullptr;
+}
+
+namespace {
+// Edit distance (insertions, deletions, substitutions) for "did you mean": a dozen lines, so
+// not worth a library.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+}  // namespace
+
+// " (did you mean 'x'?)" for the nearest of `names` within a third of the word's length (at
+// least 2 edits), or one that contains the word or is contained in it; "" when none is near.
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& names) {
+  std::string best;
+  const size_t near = std::max<size_t>(2, word.size() / 3);  // the farthest a suggestion may be
+  size_t best_d = near + 1;
+  for (const std::string& n : names) {
+    size_t d = edit_distance(word, n);
+    const bool contains = n.find(word) != std::string::npos || word.find(n) != std::string::npos;
+    if (d > near && word.size() >= 3 && contains) d = near;
+    if (d < best_d) {
+      best = n;
+      best_d = d;
+    }
+  }
+  return best.empty() ? "" : " (did you mean '" + best + "'?)";
+}
+
+std::vector<std::string> all_key_names() {
+  std::vector<std::string> out;
+  for (const Key& k : keys()) out.push_back(k.name);
+  return out;
+}
+
+std::string key_names() {
+  std::string out;
+  for (const Key& k : keys()) out += (out.empty() ? "" : ", ") + std::string(k.name);
+  return out;
+}
+
+const char* type_name(const Field& f) {
+  switch (f.index()) {
+    case 0: return "int";
+    case 1: return "float";
+    case 2: return "string";
+    default: return "bool";
+  }
+}
+
+std::string format_double(double v) {
+  std::string s = fmt::format("{}", v);  // shortest round-trip
+  if (s.find_first_of(".eEni") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string value_text(const Config& c, const Field& f) {
+  return std::visit(
+      [&](auto member) -> std::string {
+        const auto& v = c.*member;
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
+        else if constexpr (std::is_same_v<T, double>) return format_double(v);
+        else if constexpr (std::is_same_v<T, std::string>) return v;
+        else return std::to_string(v);
+      },
+      f);
+}
+
+std::string join_choices(const std::vector<std::string>& choices) {
+  std::string out;
+  for (const std::string& c : choices) out += (out.empty() ? "" : ", ") + c;
+  return out;
+}
+
+}  // namespace dion::train::config_detail

@@ -1,0 +1,56 @@
+// src/train/config_keys.h — the table of dion-train's keys, shared by the files that read it
+// (internal to src/train; the public API is dion/train/config.h).
+//
+//   config_keys.cpp   the table (one row per key) and lookups, value text, "did you mean"
+//   config_io.cpp     YAML file and command line -> Config; Config -> YAML
+//   config_rules.cpp  the per-key checks and the relations between keys (config_validate)
+//   config_help.cpp   --help
+//
+// To add a key: a field in Config (config.h) with its default, one row in the table in
+// config_keys.cpp, and a row in resume_policy.cpp.
+#pragma once
+
+#include "dion/train/config.h"
+
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace dion::train::config_detail {
+
+using Field = std::variant<int64_t Config::*, double Config::*, std::string Config::*, bool Config::*>;
+
+// What values a key accepts beyond its type.
+enum class Check { ANY, POSITIVE, NON_NEGATIVE, RATIO, FRACTION, CHOICE };
+
+struct Key {
+  const char* name;
+  Field field;
+  const char* help;
+  Check check = Check::ANY;
+  std::vector<std::string> choices = {};
+  // Values the reference's train.py accepts that are not implemented here -> the nearest choice.
+  std::vector<std::pair<std::string, std::string>> reference_only = {};
+};
+
+// Every key, in table order (the order of --help and of config.yaml).
+const std::vector<Key>& keys();
+// The row of `name`, nullptr when there is none.
+const Key* find_key(const std::string& name);
+// Every key's name, in table order.
+std::vector<std::string> all_key_names();
+// "a, b, c": every key's name, for messages.
+std::string key_names();
+// "int", "float", "string" or "bool".
+const char* type_name(const Field& f);
+// The shortest text that reads back as `v`, with a ".0" when it would read as an integer.
+std::string format_double(double v);
+// The value of `f` in `c` as text (as in config.yaml, strings unquoted).
+std::string value_text(const Config& c, const Field& f);
+// "a, b, c".
+std::string join_choices(const std::vector<std::string>& choices);
+// " (did you mean 'x'?)" for the nearest of `names`, "" when none is near.
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& names);
+
+}  // namespace dion::train::config_detail
