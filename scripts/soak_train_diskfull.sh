@@ -5,7 +5,8 @@
 # step_* folder that verifies (`dion-train export` reads it), and, once the space is back,
 # resume to the uninterrupted run's losses bit for bit (metrics.jsonl, CPU).
 #
-# The full disk, at a random moment 0-3 s after the first checkpoint: odd runs (when this user
+# The full disk, at a random moment after the first checkpoint (within half the uninterrupted
+# run's length): odd runs (when this user
 # may mount a tmpfs: root) a filler file in the tmpfs checkpoint_dir of 3.5 checkpoints that
 # leaves a random 0-90% of a checkpoint free (the free-space check refuses the next save, or a
 # save under way fails with ENOSPC); even runs (and every run without mount rights) `prlimit
@@ -35,7 +36,12 @@ losses() { python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     j = json.loads(l); print(j["kind"], j["step"], repr(j.get("loss", j.get("val_loss"))))' "$1"; }
 
+t_ref=$(date +%s%N)
 "$EXE" "${ARGS[@]}" --checkpoint_dir "$WORK/ref_ck" --run_dir "$WORK/ref" > "$WORK/ref.log" 2>&1
+# The disk fills at a random moment in the first half of a run's length after its first
+# checkpoint (the uninterrupted run's own time: a faster build must not finish before it).
+HALF_RUN_DS=$(( ($(date +%s%N) - t_ref) / 200000000 ))  # tenths of a second
+((HALF_RUN_DS >= 2)) || HALF_RUN_DS=2
 losses "$WORK/ref/metrics.jsonl" > "$WORK/ref.losses"
 CKPT_BYTES=$(du -sb "$WORK/ref_ck"/step_* | awk '{print $1; exit}')
 if mount -t tmpfs -o size=$((CKPT_BYTES * 7 / 2)) tmpfs "$MNT" 2> /dev/null; then
@@ -50,7 +56,8 @@ for ((i = 1; i <= N; i++)); do
   "$EXE" "${ARGS[@]}" --checkpoint_dir "$CK" --run_dir "$RUN" > "$LOG" 2>&1 &
   pid=$!
   until ls -d "$CK"/step_* > /dev/null 2>&1 || ! kill -0 $pid 2> /dev/null; do sleep 0.05; done
-  sleep "$((RANDOM % 3)).$((RANDOM % 10))"
+  delay_ds=$((RANDOM % HALF_RUN_DS))
+  sleep "$((delay_ds / 10)).$((delay_ds % 10))"
   if [ "$MOUNTED" = 1 ] && ((i % 2)); then
     avail=$(df -B1 --output=avail "$MNT" | tail -1)
     leave=$((CKPT_BYTES * (RANDOM % 90) / 100))
