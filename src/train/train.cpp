@@ -282,11 +282,13 @@ RunSummary train_run(const Config& config) {
   // in the compute dtype timed once here.
   const double model_flops = flops_per_token(gcfg);
   const double peak_flops = c.peak_tflops > 0 ? c.peak_tflops * 1e12
-                                              : measure_peak_flops(device, autocast ? at::kBFloat16 : at::kFloat);
+                                              : measure_peak_flops(device, autocast ? at::kBFloat16 : at::kFloat,
+                                                                   gcfg.kernels);
   say(fmt::format("  MFU: {:.3g} GFLOP per token (6 N + 12 L T C) against {:.3g} TFLOP/s ({}); CUDA graphs: {}",
                   model_flops / 1e9, peak_flops / 1e12,
                   c.peak_tflops > 0 ? std::string("peak_tflops")
-                                    : fmt::format("measured: {} matmul on {}", autocast ? "bf16" : "fp32", c.device),
+                                    : fmt::format("measured: {} matmul on {}, {} kernels", autocast ? "bf16" : "fp32",
+                                                device.str(), c.model_kernels),
                   c.cuda_graphs ? "on (forward + backward and the optimizer step replayed after step 1)" : "off"));
   MicroStep micro(model, opt, device, autocast, 1.0 / double(accum * dsize), c.cuda_graphs);
   const std::vector<at::Tensor> params = model->parameters();

@@ -22,15 +22,18 @@ namespace dion::train {
 
 double flops_per_token(const GPTConfig& config);
 
-// FLOP/s of an n x n x n matmul (2 n^3 flops) of `dtype` on `device`: the best of `reps` timed
-// runs after one warm-up (synchronized on CUDA).
-double measure_matmul_flops(const c10::Device& device, c10::ScalarType dtype, int64_t n, int reps);
+// FLOP/s of an n x n x n matmul (2 n^3 flops) of `dtype` on `device`, computed as the model's
+// linears compute (matmul_2d with `kernels`, dion/train/kernels.h): the best of `reps` timed runs
+// after one warm-up (synchronized on CUDA).
+double measure_matmul_flops(const c10::Device& device, c10::ScalarType dtype, int64_t n, int reps,
+                            Kernels kernels = Kernels::exact);
 
-// The peak a run measures when peak_tflops is 0: n = 8192 on CUDA (best of 10), 512 on CPU (best
-// of 20: a fraction of a second on two cores; the best of many, so that other processes' load
-// during the measurement matters less). The operands come from a generator of its own (the run's
-// stays put).
-double measure_peak_flops(const c10::Device& device, c10::ScalarType dtype);
+// The peak a run measures when peak_tflops is 0: n = 8192 on CUDA (best of 10), 1024 on CPU (best
+// of 10: a fraction of a second on two cores; the best of several, so that other processes' load
+// during the measurement matters less), with the run's kernels (the fast kind's oneDNN fp32
+// GEMM is 2-2.5x ATen's on some CPUs: an ATen peak would put MFU above 100%). The operands come
+// from a generator of its own (the run's stays put).
+double measure_peak_flops(const c10::Device& device, c10::ScalarType dtype, Kernels kernels = Kernels::exact);
 
 // MFU as a fraction (0.42 = 42%).
 inline double mfu(double flops_per_token, double tokens_per_s, double peak_flops) {
