@@ -317,8 +317,9 @@ void commit_rename(const fs::path& tmp, const fs::path& final_dir) {
                                     std::strerror(errno)));
 }
 
-// After the commit of `step` (rank 0): tmp.* leftovers and older complete checkpoints go; newer
-// folders stay; incomplete ones stay, each named in a note.
+// After the commit of `step` (rank 0): tmp.* leftovers and older complete checkpoints go (each
+// renamed to tmp.rotated.step_N before it is removed); newer folders stay; incomplete ones stay,
+// each named in a note.
 void rotate(const fs::path& dir, int64_t step) {
   std::error_code ec;
   std::vector<fs::path> entries;
@@ -330,8 +331,13 @@ void rotate(const fs::path& dir, int64_t step) {
       remove_tree(p);
     } else if (is_step_dir(p, &s) && s < step) {
       const std::string why = removable_problem(p);
-      if (why.empty()) remove_tree(p);
-      else
+      if (why.empty()) {
+        // Renamed to a tmp.* name first (atomic), then removed: a kill during the removal leaves
+        // a tmp.* leftover, which the next rotation removes, never a half-removed step_* folder
+        // that would look like a damaged checkpoint and be kept forever.
+        const fs::path doomed = dir / ("tmp.rotated." + name);
+        remove_tree(::rename(p.c_str(), doomed.c_str()) == 0 ? doomed : p);
+      } else
         std::fprintf(stderr, "dion-train: note: kept %s: not a complete checkpoint (%s); it is never removed "
                      "automatically: look at it, then remove it yourself\n", p.string().c_str(), why.c_str());
     }

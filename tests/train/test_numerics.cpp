@@ -95,18 +95,12 @@ class Numerics : public ::testing::Test {
 };
 TempDir* Numerics::tmp_ = nullptr;
 
-// 2 layers, 64 wide, T 64, a global batch of 4 sequences in micro-batches of 1 (test_parallel's).
+// test_parallel's tiny run (train_test_util.h).
 std::vector<std::string> tiny(const fs::path& data, const fs::path& run_dir, int steps = 5) {
-  return {"--data_dir", data.string(), "--run_dir", run_dir.string(), "--model_dim", "64", "--n_layer", "2",
-          "--n_head", "2", "--sequence_length", "64", "--batch_size", "4", "--device_batch_size", "1",
-          "--val_tokens", "256", "--val_loss_every", "0", "--num_iterations", std::to_string(steps),
-          "--warmup_ratio", "0", "--dtype", "fp32", "--optimizer", "muon", "--scalar_opt", "adamw", "--lr", "0.02",
-          "--log_every", "1", "--comm_timeout_s", "60"};
+  return test::tiny_parallel_run(data, run_dir, steps);
 }
 
-std::vector<std::string> layout(int dp, int fs, int tp) {
-  return {"--dp_size", std::to_string(dp), "--fs_size", std::to_string(fs), "--tp_size", std::to_string(tp)};
-}
+std::vector<std::string> layout(int dp, int fs, int tp) { return test::layout_flags(dp, fs, tp); }
 
 TEST_F(Numerics, ReplaysTrainPysTrajectoryLossesAndGradNorms) {
   std::ifstream f(test::source_dir() / "tests/data/train/train_reference.json");

@@ -55,18 +55,12 @@ using test::TempDir;
 constexpr double kStep0Tol = 1e-6, kStep1Tol = 1e-5, kTol = 3e-4;
 constexpr int kSteps = 5;
 
-// 2 layers, 64 wide, T 64, a global batch of 4 sequences of device batch 1.
+// 2 layers, 64 wide, T 64, a global batch of 4 sequences of device batch 1 (train_test_util.h).
 std::vector<std::string> tiny(const fs::path& data, const fs::path& run_dir) {
-  return {"--data_dir", data.string(), "--run_dir", run_dir.string(), "--model_dim", "64", "--n_layer", "2",
-          "--n_head", "2", "--sequence_length", "64", "--batch_size", "4", "--device_batch_size", "1",
-          "--val_tokens", "256", "--val_loss_every", "0", "--num_iterations", std::to_string(kSteps),
-          "--warmup_ratio", "0", "--dtype", "fp32", "--optimizer", "muon", "--scalar_opt", "adamw", "--lr", "0.02",
-          "--log_every", "1", "--comm_timeout_s", "60"};
+  return test::tiny_parallel_run(data, run_dir, kSteps);
 }
 
-std::vector<std::string> layout(int dp, int fs, int tp) {
-  return {"--dp_size", std::to_string(dp), "--fs_size", std::to_string(fs), "--tp_size", std::to_string(tp)};
-}
+std::vector<std::string> layout(int dp, int fs, int tp) { return test::layout_flags(dp, fs, tp); }
 
 void expect_all_ok(const std::vector<ProcResult>& rs) {
   for (size_t r = 0; r < rs.size(); ++r) EXPECT_EQ(rs[r].exit_code, 0) << "rank " << r << ":\n" << rs[r].output;

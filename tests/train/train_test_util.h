@@ -86,4 +86,11 @@ std::vector<Record> read_metrics(const std::filesystem::path& file);
 // True when the folder holds no entries (or does not exist).
 bool is_empty_or_missing(const std::filesystem::path& dir);
 
+// The parallel tests' tiny run: 2 layers, 64 wide, T 64, a global batch of 4 sequences in
+// micro-batches of 1, Muon + AdamW at lr 0.02, fp32, every step logged; `steps` steps.
+std::vector<std::string> tiny_parallel_run(const std::filesystem::path& data, const std::filesystem::path& run_dir,
+                                           int steps);
+// --dp_size dp --fs_size fs --tp_size tp
+std::vector<std::string> layout_flags(int dp, int fs, int tp);
+
 }  // namespace dion::train::test
