@@ -32,34 +32,30 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w) {
   return stack[0].toTensor();
 }
 
-// Inside the fused functions every dtype is chosen explicitly: no autocast re-casting.
+// The fast kind's own autograd functions run on fp32 with autocast off (linear() and
+// linear_cross_entropy() send everything else to ATen); a backward() called inside an autocast
+// region must not re-cast their GEMMs either.
 struct NoAutocast {
   c10::impl::ExcludeDispatchKeyGuard guard{c10::autocast_dispatch_keyset};
 };
 
-// x, w cast to the dtype autocast would compute a linear in (differentiably; no-op when off).
-std::pair<at::Tensor, at::Tensor> autocast_pair(const at::Tensor& x, const at::Tensor& w) {
-  const std::optional<c10::ScalarType> dt = autocast_dtype(x.device().type());
-  if (!dt || !at::isFloatingType(x.scalar_type())) return {x, w};
-  return {x.to(*dt), w.to(*dt)};
+// fp32 operands and no autocast on their device: what the fast kind's functions compute.
+bool fast_applies(const at::Tensor& x, const at::Tensor& w) {
+  return x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && !autocast_dtype(x.device().type());
 }
 
 struct FastLinearFn : torch::autograd::Function<FastLinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
-    NoAutocast no_autocast;
     ctx->save_for_backward({x, w});
-    std::vector<int64_t> sizes = x.sizes().vec();
-    sizes.back() = w.size(0);
-    return matmul_2d(x.reshape({-1, x.size(-1)}), w.t(), Kernels::fast).view(sizes);  // [.., out]
+    return linear_forward(x, w, Kernels::fast);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     NoAutocast no_autocast;
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1];
-    const at::Tensor dy = grads[0].reshape({-1, grads[0].size(-1)});  // [N, out]
     at::Tensor dx, dw;
-    if (ctx->needs_input_grad(0)) dx = matmul_2d(dy, w, Kernels::fast).view(x.sizes());  // [.., in]
-    if (ctx->needs_input_grad(1)) dw = matmul_2d(dy.t(), x.reshape({-1, x.size(-1)}), Kernels::fast);  // [out, in]
+    if (ctx->needs_input_grad(0)) dx = linear_dx(grads[0], w, x.sizes(), Kernels::fast);
+    if (ctx->needs_input_grad(1)) dw = linear_dw(grads[0], x, Kernels::fast);
     return {dx, dw};
   }
 };
@@ -71,7 +67,6 @@ struct FastLinearFn : torch::autograd::Function<FastLinearFn> {
 struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets,
                             int64_t ignore_index, bool want_grad) {
-    NoAutocast no_autocast;
     const int64_t N = h.size(0), V = w.size(0);
     const auto f32 = h.options().dtype(at::kFloat);
     const at::Tensor valid = targets.ne(ignore_index);                 // [N] bool
@@ -122,10 +117,24 @@ at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
   return at::mm(a, b);
 }
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, Kernels kind) {
+at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& w, Kernels kind) {
   if (kind == Kernels::exact) return at::linear(x, w);
-  auto [xc, wc] = autocast_pair(x, w);
-  return FastLinearFn::apply(xc, wc);
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = w.size(0);
+  return matmul_2d(x.reshape({-1, x.size(-1)}), w.t(), kind).view(sizes);  // [.., out]
+}
+
+at::Tensor linear_dx(const at::Tensor& dy, const at::Tensor& w, at::IntArrayRef x_sizes, Kernels kind) {
+  return matmul_2d(dy.reshape({-1, dy.size(-1)}), w, kind).view(x_sizes);  // [.., in]
+}
+
+at::Tensor linear_dw(const at::Tensor& dy, const at::Tensor& x, Kernels kind) {
+  return matmul_2d(dy.reshape({-1, dy.size(-1)}).t(), x.reshape({-1, x.size(-1)}), kind);  // [out, in]
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, Kernels kind) {
+  if (kind == Kernels::exact || !fast_applies(x, w)) return at::linear(x, w);
+  return FastLinearFn::apply(x, w);
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets, Kernels kind,
@@ -134,14 +143,13 @@ at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& w, const 
                   targets.size(0) == h.size(0),
               "linear_cross_entropy: h [N, C], w [V, C], targets [N]; got h ", h.sizes(), ", w ", w.sizes(),
               ", targets ", targets.sizes());
-  auto [hc, wc] = autocast_pair(h, w);
   // bf16 (autocast): the unfused path, measured faster here than the chunks (ATen's log-softmax
   // backward beats a separate exp pass, and whole-N bf16 GEMMs beat per-chunk dW sums).
-  if (kind == Kernels::exact || hc.scalar_type() != at::kFloat || wc.scalar_type() != at::kFloat)
+  if (kind == Kernels::exact || !fast_applies(h, w))
     return at::cross_entropy_loss(linear(h, w, kind).to(at::kFloat), targets, /*weight=*/{}, at::Reduction::Mean,
                                   ignore_index);
-  const bool want_grad = at::GradMode::is_enabled() && (hc.requires_grad() || wc.requires_grad());
-  return LinearCrossEntropyFn::apply(hc, wc, targets, ignore_index, want_grad);
+  const bool want_grad = at::GradMode::is_enabled() && (h.requires_grad() || w.requires_grad());
+  return LinearCrossEntropyFn::apply(h, w, targets, ignore_index, want_grad);
 }
 
 }  // namespace dion::train

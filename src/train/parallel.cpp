@@ -96,8 +96,9 @@ struct TpGatherFn : torch::autograd::Function<TpGatherFn> {
 // as `full` (gathered by the caller); saves x and `local` only, gathers W again in backward,
 // dW handed to Parallel::fs_reduce_gradient as FsGatherFn's. The backward computes what
 // at::linear's autograd computes (mm's backward formulas: dx = dy W, dW = dy^T x over the
-// flattened leading dims) or, with `fast` (fp32 Kernels::fast), FastLinearFn's same three
-// oneDNN GEMMs (kernels.h), so the gradients are the kept-weight run's bit for bit.
+// flattened leading dims) or, with `fast` (fp32 Kernels::fast), the same three oneDNN GEMMs as
+// the kept-weight linear (kernels.h linear_forward / linear_dx / linear_dw), so the gradients
+// are the kept-weight run's bit for bit.
 struct GatheredLinearFn : torch::autograd::Function<GatheredLinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& local, const at::Tensor& full,
                             int64_t parallel, int64_t key, bool fast) {
@@ -105,20 +106,17 @@ struct GatheredLinearFn : torch::autograd::Function<GatheredLinearFn> {
     ctx->saved_data["parallel"] = parallel;
     ctx->saved_data["key"] = key;
     ctx->saved_data["fast"] = fast;
-    if (!fast) return at::linear(x, full);  // [.., out]; `full` is freed when the caller drops it
-    std::vector<int64_t> sizes = x.sizes().vec();
-    sizes.back() = full.size(0);
-    return matmul_2d(x.reshape({-1, x.size(-1)}), full.t(), Kernels::fast).view(sizes);  // as FastLinearFn
+    // [.., out]; `full` is freed when the caller drops it
+    return linear_forward(x, full, fast ? Kernels::fast : Kernels::exact);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     Parallel& par = parallel_of(ctx->saved_data["parallel"]);
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];                                        // [.., in]
     at::Tensor w = par.regathered(saved[1]);                               // [out, in]
-    const at::Tensor dy = grads[0].reshape({-1, grads[0].size(-1)});       // [N, out]
     const Kernels kind = ctx->saved_data["fast"].toBool() ? Kernels::fast : Kernels::exact;
-    at::Tensor dx = matmul_2d(dy, w, kind).view(x.sizes());                      // [.., in]
-    at::Tensor dw = matmul_2d(dy.t(), x.reshape({-1, x.size(-1)}), kind);        // [out, in]
+    at::Tensor dx = linear_dx(grads[0], w, x.sizes(), kind);  // [.., in]
+    at::Tensor dw = linear_dw(grads[0], x, kind);             // [out, in]
     return {dx, par.fs_reduce_gradient(from_key(ctx->saved_data["key"]), dw), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor()};
   }

@@ -16,9 +16,9 @@
 //   The fast kind's loss and gradients equal the exact kind's to fp32 rounding of a different
 //   summation order (tests/train/test_kernels.cpp states and checks the tolerances).
 //
-// Autocast: under bf16 autocast both kinds compute their GEMMs in bf16 as at::linear would
-// (inputs cast to bf16, differentiably), the loss in fp32 over bf16-rounded logits as the
-// reference's `logits.float()`.
+// Autocast (bf16) and other dtypes: the fast kind is ATen's calls too (at::linear, whose bf16
+// GEMM on the CPU is oneDNN's already; the unfused loss over bf16-rounded logits as the
+// reference's `logits.float()`), measured the faster there.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -37,8 +37,15 @@ bool onednn_linear_available();
 // a [M, K] @ b [K, N] -> [M, N]; no autograd. `fast`: oneDNN for CPU fp32, else at::mm.
 at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind);
 
+// The three GEMMs of a linear without autograd, for autograd functions of their own (FSDP's
+// resharded linear): y = x w^T [.., out]; dx = dy w reshaped to x_sizes; dW = dy^T x over the
+// flattened leading dims [out, in]. exact: at::linear and at::mm (at::linear's own backward).
+at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& w, Kernels kind);
+at::Tensor linear_dx(const at::Tensor& dy, const at::Tensor& w, at::IntArrayRef x_sizes, Kernels kind);
+at::Tensor linear_dw(const at::Tensor& dy, const at::Tensor& x, Kernels kind);
+
 // x [.., in] times w [out, in] transposed -> [.., out], no bias, differentiable in x and w
-// (at::linear for exact; oneDNN forward and backward for fast).
+// (at::linear, or for fast on fp32 with autocast off the three GEMMs above in oneDNN).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, Kernels kind);
 
 // Mean cross entropy of logits = h w^T (h [N, C], w [V, C], targets [N] int64, ignore_index
