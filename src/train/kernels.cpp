@@ -6,8 +6,10 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
+#include <cmath>
 #include <optional>
 
+#include "cross_entropy_bf16.h"
 #include "dion/train/autocast.h"
 
 namespace dion::train {
@@ -104,6 +106,51 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
   }
 };
 
+// The lm_head and the cross entropy in bf16 (autocast, or bf16 operands): the bf16 logits
+// h w^T in one GEMM, the one-pass loss kernel over them (cross_entropy_bf16.h), which with
+// `want_grad` overwrites them with d(loss)/d(logits) in bf16, then dh and dW as bf16 GEMMs, as
+// autocast's linear backward; the fp32 [N, V] copy and log-probabilities of ATen's loss never
+// exist. Backward scales the kept dh, dW by the loss's gradient and returns them in h's and w's
+// dtypes (autocast's casts' backward).
+struct Bf16LinearCrossEntropyFn : torch::autograd::Function<Bf16LinearCrossEntropyFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets,
+                            int64_t ignore_index, bool want_grad) {
+    NoAutocast no_autocast;
+    const at::Tensor hb = h.to(at::kBFloat16), wb = w.to(at::kBFloat16);
+    at::Tensor logits = at::mm(hb, wb.t());  // [N, V] bf16
+    const at::Tensor cpu_targets = targets.to(at::kCPU);
+    const int64_t n_valid = cpu_targets.ne(ignore_index).sum().item<int64_t>();
+    const float scale = n_valid > 0 ? 1.0f / static_cast<float>(n_valid) : 0.0f;
+    const double sum = cross_entropy_bf16_inplace(logits, cpu_targets, ignore_index, scale, want_grad);
+    if (want_grad) {
+      ctx->saved_data["h_dtype"] = static_cast<int64_t>(h.scalar_type());
+      ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+      ctx->save_for_backward({at::mm(logits, wb), at::mm(logits.t(), hb)});  // dh [N, C], dW [V, C], bf16
+    }
+    // The mean over valid rows; none valid: nan, as F.cross_entropy.
+    const double mean = n_valid > 0 ? sum / static_cast<double>(n_valid) : std::nan("");
+    return at::scalar_tensor(mean, h.options().dtype(at::kFloat));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    NoAutocast no_autocast;
+    const auto saved = ctx->get_saved_variables();
+    TORCH_CHECK(!saved.empty(), "linear_cross_entropy: backward of a forward that ran without gradients");
+    const at::Tensor g = grads[0];
+    const auto h_dtype = static_cast<at::ScalarType>(ctx->saved_data["h_dtype"].toInt());
+    const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    return {(saved[0].to(at::kFloat) * g).to(h_dtype), (saved[1].to(at::kFloat) * g).to(w_dtype), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+// Where the bf16 kernel applies: CPU operands computing in bf16 (autocast to bf16, or both bf16).
+bool bf16_loss_applies(const at::Tensor& h, const at::Tensor& w) {
+  if (!h.device().is_cpu() || !w.device().is_cpu() || !cross_entropy_bf16_available()) return false;
+  const auto ac = autocast_dtype(at::kCPU);
+  if (ac) return *ac == at::kBFloat16 && at::isFloatingType(h.scalar_type()) && at::isFloatingType(w.scalar_type());
+  return h.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16;
+}
+
 }  // namespace
 
 bool onednn_linear_available() { return onednn_linear_op() != nullptr; }
@@ -143,12 +190,14 @@ at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& w, const 
                   targets.size(0) == h.size(0),
               "linear_cross_entropy: h [N, C], w [V, C], targets [N]; got h ", h.sizes(), ", w ", w.sizes(),
               ", targets ", targets.sizes());
-  // bf16 (autocast): the unfused path, measured faster here than the chunks (ATen's log-softmax
-  // backward beats a separate exp pass, and whole-N bf16 GEMMs beat per-chunk dW sums).
+  const bool want_grad = at::GradMode::is_enabled() && (h.requires_grad() || w.requires_grad());
+  // bf16: whole-N bf16 GEMMs around the one-pass loss kernel (measured faster than per-chunk
+  // GEMMs, whose dW sums cost more than they save in bf16).
+  if (kind == Kernels::fast && bf16_loss_applies(h, w))
+    return Bf16LinearCrossEntropyFn::apply(h, w, targets, ignore_index, want_grad);
   if (kind == Kernels::exact || !fast_applies(h, w))
     return at::cross_entropy_loss(linear(h, w, kind).to(at::kFloat), targets, /*weight=*/{}, at::Reduction::Mean,
                                   ignore_index);
-  const bool want_grad = at::GradMode::is_enabled() && (h.requires_grad() || w.requires_grad());
   return LinearCrossEntropyFn::apply(h, w, targets, ignore_index, want_grad);
 }
 

@@ -1,5 +1,10 @@
 // tests/train/test_kernels.cpp — the fast kernels (dion/train/kernels.h) against the exact ones.
 //
+// The bf16 loss kernel (src/train/cross_entropy_bf16.h) is checked against ATen's cross entropy
+// over the same bf16 logits cast to fp32 (the reference's `logits.float()`): the loss within
+// 1e-6 relative (fp32 sums of up to V = 1,031 terms in another order: ~sqrt(V) * 2^-24 = 2e-6
+// per row at worst, far less on the mean), the gradient within one bf16 rounding step
+// (2^-8 relative: both round the same fp32 value, computed in another order, to bf16).
 // The fast kind computes the same math in another order (oneDNN's GEMM blocking, the loss summed
 // per chunk of rows, dW accumulated over chunks), so it is compared with a tolerance:
 //   fp32: |fast - exact| <= 2e-5 * max|exact| (+1e-7 absolute for values near 0). Each output is
@@ -7,8 +12,9 @@
 //   sqrt(K) * 2^-24 * max|term| (4e-6 relative, measured 1e-6 or below), so 2e-5 leaves a
 //   margin of 5 and still fails on any wrong term (one misplaced row or a missing 1/N is >= 1e-3).
 //   bf16 (autocast): the fast kind runs ATen's bf16 mm (oneDNN's bf16 GEMM, as at::linear) and
-//   the unfused loss, so it is expected equal; 2e-2 of max|exact| allows another GEMM blocking
-//   (every output rounded to bf16, 2^-8 = 3.9e-3 relative, a few roundings deep).
+//   the bf16 loss kernel, whose gradient is rounded to bf16 before the loss's gradient scale is
+//   applied (ATen's: after); 2e-2 of max|exact| allows that and another GEMM blocking (every
+//   output rounded to bf16, 2^-8 = 3.9e-3 relative, a few roundings deep; measured 6.3e-3).
 // The exact kind is ATen's own calls (at::linear, at::cross_entropy_loss), so the fast kind is
 // also checked against the reference GPT's recorded loss (tests/data/train/gpt_reference.json).
 #include <gtest/gtest.h>
@@ -19,6 +25,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../../src/train/cross_entropy_bf16.h"
 #include "dion/train/autocast.h"
 #include "dion/train/gpt.h"
 #include "dion/train/kernels.h"
@@ -142,6 +149,108 @@ TEST(TrainKernels, BadShapesNameThem) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("h [N, C], w [V, C]"), std::string::npos) << e.what();
   }
+}
+
+bool cpu_flag(const std::string& flag) {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("flags", 0) == 0) return (line + " ").find(" " + flag + " ") != std::string::npos;
+  return false;
+}
+
+TEST(TrainKernels, Bf16LossKernelRunsWhereTheCpuHasAvx512) {
+  const bool avx512 = cpu_flag("avx512f") && cpu_flag("avx512bw") && cpu_flag("avx512vl");
+  EXPECT_EQ(cross_entropy_bf16_available(), avx512);
+  std::printf("AVX-512 F/BW/VL: %s\n", avx512 ? "yes, the bf16 loss kernel runs" : "no, ATen's loss instead");
+}
+
+// V = 1031 (not a multiple of the 16 lanes), every 5th row ignored, logits around 0 and shifted by
+// 60 (exp would overflow fp32 without the max).
+TEST(TrainKernels, Bf16LossKernelEqualsAtenCrossEntropyOverTheSameLogits) {
+  if (!cross_entropy_bf16_available()) GTEST_SKIP() << "AVX-512 F/BW/VL unavailable";
+  for (double shift : {0.0, 60.0}) {
+    SCOPED_TRACE("shift " + std::to_string(shift));
+    at::manual_seed(7);
+    const int64_t N = 45, V = 1031;
+    const at::Tensor logits = (at::randn({N, V}) * 3 + shift).to(at::kBFloat16);
+    at::Tensor t = at::randint(0, V, {N}, at::kLong);
+    t.index_put_({at::arange(0, N, 5)}, -1);
+    const int64_t n_valid = t.ne(-1).sum().item<int64_t>();
+    at::Tensor x = logits.to(at::kFloat).requires_grad_();
+    at::Tensor ref = at::cross_entropy_loss(x, t, {}, at::Reduction::Mean, -1);
+    ref.backward();
+    const at::Tensor ref_grad = x.grad().to(at::kBFloat16).to(at::kFloat);
+
+    at::Tensor ours = logits.clone();
+    const double sum = cross_entropy_bf16_inplace(ours, t, -1, 1.0f / static_cast<float>(n_valid), true);
+    const double loss = sum / static_cast<double>(n_valid);
+    EXPECT_NEAR(loss, ref.item<double>(), 1e-6 * std::abs(ref.item<double>()));
+    const at::Tensor g = ours.to(at::kFloat);
+    const at::Tensor excess = (g - ref_grad).abs() - ref_grad.abs() * (1.0 / 256) - 1e-30;
+    EXPECT_LE(excess.max().item<double>(), 0.0) << "more than one bf16 rounding step from ATen's gradient";
+    EXPECT_TRUE(at::equal(g.index({at::arange(0, N, 5)}), at::zeros({(N + 4) / 5, V}))) << "ignored rows";
+    std::printf("shift %.0f: loss %.9g (ATen %.9g), gradient elements that differ: %lld of %lld\n", shift, loss,
+                ref.item<double>(), static_cast<long long>(g.ne(ref_grad).sum().item<int64_t>()),
+                static_cast<long long>(g.numel()));
+
+    at::Tensor no_grad = logits.clone();
+    EXPECT_EQ(cross_entropy_bf16_inplace(no_grad, t, -1, 1.0f, false), sum) << "the loss without the gradient";
+    EXPECT_TRUE(at::equal(no_grad, logits)) << "without the gradient the logits stay";
+  }
+}
+
+TEST(TrainKernels, Bf16LossKernelIsTheSameForAnyThreadCount) {
+  if (!cross_entropy_bf16_available()) GTEST_SKIP() << "AVX-512 F/BW/VL unavailable";
+  at::manual_seed(8);
+  const at::Tensor logits = at::randn({64, 300}).to(at::kBFloat16);
+  const at::Tensor t = at::randint(0, 300, {64}, at::kLong);
+  const int threads = at::get_num_threads();
+  at::Tensor a = logits.clone(), b = logits.clone();
+  at::set_num_threads(1);
+  const double la = cross_entropy_bf16_inplace(a, t, -1, 1.0f / 64, true);
+  at::set_num_threads(2);
+  const double lb = cross_entropy_bf16_inplace(b, t, -1, 1.0f / 64, true);
+  at::set_num_threads(threads);
+  EXPECT_EQ(la, lb);
+  EXPECT_TRUE(at::equal(a, b));
+}
+
+TEST(TrainKernels, Bf16LossKernelNamesAnOutOfBoundsTarget) {
+  if (!cross_entropy_bf16_available()) GTEST_SKIP() << "AVX-512 F/BW/VL unavailable";
+  at::Tensor logits = at::zeros({3, 10}, at::kBFloat16);
+  const at::Tensor t = at::tensor(std::vector<int64_t>{1, 10, 2});
+  try {
+    cross_entropy_bf16_inplace(logits, t, -1, 1.0f, true);
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("target 10 of row 1 is out of bounds (the vocabulary has 10 entries)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// bf16 operands without autocast (FSDP's bf16 gathers) take the bf16 kernel too; the gradients come
+// back in the operands' dtype.
+TEST(TrainKernels, Bf16OperandsLossEqualsAtenAndAllIgnoredIsNan) {
+  at::manual_seed(9);
+  const at::Tensor h = at::randn({40, 16}).to(at::kBFloat16).requires_grad_();
+  const at::Tensor w = at::randn({200, 16}).to(at::kBFloat16).requires_grad_();
+  const at::Tensor t = at::randint(0, 200, {40}, at::kLong);
+  at::Tensor f = linear_cross_entropy(h, w, t, Kernels::fast);
+  f.backward();
+  const at::Tensor fdh = h.grad().clone(), fdw = w.grad().clone();
+  h.mutable_grad().reset();
+  w.mutable_grad().reset();
+  at::Tensor e = linear_cross_entropy(h, w, t, Kernels::exact);
+  e.backward();
+  EXPECT_EQ(fdh.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(fdw.scalar_type(), at::kBFloat16);
+  expect_close(f.detach(), e.detach(), 1e-3, "loss (bf16 operands)");
+  expect_close(fdh, h.grad(), 2e-2, "dh (bf16 operands)");
+  expect_close(fdw, w.grad(), 2e-2, "dw (bf16 operands)");
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(std::isnan(linear_cross_entropy(h, w, at::full({40}, -1, at::kLong), Kernels::fast).item<double>()));
 }
 
 // The whole GPT: fast against exact on every parameter's gradient, and against the reference's
