@@ -12,7 +12,7 @@
 //                    order), fast with full products, fast with symmetric products (block rows +
 //                    mirror, dion/math/symmetric.h); TFLOP/s counted with the reference's flops
 //                    per iteration (X X^T 2 r^2 c, A A 2 r^3, B X 2 r^2 c; r = min, c = max dim),
-//                    and that rate / the matmul peak (issue 12's goal for Newton-Schulz: >= 0.75).
+//                    and that rate / the matmul peak (the goal for Newton-Schulz: >= 0.75).
 //   symmetric        the two symmetric products alone on the same set (X X^T and b A + c A A,
 //                    bf16): one full product, the library's choice of block rows, and forced
 //                    heights of 128, 256 and 512 rows; TFLOP/s counted with the full product's

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where the reference GPT's forward+backward time goes on one CPU thread (issue 21, speed).
+"""Where the reference GPT's forward+backward time goes on one CPU thread.
 
     DION_REF=/tmp/dion_ref python3 bench/fwd_bwd_profile.py N_LAYER N_EMBD
 

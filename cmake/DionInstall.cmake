@@ -20,8 +20,7 @@ include(CMakePackageConfigHelpers)
 
 # ---------------------------------------------------------------------------- what is exported
 # TARGET:NAME, consumers link dion::NAME. Adding a library to the package is one line here;
-# a target this configuration does not build (DION_DATA_ONLY, DION_SKIP_DATA; dion_comm before
-# the communication library of issue 8 lands) is skipped. A library that an exported one links
+# a target this configuration does not build (DION_DATA_ONLY, DION_SKIP_DATA) is skipped. A library that an exported one links
 # PUBLIC must be listed too (install(EXPORT) refuses otherwise).
 set(DION_EXPORTS
   dion_comm:comm

@@ -152,9 +152,9 @@ if(DION_BUILD_TESTS)
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
     PROPERTIES LABELS train TIMEOUT 300)
-  # Parallel layouts (issue 10): several dion-train processes per test, one such test at a time
+  # Parallel layouts: several dion-train processes per test, one such test at a time
   # (RESOURCE_LOCK multiprocess, shared with the other multi-process suites).
-  # Issue 20's soak loops, one iteration each (scripts/soak_train_{kill,diskfull}.sh run 20).
+  # The checkpoint soak loops, one iteration each (scripts/soak_train_{kill,diskfull}.sh run 20).
   foreach(_soak kill diskfull)
     add_test(NAME soak_train_${_soak}.once
              COMMAND bash ${DION_TRAIN_ROOT}/scripts/soak_train_${_soak}.sh ${CMAKE_BINARY_DIR} 1)
@@ -165,14 +165,14 @@ if(DION_BUILD_TESTS)
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
     PROPERTIES LABELS train TIMEOUT 300 RESOURCE_LOCK multiprocess)
-  # Issue 21: the gradient norm, grad_clip, the non-finite guard, train.py's trajectory
+  # The gradient norm, grad_clip, the non-finite guard, train.py's trajectory
   # (tests/train/test_numerics.cpp; several processes per test, as the parallel suite).
   dion_train_test_binary(dion_train_numerics_tests ${DION_TRAIN_ROOT}/tests/train/test_numerics.cpp)
   gtest_discover_tests(dion_train_numerics_tests
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
     PROPERTIES LABELS train TIMEOUT 300 RESOURCE_LOCK multiprocess)
-  # Issue 23: two "hosts" as network namespaces (tests/multihost, root only; skips elsewhere with
+  # Two "hosts" as network namespaces (tests/multihost, root only; skips elsewhere with
   # "network namespaces unavailable: ..."): multi-node launch, faults, restarts. ctest -L multihost
   add_test(NAME multihost_tests
            COMMAND ${DION_PYTHON3} -m pytest -q -rs -s ${DION_TRAIN_ROOT}/tests/multihost)

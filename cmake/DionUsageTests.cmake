@@ -1,4 +1,4 @@
-# cmake/DionUsageTests.cmake — ctest cases for a program's command line (issue 13).
+# cmake/DionUsageTests.cmake — ctest cases for a program's command line.
 #
 # dion_add_usage_tests(PREFIX name TARGET target [BAD case...] [HELP regex])
 #   BAD  each case "id|arguments|text": `target arguments` must exit 2 and print `text`

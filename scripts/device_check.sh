@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/device_check.sh — the one-shot GPU check (issue 12), for a session lent a GPU machine
+# scripts/device_check.sh — the one-shot GPU check, for a session lent a GPU machine
 # (one H200, no network, ~15 minutes of device time in all: this must finish in < 8 minutes).
 #
 #   scripts/device_check.sh                       # on the GPU machine, from the repo root

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/parallel_equality.sh — the full equality matrix of issue 10 (too slow for CI): the same
+# scripts/parallel_equality.sh — the full equality matrix of the parallel layouts (too slow for CI): the same
 # tiny GPT, config and global batch trained at every layout, 20 steps on CPU, compared with the
 # 1-process run (max relative difference of the train / val losses in metrics.jsonl).
 #

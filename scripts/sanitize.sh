@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dion-cpp: the data library under the sanitizers (issue 13). Builds the data tools alone (no
+# dion-cpp: the data library under the sanitizers. Builds the data tools alone (no
 # LibTorch) with clang + AddressSanitizer + UndefinedBehaviorSanitizer in build-sanitize/, runs
 # dion_data_tests there (any leak, overflow or undefined behaviour fails), then each libFuzzer
 # target for DION_FUZZ_SECONDS (default 20) from the small committed corpus in tests/fuzz/corpus:

@@ -61,7 +61,7 @@ FileDigest write_file_checked(const fs::path& path, const std::function<void(con
   // torch's PyTorchStreamWriter checks the count and throws, then its destructor, finishing the
   // zip archive during the unwinding, checks its position again and throws a second c10::Error
   // out of a destructor: std::terminate ("terminate called after throwing an instance of
-  // 'c10::Error' ... unexpected pos", exit 134: issue 20). The failure is reported below instead.
+  // 'c10::Error' ... unexpected pos", exit 134). The failure is reported below instead.
   const Sink sink = [&](const void* data, size_t n) -> size_t {
     if (write_errno) return n;
     const char* p = static_cast<const char*>(data);

@@ -240,7 +240,7 @@ TEST(Download, UnreachableServerFailsBounded) {
   EXPECT_TRUE(list_dir(dir.path()).empty());
 }
 
-// ---------------------------------------------------------------------------- issue 13
+// ---------------------------------------------------------------------------- hostile input
 
 TEST(Download, TricklingServerIsAbortedAndRetried) {
   TestHttpServer server;

@@ -1,4 +1,4 @@
-// tests/train/test_numerics.cpp — the training step's numerics (issue 21): the global gradient
+// tests/train/test_numerics.cpp — the training step's numerics: the global gradient
 // norm, grad_clip, the non-finite step guard, the scalar groups' betas. dion-train as real
 // processes on the committed Tiny Shakespeare (Gloo over loopback for the layouts).
 //

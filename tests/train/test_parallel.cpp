@@ -1,4 +1,4 @@
-// tests/train/test_parallel.cpp — dion-train in parallel (issue 10), as real processes with
+// tests/train/test_parallel.cpp — dion-train in parallel, as real processes with
 // torchrun's variables (Gloo over loopback), on the committed Tiny Shakespeare.
 //
 // - Equal results: the same config and global batch at 1 process, 2-rank DDP, 2-rank FSDP, 2-rank
@@ -299,7 +299,7 @@ TEST_F(ParallelRun, KillDashNineDuringSavesLeavesACheckpointThatResumes) {
     expect_close(ref(), test::read_metrics(tmp / "resumed" / "metrics.jsonl"), "killed fsdp2 -> 1");
 }
 
-// Issue 20: a rank whose checkpoint write fails (RLIMIT_FSIZE on rank 1: EFBIG, as a full disk)
+// A rank whose checkpoint write fails (RLIMIT_FSIZE on rank 1: EFBIG, as a full disk)
 // makes every rank fail cleanly at that save (the ok flags are exchanged before the commit, no
 // hang, no abort), with no step_* or tmp.* folder left; rank 0 names the failing rank.
 TEST_F(ParallelRun, ARankFailingToWriteItsCheckpointFailsEveryRankCleanly) {
@@ -324,7 +324,7 @@ TEST_F(ParallelRun, ARankFailingToWriteItsCheckpointFailsEveryRankCleanly) {
   EXPECT_TRUE(test::is_empty_or_missing(ck)) << "a step_* or tmp.* folder was left";
 }
 
-// Issue 20: every rank's files of a parallel checkpoint are verified: a corrupt or missing rank
+// Every rank's files of a parallel checkpoint are verified: a corrupt or missing rank
 // file is named before anything is loaded.
 TEST_F(ParallelRun, ADamagedRankFileOfACheckpointIsNamedBeforeAnythingIsLoaded) {
   TempDir tmp("rankfile");

@@ -8,17 +8,21 @@
 //       LibTorch's own oneDNN) on the CPU, where the build has it; at::mm elsewhere (bf16 on
 //       the CPU: ATen's mm is oneDNN's bf16 GEMM already). Measured on an AMD EPYC (Zen 5, no AMX, 1 thread): 2-2.5x MKL's fp32 sgemm
 //       on the lm_head's [1024, 128] x [128, 50304] (docs/benchmarks.md).
-//     - the lm_head and the cross entropy fused and chunked by rows in fp32 (linear_cross_entropy;
-//       under bf16 autocast the unfused at::cross_entropy_loss, measured faster there): per
-//       chunk of kCrossEntropyChunkRows rows the logits, their log-softmax, the loss and, when a
-//       gradient is wanted, d(loss)/d(logits) in place, then dh and dW; the [N, V] logits and
-//       their gradient never exist whole (the dominant allocation of the exact kind).
+//     - the lm_head and the cross entropy fused and chunked by rows in fp32 (linear_cross_entropy):
+//       per chunk of kCrossEntropyChunkRows rows the logits, their log-softmax, the loss and,
+//       when a gradient is wanted, d(loss)/d(logits) in place, then dh and dW; the [N, V]
+//       logits and their gradient never exist whole (the dominant allocation of the exact kind).
+//     - in bf16 (autocast, or bf16 operands) on a CPU with AVX-512: the bf16 logits in one GEMM,
+//       then one pass of a loss kernel of our own over them (src/train/cross_entropy_bf16.h:
+//       fp32 max, exp and sum per row, as the reference's `logits.float()` and log-softmax),
+//       which writes the bf16 gradient over the logits; dh and dW as bf16 GEMMs. No fp32
+//       [N, V] tensor exists (ATen's loss makes about ten passes over such tensors).
 //   The fast kind's loss and gradients equal the exact kind's to fp32 rounding of a different
-//   summation order (tests/train/test_kernels.cpp states and checks the tolerances).
+//   summation order, and in bf16 to one bf16 rounding (tests/train/test_kernels.cpp states and
+//   checks the tolerances).
 //
-// Autocast (bf16) and other dtypes: the fast kind is ATen's calls too (at::linear, whose bf16
-// GEMM on the CPU is oneDNN's already; the unfused loss over bf16-rounded logits as the
-// reference's `logits.float()`), measured the faster there.
+// Elsewhere (bf16 without AVX-512, other dtypes, CUDA) the fast kind is ATen's calls
+// (at::linear, at::cross_entropy_loss over the logits as fp32).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -51,8 +55,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, Kernels kind);
 // Mean cross entropy of logits = h w^T (h [N, C], w [V, C], targets [N] int64, ignore_index
 // rows excluded from the mean, as F.cross_entropy), differentiable in h and w; fp32 scalar.
 // exact: at::linear + at::cross_entropy_loss over the full logits; fast: fused and chunked in
-// fp32 (the gradients computed in the forward when autograd wants them, kept for backward),
-// linear(fast) + at::cross_entropy_loss under bf16 autocast.
+// fp32, the bf16 loss kernel in bf16 (both compute the gradients in the forward when autograd
+// wants them and keep them for backward), else as exact.
 at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets, Kernels kind,
                                 int64_t ignore_index = -1);
 
