@@ -14,6 +14,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <immintrin.h>
 
@@ -29,20 +30,9 @@ extern "C" __m512 Sleef_expf16_u10(__m512);
 namespace dion::train {
 namespace {
 
-inline float bf16_to_float(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// Round to nearest even, NaN to 0x7FC0: c10::BFloat16's conversion.
-inline uint16_t float_to_bf16(float f) {
-  if (std::isnan(f)) return 0x7FC0;
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return static_cast<uint16_t>((u + ((u >> 16) & 1) + 0x7FFF) >> 16);
-}
+// c10::BFloat16's conversions (round to nearest even, NaN to 0x7FC0) for the scalar element.
+inline float bf16_to_float(uint16_t b) { return static_cast<float>(c10::BFloat16(b, c10::BFloat16::from_bits())); }
+inline uint16_t float_to_bf16(float f) { return c10::BFloat16(f).x; }
 
 DION_AVX512 inline __m512 load_bf16(const uint16_t* p, __mmask16 k) {
   const __m256i raw = _mm256_maskz_loadu_epi16(k, p);
