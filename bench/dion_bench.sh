@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bench/dion_bench.sh — the whole benchmark in one command; writes the markdown of
-# docs/benchmarks.md ("Measured by dion-bench") to stdout.
+# bench/dion_bench.sh — the whole benchmark in one command; writes the markdown of the
+# tables of docs/benchmarks.md (one section per table, pasted into that page by hand) to stdout.
 #
 #   bench/dion_bench.sh [--quick] [--no-compiled]     # build dir: $DION_BUILD_DIR (build/)
 #
