@@ -12,9 +12,8 @@ if(NOT TARGET dion_launch)
 endif()
 dion_executable(dion-bench tools/dion-bench/main.cpp tools/dion-bench/measure.cpp tools/dion-bench/gpt_params.cpp
                 tools/dion-bench/dist.cpp)
-# dist starts its ranks with the launcher of `dion-train --nproc` (tools/dion-train/launch.h).
-target_include_directories(dion-bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tools/dion-bench
-                                              ${CMAKE_CURRENT_SOURCE_DIR}/tools/dion-train)
+# dist starts its ranks with the launcher library (dion/launch/launch.h, dion_launch).
+target_include_directories(dion-bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tools/dion-bench)
 target_link_libraries(dion-bench PRIVATE dion_dist dion_launch CLI11::CLI11 nlohmann_json::nlohmann_json)
 if(DION_BUILD_TESTS)
   # Smoke runs (seconds): every subcommand on tiny inputs; a bad argument is refused.

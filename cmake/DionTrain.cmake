@@ -6,7 +6,7 @@
 #   dion_train        static library (include/dion/train, src/train): config, GPT, loader,
 #                     optimizer setup, checkpoints, metrics, the loop
 #   dion-train        the program (tools/dion-train)
-#   dion_launch       static library: the local launcher of `dion-train --nproc N` (launch.cpp) and its multi-node flags and restarts (nodes.cpp)
+#   dion_launch       static library: the local launcher of `dion-train --nproc N` and `dion-bench dist` (src/launch: launch.cpp, and its multi-node flags and restarts, nodes.cpp)
 #   dion_train_tests  GoogleTest suite (tests/train), with DION_BUILD_TESTS; label "train"
 #   dion_launch_tests GoogleTest suite of the launcher (tests/tools), with launch_child
 #   dion_train_parallel_tests  the multi-process runs (tests/train/test_parallel.cpp)
@@ -59,8 +59,10 @@ set_source_files_properties(
   ${DION_TRAIN_ROOT}/src/train/config_keys.cpp ${DION_TRAIN_ROOT}/src/train/config_rules.cpp
   PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
 
-# The local launcher of `dion-train --nproc N` (no LibTorch; its own test runs it on a stub child).
-add_library(dion_launch STATIC ${DION_TRAIN_ROOT}/tools/dion-train/launch.cpp ${DION_TRAIN_ROOT}/tools/dion-train/nodes.cpp)
+# The local launcher of `dion-train --nproc N` and `dion-bench dist` (include/dion/launch,
+# src/launch; no LibTorch; its own test runs it on a stub child).
+add_library(dion_launch STATIC ${DION_TRAIN_ROOT}/src/launch/launch.cpp ${DION_TRAIN_ROOT}/src/launch/nodes.cpp)
+target_include_directories(dion_launch PUBLIC ${DION_TRAIN_ROOT}/include)
 target_link_libraries(dion_launch PRIVATE dion_warnings)
 
 dion_executable(dion-train

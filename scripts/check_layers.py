@@ -22,13 +22,14 @@ LAYERS = {
     "math": {"math", "cuda"},                            # the algorithms over lists of tensors
     "comm": {"comm"},                                    # process groups, meshes, async work
     "data": {"data"},                                    # tokenizer, shards (no LibTorch)
+    "launch": {"launch"},                                # the local launcher (no LibTorch)
     "optim": {"optim", "math", "cuda", "comm"},          # optimizer classes, drivers, state
     "dist": {"dist", "optim", "math", "cuda", "comm"},   # the optimizer's distributed layouts
     "train": {"train", "optim", "dist", "math", "cuda", "comm", "data"},  # the trainer
     "python": {"optim", "dist", "math", "cuda", "comm", "data", "train"},  # dion_cpp bindings
-    "tools": {"optim", "dist", "math", "cuda", "comm", "data", "train"},   # command-line programs
+    "tools": {"optim", "dist", "math", "cuda", "comm", "data", "train", "launch"},  # command-line programs
 }
-NO_TORCH = {"data"}
+NO_TORCH = {"data", "launch"}
 TORCH_PREFIXES = ("torch/", "ATen/", "c10/", "c10d/", "caffe2/")
 # Files directly in include/dion/: errors.h is the base of everything; dion.h is the optimizer's
 # umbrella header (a training program's single include).

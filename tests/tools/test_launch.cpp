@@ -1,5 +1,5 @@
 // tests/tools/test_launch.cpp — the local launcher of `dion-train --nproc N`
-// (tools/dion-train/launch.cpp), with tests/tools/launch_child.cpp as the ranks: no training.
+// (src/launch/launch.cpp), with tests/tools/launch_child.cpp as the ranks: no training.
 //
 // Checks: the environment each rank sees (torchrun's variables, one MASTER_PORT for all), the
 // "[rank R] " prefix on every forwarded line of stdout and stderr (a last line without a newline
@@ -25,10 +25,10 @@
 #include <thread>
 #include <vector>
 
-#include "../../tools/dion-train/launch.h"
-#include "../../tools/dion-train/nodes.h"
+#include "dion/launch/launch.h"
+#include "dion/launch/nodes.h"
 
-namespace dion::train::tool {
+namespace dion::launch {
 namespace {
 
 namespace fs = std::filesystem;
@@ -340,4 +340,4 @@ TEST(Launch, NodeFlagsAreTakenOutAndBadCombinationsRefused) {
 }
 
 }  // namespace
-}  // namespace dion::train::tool
+}  // namespace dion::launch

@@ -16,10 +16,10 @@
 #include <stdexcept>
 
 #include "dion/dist/distributed.h"
+#include "dion/launch/launch.h"
 #include "dion/math/ortho.h"
 #include "dion/optim/optimizer.h"
 #include "gpt_params.h"
-#include "launch.h"
 #include "measure.h"
 
 namespace dion::bench {
@@ -314,12 +314,12 @@ json run_dist(const DistArgs& args) {
       const int fd = mkstemp(path);
       if (fd < 0) throw std::runtime_error("dist: cannot create a temporary file in /tmp");
       ::close(fd);
-      train::tool::LaunchOptions o;
+      launch::LaunchOptions o;
       o.nproc = W;
       o.argv = args.argv_for_ranks;
       o.argv.insert(o.argv.end(), {"--rank-result", path});
       o.name = "dion-bench dist";
-      const train::tool::LaunchResult res = train::tool::launch(o);
+      const launch::LaunchResult res = launch::launch(o);
       if (res.exit_code != 0) {
         std::remove(path);
         throw std::runtime_error("dist: the " + std::to_string(W) + "-rank run failed (rank " +

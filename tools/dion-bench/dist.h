@@ -4,7 +4,7 @@
 //
 // For each world size W in `ranks`: W = 1 runs in this process (the plain optimizer, no
 // Distribution: "the same step in one process"); W > 1 starts W copies of this program with
-// torchrun's variables (the launcher library of `dion-train --nproc`, tools/dion-train/launch.h),
+// torchrun's variables (the launcher library, dion/launch/launch.h),
 // each a rank running run_dist_rank(); rank 0 writes its results to a file this process reads.
 // Every rank builds the same parameter set's block matrices (gpt_params.h) and gradients from one
 // seed, and for each layout x variant an optimizer over them:

@@ -2,7 +2,7 @@
 // plot runs, sample text from a checkpoint (docs/train.md).
 //
 //   dion-train [--config FILE.yaml] [--key value ...]        train (src/train/train.cpp)
-//   dion-train --nproc N [--config FILE.yaml] [...]          N local processes (launch.cpp)
+//   dion-train --nproc N [--config FILE.yaml] [...]          N local processes (src/launch)
 //   dion-train --nnodes M --node_rank K --nproc N --master_addr HOST0 [--master_port P]
 //              [--max_restarts R] [...]                     node K of a multi-node job (nodes.cpp)
 //   dion-train plot RUN_DIR... -o curves.png                  python3 tools/dion-train/plot.py
@@ -22,13 +22,13 @@
 #include <vector>
 
 #include "dion/errors.h"
+#include "dion/launch/launch.h"
+#include "dion/launch/nodes.h"
 #include "dion/train/checkpoint.h"
 #include "dion/train/config.h"
 #include "dion/train/loader.h"
 #include "dion/train/train.h"
 #include "export.h"
-#include "launch.h"
-#include "nodes.h"
 #include "sample.h"
 
 #ifndef DION_TRAIN_PLOT_SCRIPT
@@ -58,23 +58,23 @@ int run_plot(int argc, char** argv) {
   return fail(1, std::string("plot: cannot run python3: ") + std::strerror(errno));
 }
 
-// `dion-train --nproc N ARGS...`: N copies of `dion-train ARGS...` (launch.h). The configuration
+// `dion-train --nproc N ARGS...`: N copies of `dion-train ARGS...` (dion/launch/launch.h). The configuration
 // is parsed here first, so that a bad one is reported once, not by every rank.
-int run_launcher(int nproc, const dion::train::tool::NodeFlags& nodes, const std::vector<std::string>& args) {
+int run_launcher(int nproc, const dion::launch::NodeFlags& nodes, const std::vector<std::string>& args) {
   std::vector<const char*> argv;
   for (const std::string& a : args) argv.push_back(a.c_str());
   // Parsed at the world size the children will see (WORLD_SIZE is not set here yet).
   (void)dion::train::config_parse(static_cast<int>(argv.size()), argv.data(),
                                   int64_t(nproc) * nodes.nnodes.value_or(1));  // throws
-  dion::train::tool::LaunchOptions options;
+  dion::launch::LaunchOptions options;
   options.nproc = nproc;
   options.argv = args;
   try {
-    dion::train::tool::apply_node_flags(nodes, options);
+    dion::launch::apply_node_flags(nodes, options);
   } catch (const std::invalid_argument& e) {
     return fail(2, e.what());
   }
-  return dion::train::tool::run_attempts(options);
+  return dion::launch::run_attempts(options);
 }
 
 // LibTorch's CPU tensors come from malloc, and glibc serves each large one (over 32 MB at most)
@@ -100,10 +100,10 @@ int main(int argc, char** argv) {
     if (argc >= 2 && std::strcmp(argv[1], "export") == 0) return dion::train::tool::run_export(argc - 1, argv + 1);
     std::vector<std::string> args(argv, argv + argc);
     std::optional<int> nproc;
-    dion::train::tool::NodeFlags nodes;
+    dion::launch::NodeFlags nodes;
     try {
-      nproc = dion::train::tool::take_nproc_flag(args);
-      nodes = dion::train::tool::take_node_flags(args);
+      nproc = dion::launch::take_nproc_flag(args);
+      nodes = dion::launch::take_node_flags(args);
     } catch (const std::invalid_argument& e) {
       return fail(2, e.what());
     }

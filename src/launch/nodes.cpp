@@ -1,5 +1,5 @@
-// tools/dion-train/nodes.cpp — multi-node flags and the restart loop (nodes.h).
-#include "nodes.h"
+// src/launch/nodes.cpp — multi-node flags and the restart loop (dion/launch/nodes.h).
+#include "dion/launch/nodes.h"
 
 #include <unistd.h>
 
@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
-namespace dion::train::tool {
+namespace dion::launch {
 
 namespace {
 
@@ -126,4 +126,4 @@ int run_attempts(LaunchOptions o) {
   }
 }
 
-}  // namespace dion::train::tool
+}  // namespace dion::launch

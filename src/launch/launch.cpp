@@ -1,10 +1,10 @@
-// tools/dion-train/launch.cpp — the local launcher of `dion-train --nproc N` (see launch.h).
+// src/launch/launch.cpp — the local launcher (dion/launch/launch.h).
 //
 // One thread: fork + execve each child (the environment is built before fork, so the child runs
 // only async-signal-safe calls before exec), then a poll() loop over the children's stdout and
 // stderr pipes and a self-pipe the signal handlers write to, reaping children with
 // waitpid(WNOHANG) every round. Not here: parsing dion-train's own flags (main.cpp).
-#include "launch.h"
+#include "dion/launch/launch.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -25,7 +25,7 @@
 
 extern char** environ;
 
-namespace dion::train::tool {
+namespace dion::launch {
 
 namespace {
 
@@ -366,4 +366,4 @@ LaunchResult launch(const LaunchOptions& o) {
   return res;
 }
 
-}  // namespace dion::train::tool
+}  // namespace dion::launch

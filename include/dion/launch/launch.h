@@ -1,4 +1,5 @@
-// tools/dion-train/launch.h — `dion-train --nproc N`: a local launcher for users without torchrun.
+// dion/launch/launch.h — a local launcher for users without torchrun (`dion-train --nproc N`,
+// `dion-bench dist`); plain C++ and POSIX, no LibTorch.
 //
 // launch() starts N child processes of one command line with the environment torchrun sets for
 // node K of M (RANK = K*N + local, LOCAL_RANK = local, WORLD_SIZE = M*N, LOCAL_WORLD_SIZE = N,
@@ -14,9 +15,9 @@
 //   - a child gets PR_SET_PDEATHSIG(SIGKILL): if the launcher dies (kill -9), its children die.
 // It returns once every child has exited and been reaped: no process outlives it.
 //
-// One attempt only: the multi-node flags and the restarts after a failure are nodes.h's; no
+// One attempt only: the multi-node flags and the restarts after a failure are dion/launch/nodes.h's; no
 // rendezvous of its own (the ranks meet at MASTER_ADDR:MASTER_PORT, src/comm/group.cpp), and it
-// knows nothing of training (tools/dion-train/main.cpp decides what the children run).
+// knows nothing of training (the tool that links it decides what the children run).
 #pragma once
 
 #include <sys/types.h>
@@ -26,7 +27,7 @@
 #include <string>
 #include <vector>
 
-namespace dion::train::tool {
+namespace dion::launch {
 
 struct LaunchOptions {
   int nproc = 1;                        // N >= 1: processes on this node
@@ -61,4 +62,4 @@ LaunchResult launch(const LaunchOptions& options);
 // Throws std::invalid_argument naming --nproc when N is not an integer in [1, 1024].
 std::optional<int> take_nproc_flag(std::vector<std::string>& argv);
 
-}  // namespace dion::train::tool
+}  // namespace dion::launch

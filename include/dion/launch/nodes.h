@@ -1,4 +1,4 @@
-// tools/dion-train/nodes.h — torchrun's multi-node flags and restarts for `dion-train --nproc N`.
+// dion/launch/nodes.h — torchrun's multi-node flags and restarts for `dion-train --nproc N`.
 //
 //   dion-train --nnodes M --node_rank K --nproc N --master_addr HOST0 --master_port P
 //              [--max_restarts R] ARGS...
@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "launch.h"
+#include "dion/launch/launch.h"
 
-namespace dion::train::tool {
+namespace dion::launch {
 
 struct NodeFlags {
   std::optional<int> nnodes, node_rank, master_port, max_restarts;
@@ -42,4 +42,4 @@ void apply_node_flags(const NodeFlags& flags, LaunchOptions& options);
 // Runs the attempts (see the top of this file); returns the last attempt's exit code.
 int run_attempts(LaunchOptions options);
 
-}  // namespace dion::train::tool
+}  // namespace dion::launch
