@@ -41,6 +41,10 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/mfu.cpp
   ${DION_TRAIN_ROOT}/src/train/optim_setup.cpp
   ${DION_TRAIN_ROOT}/src/train/parallel.cpp
+  ${DION_TRAIN_ROOT}/src/train/parallel_plan.cpp
+  ${DION_TRAIN_ROOT}/src/train/fsdp.cpp
+  ${DION_TRAIN_ROOT}/src/train/tp.cpp
+  ${DION_TRAIN_ROOT}/src/train/ddp.cpp
   ${DION_TRAIN_ROOT}/src/train/replicas.cpp
   ${DION_TRAIN_ROOT}/src/train/resume_policy.cpp
   ${DION_TRAIN_ROOT}/src/train/train.cpp)

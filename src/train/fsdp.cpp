@@ -1,0 +1,210 @@
+// src/train/fsdp.cpp — FSDP's side of Parallel (parallel.h): the fs all_gathers of the weights
+// (kept, prefetched by unit, or re-gathered in backward with reshard_after_forward), bf16
+// gathers, deferred gradient sync, and the gradient reduce-scatter.
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <stdexcept>
+
+#include "dion/dist/distributed.h"
+#include "dion/train/autocast.h"
+#include "parallel_detail.h"
+
+namespace dion::train {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using namespace detail;
+
+namespace {
+
+// `full` [.., global, ..] (global along `dim`) -> this rank's chunk of the sum over the group's
+// ranks: a reduce-scatter, as one all_to_all of zero-padded chunks and a sum in rank order.
+at::Tensor reduce_scatter(comm::Group& g, const at::Tensor& full, int64_t dim) {
+  const int W = g.size();
+  const int64_t global = full.size(dim);
+  const int64_t chunk = (global + W - 1) / W;
+  at::Tensor x = full.movedim(dim, 0);  // [global, ...]
+  if (W * chunk != global) {
+    std::vector<int64_t> pad = x.sizes().vec();
+    pad[0] = W * chunk - global;
+    x = at::cat({x, at::zeros(pad, x.options())}, 0);
+  }
+  x = x.contiguous();
+  std::vector<int64_t> split = x.sizes().vec();
+  split[0] = chunk;
+  split.insert(split.begin(), W);
+  at::Tensor parts = g.all_to_all(x).view(split);  // [W, chunk, ...]: part i from rank i
+  const dist::Chunk mine = dist::shard_range(global, W, g.rank());
+  return parts.sum(0).narrow(0, 0, mine.length).movedim(0, dim).contiguous();
+}
+
+// FSDP's gather of a parameter: forward returns `gathered` (the fs all_gather of `local`, done by
+// the caller, possibly prefetched or kept from an earlier micro-batch); backward hands the
+// gathered weight's gradient to Parallel::fs_reduce_gradient (reduce-scatter to `local`, or
+// summed locally while gradient sync is off).
+struct FsGatherFn : torch::autograd::Function<FsGatherFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, const at::Tensor& gathered, int64_t parallel,
+                            int64_t key) {
+    ctx->saved_data["parallel"] = parallel;
+    ctx->saved_data["key"] = key;
+    (void)local;
+    return gathered;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Parallel& par = parallel_of(ctx->saved_data["parallel"]);
+    return {par.fs_reduce_gradient(from_key(ctx->saved_data["key"]), grads[0]), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+// FSDP with reshard_after_forward: y = x W^T with W [out, in] the fs-gather of `local`, given
+// as `full` (gathered by the caller); saves x and `local` only, gathers W again in backward,
+// dW handed to Parallel::fs_reduce_gradient as FsGatherFn's. The backward computes what
+// at::linear's autograd computes (mm's backward formulas: dx = dy W, dW = dy^T x over the
+// flattened leading dims) or, with `fast` (fp32 Kernels::fast), the same three oneDNN GEMMs as
+// the kept-weight linear (kernels.h linear_forward / linear_dx / linear_dw), so the gradients
+// are the kept-weight run's bit for bit.
+struct GatheredLinearFn : torch::autograd::Function<GatheredLinearFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& local, const at::Tensor& full,
+                            int64_t parallel, int64_t key, bool fast) {
+    ctx->save_for_backward({x, local});
+    ctx->saved_data["parallel"] = parallel;
+    ctx->saved_data["key"] = key;
+    ctx->saved_data["fast"] = fast;
+    // [.., out]; `full` is freed when the caller drops it
+    return linear_forward(x, full, fast ? Kernels::fast : Kernels::exact);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Parallel& par = parallel_of(ctx->saved_data["parallel"]);
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];                                        // [.., in]
+    at::Tensor w = par.regathered(saved[1]);                               // [out, in]
+    const Kernels kind = ctx->saved_data["fast"].toBool() ? Kernels::fast : Kernels::exact;
+    at::Tensor dx = linear_dx(grads[0], w, x.sizes(), kind);  // [.., in]
+    at::Tensor dw = linear_dw(grads[0], x, kind);             // [out, in]
+    return {dx, par.fs_reduce_gradient(from_key(ctx->saved_data["key"]), dw), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+comm::Work Parallel::gather_async(const at::Tensor& param, const ParamPlacement& pl) {
+  at::Tensor shard = param.detach();
+  if (shard.is_floating_point() && gather_dtype_ != shard.scalar_type()) shard = shard.to(gather_dtype_);
+  return dist::gather_tensor_async(*fs_, shard, pl.fs_dim, pl.global_shape[pl.fs_dim]);
+}
+
+at::Tensor Parallel::fs_gathered(Prefetch& pf, const at::Tensor& param, const ParamPlacement& pl) {
+  ++pf.gathers;
+  const void* key = param.unsafeGetTensorImpl();
+  const int64_t dim = pl.fs_dim, global = pl.global_shape[dim];
+  // A bf16 gather (gather_dtype_) is computed with in the parameter's dtype.
+  auto join = [&](const at::Tensor& all) { return dist::join_gathered(all, dim, global).to(param.scalar_type()); };
+  auto now = [&] { return join(gather_async(param, pl).wait()); };
+  if (!pf.recorded) {  // the first pass: record the order
+    if (pf.order.empty() || key != pf.order[0]) {
+      pf.order.push_back(key);
+      pf.unit.push_back(unit_of(pl.name));
+      pf.param[key] = param;
+      return now();
+    }
+    pf.recorded = true;
+  }
+  const size_t n = pf.order.size();
+  if (key == pf.order[0]) pf.pos = 0;  // a pass begins
+  if (pf.pos >= n || pf.order[pf.pos] != key) {
+    // A pass that differs from the recorded one (the same on every rank): no prefetch until the
+    // next begins; what is in flight is waited (in recorded order) and dropped.
+    for (const void* k : pf.order)
+      if (auto it = pf.inflight.find(k); it != pf.inflight.end()) it->second.wait();
+    pf.inflight.clear();
+    pf.pos = n;
+    return now();
+  }
+  if (pf.pos == 0 || pf.unit[pf.pos] != pf.unit[pf.pos - 1]) {
+    // The first weight of a unit: issue the next unit's gathers before this unit computes.
+    size_t next = pf.pos + 1;
+    while (next < n && pf.unit[next] == pf.unit[pf.pos]) ++next;
+    for (size_t k = next; k < n && pf.unit[k] == pf.unit[next]; ++k)
+      if (!pf.inflight.count(pf.order[k])) {
+        const at::Tensor& p = pf.param.at(pf.order[k]);
+        pf.inflight[pf.order[k]] = gather_async(p, placement(p));
+      }
+  }
+  ++pf.pos;
+  if (auto it = pf.inflight.find(key); it != pf.inflight.end()) {
+    at::Tensor all = it->second.wait();
+    pf.inflight.erase(it);
+    ++pf.prefetched;
+    return join(all);
+  }
+  return now();
+}
+
+at::Tensor Parallel::regathered(const at::Tensor& param) { return fs_gathered(bwd_, param, placement(param)); }
+
+at::Tensor Parallel::weight(const at::Tensor& param) {
+  const ParamPlacement& pl = placement(param);
+  at::Tensor w = param;
+  if (pl.fs_dim >= 0 && fs_->size() > 1) {
+    const void* key = param.unsafeGetTensorImpl();
+    at::Tensor full;  // the whole weight along fs_dim
+    if (auto it = kept_.find(key); it != kept_.end()) {
+      full = it->second;  // gathered by an earlier micro-batch of this step
+    } else {
+      full = fs_gathered(fwd_, param, pl);
+      if (!sync_) kept_.emplace(key, full);
+    }
+    w = FsGatherFn::apply(w, full, int64_t(reinterpret_cast<intptr_t>(this)), key_handle(param));
+  }
+  if (pl.tp_gather && tp_->size() > 1) w = tp_gathered(*tp_, w, pl);
+  return w;
+}
+
+at::Tensor Parallel::linear(const at::Tensor& x, const at::Tensor& param) {
+  const ParamPlacement& pl = placement(param);
+  // As the reference: the blocks' weights only (wte / lm_head: reshard_after_forward=False).
+  if (reshard_after_forward_ && pl.fs_dim >= 0 && fs_->size() > 1 && !pl.tp_gather && unit_of(pl.name) != pl.name)
+    return GatheredLinearFn::apply(x, param, fs_gathered(fwd_, param, pl), int64_t(reinterpret_cast<intptr_t>(this)),
+                                   key_handle(param),
+                                   /*fast=*/kernels == Kernels::fast && !autocast_dtype(x.device().type()));
+  return ModelParallel::linear(x, param);
+}
+
+void Parallel::set_requires_gradient_sync(bool on) {
+  if (sync_ && !on) {  // a new accumulation window
+    if (!grad_sum_.empty())
+      throw std::logic_error(
+          "parallel layout: gradient sync turned off again before the summed gradients were reduce-scattered");
+    kept_.clear();  // nothing is left after a synced backward; never reuse weights of an earlier step
+  }
+  sync_ = on;
+}
+
+at::Tensor Parallel::fs_reduce_gradient(const void* key, const at::Tensor& grad) {
+  // Deferred sync (fast_fsdp's micro-batches before the last): the gradient of the gathered
+  // weight is summed here at full size — one whole gradient per gathered weight lives across
+  // the micro-batches of a step, next to the kept gathered weights (the reference's fast_fsdp:
+  // the entire unsharded model and its gradients in memory during accumulation).
+  auto it = grad_sum_.find(key);
+  if (!sync_) {
+    if (it == grad_sum_.end()) grad_sum_.emplace(key, grad.contiguous().clone());  // [.., global, ..]
+    else it->second.add_(grad);
+    return at::Tensor();  // the parameter gets no gradient from this micro-batch
+  }
+  at::Tensor sum = grad;
+  if (it != grad_sum_.end()) {
+    sum = it->second.add_(grad);  // the micro-batches' sum, in micro-batch order
+    grad_sum_.erase(it);
+  }
+  kept_.erase(key);  // reshard after the synced backward
+  auto pl = placements_.find(key);
+  if (pl == placements_.end())
+    throw std::logic_error("parallel layout: a gradient for a parameter that shard_model did not place");
+  ++reduce_scatters_;
+  return reduce_scatter(*fs_, sum, pl->second.fs_dim);
+}
+
+}  // namespace dion::train
