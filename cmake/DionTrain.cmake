@@ -23,7 +23,10 @@ string(REGEX REPLACE "/$" "" DION_TRAIN_ROOT "${DION_TRAIN_ROOT}")
 
 add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/autocast.cpp
-  ${DION_TRAIN_ROOT}/src/train/checkpoint.cpp
+  ${DION_TRAIN_ROOT}/src/train/checkpoint_common.cpp
+  ${DION_TRAIN_ROOT}/src/train/checkpoint_write.cpp
+  ${DION_TRAIN_ROOT}/src/train/checkpoint_verify.cpp
+  ${DION_TRAIN_ROOT}/src/train/checkpoint_load.cpp
   ${DION_TRAIN_ROOT}/src/train/checkpoint_files.cpp
   ${DION_TRAIN_ROOT}/src/train/config_help.cpp
   ${DION_TRAIN_ROOT}/src/train/config_io.cpp
