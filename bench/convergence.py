@@ -82,10 +82,10 @@ PRESETS = {
     # 4x128 T64 B16 Muon 0.086 s, AdamW 0.070 (docs/convergence.md). Validation every 1/20 of the
     # steps, so that "steps to AdamW's final / AdamW's steps" resolves 0.05 (0.75 is a validation).
     "full": dict(n_layer=4, model_dim=256, n_head=4, sequence_length=128, batch_size=8,
-                 num_iterations=320, val_loss_every=16, val_batches=8, seeds=3,
+                 num_iterations=280, val_loss_every=14, val_batches=8, seeds=3,
                  optimizers=list(OPTIMIZERS)),
     "quick": dict(n_layer=4, model_dim=128, n_head=4, sequence_length=64, batch_size=16,
-                  num_iterations=160, val_loss_every=8, val_batches=4, seeds=2,
+                  num_iterations=120, val_loss_every=6, val_batches=4, seeds=2,
                   optimizers=list(OPTIMIZERS)),
     "smoke": dict(n_layer=1, model_dim=32, n_head=2, sequence_length=16, batch_size=2,
                   num_iterations=4, val_loss_every=2, val_batches=1, seeds=2,

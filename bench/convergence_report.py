@@ -10,7 +10,7 @@ What it computes (docs/convergence.md "What it writes"):
   - the tuned lr: the lowest final val loss of seed 0 over the sweep and its extension (exact);
   - mean curves: the mean over seeds at the validation steps every run has;
   - steps / seconds to AdamW's final: the first validation of the mean curve at or below the mean
-    of AdamW's final val losses;
+    of AdamW's final val losses; over the run's steps N (AdamW's steps to its final);
   - fast vs exact (the optimizers run both ways): final val loss mean +- half range per path, the
     largest |difference| of the two mean curves, and whether they agree within the seed spread:
     at every validation |mean fast - mean exact| <= the larger of the two paths' half ranges
@@ -193,10 +193,10 @@ def report(p, preset, recs, out, seconds, fsdp_bytes, param_split, vocab):
     curves = {name: mean_curve(rs) for name, rs in runs.items()}
     adam = curves.get("adamw")
     adam_final = statistics.fmean(r["final"] for r in runs["adamw"]) if runs.get("adamw") else None
-    adam_steps = first_reach(adam, adam_final)[0] if adam else None
+    adam_steps = p["num_iterations"]  # AdamW reaches its final val loss in the run's steps
     lines += ["## Tuned", "",
               "| optimizer | tuned lr | seeds | final val loss (mean ± half range) | steps to AdamW's final | "
-              "x AdamW's steps | seconds to AdamW's final | optimizer share of step | optimizer bytes / step / rank, "
+              "x AdamW's steps (N) | seconds to AdamW's final | optimizer share of step | optimizer bytes / step / rank, "
               "8 ranks FSDP |", "|---|---|---|---|---|---|---|---|---|"]
     for name, (lr, _, _) in tuned.items():
         rs = runs.get(name, [])
@@ -206,14 +206,16 @@ def report(p, preset, recs, out, seconds, fsdp_bytes, param_split, vocab):
         finals = [r["final"] for r in rs]
         spread = (max(finals) - min(finals)) / 2
         st, secs = first_reach(curves[name], adam_final) if adam_final is not None else (None, None)
-        ratio = f"{st / adam_steps:.2f}" if st and adam_steps else "—"
+        ratio = f"{st / adam_steps:.2f}" if st else "—"
         shares = [r["opt_share"] for r in rs if r["opt_share"] is not None]
         share = f"{100 * statistics.fmean(shares):.0f}%" if shares else "—"
         lines.append(f"| {name} | {lr:g} | {len(rs)} | {statistics.fmean(finals):.4f} ± {spread:.4f} | "
                      f"{st if st else 'not reached'} | {ratio} | {f'{secs:.0f}' if secs else '—'} | {share} | "
                      f"{fmt_bytes(fsdp_bytes(p, name))} |")
     lines += ["", "Steps and seconds to AdamW's final: the first validation of the optimizer's mean curve (over its "
-              "seeds) at or below the mean of AdamW's final val losses. Optimizer share: optimizer ms / step ms "
+              "seeds) at or below the mean of AdamW's final val losses; x AdamW's steps: that step over the run's "
+              f"{p['num_iterations']} steps, which AdamW takes to reach it (AdamW's own row: where its mean curve "
+              "first gets there, the flat end of the warmdown). Optimizer share: optimizer ms / step ms "
               "summed over the step lines (time_optimizer), the first step left out. Bytes: scripts/cost_model.py "
               "(FSDP, fs 8, bf16 orthogonalizer traffic, legacy Dion's fp32 P and R); NorMuon counted as Muon, "
               "Dion3/NorDion2 as Dion2; the FSDP weight gathers and gradient reduce-scatters, the same for every "
