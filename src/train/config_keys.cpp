@@ -72,8 +72,8 @@ const std::vector<Key>& keys() {
       {"use_gram_newton_schulz", &Config::use_gram_newton_schulz,
        "orthogonalize with Gram Newton-Schulz (muon, dion2, nordion2/dion3, as train.py; others ignore it)"},
       {"ortho_path", &Config::ortho_path,
-       "orthogonalizer path of muon, normuon, dion2, nordion2/dion3: exact (the reference's operation order and "
-       "bits) or fast (fewer, fused products; differs by bf16 rounding, docs/train.md)", Check::CHOICE,
+       "orthogonalizer path of muon, normuon, dion2, nordion2/dion3: fast (fewer, fused products; differs from "
+       "exact by bf16 rounding, docs/train.md) or exact (the reference's operation order and bits)", Check::CHOICE,
        {"exact", "fast"}},
       // distribution
       {"dp_size", &Config::dp_size,
