@@ -33,7 +33,7 @@ What it runs (docs/convergence.md):
            numbers. A run that fails or diverges is listed with its error, and takes no part in
            the choice of lr.
 
-Presets (--quick: about 10 minutes on two cores; full: about 60; --smoke: the plumbing only, two
+Presets (--quick: under 10 minutes on two cores, 4 when quiet; full: 43 measured, at most 60; --smoke: the plumbing only, two
 optimizers, one lr, a few steps, for the test) are in PRESETS below. Re-running with the same OUT
 reuses the runs that finished (their metrics.jsonl has the val line after the last step): delete OUT to
 start over.
