@@ -13,9 +13,12 @@ What it runs (docs/convergence.md):
            of 64); the preset's layers and width put most parameters in the hidden matrices (the
            split is printed and goes into the report).
   runs     for each optimizer of the preset, each learning rate of its grid with seed 0 (the
-           sweep); then the best learning rate (lowest final val loss) with the preset's further
-           seeds. Every run: scalar_opt adamw (the embedding and lm_head, as the reference's
-           configs), time_optimizer on, one thread (OMP_NUM_THREADS=1), --jobs runs at a time.
+           sweep: 5 values each); a best lr at the edge of its grid gets one more run beyond
+           that edge (the extension: edge / 2 or edge x 2); then the best learning rate (lowest
+           final val loss) with the preset's further seeds, and FAST_OPTIMIZERS (Muon, Dion2
+           0.25) at their tuned lr with every seed again with ortho_path fast (the rest: exact).
+           Every run: scalar_opt adamw (the embedding and lm_head, as the reference's configs),
+           time_optimizer on, one thread (OMP_NUM_THREADS=1), --jobs runs at a time.
   report   OUT/report.md: the parameter split, the machine, the sweep (final val loss per lr), and
            per optimizer the tuned lr, final val loss mean ± spread (half the range over seeds),
            steps and seconds to reach AdamW's final val loss (first validation at or below the
@@ -24,12 +27,13 @@ What it runs (docs/convergence.md):
            optimizer would send per step per rank at 8 ranks under FSDP (scripts/cost_model.py;
            NorMuon counted as Muon, NorDion2 as Dion2: the model has no rows for them; AdamW
            none: elementwise; the FSDP weight gathers and gradient reduce-scatters, the same for
-           every optimizer, are not counted). OUT/val_loss_vs_step.png and
-           OUT/val_loss_vs_time.png: every optimizer's tuned runs (mean over seeds). OUT/runs.json:
-           every run's final numbers. A run that fails or diverges is listed with its error, and
-           takes no part in the choice of lr.
+           every optimizer, are not counted); the fast vs exact table (bench/convergence_report.py).
+           OUT/val_loss_vs_step.png and OUT/val_loss_vs_time.png: every optimizer's tuned runs
+           (mean over seeds); OUT/val_loss_fast_vs_exact.png. OUT/runs.json: every run's final
+           numbers. A run that fails or diverges is listed with its error, and takes no part in
+           the choice of lr.
 
-Presets (--quick: about 10 minutes on two cores; full: about 60; --smoke: the plumbing only, two
+Presets (--quick: under 10 minutes on two cores, 4 when quiet; full: 43 measured, at most 60; --smoke: the plumbing only, two
 optimizers, one lr, a few steps, for the test) are in PRESETS below. Re-running with the same OUT
 reuses the runs that finished (their metrics.jsonl has the val line after the last step): delete OUT to
 start over.
@@ -51,29 +55,37 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+import convergence_report  # noqa: E402
 
 VOCAB = 320  # 257 byte ids rounded up to a multiple of 64 (dion::train::vocab_round_up)
 
 # name -> (dion-train keys, learning-rate grid). Fractions: Dion2 / NorDion2 selected fraction,
 # Dion's rank fraction (key ortho_fraction).
+MATRIX_LRS = [0.005, 0.01, 0.02, 0.04, 0.08]
 OPTIMIZERS = {
-    "adamw": ({"optimizer": "adamw"}, [0.001, 0.003, 0.01]),
-    "muon": ({"optimizer": "muon"}, [0.01, 0.02, 0.04]),
-    "normuon": ({"optimizer": "normuon"}, [0.01, 0.02, 0.04]),
-    "dion2-0.25": ({"optimizer": "dion2", "ortho_fraction": 0.25}, [0.01, 0.02, 0.04]),
-    "dion2-1": ({"optimizer": "dion2", "ortho_fraction": 1.0}, [0.01, 0.02, 0.04]),
-    "dion3-0.25": ({"optimizer": "dion3", "ortho_fraction": 0.25}, [0.01, 0.02, 0.04]),
-    "dion-0.25": ({"optimizer": "dion", "ortho_fraction": 0.25}, [0.01, 0.02, 0.04]),
+    "adamw": ({"optimizer": "adamw"}, [0.0005, 0.001, 0.002, 0.004, 0.008]),
+    "muon": ({"optimizer": "muon"}, MATRIX_LRS),
+    "normuon": ({"optimizer": "normuon"}, MATRIX_LRS),
+    "dion2-0.25": ({"optimizer": "dion2", "ortho_fraction": 0.25}, MATRIX_LRS),
+    "dion2-1": ({"optimizer": "dion2", "ortho_fraction": 1.0}, MATRIX_LRS),
+    "dion3-0.25": ({"optimizer": "dion3", "ortho_fraction": 0.25}, MATRIX_LRS),
+    "dion-0.25": ({"optimizer": "dion", "ortho_fraction": 0.25}, MATRIX_LRS),
 }
+# Beyond the grid: a tuned lr at its edge gets one more run at edge / 2 or edge x 2.
+EDGE_FACTOR = 2.0
+# Run again with ortho_path fast at the tuned lr, every seed (the rest run ortho_path exact).
+FAST_OPTIMIZERS = ["muon", "dion2-0.25"]
 
 PRESETS = {
-    # Sized from 8-step runs on the 2-core machine of this project with other builds running
-    # (Muon, one thread: 4x256 T128 B16 about 3 s a step, 4x128 T64 B16 about 0.5 s).
+    # Sized from 12-step timing runs (one thread each, two at a time, a -j2 build running beside
+    # them) on this project's 2-core machine: 4x256 T128 B8 Muon 0.26 s a step, AdamW 0.19;
+    # 4x128 T64 B16 Muon 0.086 s, AdamW 0.070 (docs/convergence.md). Validation every 1/20 of the
+    # steps, so that "steps to AdamW's final / AdamW's steps" resolves 0.05 (0.75 is a validation).
     "full": dict(n_layer=4, model_dim=256, n_head=4, sequence_length=128, batch_size=8,
-                 num_iterations=250, val_loss_every=25, val_batches=8, seeds=3,
+                 num_iterations=280, val_loss_every=14, val_batches=8, seeds=3,
                  optimizers=list(OPTIMIZERS)),
     "quick": dict(n_layer=4, model_dim=128, n_head=4, sequence_length=64, batch_size=16,
-                  num_iterations=80, val_loss_every=16, val_batches=4, seeds=2,
+                  num_iterations=120, val_loss_every=6, val_batches=4, seeds=2,
                   optimizers=list(OPTIMIZERS)),
     "smoke": dict(n_layer=1, model_dim=32, n_head=2, sequence_length=16, batch_size=2,
                   num_iterations=4, val_loss_every=2, val_batches=1, seeds=2,
@@ -141,8 +153,8 @@ def prepare_data(build, out):
     return data
 
 
-def run_dir_name(name, lr, seed):
-    return f"{name}_lr{lr:g}_s{seed}"
+def run_dir_name(name, lr, seed, path="exact"):
+    return f"{name}_lr{lr:g}_s{seed}" + ("_fast" if path == "fast" else "")
 
 
 def read_metrics(path):
@@ -189,14 +201,14 @@ def optimizer_share(log):
     return opt / total if total > 0 else None
 
 
-def train_one(build, data, out, p, name, lr, seed):
+def train_one(build, data, out, p, phase, name, lr, seed, path="exact"):
     """One dion-train run; returns its record (final val loss, curve, optimizer share, error)."""
-    rd = os.path.join(out, "runs", run_dir_name(name, lr, seed))
+    rd = os.path.join(out, "runs", run_dir_name(name, lr, seed, path))
     metrics = os.path.join(rd, "metrics.jsonl")
     log = os.path.join(rd, "train.log")
     N = p["num_iterations"]
     val, last = read_metrics(metrics)
-    rec = {"name": name, "lr": lr, "seed": seed, "run_dir": rd}
+    rec = {"name": name, "lr": lr, "seed": seed, "path": path, "phase": phase, "run_dir": rd}
     if not (val and val[-1][0] == N and last == N - 1):  # a val line's step: steps done (0 .. N)
         os.makedirs(rd, exist_ok=True)
         if os.path.exists(metrics):
@@ -208,7 +220,7 @@ def train_one(build, data, out, p, name, lr, seed):
                     device_batch_size=p["batch_size"], num_iterations=N, val_loss_every=p["val_loss_every"],
                     val_tokens=p["val_batches"] * p["batch_size"] * p["sequence_length"],
                     time_optimizer="true", log_every=1, checkpoint_freq=0, dtype="fp32",
-                    replica_check_every=0)
+                    replica_check_every=0, ortho_path=path)
         cmd = [os.path.join(build, "dion-train")]
         for k, v in keys.items():
             cmd += [f"--{k}", str(v)]
@@ -235,148 +247,9 @@ def run_all(build, data, out, p, jobs_list, jobs):
             r = f.result()
             recs.append(r)
             status = r.get("error") or f"final val {r['final']:.4f}, {r['seconds']:.0f} s"
-            print(f"[convergence] {r['name']} lr {r['lr']:g} seed {r['seed']}: {status}", file=sys.stderr)
+            print(f"[convergence] {r['phase']}: {r['name']} lr {r['lr']:g} seed {r['seed']} {r['path']}: {status}",
+                  file=sys.stderr, flush=True)
     return recs
-
-
-# ---------------------------------------------------------------------------- report
-
-def mean_curve(recs):
-    """[(step, mean loss, mean time_s)] over the runs' common validation steps."""
-    steps = None
-    for r in recs:
-        s = {v[0] for v in r["val"]}
-        steps = s if steps is None else steps & s
-    out = []
-    for st in sorted(steps or []):
-        ls = [next(v for v in r["val"] if v[0] == st) for r in recs]
-        out.append((st, statistics.fmean(v[1] for v in ls), statistics.fmean(v[2] for v in ls)))
-    return out
-
-
-def first_reach(curve, target):
-    for st, loss, t in curve:
-        if loss <= target:
-            return st, t  # a val line's step is the number of steps done
-    return None, None
-
-
-def fmt_bytes(b):
-    if b is None:
-        return "0 (elementwise)"
-    for unit, k in (("MB", 1e6), ("KB", 1e3)):
-        if b >= k:
-            return f"{b / k:.2f} {unit}"
-    return f"{b:.0f} B"
-
-
-def plot(curves, out, xkey):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for name, curve in curves.items():
-        if not curve:
-            continue
-        xs = [c[0] for c in curve] if xkey == "step" else [c[2] for c in curve]
-        ax.plot(xs, [c[1] for c in curve], marker="o", markersize=3, label=name)
-    later = [c[1] for curve in curves.values() for c in curve[1:] if math.isfinite(c[1])]
-    if later:  # the step-0 loss (about ln 320) would flatten every difference that matters
-        lo, hi = min(later), max(later)
-        ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.05 * (hi - lo + 1e-9))
-    ax.set_xlabel("step" if xkey == "step" else "wall time (s)")
-    ax.set_ylabel("val loss (nats / byte)")
-    ax.set_title(f"byte-level Tiny Shakespeare: val loss vs {'step' if xkey == 'step' else 'wall time'}")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    path = os.path.join(out, f"val_loss_vs_{'step' if xkey == 'step' else 'time'}.png")
-    fig.tight_layout()
-    fig.savefig(path + ".tmp.png", dpi=110)
-    os.replace(path + ".tmp.png", path)
-    plt.close(fig)
-    return path
-
-
-def report(p, preset, sweep, seeds_recs, out, seconds):
-    import machine
-    hidden, emb, head = param_split(p)
-    total = hidden + emb + head
-    lines = [f"# Convergence benchmark ({preset})", ""]
-    model_cpu, _ = machine.cpu()
-    lines += [f"Machine: {model_cpu or 'unknown CPU'}, {os.cpu_count()} cores, load average before "
-              f"{p['load_before']}; {seconds:.0f} s this invocation (runs that had finished are reused).", ""]
-    lines += [f"Model: {p['n_layer']} layers x {p['model_dim']} wide, {p['n_head']} heads, T {p['sequence_length']}, "
-              f"vocab_size {VOCAB} (bytes); batch {p['batch_size']} sequences, {p['num_iterations']} steps, "
-              f"validation every {p['val_loss_every']} steps on {p['val_batches'] * p['batch_size'] * p['sequence_length']} "
-              f"tokens. Parameters: {total:,} = hidden matrices {hidden:,} ({100 * hidden / total:.1f}%) + "
-              f"embedding {emb:,} + lm_head {head:,}. Schedule: dion-train's defaults for every optimizer (warmup "
-              f"1%, linear warmdown over the last 20%, weight decay 0.01), scalar_opt adamw, fp32, one thread a run, "
-              f"{p.get('jobs', 2)} runs at a time.", ""]
-    by_name = {}
-    for r in sweep:
-        by_name.setdefault(r["name"], []).append(r)
-    lines += ["## Sweep (seed 0, final val loss)", "", "| optimizer | " + " | ".join(["lr / final"] * 1) + " |",
-              "|---|---|"]
-    best = {}
-    for name, rs in by_name.items():
-        cells = []
-        for r in rs:
-            cells.append(f"{r['lr']:g}: " + (f"{r['final']:.4f}" if math.isfinite(r["final"]) else "failed"))
-        ok = [r for r in rs if math.isfinite(r["final"])]
-        if ok:
-            best[name] = min(ok, key=lambda r: r["final"])["lr"]
-            cells = [f"**{c}**" if c.startswith(f"{best[name]:g}:") else c for c in cells]
-        lines.append(f"| {name} | " + ", ".join(cells) + " |")
-    lines.append("")
-    grid_edge = [n for n, lr in best.items() if len(by_name[n]) > 1 and lr in (by_name[n][0]["lr"], by_name[n][-1]["lr"])]
-    if grid_edge:
-        lines += [f"The best lr is at the edge of the grid for {', '.join(grid_edge)}: a wider sweep may find a better one.", ""]
-    tuned = {}
-    for name, lr in best.items():
-        rs = [r for r in sweep + seeds_recs if r["name"] == name and r["lr"] == lr and math.isfinite(r["final"])]
-        tuned[name] = rs
-    curves = {name: mean_curve(rs) for name, rs in tuned.items()}
-    adam = curves.get("adamw")
-    adam_final = statistics.fmean(r["final"] for r in tuned["adamw"]) if tuned.get("adamw") else None
-    adam_steps = first_reach(adam, adam_final)[0] if adam else None
-    lines += ["## Tuned", "",
-              "| optimizer | tuned lr | seeds | final val loss (mean ± half range) | steps to AdamW's final | "
-              "x AdamW's steps | seconds to AdamW's final | optimizer share of step | optimizer bytes / step / rank, "
-              "8 ranks FSDP |", "|---|---|---|---|---|---|---|---|---|"]
-    for name in by_name:
-        rs = tuned.get(name, [])
-        if not rs:
-            lines.append(f"| {name} | — | 0 | every run failed | | | | | |")
-            continue
-        finals = [r["final"] for r in rs]
-        spread = (max(finals) - min(finals)) / 2
-        st, secs = first_reach(curves[name], adam_final) if adam_final is not None else (None, None)
-        ratio = f"{st / adam_steps:.2f}" if st and adam_steps else "—"
-        shares = [r["opt_share"] for r in rs if r["opt_share"] is not None]
-        share = f"{100 * statistics.fmean(shares):.0f}%" if shares else "—"
-        lines.append(f"| {name} | {best[name]:g} | {len(rs)} | {statistics.fmean(finals):.4f} ± {spread:.4f} | "
-                     f"{st if st else 'not reached'} | {ratio} | {f'{secs:.0f}' if secs else '—'} | {share} | "
-                     f"{fmt_bytes(fsdp_bytes(p, name))} |")
-    lines += ["", "Steps and seconds to AdamW's final: the first validation of the optimizer's mean curve (over its "
-              "seeds) at or below the mean of AdamW's final val losses. Optimizer share: optimizer ms / step ms "
-              "summed over the step lines (time_optimizer), the first step left out. Bytes: scripts/cost_model.py "
-              "(FSDP, fs 8, bf16 orthogonalizer traffic, legacy Dion's fp32 P and R); NorMuon counted as Muon, "
-              "Dion3/NorDion2 as Dion2; the FSDP weight gathers and gradient reduce-scatters, the same for every "
-              "optimizer, are left out.", ""]
-    failed = [r for r in sweep + seeds_recs if r.get("error")]
-    if failed:
-        lines += ["## Failed runs", ""] + [f"- {r['name']} lr {r['lr']:g} seed {r['seed']}: {r['error']}"
-                                           for r in failed] + [""]
-    step_png = plot(curves, out, "step")
-    time_png = plot(curves, out, "time")
-    lines += [f"![val loss vs step]({os.path.basename(step_png)})", "",
-              f"![val loss vs wall time]({os.path.basename(time_png)})", ""]
-    md = "\n".join(lines)
-    with open(os.path.join(out, "report.md"), "w") as f:
-        f.write(md)
-    with open(os.path.join(out, "runs.json"), "w") as f:
-        json.dump({"preset": preset, "params": p, "runs": sweep + seeds_recs}, f, indent=1, default=str)
-    return md
 
 
 def main():
@@ -398,6 +271,7 @@ def main():
         if bad:
             raise BenchError(f"--optimizers: unknown {', '.join(bad)}; valid: {', '.join(OPTIMIZERS)}")
         p["optimizers"] = names
+    p["fast"] = [n for n in p.get("fast", FAST_OPTIMIZERS) if n in p["optimizers"]]
     if args.jobs < 1:
         raise BenchError(f"--jobs {args.jobs}: must be >= 1")
     p["jobs"] = args.jobs
@@ -415,18 +289,23 @@ def main():
           file=sys.stderr)
     t0 = time.time()
     data = prepare_data(args.build, out)
-    lr_count = p.get("lrs", 3)
-    sweep_jobs = [(n, lr, 0) for n in p["optimizers"] for lr in OPTIMIZERS[n][1][:lr_count]]
-    if lr_count == 1:  # the middle of the grid
-        sweep_jobs = [(n, OPTIMIZERS[n][1][1], 0) for n in p["optimizers"]]
-    sweep = run_all(args.build, data, out, p, sweep_jobs, args.jobs)
-    best = {}
-    for r in sweep:
-        if math.isfinite(r["final"]) and (r["name"] not in best or r["final"] < best[r["name"]]["final"]):
-            best[r["name"]] = r
-    seed_jobs = [(n, best[n]["lr"], s) for n in p["optimizers"] if n in best for s in range(1, p["seeds"])]
-    seeds_recs = run_all(args.build, data, out, p, seed_jobs, args.jobs)
-    md = report(p, preset, sweep, seeds_recs, out, time.time() - t0)
+    grids = {n: OPTIMIZERS[n][1] if p.get("lrs") != 1 else [OPTIMIZERS[n][1][len(OPTIMIZERS[n][1]) // 2]]
+             for n in p["optimizers"]}
+    recs = run_all(args.build, data, out, p, [("sweep", n, lr, 0) for n in p["optimizers"] for lr in grids[n]],
+                   args.jobs)
+    # A best lr at the edge of a grid of more than one: one more lr beyond that edge.
+    ext = []
+    for n, (lr, rs, edge) in convergence_report.tuned_lrs(recs).items():
+        if edge and len(grids[n]) > 1:
+            ext.append(("extension", n, lr / EDGE_FACTOR if lr == min(grids[n]) else lr * EDGE_FACTOR, 0))
+    recs += run_all(args.build, data, out, p, ext, args.jobs)
+    tuned = {n: lr for n, (lr, _, _) in convergence_report.tuned_lrs(recs).items() if lr is not None}
+    later = [("seeds", n, tuned[n], s) for n in p["optimizers"] if n in tuned for s in range(1, p["seeds"])]
+    later += [("fast", n, tuned[n], s, "fast") for n in p["fast"] if n in tuned for s in range(p["seeds"])]
+    recs += run_all(args.build, data, out, p, later, args.jobs)
+    with open("/proc/loadavg") as f:
+        p["load_after"] = " ".join(f.read().split()[:3])
+    md = convergence_report.report(p, preset, recs, out, time.time() - t0, fsdp_bytes, param_split, VOCAB)
     print(md)
     print(f"[convergence] wrote {os.path.join(out, 'report.md')} and the PNGs beside it", file=sys.stderr)
 

@@ -3,8 +3,8 @@
 # builds dion-train and dion-data, then runs every optimizer's learning-rate sweep and seeds on
 # byte-level Tiny Shakespeare and writes OUT/report.md and the two PNGs.
 #
-#   bench/convergence.sh            # full: about 60 minutes on two cores
-#   bench/convergence.sh --quick    # about 10 minutes
+#   bench/convergence.sh            # full: 43 minutes on two cores (docs/convergence.md)
+#   bench/convergence.sh --quick    # under 10 minutes (4 on a quiet machine)
 #   bench/convergence.sh --smoke    # the plumbing only (what ctest convergence_smoke runs)
 #   bench/convergence.sh --out DIR --jobs 2 --optimizers adamw,muon
 #

@@ -71,6 +71,10 @@ const std::vector<Key>& keys() {
        "orthogonalize with Polar Express (default: Newton-Schulz, as train.py)"},
       {"use_gram_newton_schulz", &Config::use_gram_newton_schulz,
        "orthogonalize with Gram Newton-Schulz (muon, dion2, nordion2/dion3, as train.py; others ignore it)"},
+      {"ortho_path", &Config::ortho_path,
+       "orthogonalizer path of muon, normuon, dion2, nordion2/dion3: fast (fewer, fused products; differs from "
+       "exact by bf16 rounding, docs/train.md) or exact (the reference's operation order and bits)", Check::CHOICE,
+       {"exact", "fast"}},
       // distribution
       {"dp_size", &Config::dp_size,
        "data-parallel (replicated) size; dp_size x fs_size x tp_size = WORLD_SIZE (none of the three given: "

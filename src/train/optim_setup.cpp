@@ -9,6 +9,7 @@ TrainOptimizer build_optimizer(const Config& c, GPT& model) {
   const std::string& name = c.optimizer;
   math::OrthoConfig ortho;
   ortho.method = c.use_polar_express ? math::OrthoMethod::POLAR_EXPRESS : math::OrthoMethod::NEWTON_SCHULZ;
+  ortho.path = math::ortho_path_from_string(c.ortho_path);  // config_validate has checked the value
   // train.py passes use_gram_newton_schulz to Muon, Dion2 and NorDion2 (= Dion3) only; NorMuon and
   // Dion ignore it there, and so here.
   ortho.use_gram_newton_schulz =

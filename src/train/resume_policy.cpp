@@ -59,6 +59,7 @@ const std::map<std::string, Row>& table() {
       {"time_optimizer", {P::FREE, ""}},
       {"use_polar_express", {P::LOGGED, ""}},
       {"use_gram_newton_schulz", {P::FREE, ""}},
+      {"ortho_path", {P::LOGGED, ""}},
       {"dp_size", {P::LAYOUT, ""}},
       {"fs_size", {P::LAYOUT, ""}},
       {"tp_size", {P::LAYOUT, ""}},

@@ -266,7 +266,7 @@ TEST(TrainConfig, HelpListsEveryKeyWithItsDefault) {
     help = h.what();
   }
   for (const char* key : {"model_dim", "n_layer", "batch_size", "optimizer", "scalar_opt", "ortho_fraction", "dp_size",
-                          "replicate_mesh_grad_sync", "use_polar_express", "run_dir", "dtype", "seed"})
+                          "replicate_mesh_grad_sync", "use_polar_express", "ortho_path", "run_dir", "dtype", "seed"})
     EXPECT_NE(help.find(std::string("--") + key), std::string::npos) << key;
   EXPECT_NE(help.find("default 0.02"), std::string::npos);  // lr
 }
@@ -422,6 +422,55 @@ TEST(TrainOptimizer, GramNewtonSchulzWhereTrainPyPassesIt) {
     EXPECT_EQ(same, !passed);
     EXPECT_TRUE(std::isfinite(loss_gram.back()));
     EXPECT_LT(loss_gram.back(), loss_gram.front());  // it trains
+  }
+}
+
+// ortho_path reaches every matrix optimizer that orthogonalizes through OrthoConfig (Muon,
+// NorMuon, Dion2, NorDion2 / Dion3): fast is the default bit for bit; it is not bit-identical to
+// exact after a few steps (bf16 rounding of other products) but stays close (weights within 2e-2
+// of the weights' scale, the last loss within 1%). Legacy Dion has its own QR path and ignores it.
+TEST(TrainOptimizer, OrthoPathReachesTheMatrixOptimizers) {
+  EXPECT_EQ(Config{}.ortho_path, "fast");
+  EXPECT_EQ(parse({"--ortho_path", "fast"}).ortho_path, "fast");
+  EXPECT_NE(error_of({"--ortho_path", "fastest"}).find("key 'ortho_path': value 'fastest' is invalid; valid: one of: "
+                                                      "exact, fast"),
+            std::string::npos);
+  const GPTConfig g{16, kVocabSize, 1, 2, 32};
+  at::manual_seed(7);
+  const at::Tensor idx = at::randint(0, 50257, {2, 16}, at::kLong);
+  auto run = [&](const std::string& name, const std::string& path) {
+    Config c;
+    c.optimizer = name;
+    c.scalar_opt = "adamw";
+    c.model_dim = 32;
+    c.lr = 0.02;
+    if (!path.empty()) c.ortho_path = path;
+    at::manual_seed(0);
+    GPT model(g);
+    TrainOptimizer t = build_optimizer(c, model);
+    const std::vector<double> losses = train_steps(model, *t.optimizer, idx, 4);
+    std::vector<at::Tensor> w;
+    for (const at::Tensor& p : model->block_params()) w.push_back(p.detach().clone());
+    return std::make_pair(w, losses);
+  };
+  for (const std::string name : {"muon", "normuon", "dion2", "dion3", "dion"}) {
+    SCOPED_TRACE(name);
+    const auto [w_default, loss_default] = run(name, "");
+    const auto [w_exact, loss_exact] = run(name, "exact");
+    const auto [w_fast, loss_fast] = run(name, "fast");
+    bool default_is_fast = true, fast_same = true;
+    double max_rel = 0;
+    for (size_t i = 0; i < w_exact.size(); ++i) {
+      default_is_fast = default_is_fast && at::equal(w_fast[i], w_default[i]);
+      fast_same = fast_same && at::equal(w_exact[i], w_fast[i]);
+      const double scale = w_exact[i].abs().max().item<double>();
+      max_rel = std::max(max_rel, (w_fast[i] - w_exact[i]).abs().max().item<double>() / scale);
+    }
+    EXPECT_TRUE(default_is_fast);
+    EXPECT_EQ(fast_same, name == "dion");  // legacy Dion does not use the orthogonalizer's path
+    EXPECT_LT(max_rel, 2e-2);
+    EXPECT_NEAR(loss_fast.back(), loss_exact.back(), 0.01 * loss_exact.back());
+    EXPECT_LT(loss_fast.back(), loss_fast.front());  // it trains
   }
 }
 

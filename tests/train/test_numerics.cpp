@@ -112,12 +112,13 @@ TEST_F(Numerics, ReplaysTrainPysTrajectoryLossesAndGradNorms) {
     // train.py's flags are dion-train keys with the same meaning; its YAML set val_tokens 1024,
     // val_loss_every 0; it computed in fp32 on the CPU from the seed 1337 (dion-train's default).
     // model_kernels exact: the reference's ATen calls (the fast kernels reorder fp32 sums, which
-    // moved this trajectory by up to 3e-5 in loss and 1.3e-4 in grad norm by step 10, measured).
+    // moved this trajectory by up to 3e-5 in loss and 1.3e-4 in grad norm by step 10, measured);
+    // ortho_path exact: the reference's orthogonalizer, operation for operation.
     std::vector<std::string> args = run.at("train_py_flags").get<std::vector<std::string>>();
     TempDir dir(name);
     args = std::vector<std::string>{"--data_dir", data().string(), "--run_dir", (dir / "run").string(), "--dtype",
                                     "fp32", "--val_tokens", "1024", "--val_loss_every", "0", "--log_every", "100",
-                                    "--model_kernels", "exact"} +
+                                    "--model_kernels", "exact", "--ortho_path", "exact"} +
            args;
     const ProcResult r = test::run_train(args);
     ASSERT_EQ(r.exit_code, 0) << r.output;

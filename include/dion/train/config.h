@@ -76,6 +76,9 @@ struct Config {
   bool time_optimizer = false;
   bool use_polar_express = false;
   bool use_gram_newton_schulz = false;
+  // math::OrthoConfig::path of every matrix optimizer: fast (docs/train.md); the library's and the
+  // Python module's default stays exact.
+  std::string ortho_path = "fast";
   // ---- distribution (dion/train/parallel.h): dp_size * fs_size * tp_size = WORLD_SIZE
   int64_t dp_size = 1;
   int64_t fs_size = 1;

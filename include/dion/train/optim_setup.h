@@ -16,6 +16,8 @@
 // (0.9, 0.99). Orthogonalization: Newton-Schulz, or Polar Express with use_polar_express;
 // use_gram_newton_schulz (Gram Newton-Schulz, dion/math/ortho.h) for muon, dion2 and nordion2 /
 // dion3, the optimizers train.py passes it to (normuon and dion ignore it, as there).
+// ortho_path -> OrthoConfig::path (exact | fast) of muon, normuon, dion2 and nordion2 / dion3
+// (legacy dion orthonormalizes by QR and ignores it).
 //
 // What it is not: no learning-rate schedule (schedule.h), no distribution.
 #pragma once
