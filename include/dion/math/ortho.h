@@ -141,8 +141,10 @@ struct OrthoConfig {
   at::ScalarType dtype = at::kBFloat16;  // compute (and communication) dtype
   OrthoFn custom;                        // optional user-supplied orthogonalizer
   bool use_gram_newton_schulz = false;   // the reference's flag of the same name
-  // EXACT stays the default: every reference-vector test, the distributed bit-identity checks
-  // and the trainer's expected losses rely on the reference's bits (docs/benchmarks.md).
+  // EXACT is the library's default: the library and the Python module are a drop-in for
+  // microsoft/dion, whose numbers a user compares with (every reference-vector test and the
+  // distributed bit-identity checks rely on them); dion-train defaults to FAST (its
+  // ortho_path key; docs/convergence.md: the curves agree within the seed spread).
   OrthoPath path = OrthoPath::EXACT;
   // The FAST path's and Gram NS's compute dtype on a CPU; unset: cpu_compute_dtype of
   // `dtype` (FAST) or of fp16 (Gram NS). Either returns what it did before (`dtype`; fp16).
