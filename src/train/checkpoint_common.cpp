@@ -3,23 +3,18 @@
 #include "dion/train/checkpoint.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <stdio.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <torch/serialize/archive.h>
 #include <unistd.h>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <fstream>
-#include <map>
 #include <mutex>
 #include <set>
 #include <vector>

@@ -13,13 +13,10 @@
 #include <sys/statvfs.h>
 #include <torch/serialize/archive.h>
 #include <unistd.h>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <fstream>
-#include <map>
 #include <mutex>
 #include <set>
 #include <vector>
