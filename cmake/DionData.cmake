@@ -109,7 +109,8 @@ if(DION_FUZZ)
                              ${DION_DATA_ROOT}/src/train/config_help.cpp
                              ${DION_DATA_ROOT}/src/train/config_io.cpp
                              ${DION_DATA_ROOT}/src/train/config_keys.cpp
-                             ${DION_DATA_ROOT}/src/train/config_rules.cpp)
+                             ${DION_DATA_ROOT}/src/train/config_rules.cpp
+                             ${DION_DATA_ROOT}/tests/fuzz/optimizer_catalog_stub.cpp)
   target_include_directories(fuzz_config PRIVATE ${DION_DATA_ROOT}/include)
   target_link_libraries(fuzz_config PRIVATE yaml-cpp CLI11::CLI11 fmt::fmt dion_warnings)
   target_compile_options(fuzz_config PRIVATE -fsanitize=fuzzer)

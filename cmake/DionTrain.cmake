@@ -32,6 +32,7 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/config_io.cpp
   ${DION_TRAIN_ROOT}/src/train/config_keys.cpp
   ${DION_TRAIN_ROOT}/src/train/config_rules.cpp
+  ${DION_TRAIN_ROOT}/src/train/optimizer_catalog.cpp
   ${DION_TRAIN_ROOT}/src/train/fs_util.cpp
   ${DION_TRAIN_ROOT}/src/train/generate.cpp
   ${DION_TRAIN_ROOT}/src/train/gpt.cpp

@@ -1,5 +1,5 @@
-// dion_cpp._C — the C++ optimizers (dion::Muon, NorMuon, Dion2, NorDion2 = Dion3, Dion) for
-// the Python classes in python/dion_cpp/_optimizers.py.
+// dion_cpp._C — the C++ optimizers for the Python classes in python/dion_cpp/_optimizers.py,
+// and the algorithm registry they are generated from (algorithms(), load_algorithm_plugin).
 //
 // What it is: one class, `Optimizer`, that owns a dion::Optimizer of the requested kind over
 // the caller's parameter tensors (at::Tensor shares the TensorImpl of the torch.Tensor, so
@@ -24,14 +24,15 @@
 // tensors while holding the backend's queue lock, and dropping a Python-owned tensor takes the
 // GIL; a caller that enqueues a collective while holding the GIL then deadlocks with it (the
 // intermittent hang of earlier versions, docs/distributed.md); set_sharded_distribution(outer, ...,
-// inner, ..., replicate, ...) does the same for legacy Dion's outer / inner shard meshes and
-// replicate mesh (Distributed(outer, inner).replicate(...)); shard(local, global_shape, dim,
+// inner, ..., replicate, ...) does the same for the outer / inner shard meshes and
+// replicate mesh of a class with a class with the "meshes" behaviour (Distributed(outer, inner).replicate(...)); shard(local, global_shape, dim,
 // inner_dim) registers a DTensor's local shard. Python (_optimizers.py) decides what is sharded.
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -290,19 +291,10 @@ dion::math::OrthoConfig ortho_from_kwargs(const py::dict& kw) {
 
 class PyOptimizer {
  public:
-  // kind: "muon" | "normuon" | "dion2" | "nordion2" | "dion" | "any" (dion::Optimizer);
+  // kind: a registered matrix algorithm's name (its class), or "any" (dion::Optimizer);
   // kwargs: the Python constructor's keywords (hyperparameters and orthogonalizer choice).
   PyOptimizer(const std::string& kind, const py::dict& kwargs) : kind_(algorithm_of(kind)) {
-    dion::Options base = kind_ ? defaults_of(*kind_) : dion::Options();
-    if (kind_ == dion::Algorithm::Dion) {
-      // Compared as the reference compares them (`power_iters != 1`: 1.0 is accepted too).
-      if (kwargs.contains("power_iters") && !py::int_(1).equal(kwargs["power_iters"]))
-        throw dion::ValueError("Dion supports power_iters=1 only, got " +
-                               std::string(py::repr(kwargs["power_iters"])));
-      if (kwargs.contains("qr_method") && as_string(kwargs["qr_method"], 0, "qr_method") != "rcqr")
-        throw dion::ValueError("Dion supports qr_method='rcqr' only, got " +
-                               std::string(py::repr(kwargs["qr_method"])));
-    }
+    dion::Options base = kind_ ? dion::NamedOptimizer::defaults_of(kind_->name()) : dion::Options();
     if (kwargs.contains("mixed_precision_config") && !kwargs["mixed_precision_config"].is_none()) {
       py::handle mp = kwargs["mixed_precision_config"];
       py::dict dtypes;
@@ -433,7 +425,7 @@ class PyOptimizer {
   }
 
   // The state `param` of group g has once `group`'s edits (a checkpoint's saved group) apply:
-  // {key: (shape, dtype)} from the library's table (Optimizer::state_specs); what
+  // {key: (shape, dtype, from_step)} from the library's table (Optimizer::state_specs); what
   // load_state_dict checks a checkpoint's state against.
   py::dict state_specs(size_t g, const at::Tensor& param, const py::dict& group) const {
     check_index(g);
@@ -442,7 +434,8 @@ class PyOptimizer {
     for (const auto& spec : live()->state_specs(param, o))
       out[py::str(spec.key)] = py::make_tuple(
           py::tuple(py::cast(spec.shape)),
-          py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(spec.dtype))));
+          py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(spec.dtype))),
+          spec.from_step);
     return out;
   }
 
@@ -451,11 +444,8 @@ class PyOptimizer {
     const dion::ParamState* s = live()->state_of(param);
     if (!s) return py::none();
     py::dict out;
-    if (s->momentum().defined()) out["momentum"] = s->momentum();
-    if (s->variance().defined()) out["variance"] = s->variance();
-    if (s->variance_neuron().defined()) out["variance_neuron"] = s->variance_neuron();
-    if (s->Q().defined()) out["Q"] = s->Q();
-    if (s->step_dev().defined()) out["step_dev"] = s->step_dev();
+    for (const auto& [key, t] : s->tensors())
+      if (t.defined()) out[py::str(key)] = t;
     return out;
   }
 
@@ -471,14 +461,21 @@ class PyOptimizer {
     auto& slot = live()->state()[param.unsafeGetTensorImpl()];
     if (!slot) slot = std::make_unique<dion::ParamState>();
     auto& s = static_cast<dion::ParamState&>(*slot);
-    if (key == "momentum") s.momentum(value);
-    else if (key == "variance") s.variance(value);
-    else if (key == "variance_neuron") s.variance_neuron(value);
-    else if (key == "Q") s.Q(value);
-    else if (key == "step_dev") s.step_dev(value);
-    else
-      throw dion::ValueError("unknown optimizer state key '" + key +
-                             "' (known: momentum, variance, variance_neuron, Q, step_dev)");
+    // A key the parameter's algorithm keeps (its spec's state table).
+    std::string known;
+    for (size_t g = 0; g < live()->param_groups().size(); ++g)
+      for (const at::Tensor& p : live()->param_groups()[g].params())
+        if (p.is_same(param)) {
+          for (const dion::StateSpec& spec : live()->state_specs(param, live()->options(g))) {
+            if (spec.key == key) {
+              s.set(key, value);
+              return;
+            }
+            known += (known.empty() ? "" : ", ") + spec.key;
+          }
+          throw dion::ValueError("unknown optimizer state key '" + key + "' for '" + live()->options(g).algorithm() +
+                                 "' (known: " + known + ")");
+        }
   }
 
  private:
@@ -520,37 +517,20 @@ class PyOptimizer {
     return std::make_shared<dion::comm::Group>(dion::comm::Group::from_process_group(pg, std::move(ranks), {}, options));
   }
 
-  // The class's matrix algorithm: "muon" | "normuon" | "dion2" | "nordion2" | "dion", or
-  // nullopt for "any" (dion::Optimizer).
+  // The class's matrix algorithm (a registered one), or nullopt for "any" (dion::Optimizer).
   static std::optional<dion::Algorithm> algorithm_of(const std::string& kind) {
     if (kind == "any") return std::nullopt;
-    const auto a = dion::parse_algorithm(kind);
-    if (!a || !dion::is_matrix_algorithm(*a))
-      throw dion::ValueError("unknown optimizer kind '" + kind + "' (valid: muon, normuon, dion2, nordion2, dion, any)");
+    const dion::Algorithm a = dion::find_algorithm(kind);
+    if (!a.matrix())
+      throw dion::ValueError("unknown optimizer kind '" + kind + "' (valid: " + dion::algorithm_names(true) + ", any)");
     return a;
-  }
-
-  static dion::Options defaults_of(dion::Algorithm a) {
-    switch (a) {
-      case dion::Algorithm::Muon: return dion::Muon::defaults();
-      case dion::Algorithm::NorMuon: return dion::NorMuon::defaults();
-      case dion::Algorithm::Dion2: return dion::Dion2::defaults();
-      case dion::Algorithm::NorDion2: return dion::NorDion2::defaults();
-      default: return dion::Dion::defaults();
-    }
   }
 
   static std::unique_ptr<dion::Optimizer> make(std::optional<dion::Algorithm> kind, const dion::Options& d,
                                                dion::math::OrthoConfig ortho) {
     const std::vector<dion::ParamGroup> none;
     if (!kind) return std::make_unique<dion::Optimizer>(none, d, ortho);
-    switch (*kind) {
-      case dion::Algorithm::Muon: return std::make_unique<dion::Muon>(none, d, ortho);
-      case dion::Algorithm::NorMuon: return std::make_unique<dion::NorMuon>(none, d, ortho);
-      case dion::Algorithm::Dion2: return std::make_unique<dion::Dion2>(none, d, ortho);
-      case dion::Algorithm::NorDion2: return std::make_unique<dion::NorDion2>(none, d, ortho);
-      default: return std::make_unique<dion::Dion>(none, d);
-    }
+    return std::make_unique<dion::NamedOptimizer>(kind->name(), none, d, ortho, nullptr);
   }
 
   std::optional<dion::Algorithm> kind_;
@@ -607,6 +587,48 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("process_group"), py::arg("values"), py::arg("device"), py::arg("timeout_s"),
       "elementwise MAX of `values` (int64) over the ranks of `process_group`, waiting at most timeout_s");
+
+  // The algorithm registry (dion/optim/algorithm.h): one dict per algorithm, in order, with what
+  // the Python classes are generated from (python/dion_cpp/_optimizers.py).
+  m.def("algorithms", [] {
+    py::list out;
+    for (const dion::Algorithm a : dion::algorithms()) {
+      const dion::AlgorithmSpec& s = a.spec();
+      py::list keywords;
+      for (const dion::PythonKeyword& k : s.python.keywords)
+        keywords.append(py::make_tuple(k.name, k.default_value, k.target, k.option.empty() ? k.name : k.option));
+      py::dict d;
+      d["name"] = s.name;
+      d["aliases"] = s.aliases;
+      d["summary"] = s.summary;
+      d["class_name"] = s.class_name;
+      d["class_aliases"] = s.class_aliases;
+      d["matrix"] = s.matrix;
+      d["keywords"] = keywords;
+      d["doc"] = s.python.doc;
+      d["behaviours"] = s.python.behaviours;
+      out.append(d);
+    }
+    return out;
+  });
+  // Every state key a registered algorithm keeps (each spec's table, for a [2, 2] parameter).
+  m.def("state_keys", [] {
+    std::vector<std::string> keys;
+    const at::Tensor p = at::zeros({2, 2});
+    const std::vector<int64_t> shape = {2, 2};
+    for (const dion::Algorithm a : dion::algorithms())
+      for (const dion::StateSpec& s : a.spec().state(dion::ParamView{p, shape, nullptr}, dion::Options().algorithm(a)))
+        if (std::find(keys.begin(), keys.end(), s.key) == keys.end()) keys.push_back(s.key);
+    return keys;
+  });
+  m.def(
+      "load_algorithm_plugin",
+      [](const std::string& path) {
+        std::vector<std::string> names;
+        for (const dion::Algorithm a : dion::load_algorithm_plugin(path)) names.push_back(a.name());
+        return names;
+      },
+      py::arg("path"), "load a shared library of algorithms (dion/optim/algorithm.h); returns the names it added");
 
   // The hyperparameter table (dion/optim/hyperparameters.h): [(name, doc)], in order.
   m.def("hyperparameters", [] {

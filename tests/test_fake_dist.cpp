@@ -279,7 +279,7 @@ TEST(FakeDistribution, FsdpLegacyDionEqualsOneProcess) {
 // rank of two changes one hyperparameter; a `comm` field raises ValueError naming it on both
 // ranks, any other field steps normally.
 TEST(FakeDistribution, RanksDisagreeingOnACommunicationOptionRaise) {
-  const dion::Options base = dion::Options(0.02).algorithm(dion::Algorithm::NorMuon);
+  const dion::Options base = dion::Options(0.02).algorithm("normuon");
   size_t comm_fields = 0;
 #define CHECK_AGREEMENT(T, name, default_value, rule_object, doc)                                            \
   {                                                                                                          \

@@ -12,7 +12,10 @@ Build: see README ("Python module").
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from ._C import __version__  # noqa: E402  (the CMake project's version)
-from ._optimizers import (  # noqa: E402
+# The classes are generated from the C++ algorithm registry (_classes.py); these are the
+# reference's. Others (a plugin's, loaded by load_algorithm_plugin or DION_ALGORITHM_PLUGINS)
+# appear in classes() and as attributes of this package.
+from ._classes import (  # noqa: E402
     Dion,
     Dion2,
     Dion3,
@@ -20,8 +23,12 @@ from ._optimizers import (  # noqa: E402
     Muon,
     NorDion2,
     NorMuon,
+    classes,
+    load_algorithm_plugin,
 )
 from .opt_utils import lm_head_lr_scale  # noqa: E402
 
 __all__ = ["Muon", "NorMuon", "Dion2", "Dion3", "NorDion2", "Dion", "DionMixedPrecisionConfig",
-           "lm_head_lr_scale", "__version__"]
+           "classes", "load_algorithm_plugin", "lm_head_lr_scale", "__version__"]
+
+globals().update({name: cls for name, cls in classes().items() if name not in globals()})

@@ -142,7 +142,8 @@ const Field& field(int col) { return fields().at(static_cast<size_t>(col)); }
 
 std::vector<int64_t> describe(const at::Tensor& p, const Options& o, const Layout& L) {
   std::vector<int64_t> row(static_cast<size_t>(row_width()), 0);
-  row[F_ALGORITHM] = static_cast<int64_t>(o.algo());
+  const std::vector<Algorithm> algos = algorithms();  // the same registry on every rank
+  row[F_ALGORITHM] = std::find(algos.begin(), algos.end(), o.algo()) - algos.begin();
   row[F_DTYPE] = static_cast<int64_t>(p.scalar_type());
   const int64_t nd = static_cast<int64_t>(L.global_shape.size());
   row[F_NDIM] = nd;
@@ -279,7 +280,7 @@ std::string value_str(const int64_t* row, int col) {
     case Kind::BOOL: os << (v ? "true" : "false"); break;
     case Kind::CHOICE: os << "'" << (v == 0 ? f.choice->a : v == 1 ? f.choice->b : "?") << "'"; break;
     case Kind::ALGORITHM: {
-      const auto& algos = known_algorithms();
+      const std::vector<std::string> algos = known_algorithms();
       os << "'" << (v >= 0 && v < static_cast<int64_t>(algos.size()) ? algos[static_cast<size_t>(v)] : "?") << "'";
       break;
     }

@@ -29,17 +29,11 @@ namespace {
 
 constexpr int64_t kFormatVersion = 1;
 const char* const kRoot = "dion_checkpoint";
-const std::vector<std::string>& state_keys() {
-  static const std::vector<std::string> keys = {"momentum", "variance", "variance_neuron", "Q", "step_dev"};
-  return keys;
-}
-
-at::Tensor& state_tensor(ParamState& s, const std::string& key) {
-  if (key == "momentum") return s.momentum();
-  if (key == "variance") return s.variance();
-  if (key == "variance_neuron") return s.variance_neuron();
-  if (key == "Q") return s.Q();
-  return s.step_dev();
+// The layout of state tensor `key` of `p` in a group with options `o`: its algorithm's table.
+std::optional<StateSpec> spec_of(const std::vector<StateSpec>& specs, const std::string& key) {
+  for (const StateSpec& s : specs)
+    if (s.key == key) return s;
+  return std::nullopt;
 }
 
 std::string shape_str(c10::IntArrayRef v) {
@@ -98,10 +92,12 @@ void Optimizer::save(torch::serialize::OutputArchive& archive) const {
       auto it = state_.find(p.unsafeGetTensorImpl());
       if (it != state_.end()) {
         auto& s = static_cast<ParamState&>(*it->second);
-        for (const std::string& key : state_keys()) {
-          const at::Tensor& t = state_tensor(s, key);
+        const std::vector<StateSpec> specs = state_specs(p, options(g));
+        for (const auto& [key, t] : s.tensors()) {
           if (!t.defined()) continue;
-          const Box box = state_box(key, L, place, key == "Q" ? t.size(1) : 0);
+          const std::optional<StateSpec> spec = spec_of(specs, key);
+          const StateLayout kind = spec ? spec->layout : StateLayout::PARAM;
+          const Box box = state_box(kind, L, place, kind == StateLayout::OUTER_ROWS ? t.size(1) : 0);
           entry.write(key, t, /*is_buffer=*/true);
           entry.write(key + ".global_shape", c10::IValue(c10::List<int64_t>(box.global)));
           entry.write(key + ".offset", c10::IValue(c10::List<int64_t>(box.offset)));
@@ -194,7 +190,9 @@ void Optimizer::load_checked(std::vector<torch::serialize::InputArchive>& roots)
       }
       auto state = std::make_unique<ParamState>();
       bool any = false;
-      for (const std::string& key : state_keys()) {
+      for (const StateSpec& spec : state_specs(p, o)) {
+        const std::string& key = spec.key;
+        const StateLayout kind = spec.layout;
         // Every archive that holds this tensor contributes its slice.
         std::vector<std::pair<at::Tensor, std::vector<int64_t>>> slices;
         std::vector<int64_t> saved_global;
@@ -209,13 +207,14 @@ void Optimizer::load_checked(std::vector<torch::serialize::InputArchive>& roots)
           slices.emplace_back(t, read_ints(entries[a], key + ".offset"));
         }
         if (slices.empty()) continue;
-        const Box box = state_box(key, L, place, key == "Q" ? saved_global.at(1) : 0);
+        const Box box = state_box(kind, L, place, kind == StateLayout::OUTER_ROWS ? saved_global.at(1) : 0);
         if (saved_global != box.global)
           fail(what + ": '" + key + "' has global shape " + shape_str(saved_global) + " in the checkpoint, expected " +
                shape_str(box.global) +
-               (key == "Q" ? " (legacy Dion works on M or M^T depending on the layout; this layout's orientation "
-                             "differs from the saved one)"
-                           : ""));
+               (kind == StateLayout::OUTER_ROWS
+                    ? " (a low-rank basis is of M or M^T depending on the layout; this layout's orientation "
+                      "differs from the saved one)"
+                    : ""));
         const at::ScalarType dtype = slices[0].first.scalar_type();
         at::Tensor target = at::empty(box.size, p.options().dtype(dtype));
         at::Tensor covered = at::zeros(box.size, at::kBool);
@@ -229,7 +228,7 @@ void Optimizer::load_checked(std::vector<torch::serialize::InputArchive>& roots)
           fail(what + ": the archives cover only part of this rank's slice of '" + key + "' (offset " +
                shape_str(box.offset) + ", size " + shape_str(box.size) + " of " + shape_str(box.global) +
                "); pass the archives of every rank that saved");
-        state_tensor(*state, key) = target;
+        state->set(key, target);
         any = true;
       }
       if (any) new_state[p.unsafeGetTensorImpl()] = std::move(state);
@@ -276,20 +275,20 @@ void Optimizer::check_loaded_state() const {
                          std::to_string(i) + " of shape " + shape_str(p.sizes()) + ": '" + key + "' has shape " +
                          shape_str(t.sizes()) + ", expected " + want + " (a checkpoint of another model?)");
       };
-      for (const auto& [key, t] : {std::pair<const char*, const at::Tensor*>{"momentum", &s.momentum()},
-                                   {"variance", &s.variance()}}) {
-        if (t->defined() && t->sizes() != p.sizes()) bad(key, *t, shape_str(p.sizes()));
-      }
-      if (s.variance_neuron().defined()) {
-        std::vector<int64_t> want = p.sizes().vec();
-        want.back() = 1;
-        if (s.variance_neuron().sizes().vec() != want) bad("variance_neuron", s.variance_neuron(), shape_str(want));
-      }
-      if (s.Q().defined() && p.dim() == 2) {
-        // The rows this rank holds: all of Q, or its outer chunk of a sharded parameter's Q.
-        const QRows q = q_rows_of(dist_ ? dist_->layout(p) : Layout{p.sizes().vec(), -1, false}, axis_place(dist_.get()));
-        if (s.Q().dim() != 2 || s.Q().size(0) != q.length)
-          bad("Q", s.Q(), "[" + std::to_string(q.length) + ", r]");
+      const std::vector<StateSpec> specs = state_specs(p, options(g));
+      for (const auto& [key, t] : s.tensors()) {
+        if (!t.defined()) continue;
+        const std::optional<StateSpec> spec = spec_of(specs, key);
+        if (!spec)
+          throw ValueError("loading optimizer state: param group " + std::to_string(g) + ", parameter " +
+                           std::to_string(i) + ": state '" + key + "' is not kept by '" + options(g).algorithm() +
+                           "' (a checkpoint of another algorithm?)");
+        if (spec->layout == StateLayout::OUTER_ROWS) {  // its column count r is the checkpoint's
+          if (t.dim() != 2 || t.size(0) != spec->shape[0])
+            bad(key.c_str(), t, "[" + std::to_string(spec->shape[0]) + ", r]");
+        } else if (t.sizes().vec() != spec->shape) {
+          bad(key.c_str(), t, shape_str(spec->shape));
+        }
       }
     }
   }

@@ -119,8 +119,8 @@ struct CudaGraphStep::Impl {
         then.step(now.options[g]->step());  // the counter advances with every step
         if (dion_opt) {
           then.lr(now.options[g]->lr());
-          if (then.algo() == Algorithm::AdamW && then.weight_decay() != now.options[g]->weight_decay())
-            throw ValueError("param group " + std::to_string(g) + " (adamw): weight_decay changed from " +
+          if (then.spec().weight_decay_on_host && then.weight_decay() != now.options[g]->weight_decay())
+            throw ValueError("param group " + std::to_string(g) + " (" + then.algorithm() + "): weight_decay changed from " +
                              std::to_string(then.weight_decay()) + " to " +
                              std::to_string(now.options[g]->weight_decay()) +
                              " since the step was captured; torch's fused AdamW reads weight decay on the host, so "

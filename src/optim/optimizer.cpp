@@ -1,6 +1,6 @@
-// The optimizer classes: grouping, state, megabatching, task scheduling and dispatch to the
-// algorithm drivers. See include/dion/optim/optimizer.h. Not here: the drivers
-// (src/optim/drivers/: one per algorithm family), the megabatch plans (plan.h), the
+// The optimizer: grouping, state, megabatching, task scheduling and dispatch to the algorithms'
+// updates, all through their specs (dion/optim/algorithm.h). See include/dion/optim/optimizer.h.
+// Not here: the algorithms (src/optim/drivers/: their specs and updates), the megabatch plans (plan.h), the
 // communication patterns (collectives.h), checkpoints (checkpoint.cpp), the math (src/math/).
 #include "dion/optim/optimizer.h"
 
@@ -19,7 +19,6 @@
 #endif
 
 #include "dion/comm/tasks.h"
-#include "dion/math/dion.h"
 #include "agreement.h"
 #include "collectives.h"
 #include "drivers/driver.h"
@@ -29,7 +28,8 @@
 namespace dion {
 
 double lm_head_lr_scale(const std::string& scalar_opt, int64_t model_dim) {
-  return parse_algorithm(scalar_opt) == Algorithm::Lion ? 1.0 / std::sqrt(static_cast<double>(model_dim)) : 1.0;
+  const Algorithm a = find_algorithm(scalar_opt);
+  return a && a.spec().lm_head_lr_scaled ? 1.0 / std::sqrt(static_cast<double>(model_dim)) : 1.0;
 }
 
 namespace {
@@ -108,34 +108,37 @@ void Optimizer::add_group_checked(std::vector<at::Tensor> params, Options option
 
 void Optimizer::check_group(size_t g, const std::vector<at::Tensor>& params, const Options& o) const {
   const Algorithm algo = o.algo();
+  const AlgorithmSpec& spec = algo.spec();
   const std::string where = "param group " + std::to_string(g) + " (" + o.algorithm() + ")";
-  if (only_algorithm_ && algo != *only_algorithm_ && is_matrix_algorithm(algo))
-    throw ValueError(where + ": this optimizer runs '" + std::string(to_string(*only_algorithm_)) +
-                     "' matrix groups plus 'adamw' and 'lion' groups; use dion::Optimizer to mix "
-                     "matrix algorithms");
+  if (only_algorithm_ && algo != *only_algorithm_ && algo.matrix()) {
+    std::string scalars;
+    for (Algorithm a : algorithms())
+      if (!a.matrix()) scalars += (scalars.empty() ? "'" : " and '") + a.name() + "'";
+    throw ValueError(where + ": this optimizer runs '" + only_algorithm_->name() + "' matrix groups plus " + scalars +
+                     " groups; use dion::Optimizer to mix matrix algorithms");
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
     // A shard is checked as the whole parameter it is part of.
     const std::vector<int64_t> shape = layout_of(dist_.get(), p).global_shape;
     const std::string what = where + ", parameter " + std::to_string(i) + " of shape " + shape_str(shape);
     if (!p.is_floating_point()) throw TypeError(what + ": parameters must be floating point");
-    if (is_matrix_algorithm(algo) && p.dim() < 2)
-      throw ValueError(what + ": '" + o.algorithm() +
-                       "' needs matrix parameters (ndim >= 2); put vectors and scalars in an "
-                       "'adamw' or 'lion' group");
-    if (algo == Algorithm::AdamW && o.variance_dtype() && !at::isFloatingType(*o.variance_dtype()))
-      throw ValueError(what + ": variance_dtype " + std::string(c10::toString(*o.variance_dtype())) +
-                       " must be a floating-point dtype (e.g. the parameter's, or bfloat16)");
-    if (algo == Algorithm::Dion && p.dim() != 2)
-      throw NotImplementedError(what + ": legacy 'dion' supports 2-D parameters only");
-    if (o.num_heads() > 1 && is_matrix_algorithm(algo)) {
+    if (spec.matrix && p.dim() < 2) {
+      std::string scalars;
+      for (Algorithm a : algorithms())
+        if (!a.matrix()) scalars += (scalars.empty() ? "an '" : "' or '") + a.name();
+      throw ValueError(what + ": '" + o.algorithm() + "' needs matrix parameters (ndim >= 2); put vectors and scalars in " +
+                       scalars + "' group");
+    }
+    if (spec.check_param) spec.check_param(ParamView{p, shape, dist_.get()}, o, what);
+    if (o.num_heads() > 1 && spec.matrix) {
       if (p.dim() != 2)
         throw ValueError(what + ": num_heads is only supported for 2-D parameters");
       if (shape[0] % o.num_heads() != 0)
         throw ValueError(what + ": num_heads (" + std::to_string(o.num_heads()) +
                          ") must divide dim 0 (" + std::to_string(shape[0]) + ")");
     }
-    if (!o.split_sizes().empty() && is_matrix_algorithm(algo)) {
+    if (!o.split_sizes().empty() && spec.matrix) {
       if (p.dim() != 2) throw ValueError(what + ": split_sizes is only supported for 2-D parameters");
       int64_t total = 0;
       for (int64_t s : o.split_sizes()) total += s;
@@ -224,30 +227,9 @@ void Optimizer::refresh_device_scalars() {
 
 // ---------------------------------------------------------------------------- state
 
-std::vector<Optimizer::StateSpec> Optimizer::state_specs(const at::Tensor& p, const Options& o) const {
-  std::vector<StateSpec> out;
-  const Algorithm algo = o.algo();
-  const auto momentum_dtype = algo == Algorithm::Dion ? o.momentum_dtype().value_or(p.scalar_type()) : p.scalar_type();
-  out.push_back({"momentum", p.sizes().vec(), momentum_dtype});
-  if (algo == Algorithm::AdamW) {
-    out.push_back({"variance", p.sizes().vec(), o.variance_dtype().value_or(p.scalar_type())});
-    out.push_back({"step_dev", {}, at::kFloat});
-  }
-  if (algo == Algorithm::NorMuon || algo == Algorithm::NorDion2) {
-    // [.., m, 1], param dtype; [.., m, 0] for an empty parameter (the reference's p[..., 0:1]).
-    // A shard holding none of the columns still keeps its rows' [.., m, 1] (state_layout.h).
-    std::vector<int64_t> shape = p.sizes().vec();
-    shape.back() = std::min<int64_t>(1, layout_of(dist_.get(), p).global_shape.back());
-    out.push_back({"variance_neuron", std::move(shape), p.scalar_type()});
-  }
-  if (algo == Algorithm::Dion) {
-    // Q [n', r] for the whole matrix; a sharded parameter keeps the rows of its outer chunk.
-    const Layout L = layout_of(dist_.get(), p);
-    const QRows q = q_rows_of(L, axis_place(dist_.get()));  // src/optim/state_layout.h
-    const int64_t r = math::dion_rank(L.global_shape[0], L.global_shape[1], o.rank_fraction(), o.rank_multiple_of());
-    out.push_back({"Q", {L.sharded() ? q.length : q.rows, r}, o.Q_dtype().value_or(p.scalar_type())});
-  }
-  return out;
+std::vector<StateSpec> Optimizer::state_specs(const at::Tensor& p, const Options& o) const {
+  const std::vector<int64_t> global = layout_of(dist_.get(), p).global_shape;
+  return o.spec().state(ParamView{p, global, dist_.get()}, o);
 }
 
 ParamState& Optimizer::state_for(const at::Tensor& p, const Options& o) {
@@ -255,22 +237,18 @@ ParamState& Optimizer::state_for(const at::Tensor& p, const Options& o) {
   if (!slot) {
     at::NoGradGuard no_grad;
     auto s = std::make_unique<ParamState>();
-    for (const StateSpec& spec : state_specs(p, o)) {  // zeros, except Q (random)
-      const auto options = p.options().dtype(spec.dtype);
-      if (spec.key == "Q") {
-        // Every rank draws the same whole Q from an identically seeded generator and keeps its rows.
-        const Layout L = layout_of(dist_.get(), p);
-        const QRows q = q_rows_of(L, axis_place(dist_.get()));
-        at::Tensor Q = at::randn({q.rows, spec.shape[1]}, options);
-        s->Q(L.sharded() ? Q.narrow(0, q.start, q.length).clone() : Q);
-        continue;
+    const std::vector<int64_t> global = layout_of(dist_.get(), p).global_shape;
+    const ParamView view{p, global, dist_.get()};
+    const AlgorithmSpec& spec = o.spec();
+    for (const StateSpec& st : spec.state(view, o)) {  // zeros unless the spec says otherwise
+      at::Tensor t;
+      if (spec.initial_state) t = spec.initial_state(view, st);
+      if (!t.defined()) {
+        // The parameter's shape: zeros_like keeps its strides (a non-contiguous parameter's too).
+        const auto options = p.options().dtype(st.dtype);
+        t = c10::IntArrayRef(st.shape) == p.sizes() ? at::zeros_like(p, options) : at::zeros(st.shape, options);
       }
-      // The parameter's shape: zeros_like keeps its strides (a non-contiguous parameter's too).
-      at::Tensor t = c10::IntArrayRef(spec.shape) == p.sizes() ? at::zeros_like(p, options) : at::zeros(spec.shape, options);
-      if (spec.key == "momentum") s->momentum(t);
-      else if (spec.key == "variance") s->variance(t);
-      else if (spec.key == "variance_neuron") s->variance_neuron(t);
-      else s->step_dev(t);
+      s->set(st.key, std::move(t));
     }
     slot = std::move(s);
   }
@@ -329,28 +307,28 @@ at::Tensor Optimizer::step(LossClosure closure) {
   auto add_task = [&](std::vector<at::Tensor> params, size_t index, const Options* opts) {
     driver::Batch batch{std::move(params), {}, index};
     for (const at::Tensor& p : batch.params) batch.state.push_back(&state_for(p, *opts));
-    const driver::Driver run = driver::driver_for(opts->algo());
-    // Legacy Dion draws random numbers: its tasks keep their draws in order (serial).
-    tasks.push_back({[run, batch = std::move(batch), opts, env] { run(batch, *opts, env); },
-                     opts->algo() == Algorithm::Dion});
+    const AlgorithmSpec::Update run = opts->spec().update;
+    // Algorithms that draw random numbers keep their draws in order (serial tasks).
+    tasks.push_back({[run, batch = std::move(batch), opts, env] { run(batch, *opts, env); }, opts->spec().serial});
   };
-  enum class Phase { MATRIX, LION, ADAMW };
-  for (const Phase phase : {Phase::MATRIX, Phase::LION, Phase::ADAMW}) {
+  // The phases in order (AlgorithmSpec::phase: the reference runs matrix groups, then lion,
+  // then adamw), each group in its own phase.
+  std::vector<int> phases;
+  for (const auto& group : param_groups_) phases.push_back(static_cast<const Options&>(group.options()).spec().phase);
+  std::sort(phases.begin(), phases.end());
+  phases.erase(std::unique(phases.begin(), phases.end()), phases.end());
+  for (const int phase : phases) {
     for (auto& group : param_groups_) {
       auto& o = static_cast<Options&>(group.options());
-      const Algorithm algo = o.algo();
-      const bool mine = phase == Phase::MATRIX ? is_matrix_algorithm(algo)
-                        : phase == Phase::LION ? algo == Algorithm::Lion
-                                               : algo == Algorithm::AdamW;
-      if (!mine) continue;
+      if (o.spec().phase != phase) continue;
       o.step(o.step() + 1);
       std::vector<at::Tensor> live;
       for (const at::Tensor& p : group.params())
         if (p.grad().defined() && !globally_empty(p)) live.push_back(p);
       if (live.empty()) continue;
-      for (const at::Tensor& p : live) state_for(p, o);  // in the group's order (legacy Dion draws Q)
+      for (const at::Tensor& p : live) state_for(p, o);  // in the group's order (random initial state)
       const size_t index = static_cast<size_t>(&group - param_groups_.data());
-      if (phase == Phase::MATRIX)
+      if (o.spec().matrix)
         for (auto& batch : megabatches(live, dist_.get())) add_task(std::move(batch), index, &o);
       else
         add_task(std::move(live), index, &o);
@@ -379,8 +357,8 @@ void Optimizer::synchronize_for_checkpoint() {
     for (const at::Tensor& p : group.params()) {
       ParamState* s = state_of(p);
       if (!s) continue;
-      for (at::Tensor t : {s->momentum(), s->variance(), s->variance_neuron(), s->Q()}) {
-        if (!t.defined()) continue;
+      for (const auto& [key, t] : s->tensors()) {
+        if (!t.defined() || t.dim() == 0) continue;  // 0-d: counters, equal on every replica
         at::Tensor avg = t.to(at::kFloat).contiguous();
         dist_->average_over_replicas_(avg);
         t.copy_(avg);
@@ -389,39 +367,17 @@ void Optimizer::synchronize_for_checkpoint() {
   }
 }
 
-// ---------------------------------------------------------------------------- named classes
+// ---------------------------------------------------------------------------- one algorithm's class
 
-Options Muon::defaults() { return Options(0.01).algorithm(Algorithm::Muon); }
-Muon::Muon(const std::vector<ParamGroup>& groups, const Options& d, math::OrthoConfig ortho,
-            std::shared_ptr<Distribution> distribution)
-    : Optimizer(std::move(ortho), d, Algorithm::Muon, std::move(distribution)) {
-  for (const ParamGroup& g : groups) add_param_group(g);
+Options NamedOptimizer::defaults_of(const std::string& name) {
+  const Algorithm a = find_algorithm(name);
+  if (!a) throw ValueError("no algorithm '" + name + "' (registered: " + algorithm_names() + ")");
+  return a.spec().defaults ? a.spec().defaults() : Options().algorithm(a);
 }
 
-Options NorMuon::defaults() { return Options(0.01).algorithm(Algorithm::NorMuon); }
-NorMuon::NorMuon(const std::vector<ParamGroup>& groups, const Options& d, math::OrthoConfig ortho,
-                  std::shared_ptr<Distribution> distribution)
-    : Optimizer(std::move(ortho), d, Algorithm::NorMuon, std::move(distribution)) {
-  for (const ParamGroup& g : groups) add_param_group(g);
-}
-
-Options Dion2::defaults() { return Options(0.01).algorithm(Algorithm::Dion2); }
-Dion2::Dion2(const std::vector<ParamGroup>& groups, const Options& d, math::OrthoConfig ortho,
-              std::shared_ptr<Distribution> distribution)
-    : Optimizer(std::move(ortho), d, Algorithm::Dion2, std::move(distribution)) {
-  for (const ParamGroup& g : groups) add_param_group(g);
-}
-
-Options NorDion2::defaults() { return Options(0.01).algorithm(Algorithm::NorDion2); }
-NorDion2::NorDion2(const std::vector<ParamGroup>& groups, const Options& d, math::OrthoConfig ortho,
-                    std::shared_ptr<Distribution> distribution)
-    : Optimizer(std::move(ortho), d, Algorithm::NorDion2, std::move(distribution)) {
-  for (const ParamGroup& g : groups) add_param_group(g);
-}
-
-Options Dion::defaults() { return Options(0.01).algorithm(Algorithm::Dion); }
-Dion::Dion(const std::vector<ParamGroup>& groups, const Options& d, std::shared_ptr<Distribution> distribution)
-    : Optimizer(math::OrthoConfig{}, d, Algorithm::Dion, std::move(distribution)) {
+NamedOptimizer::NamedOptimizer(const std::string& name, const std::vector<ParamGroup>& groups, const Options& d,
+                               math::OrthoConfig ortho, std::shared_ptr<Distribution> distribution)
+    : Optimizer(std::move(ortho), d, defaults_of(name).algo(), std::move(distribution)) {
   for (const ParamGroup& g : groups) add_param_group(g);
 }
 

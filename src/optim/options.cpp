@@ -10,31 +10,24 @@
 
 namespace dion {
 
-namespace {
-constexpr const char* kAlgorithmNames[kAlgorithmCount] = {"muon", "normuon", "dion2", "nordion2",
-                                                         "dion", "adamw",   "lion"};
-}  // namespace
-
-const char* to_string(Algorithm a) { return kAlgorithmNames[static_cast<int>(a)]; }
+const char* to_string(Algorithm a) { return a ? a.name().c_str() : "none"; }
 
 std::optional<Algorithm> parse_algorithm(const std::string& name, bool aliases) {
-  for (int i = 0; i < kAlgorithmCount; ++i)
-    if (name == kAlgorithmNames[i]) return static_cast<Algorithm>(i);
-  if (aliases && name == "dion3") return Algorithm::NorDion2;
-  return std::nullopt;
+  const Algorithm a = find_algorithm(name, aliases);
+  return a ? std::optional<Algorithm>(a) : std::nullopt;
 }
 
-const std::vector<std::string>& known_algorithms() {
-  static const std::vector<std::string> names(std::begin(kAlgorithmNames), std::end(kAlgorithmNames));
+std::vector<std::string> known_algorithms() {
+  std::vector<std::string> names;
+  for (Algorithm a : algorithms()) names.push_back(a.name());
   return names;
 }
 
-bool is_matrix_algorithm(Algorithm a) { return a != Algorithm::AdamW && a != Algorithm::Lion; }
+bool is_matrix_algorithm(Algorithm a) { return a.matrix(); }
 
-bool is_matrix_algorithm(const std::string& a) {
-  const auto parsed = parse_algorithm(a);
-  return parsed && is_matrix_algorithm(*parsed);
-}
+bool is_matrix_algorithm(const std::string& a) { return find_algorithm(a).matrix(); }
+
+Options::Options(double lr) : lr_(lr), algorithm_(algorithms().front()) {}
 
 const std::vector<HyperparameterInfo>& hyperparameters() {
   static const std::vector<HyperparameterInfo> list = {
@@ -87,15 +80,24 @@ std::string str(math::AdjustLR v) { return math::to_string(v); }
 std::string str(const OptionalDtype& t) { return t ? std::string(c10::toString(*t)) : "None"; }
 }  // namespace
 
+std::string Options::value_string(const std::string& option) const {
+#define DION_VALUE(T, name, default_value, rule, doc) \
+  if (option == #name) return str(name());
+  DION_HYPERPARAMETERS(DION_VALUE)
+#undef DION_VALUE
+  return "?";
+}
+
 void Options::validate(size_t g) const {
   if (!unknown_algorithm_.empty())
-    invalid(g, "algorithm", "'" + unknown_algorithm_ + "'",
-            "valid: muon, normuon, dion2, nordion2, dion, adamw, lion");
-  // Each hyperparameter's own rule (hyperparameters.h), for this group's algorithm.
+    invalid(g, "algorithm", "'" + unknown_algorithm_ + "'", "valid: " + algorithm_names());
+  // Each hyperparameter's own rule (hyperparameters.h), then the algorithm's rules for values.
 #define DION_VALIDATE(T, name, default_value, rule_object, doc) \
-  if (!(rule_object).ok(name(), algo())) invalid(g, #name, str(name()), (rule_object).text);
+  if (!(rule_object).ok(name())) invalid(g, #name, str(name()), (rule_object).text);
   DION_HYPERPARAMETERS(DION_VALIDATE)
 #undef DION_VALIDATE
+  if (spec().check_options)
+    if (const auto e = spec().check_options(*this)) invalid(g, e->option, value_string(e->option), e->valid);
   // Rules across fields.
   if (num_heads() > 1 && flatten())
     invalid(g, "num_heads", std::to_string(num_heads()),
@@ -108,9 +110,13 @@ void Options::validate(size_t g) const {
               "incompatible with num_heads > 1: use num_heads for uniform per-head splits or "
               "split_sizes for uneven row blocks, not both");
     if (flatten()) invalid(g, "split_sizes", str(s), "incompatible with flatten=true (2-D only)");
-    if (!(algo() == Algorithm::Muon || algo() == Algorithm::NorMuon || !is_matrix_algorithm(algo())))
+    if (algo().matrix() && !spec().supports_split_sizes) {
+      std::string which;
+      for (Algorithm a : algorithms())
+        if (a.spec().supports_split_sizes) which += (which.empty() ? "" : " and ") + a.name();
       throw NotImplementedError("param group " + std::to_string(g) + ": split_sizes " + str(s) +
-                                " is supported only by muon and normuon, not '" + algorithm() + "'");
+                                " is supported only by " + which + ", not '" + algorithm() + "'");
+    }
   }
 }
 
@@ -205,22 +211,45 @@ void Options::serialize(torch::serialize::InputArchive& ar) {
   read(ar, "step", step_);
 }
 
+const at::Tensor& ParamState::get(const std::string& key) const {
+  for (const auto& [k, t] : tensors_)
+    if (k == key) return t;
+  static const at::Tensor kNone;
+  return kNone;
+}
+
+ParamState& ParamState::set(const std::string& key, at::Tensor value) {
+  for (auto& [k, t] : tensors_)
+    if (k == key) {
+      t = std::move(value);
+      return *this;
+    }
+  tensors_.emplace_back(key, std::move(value));
+  return *this;
+}
+
 void ParamState::serialize(torch::serialize::OutputArchive& ar) const {
-  // Undefined tensors are absent keys, as in LibTorch's own optimizers.
-  const std::pair<const char*, const at::Tensor*> fields[] = {
-      {"momentum", &momentum_}, {"variance", &variance_}, {"variance_neuron", &variance_neuron_},
-      {"Q", &Q_},               {"step_dev", &step_dev_}};
-  for (const auto& [key, t] : fields)
-    if (t->defined()) ar.write(key, *t, /*is_buffer=*/true);
+  // Undefined tensors are absent keys, as in LibTorch's own optimizers. The key list is written
+  // too, so that any algorithm's keys read back.
+  std::vector<std::string> keys;
+  for (const auto& [key, t] : tensors_)
+    if (t.defined()) {
+      ar.write(key, t, /*is_buffer=*/true);
+      keys.push_back(key);
+    }
+  ar.write("state_keys", c10::IValue(c10::List<std::string>(keys)));
 }
 
 void ParamState::serialize(torch::serialize::InputArchive& ar) {
-  const std::pair<const char*, at::Tensor*> fields[] = {
-      {"momentum", &momentum_}, {"variance", &variance_}, {"variance_neuron", &variance_neuron_},
-      {"Q", &Q_},               {"step_dev", &step_dev_}};
-  for (const auto& [key, t] : fields) {
+  std::vector<std::string> keys = {"momentum", "variance", "variance_neuron", "Q", "step_dev"};  // earlier archives
+  c10::IValue listed;
+  if (ar.try_read("state_keys", listed)) {
+    keys.clear();
+    for (const c10::IValue& k : listed.toListRef()) keys.push_back(k.toStringRef());
+  }
+  for (const std::string& key : keys) {
     at::Tensor v;
-    if (ar.try_read(key, v, /*is_buffer=*/true)) *t = v;
+    if (ar.try_read(key, v, /*is_buffer=*/true)) set(key, v);
   }
 }
 

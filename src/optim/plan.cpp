@@ -45,24 +45,14 @@ Plan plan_for(const Distribution* dist, const std::vector<at::Tensor>& batch, co
       throw NotImplementedError(where + ": flatten with 2-D (FSDP x TP) sharding is not supported");
     plan.communicate = true;
     plan.comm_dim = L.shard_dim - ndim;
-    const Algorithm a = o.algo();
-    // NorDion2 on a flattened 3-D+ parameter sharded along its last dim: its selection of rows of
-    // the flattened matrix is not one process's (whole shards travel; rows stay split).
-    if (a == Algorithm::NorDion2 && plan.comm_dim == -1 && o.flatten() && ndim > 2)
-      throw NotImplementedError(where + ": nordion2 with flatten on a parameter sharded along its last dim is not "
-                                "supported (the row selection would not equal one process's); shard another dim");
     if (!o.split_sizes().empty()) {
       if (plan.comm_dim == -2 && L.global_shape[ndim - 2] % plan.world != 0)
         throw NotImplementedError(where + ": split_sizes requires dim 0 (" +
                                   std::to_string(L.global_shape[ndim - 2]) +
                                   ") to be divisible by the sharding world size (" + std::to_string(plan.world) +
                                   ") so the assembled matrices have no interspersed padding rows");
-      // The per-block normalization needs each block's rows on one rank: fine when only the
-      // columns are sharded (the per-neuron sums cross ranks), not when the rows are.
-      if (a == Algorithm::NorMuon && plan.splits(-2))
-        throw NotImplementedError(where + ": normuon with split_sizes on parameters sharded along their rows (dim " +
-                                  std::to_string(ndim - 2) + ") is not supported; shard the last dim instead");
     }
+    if (o.spec().check_plan) o.spec().check_plan(plan, o, where);  // the algorithm's own refusals
     return plan;
   }
   plan.communicate = L.replicated && batch.size() > 1;  // DDP: split the megabatch across ranks

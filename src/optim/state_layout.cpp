@@ -33,10 +33,10 @@ QRows q_rows_of(const Layout& L, const AxisPlace& at) {
   return q;
 }
 
-Box state_box(const std::string& key, const Layout& L, const AxisPlace& at, int64_t q_rank) {
+Box state_box(StateLayout kind, const Layout& L, const AxisPlace& at, int64_t q_rank) {
   Box b;
-  if (key == "step_dev") return b;  // a scalar
-  if (key == "Q") {
+  if (kind == StateLayout::SCALAR) return b;
+  if (kind == StateLayout::OUTER_ROWS) {
     const QRows q = q_rows_of(L, at);
     return {{q.rows, q_rank}, {q.start, 0}, {q.length, q_rank}};
   }
@@ -48,7 +48,7 @@ Box state_box(const std::string& key, const Layout& L, const AxisPlace& at, int6
     if (static_cast<int64_t>(d) == L.shard_dim) std::tie(b.offset[d], b.size[d]) = chunk(b.global[d], at.outer_size, at.outer_rank);
     if (static_cast<int64_t>(d) == L.inner_dim) std::tie(b.offset[d], b.size[d]) = chunk(b.global[d], at.inner_size, at.inner_rank);
   }
-  if (key == "variance_neuron" && nd > 0) {  // [.., m, 1]: the last dim is whole on every rank
+  if (kind == StateLayout::NEURON && nd > 0) {  // [.., m, 1]: the last dim is whole on every rank
     b.global.back() = 1;
     b.offset.back() = 0;
     b.size.back() = 1;

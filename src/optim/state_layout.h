@@ -5,9 +5,10 @@
 //
 // A parameter sharded over the outer axis (FSDP) holds the FSDP2 contiguous chunk of
 // ceil(size / world) along its shard dim, likewise along its inner dim (TP); its momentum and
-// variance share that box. variance_neuron [.., m, 1] shares it except its last dim (1, whole).
-// Legacy Dion's Q [rows, r] is the whole matrix's Q (rows = m when Dion works on M^T, else n),
-// of which a sharded parameter keeps the outer chunk of rows. step_dev is a scalar.
+// variance share that box (StateLayout::PARAM). A NEURON tensor [.., m, 1] shares it except its
+// last dim (1, whole). An OUTER_ROWS tensor [rows, r] is the whole matrix's low-rank basis
+// (rows = m when the low-rank update works on M^T, else n), of which a sharded parameter keeps
+// the outer chunk of rows. A SCALAR is 0-d.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "dion/optim/algorithm.h"
 #include "dion/optim/distribution.h"
 
 namespace dion {
@@ -37,8 +39,8 @@ struct QRows {
 };
 QRows q_rows_of(const Layout& L, const AxisPlace& at);
 
-// The box of state tensor `key` (momentum, variance, variance_neuron, Q, step_dev) of a
-// parameter laid out as `L`; `q_rank`: Q's column count r.
-Box state_box(const std::string& key, const Layout& L, const AxisPlace& at, int64_t q_rank);
+// The box of a state tensor of layout `kind` (dion/optim/algorithm.h) of a parameter laid out as
+// `L`; `q_rank`: an OUTER_ROWS tensor's column count r.
+Box state_box(StateLayout kind, const Layout& L, const AxisPlace& at, int64_t q_rank);
 
 }  // namespace dion

@@ -24,7 +24,7 @@ std::string config_help() {
     std::string line = fmt::format("  --{:<26} {:<6} default {}", k.name, type_name(k.field),
                                    value_text(defaults, k.field).empty() ? "\"\"" : value_text(defaults, k.field));
     os << line << "\n      " << k.help;
-    if (k.check == Check::CHOICE) os << " {" << join_choices(k.choices) << "}";
+    if (k.check == Check::CHOICE) os << " {" << join_choices(choices_of(k)) << "}";
     os << "\n";
   }
   return os.str();

@@ -46,22 +46,22 @@ const std::vector<Key>& keys() {
       {"wandb_job_name", &Config::wandb_job_name, "accepted for the reference's configs; no effect"},
       {"no_wandb", &Config::no_wandb, "accepted for the reference's configs; no effect"},
       // optimizer
-      {"optimizer", &Config::optimizer, "matrix optimizer", Check::CHOICE,
-       {"adamw", "lion", "muon", "normuon", "dion2", "nordion2", "dion3", "dion"},
-       {{"dion_reference", "dion"}, {"dion_simple", "dion"}, {"muon_reference", "muon"}}},
-      {"scalar_opt", &Config::scalar_opt, "optimizer of the embedding and lm_head", Check::CHOICE, {"adamw", "lion"}},
+      {"optimizer", &Config::optimizer, "matrix optimizer (a scalar one: every group runs it)", Check::CHOICE, {}, {},
+       Key::Catalog::ALL},
+      {"scalar_opt", &Config::scalar_opt, "optimizer of the embedding and lm_head", Check::CHOICE, {}, {},
+       Key::Catalog::SCALAR},
       {"lr", &Config::lr, "base learning rate", Check::NON_NEGATIVE},
-      {"mu", &Config::mu, "momentum (Dion2: error-feedback decay)", Check::NON_NEGATIVE},
+      {"mu", &Config::mu, "momentum (or the error-feedback decay, where the optimizer has one)", Check::NON_NEGATIVE},
       {"weight_decay", &Config::weight_decay, "weight decay of the matrix parameters", Check::NON_NEGATIVE},
       {"ortho_fraction", &Config::ortho_fraction,
-       "Dion2/NorDion2 selected fraction; Dion rank fraction", Check::FRACTION},
+       "selected fraction (selecting optimizers); rank fraction (low-rank ones)", Check::FRACTION},
       {"qr_method", &Config::qr_method,
        "Dion's orthonormalization (only rcqr is implemented)", Check::CHOICE, {"rcqr"},
        {{"qr", "rcqr"}, {"cqr", "rcqr"}}},
       {"cqr_warmup", &Config::cqr_warmup, "Dion cqr warmup (cqr is not implemented; no effect)", Check::RATIO},
       {"rcqr_oversample", &Config::rcqr_oversample, "Dion randomized-QR sketch oversampling", Check::POSITIVE},
       {"replicate_mesh_grad_sync", &Config::replicate_mesh_grad_sync,
-       "Dion: data-parallel gradient sync inside the optimizer (dion only)"},
+       "data-parallel gradient sync inside the optimizer (optimizers that support it)"},
       {"mixed_precision", &Config::mixed_precision, "Dion: bf16 momentum and Q"},
       {"adjust_lr", &Config::adjust_lr, "learning-rate scaling of the orthogonalized update", Check::CHOICE,
        {"spectral_norm", "rms_norm", "none"}},
@@ -70,9 +70,9 @@ const std::vector<Key>& keys() {
       {"use_polar_express", &Config::use_polar_express,
        "orthogonalize with Polar Express (default: Newton-Schulz, as train.py)"},
       {"use_gram_newton_schulz", &Config::use_gram_newton_schulz,
-       "orthogonalize with Gram Newton-Schulz (muon, dion2, nordion2/dion3, as train.py; others ignore it)"},
+       "orthogonalize with Gram Newton-Schulz (the optimizers train.py passes it to; others ignore it)"},
       {"ortho_path", &Config::ortho_path,
-       "orthogonalizer path of muon, normuon, dion2, nordion2/dion3: fast (fewer, fused products; differs from "
+       "orthogonalizer path of the orthogonalizing optimizers: fast (fewer, fused products; differs from "
        "exact by bf16 rounding, docs/train.md) or exact (the reference's operation order and bits)", Check::CHOICE,
        {"exact", "fast"}},
       // distribution
@@ -239,6 +239,34 @@ std::string value_text(const Config& c, const Field& f) {
 std::string join_choices(const std::vector<std::string>& choices) {
   std::string out;
   for (const std::string& c : choices) out += (out.empty() ? "" : ", ") + c;
+  return out;
+}
+
+const OptimizerChoice* find_optimizer(const std::string& name) {
+  for (const OptimizerChoice& o : optimizer_catalog()) {
+    if (o.name == name) return &o;
+    for (const std::string& a : o.aliases)
+      if (a == name) return &o;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> choices_of(const Key& k) {
+  if (k.catalog == Key::Catalog::NONE) return k.choices;
+  std::vector<std::string> out;
+  for (const OptimizerChoice& o : optimizer_catalog()) {
+    if (k.catalog == Key::Catalog::SCALAR && o.matrix) continue;
+    out.push_back(o.name);
+    for (const std::string& a : o.aliases) out.push_back(a);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> reference_only_of(const Key& k) {
+  if (k.catalog != Key::Catalog::ALL) return k.reference_only;
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const OptimizerChoice& o : optimizer_catalog())
+    for (const std::string& v : o.reference_variants) out.emplace_back(v, o.name);
   return out;
 }
 

@@ -32,7 +32,25 @@ struct Key {
   std::vector<std::string> choices = {};
   // Values the reference's train.py accepts that are not implemented here -> the nearest choice.
   std::vector<std::pair<std::string, std::string>> reference_only = {};
+  // Choices and reference_only from the optimizer catalog instead (the `optimizer` and
+  // `scalar_opt` keys): every algorithm, or the scalar ones.
+  enum class Catalog { NONE, ALL, SCALAR } catalog = Catalog::NONE;
 };
+
+// What dion-train can run (optimizer_catalog.cpp: the optimizer library's registry). The config
+// files use no LibTorch: a program with the config alone (the config fuzzer) links its own list.
+struct OptimizerChoice {
+  std::string name;
+  bool matrix = true;
+  std::vector<std::string> aliases;             // accepted names for it
+  std::vector<std::string> reference_variants;  // train.py's names of variants not implemented here
+  bool optimizer_grad_sync = false;             // takes replicate_mesh_grad_sync
+};
+const std::vector<OptimizerChoice>& optimizer_catalog();
+const OptimizerChoice* find_optimizer(const std::string& name);  // by name or alias; nullptr: none
+// k.choices, or the catalog's names (with aliases) for a catalog key.
+std::vector<std::string> choices_of(const Key& k);
+std::vector<std::pair<std::string, std::string>> reference_only_of(const Key& k);
 
 // Every key, in table order (the order of --help and of config.yaml).
 const std::vector<Key>& keys();

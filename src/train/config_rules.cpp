@@ -27,9 +27,10 @@ std::string key_valid(const Config& c, const Key& k) {
     case Check::FRACTION: return num() > 0 && num() <= 1 ? "" : "a value in (0, 1]";
     case Check::CHOICE: {
       const std::string v = value_text(c, k.field);
-      for (const std::string& choice : k.choices)
+      const std::vector<std::string> choices = choices_of(k);
+      for (const std::string& choice : choices)
         if (v == choice) return "";
-      return "one of: " + join_choices(k.choices) + did_you_mean(v, k.choices);
+      return "one of: " + join_choices(choices) + did_you_mean(v, choices);
     }
   }
   return "";
@@ -39,11 +40,11 @@ std::string key_valid(const Config& c, const Key& k) {
 // accepts but dion-train does not implement says so and names the nearest supported choice.
 std::string key_error(const Config& c, const Key& k) {
   const std::string v = value_text(c, k.field);
-  for (const auto& [ref, nearest] : k.reference_only)
+  for (const auto& [ref, nearest] : reference_only_of(k))
     if (v == ref)
       return fmt::format("key '{}': value '{}' is not implemented in dion-train (the reference train.py accepts it); "
                          "the nearest supported choice is '{}' (supported: {})",
-                         k.name, v, nearest, join_choices(k.choices));
+                         k.name, v, nearest, join_choices(choices_of(k)));
   const std::string valid = key_valid(c, k);
   return valid.empty() ? "" : fmt::format("key '{}': value '{}' is invalid; valid: {}", k.name, v, valid);
 }
@@ -100,15 +101,23 @@ void config_validate(const Config& c) {
     fail(fmt::format("key 'checkpoint_freq': value {} needs checkpoint_dir (it is empty)", c.checkpoint_freq));
   if (c.stop_after > 0 && c.checkpoint_dir.empty())
     fail(fmt::format("key 'stop_after': value {} needs checkpoint_dir to continue from (it is empty)", c.stop_after));
-  if (c.replicate_mesh_grad_sync && c.optimizer != "dion")
-    fail(fmt::format("key 'replicate_mesh_grad_sync': true is for optimizer dion only (optimizer is '{}')",
-                     c.optimizer));
+  if (c.replicate_mesh_grad_sync) {
+    const OptimizerChoice* o = find_optimizer(c.optimizer);
+    if (!o || !o->optimizer_grad_sync) {
+      std::vector<std::string> which;
+      for (const OptimizerChoice& x : optimizer_catalog())
+        if (x.optimizer_grad_sync) which.push_back(x.name);
+      fail(fmt::format("key 'replicate_mesh_grad_sync': true is for optimizer {} only (optimizer is '{}')",
+                       join_choices(which), c.optimizer));
+    }
+  }
   // numerics keys
   if (c.grad_clip > 0 && c.replicate_mesh_grad_sync && c.dp_size > 1)
     fail(fmt::format("key 'grad_clip': value {} needs the gradient summed over the dp replicas, which legacy Dion "
                      "with replicate_mesh_grad_sync never forms (dp_size {}); valid: grad_clip 0, or "
                      "replicate_mesh_grad_sync false", format_double(c.grad_clip), c.dp_size));
-  if (c.scalar_opt == "adamw" && c.optimizer != "adamw" && c.optimizer != "lion" &&
+  const OptimizerChoice* matrix_opt = find_optimizer(c.optimizer);
+  if (c.scalar_opt == "adamw" && matrix_opt && matrix_opt->matrix &&
       (c.scalar_beta1 >= 1 || c.scalar_beta2 >= 1))
     fail(fmt::format("keys 'scalar_beta1' {} / 'scalar_beta2' {}: AdamW (scalar_opt adamw) needs each beta < 1 (its "
                      "bias correction divides by 1 - beta^t); valid: betas in [0, 1)",

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "dion/data/shard_folder.h"
+#include "config_keys.h"
 
 namespace dion::train {
 
@@ -165,7 +166,7 @@ std::vector<std::string> resume_check(const Config& c, const CheckpointMeta& met
   }
   // numerics keys: a checkpoint from before scalar_beta1/2 ran its embedding and lm_head with
   // (0.95, 0.98) (the default then); say so rather than change them silently.
-  if (!saved["scalar_beta1"].IsDefined() && c.optimizer != "adamw" && c.optimizer != "lion")
+  if (!saved["scalar_beta1"].IsDefined() && config_detail::find_optimizer(c.optimizer) && config_detail::find_optimizer(c.optimizer)->matrix)
     lines.push_back(fmt::format("  resuming {} with scalar betas ({}, {}); it was trained by a dion-train without the "
                                 "scalar_beta keys, which used (0.95, 0.98): pass --scalar_beta1 0.95 --scalar_beta2 "
                                 "0.98 to keep those",

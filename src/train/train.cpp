@@ -262,7 +262,7 @@ RunSummary train_run(const Config& config) {
   say(fmt::format("  batch {} x {} tokens (device batch {}, {} accumulation steps), {} steps, lr {} "
                   "(warmup {}, warmdown {}), scalar_opt {}",
                   c.batch_size, c.sequence_length, c.device_batch_size, accum, N, c.lr, c.warmup_ratio,
-                  c.warmdown_ratio, c.optimizer == "adamw" || c.optimizer == "lion" ? c.optimizer : c.scalar_opt));
+                  c.warmdown_ratio, !find_algorithm(c.optimizer, true).matrix() ? c.optimizer : c.scalar_opt));
   say(fmt::format("  train data: {}", train_loader->describe()));
   say(fmt::format("  val data:   {}; {} batches per validation", val_loader->describe(), c.val_steps()));
   say(fmt::format("  run dir: {}; checkpoints: {}", run_dir.string(),

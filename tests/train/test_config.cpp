@@ -196,7 +196,7 @@ TEST(TrainConfig, BadValuesNameTheKeyTheValueAndWhatIsValid) {
   EXPECT_NE(error_of({"--lr", "fast"}).find("key 'lr': value 'fast' is not a number"), std::string::npos);
   EXPECT_NE(error_of({"--n_layer", "2.5"}).find("key 'n_layer': value '2.5' is not an integer"), std::string::npos);
   EXPECT_NE(error_of({"--debug", "maybe"}).find("key 'debug': value 'maybe' is not a boolean"), std::string::npos);
-  EXPECT_NE(error_of({"--optimizer", "sgd"}).find("one of: adamw, lion, muon"), std::string::npos);
+  EXPECT_NE(error_of({"--optimizer", "sgd"}).find("one of: muon, normuon, dion2, nordion2, dion3, dion, adamw, lion"), std::string::npos);
   EXPECT_NE(error_of({"--learning_rate", "0.1"}).find("unknown key 'learning_rate'"), std::string::npos);
   EXPECT_NE(error_of({"--batch_size", "100", "--device_batch_size", "64"}).find("key 'batch_size': value 100"),
             std::string::npos);

@@ -201,7 +201,7 @@ TEST_F(TrainRun, BadConfigsFailWithTheKeyAndWriteNothing) {
       {{"--batch_size", "10", "--device_batch_size", "4"}, "key 'batch_size': value 10 is not divisible by device_batch_size 4"},
       {{"--model_dim", "60", "--n_head", "8"}, "key 'model_dim': value 60 is not divisible by n_head 8"},
       {{"--dp_size", "2"}, "dp_size 2 x fs_size 1 x tp_size 1 = 2, but WORLD_SIZE is 1"},
-      {{"--optimizer", "sgd"}, "key 'optimizer': value 'sgd' is invalid; valid: one of: adamw, lion, muon, normuon, dion2"},
+      {{"--optimizer", "sgd"}, "key 'optimizer': value 'sgd' is invalid; valid: one of: muon, normuon, dion2, nordion2, dion3, dion, adamw, lion"},
       {{"--ortho_path", "fastest"}, "key 'ortho_path': value 'fastest' is invalid; valid: one of: exact, fast"},
       {{"--qr_method", "cqr"}, "key 'qr_method': value 'cqr' is not implemented in dion-train (the reference "
                                "train.py accepts it); the nearest supported choice is 'rcqr'"},

@@ -2,6 +2,7 @@
 //
 //   dion-bench ortho  [--shapes 2048x2048x1,...] [--dtypes bf16,fp32] [--reps N] [--check]
 //   dion-bench step   [--sets 768x2,256x4] [--algos muon,...] [--paths exact,fast,gram] [--phases]
+//                     (--algos: any registered matrix algorithm, plugins in DION_ALGORITHM_PLUGINS too)
 //   dion-bench micro  [--sizes 256,512,1024,2048] [--reps N]
 //   dion-bench dist   [--ranks 1,2,4] [--sets 256x4] [--variants muon,dion2@0.25,...] [--layouts fsdp,ddp]
 //   dion-bench all    (the four, with their defaults)
@@ -200,9 +201,17 @@ void run_ortho(const Common& common, const OrthoArgs& a) {
 
 // ---------------------------------------------------------------------------- step
 
+// "a,b,c": the registered matrix algorithms (dion/optim/algorithm.h), plugins included.
+std::string matrix_algorithms() {
+  std::string out;
+  for (const dion::Algorithm a : dion::algorithms())
+    if (a.matrix()) out += (out.empty() ? "" : ",") + a.name();
+  return out;
+}
+
 struct StepArgs {
   std::string sets = "768x2,256x4";
-  std::string algos = "muon,normuon,dion2,nordion2,dion";
+  std::string algos = matrix_algorithms();  // every registered matrix algorithm
   std::string paths = "exact,fast,gram";
   int reps = 3;
   int64_t vocab = 8192;
@@ -224,7 +233,8 @@ Built build(const ParamSet& base, const std::string& algo, const std::string& pa
   };
   dion::Options o(0.02);
   o.algorithm(algo).weight_decay(0.01);
-  if (algo == "dion") o.rank_fraction(0.25);
+  const dion::AlgorithmSpec& spec = dion::find_algorithm(algo).spec();
+  if (spec.benchmark_options) spec.benchmark_options(o);  // e.g. a low-rank algorithm's rank
   dion::math::OrthoConfig ortho;
   ortho.path = path == "exact" ? dion::math::OrthoPath::EXACT : dion::math::OrthoPath::FAST;
   ortho.use_gram_newton_schulz = path == "gram";
@@ -244,7 +254,8 @@ void run_step(const Common& common, const StepArgs& a) {
       std::vector<Built> opts;
       std::vector<std::string> names;
       for (const std::string& p : paths) {
-        if (algo == "dion" && p != "exact") continue;  // legacy Dion has no Newton-Schulz
+        // An algorithm without an orthogonalizer (a QR-based one) has one path.
+        if (!dion::find_algorithm(algo).spec().uses_orthogonalizer && p != "exact") continue;
         opts.push_back(build(base, algo, p));
         names.push_back(p);
       }
@@ -423,7 +434,10 @@ void check_args(const OrthoArgs& o, const StepArgs& s, const MicroArgs& m) {
   check_list("--dtypes", o.dtypes, {"bf16", "fp32"});
   check_list("--sets", s.sets, {});
   for (const std::string& t : split(s.sets)) parse_dims("--sets", t, 2);
-  check_list("--algos", s.algos, {"muon", "normuon", "dion2", "nordion2", "dion"});
+  std::vector<std::string> matrix;
+  for (const dion::Algorithm a : dion::algorithms())
+    if (a.matrix()) matrix.push_back(a.name());
+  check_list("--algos", s.algos, matrix);
   check_list("--paths", s.paths, {"exact", "fast", "gram"});
   check_list("--sizes", m.sizes, {});
   for (const std::string& t : split(m.sizes)) parse_dims("--sizes", t, 1);
@@ -450,7 +464,7 @@ int main(int argc, char** argv) {
   StepArgs step;
   CLI::App* c_step = app.add_subcommand("step", "optimizer step per algorithm and orthogonalizer path");
   c_step->add_option("--sets", step.sets, "d x layers list of GPT parameter sets")->capture_default_str();
-  c_step->add_option("--algos", step.algos, "muon,normuon,dion2,nordion2,dion")->capture_default_str();
+  c_step->add_option("--algos", step.algos, "matrix algorithms (default: every registered one)")->capture_default_str();
   c_step->add_option("--paths", step.paths, "exact,fast,gram (the first is the diff baseline)")
       ->capture_default_str();
   c_step->add_option("--reps", step.reps, "timed steps")->check(CLI::Range(1, 1 << 30));

@@ -7,8 +7,8 @@
 //   (orthogonalize U [.., k, n] or [.., m, k])
 //   post:  X *= 1 - lr * wd;  X[selected] -= adjusted_lr * U
 //
-// select_dim defaults to the shorter matrix dim (rows when m <= n). NorDion2 uses the same
-// selection with ef_decay = mu along rows. On contiguous float32 / bf16 CPU matrices, pre and post
+// select_dim defaults to the shorter matrix dim (rows when m <= n). Its normalized variant
+// uses the same selection with ef_decay = mu along rows. On contiguous float32 / bf16 CPU matrices, pre and post
 // run as fused passes (dion/math/elementwise.h), bit-identical to the ATen ops; pre then returns
 // U as consecutive slices of one [N, k, n] buffer. Shapes: M [.., m, n]; indices [.., k] (int64).
 #pragma once

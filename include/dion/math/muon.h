@@ -5,8 +5,8 @@
 //   post:  X *= 1 - lr * wd            (or cautious: only where sign(X * U) >= 0)
 //          X -= adjusted_lr * U
 //
-// Functions over lists of same-shape local tensors; no layouts, no communication. NorMuon and
-// NorDion2 reuse `post`. On contiguous float32/bf16 tensors, `pre` and `post` (without
+// Functions over lists of same-shape local tensors; no layouts, no communication. NorMuon and the
+// row-selecting normalized variant reuse `post`. On contiguous float32/bf16 tensors, `pre` and `post` (without
 // cautious weight decay) run as one fused kernel each, bit-identical to the ATen ops they
 // replace: dion/cuda/fused.h on CUDA, dion/math/elementwise.h on the CPU; otherwise those ATen
 // ops. `pre` writes the N matrices of a megabatch into one [N, ..., m, n] buffer (U[i] are its

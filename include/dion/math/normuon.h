@@ -37,7 +37,7 @@ std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const a
 // FAST path only: the normalization fused with the update (dion/math/elementwise.h,
 // cpu::normuon_update_): for every matrix i (and every head, when X[i] is [H, hd, n]),
 // V[i] and U = O[i] normalized as above, then X[i] *= 1 - lr wd and X[i][rows] -= adjusted_lr U,
-// where rows are indices[i] (NorDion2's selected rows; O[i] [.., k, n]) or all rows (indices
+// where rows are indices[i] (the selected rows of the row-selecting variant; O[i] [.., k, n]) or all rows (indices
 // empty: NorMuon). Differs from normuon_normalize + muon_post / dion2_post by float32 rounding.
 // Local matrices only (no shard sums, no split_sizes, no cautious weight decay: the caller
 // checks). Returns false, having changed nothing, when a tensor is not a contiguous float32 /

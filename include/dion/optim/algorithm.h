@@ -1,14 +1,212 @@
-// dion/optim/algorithm.h — the algorithm of a param group, as an enum.
+// dion/optim/algorithm.h — the algorithm registry: what the optimizer knows about an algorithm.
 //
-// Strings ("muon", ...) are the API edge (dion/optim/options.h: to_string, parse_algorithm);
-// inside the library only the enum is compared. Here on its own so that the hyperparameter
-// rules (dion/optim/hyperparameters.h), some of which depend on the group's algorithm, can
-// name it.
+// API summary
+// -----------
+//   dion::Algorithm a = dion::find_algorithm("muon");   // a handle; empty when unknown
+//   a.name(); a.spec().matrix; a == dion::Algorithm{}    // compared by identity
+//   for (dion::Algorithm a : dion::algorithms()) ...     // registration order
+//   dion::algorithm_names()                              // "muon", "normuon", ... for messages
+//   dion::load_algorithm_plugin("libmy_algo.so")         // algorithms from a shared library
+//
+// An algorithm is one AlgorithmSpec, defined next to its driver (src/optim/drivers/<family>.cpp)
+// and registered there with DION_REGISTER_ALGORITHM. The spec says everything generic code asks:
+// its name and aliases, matrix or scalar (and so which parameters it takes), the state it keeps
+// (keys, shapes, dtypes, how each starts), its defaults, its own checks of hyperparameters,
+// parameters and layouts, when its tasks run in step(), the update itself, and how the Python
+// module and the trainer construct it. The optimizer, the checkpoints, the Python bindings and
+// classes, the trainer's config and dion-bench ask the registry; none names an algorithm.
+//
+// Adding an algorithm: write its math (dion/math/<name>.h), a driver file with its update and
+// its spec, and export its class (DION_OPTIMIZER_CLASS in dion/dion.h; the Python package's
+// list). tests/optim/sign_descent.cpp is a whole algorithm in one file, registered from a test.
+//
+// Plugins: a shared library whose static initializers register specs (DION_REGISTER_ALGORITHM)
+// and which exports dion_algorithm_plugin (DION_ALGORITHM_PLUGIN()) adds its algorithms to a
+// running program: load_algorithm_plugin(path), or the DION_ALGORITHM_PLUGINS environment
+// variable (paths separated by ':'), read the first time the registry is asked. dion-train,
+// dion-bench and the Python module (dion_cpp.load_algorithm_plugin) all go through here.
 #pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
 
 namespace dion {
 
-enum class Algorithm { Muon, NorMuon, Dion2, NorDion2, Dion, AdamW, Lion };
-inline constexpr int kAlgorithmCount = 7;
+class Options;
+class Distribution;
+class ParamState;
+struct AlgorithmSpec;
+struct Plan;  // a megabatch's layout (src/optim/plan.h)
+namespace driver {
+struct Batch;
+struct Env;
+}  // namespace driver
+
+// A registered algorithm: a handle to its spec, compared by identity. Default: none.
+class Algorithm {
+ public:
+  constexpr Algorithm() = default;
+  explicit Algorithm(const AlgorithmSpec* spec) : spec_(spec) {}
+  const AlgorithmSpec& spec() const;  // throws std::logic_error when empty
+  const std::string& name() const;
+  bool matrix() const;  // false when empty
+  explicit operator bool() const { return spec_ != nullptr; }
+  friend bool operator==(Algorithm a, Algorithm b) { return a.spec_ == b.spec_; }
+  friend bool operator!=(Algorithm a, Algorithm b) { return a.spec_ != b.spec_; }
+
+ private:
+  const AlgorithmSpec* spec_ = nullptr;
+};
+
+// Where a state tensor's part on this rank sits in the whole (src/optim/state_layout.h): what
+// a checkpoint records and what a load at another layout cuts out.
+enum class StateLayout {
+  PARAM,       // shaped and sharded like the parameter
+  NEURON,      // like the parameter, except its last dim: [.., m, 1], whole on every rank
+  SCALAR,      // 0-d, the same on every rank
+  OUTER_ROWS,  // [rows, r]: the whole matrix's low-rank basis; a sharded parameter keeps its outer chunk of rows
+};
+
+// One state tensor of a parameter: its key (the reference's name: momentum, variance, ...), this
+// rank's shape, its dtype and its layout.
+struct StateSpec {
+  std::string key;
+  std::vector<int64_t> shape;
+  at::ScalarType dtype;
+  StateLayout layout = StateLayout::PARAM;
+  // A counter of steps: a checkpoint without it resumes it from the group's step.
+  bool from_step = false;
+};
+
+// What a spec's state and check functions see of one parameter.
+struct ParamView {
+  const at::Tensor& param;                  // this rank's tensor (a shard, or the whole)
+  const std::vector<int64_t>& global_shape;  // the whole parameter's shape
+  const Distribution* dist;                 // null: one process
+};
+
+// A hyperparameter value this algorithm refuses: the option's name and the rule's text.
+struct OptionError {
+  std::string option;
+  std::string valid;
+};
+
+// The trainer's knobs (train.py's command line) an algorithm's class is built from; `to_options`
+// writes them into the class's defaults as train.py's constructor call does.
+struct TrainKnobs {
+  double lr = 0.0, mu = 0.0, weight_decay = 0.0, ortho_fraction = 0.0, rcqr_oversample = 0.0;
+  std::string adjust_lr;
+  bool mixed_precision = false;
+};
+
+// One keyword of a Python class's constructor, in the reference's order. `target`: "option"
+// (the hyperparameter of the same name, or `option` when set), "float" (likewise, as
+// float(value)), "fixed" (the reference accepts its default only), "extra" (a constructor keyword
+// the C++ optimizer reads itself: the orthogonalizer's use_polar_express,
+// use_gram_newton_schulz, newton_schulz_func, use_triton; mixed_precision_config), "mesh" (the distribution keywords), "ignored" (accepted for the
+// reference's signature, no effect) or "attribute" (kept on the Python object: verbose).
+// `default_value`: a Python literal ("0.01", "(0.9, 0.95)", "None", "'spectral_norm'").
+struct PythonKeyword {
+  std::string name;
+  std::string default_value;
+  std::string target = "option";
+  std::string option = {};
+};
+
+// The Python class of an algorithm (python/dion_cpp: generated from this).
+struct PythonClass {
+  std::vector<PythonKeyword> keywords;  // after `params`
+  std::string doc;                      // the class docstring
+  // Behaviours of the generated class, by name (python/dion_cpp/_optimizers.py): "mesh" (one
+  // distributed_mesh: DDP / FSDP) or "meshes" (replicate / outer / inner shard meshes);
+  // "selection_report" (verbose prints the selection choice); "lazy_state" (state created at the
+  // first step, not at construction); "float_hyperparams" (group lr stays a float).
+  std::vector<std::string> behaviours;
+};
+
+struct AlgorithmSpec {
+  using Update = void (*)(const driver::Batch& batch, const Options& options, const driver::Env& env);
+
+  std::string name;                  // "muon": Options::algorithm(name), the checkpoints' name
+  std::vector<std::string> aliases;  // other names the trainer's config accepts
+  std::string summary;               // one line for listings (--help, docs)
+  std::string class_name;            // the C++ / Python class ("Muon"); empty: none (adamw, lion)
+  std::vector<std::string> class_aliases;  // other names of the class ("Dion3")
+  // Matrix algorithms take parameters of ndim >= 2, batched into megabatches (same shape, dtype,
+  // layout); scalar ones take any parameter, one task per group.
+  bool matrix = true;
+  int phase = 0;        // order within step(): lower first (matrix groups 0, lion 1, adamw 2)
+  bool serial = false;  // its tasks draw random numbers: they run one after another, in order
+  bool supports_split_sizes = false;  // split_sizes (row blocks of a fused weight) allowed
+  bool lm_head_lr_scaled = false;     // lm_head_lr_scale(): 1/sqrt(model_dim) for this algorithm
+  bool weight_decay_on_host = false;  // reads weight decay on the host even with device scalars
+  bool uses_orthogonalizer = true;    // its matrices go through the OrthoConfig's orthogonalizer
+  // The hyperparameters it reads (dion/optim/hyperparameters.h), for listings.
+  std::vector<std::string> reads;
+
+  // The state of one parameter, in creation order. Required.
+  std::function<std::vector<StateSpec>(const ParamView& p, const Options& o)> state;
+  // A state tensor's first value; null (or returning undefined): zeros like the parameter.
+  std::function<at::Tensor(const ParamView& p, const StateSpec& s)> initial_state;
+  // Its own rules for hyperparameter values, beyond the table's (nullopt: valid).
+  std::function<std::optional<OptionError>(const Options& o)> check_options;
+  // Its own checks of one parameter (throw dion::ValueError / NotImplementedError with `what`,
+  // which names the group, the parameter and its shape).
+  std::function<void(const ParamView& p, const Options& o, const std::string& what)> check_param;
+  // Its own refusals of a sharded megabatch's layout (throw NotImplementedError with `where`).
+  std::function<void(const Plan& plan, const Options& o, const std::string& where)> check_plan;
+  Update update = nullptr;  // one task: a megabatch (matrix) or a group (scalar)
+
+  // The class's defaults (also the named C++ class's defaults()); null: Options().algorithm(name).
+  std::function<Options()> defaults;
+  // The trainer: the class as train.py builds it. null: the defaults with lr and weight decay.
+  std::function<void(Options& defaults, const TrainKnobs& knobs)> train_options;
+  bool train_gram_newton_schulz = false;  // train.py passes use_gram_newton_schulz to this class
+  // train.py's names of variants of this algorithm that are not implemented here: the trainer's
+  // config refuses them and names this one as the nearest.
+  std::vector<std::string> train_reference_variants;
+  // The optimizer averages the gradients over the replicas itself (replicate_mesh_grad_sync).
+  bool optimizer_grad_sync = false;
+  PythonClass python;
+  // dion-bench step: settings its rows use beyond the defaults (null: none).
+  std::function<void(Options& options)> benchmark_options;
+};
+
+// The registry. Registration order is the listing order. register_algorithm throws
+// std::invalid_argument for a duplicate name or alias, or a spec without state / update.
+Algorithm register_algorithm(AlgorithmSpec spec);
+std::vector<Algorithm> algorithms();  // every registered algorithm (loads the env plugins first)
+Algorithm find_algorithm(const std::string& name, bool aliases = false);  // empty: unknown
+std::string algorithm_names(bool matrix_only = false);  // "muon, normuon, ..." for messages
+// Load a plugin (see above); throws dion::ValueError naming the path and dlerror() when it
+// cannot be loaded or exports no dion_algorithm_plugin. Returns the algorithms it added.
+std::vector<Algorithm> load_algorithm_plugin(const std::string& path);
+
+namespace detail {
+struct Registrar {
+  explicit Registrar(AlgorithmSpec (*make)());
+};
+// Algorithms registered in this shared object (a plugin's own copy of the registry).
+std::vector<const AlgorithmSpec*>& local_specs();
+}  // namespace detail
 
 }  // namespace dion
+
+// Registers the spec `make()` returns, when the program (or plugin) starts.
+#define DION_REGISTER_ALGORITHM(make) \
+  static const ::dion::detail::Registrar DION_CONCAT_(dion_registrar_, __LINE__)(make)
+#define DION_CONCAT_(a, b) DION_CONCAT2_(a, b)
+#define DION_CONCAT2_(a, b) a##b
+
+// In a plugin's source: the entry point load_algorithm_plugin looks for.
+#define DION_ALGORITHM_PLUGIN()                                                                      \
+  extern "C" __attribute__((visibility("default"))) const std::vector<const ::dion::AlgorithmSpec*>* \
+  dion_algorithm_plugin() {                                                                          \
+    return &::dion::detail::local_specs();                                                           \
+  }

@@ -8,12 +8,12 @@
 //   and the Python bindings' keyword / param-group handling (python/bindings.cpp).
 // Adding a hyperparameter is one line here plus its use in a driver (src/optim/drivers/).
 //
-// Not here: the group's algorithm (an enum, algorithm.h; its string API in options.h) and its step counter
-// (state, not a hyperparameter), which each use handles by name; cross-field rules (num_heads
-// with flatten, split_sizes with the algorithm) live in Options::validate.
+// Not here: the group's algorithm (a registered one, algorithm.h) and its step counter (state,
+// not a hyperparameter), which each use handles by name; cross-field rules (num_heads with
+// flatten, split_sizes with the algorithm) live in Options::validate, and an algorithm's own
+// rules for a value (AlgorithmSpec::check_options) in its spec.
 //
-// `rule` is one of the rule objects below: a check on the value (in a group of a given
-// algorithm) and the text of the error ("param group 0: invalid fraction = 2 (must be in
+// `rule` is one of the rule objects below: a check on the value and the text of the error ("param group 0: invalid fraction = 2 (must be in
 // (0, 1])"). `comm` rules mark the fields whose disagreement across ranks changes the
 // collectives issued (checked across ranks).
 #pragma once
@@ -29,7 +29,6 @@
 #include <vector>
 
 #include "dion/math/lr.h"
-#include "dion/optim/algorithm.h"
 
 namespace dion {
 
@@ -40,46 +39,45 @@ using OptionalDtype = std::optional<at::ScalarType>;  // nullopt: the parameter'
 // clang-format off
 #define DION_HYPERPARAMETERS(X)                                                                          \
   X(double, lr, 0.01, ::dion::rule::kNonNegative, "learning rate")                                               \
-  X(double, weight_decay, 0.01, ::dion::rule::kWeightDecay, "decoupled weight decay")                            \
-  X(double, mu, 0.95, ::dion::rule::kNonNegative, "momentum (muon family); error-feedback decay (nordion2)")     \
-  X(double, muon_beta2, 0.95, ::dion::rule::kVarianceDecay, "normuon / nordion2: per-neuron variance EMA")        \
-  X(::dion::Betas, betas, (::dion::Betas{0.9, 0.95}), ::dion::rule::kBetas, "adamw / lion (beta1, beta2)")        \
-  X(double, epsilon, 1e-8, ::dion::rule::kPositive, "orthogonalization / adamw epsilon")                          \
-  X(double, fraction, 0.25, ::dion::rule::kFractionComm, "dion2 / nordion2: fraction of slices selected")         \
-  X(double, ef_decay, 0.95, ::dion::rule::kNonNegative, "dion2: error-feedback decay")                            \
+  X(double, weight_decay, 0.01, ::dion::rule::kFinite, "decoupled weight decay")                            \
+  X(double, mu, 0.95, ::dion::rule::kNonNegative, "momentum; the error-feedback decay where an algorithm says so")     \
+  X(double, muon_beta2, 0.95, ::dion::rule::kVarianceDecay, "per-neuron variance EMA (normalized algorithms)")        \
+  X(::dion::Betas, betas, (::dion::Betas{0.9, 0.95}), ::dion::rule::kBetas, "scalar algorithms: (beta1, beta2)")        \
+  X(double, epsilon, 1e-8, ::dion::rule::kPositive, "orthogonalization / second-moment epsilon")                          \
+  X(double, fraction, 0.25, ::dion::rule::kFractionComm, "fraction of slices selected (selecting algorithms)")         \
+  X(double, ef_decay, 0.95, ::dion::rule::kNonNegative, "error-feedback decay of the selected slices")                            \
   X(::dion::math::AdjustLR, adjust_lr, ::dion::math::AdjustLR::SPECTRAL_NORM, ::dion::rule::kAny,                 \
     "learning-rate scaling by shape: spectral_norm | rms_norm | none")                                   \
   X(bool, cautious_wd, false, ::dion::rule::kAny, "weight decay only where update and weight agree in sign")      \
-  X(bool, nesterov, false, ::dion::rule::kAny, "muon family: Nesterov momentum")                                  \
+  X(bool, nesterov, false, ::dion::rule::kAny, "Nesterov momentum")                                  \
   X(bool, flatten, false, ::dion::rule::kComm, "3-D+ parameters as [dim0, prod(rest)]")                          \
   X(int64_t, num_heads, 0, ::dion::rule::kHeads, "0 or 1: off; > 1: orthogonalize each head's rows apart")        \
   X(::dion::SplitSizes, split_sizes, ::dion::SplitSizes{}, ::dion::rule::kSplits,                                \
-    "muon / normuon: row blocks of a fused weight, orthogonalized apart")                               \
+    "row blocks of a fused weight, orthogonalized apart")                               \
   X(std::string, selection_scope, "local", ::dion::rule::kScope,                                                  \
-    "dion2 / nordion2 on row-sharded matrices: local (per shard) | global (whole matrix)")               \
+    "selection on row-sharded matrices: local (per shard) | global (whole matrix)")               \
   X(std::string, selection_dim, "shorter", ::dion::rule::kSelectionDim,                                           \
-    "dion2 on sharded matrices: shorter (as one process) | shard (the sharded dim, as the reference)")  \
-  X(double, rank_fraction, 1.0, ::dion::rule::kFractionComm, "dion: r = rank_fraction * min(m, n)")               \
-  X(int64_t, rank_multiple_of, 1, ::dion::rule::kPositiveComm, "dion: round r up to a multiple of this")         \
-  X(double, oversample, 1.25, ::dion::rule::kOversampleComm, "dion: randomized-QR sketch oversampling")          \
-  X(::dion::OptionalDtype, momentum_dtype, std::nullopt, ::dion::rule::kDtypeComm, "dion: momentum dtype")       \
-  X(::dion::OptionalDtype, Q_dtype, std::nullopt, ::dion::rule::kDtypeComm, "dion: Q dtype")                     \
+    "selection on sharded matrices: shorter (as one process) | shard (the sharded dim, as the reference)")  \
+  X(double, rank_fraction, 1.0, ::dion::rule::kFractionComm, "low-rank: r = rank_fraction * min(m, n)")               \
+  X(int64_t, rank_multiple_of, 1, ::dion::rule::kPositiveComm, "low-rank: round r up to a multiple of this")         \
+  X(double, oversample, 1.25, ::dion::rule::kOversampleComm, "low-rank: randomized-QR sketch oversampling")          \
+  X(::dion::OptionalDtype, momentum_dtype, std::nullopt, ::dion::rule::kDtypeComm, "momentum dtype (low-rank)")       \
+  X(::dion::OptionalDtype, Q_dtype, std::nullopt, ::dion::rule::kDtypeComm, "Q dtype (low-rank)")                     \
   X(::dion::OptionalDtype, variance_dtype, std::nullopt, ::dion::rule::kAny,                                      \
-    "adamw: variance dtype (another than the parameter's: the unfused update)")
+    "second-moment dtype (another than the parameter's: the unfused update)")
 // clang-format on
 
-// The rules a hyperparameter's value must follow. `ok(value, algorithm)`: the value is valid in
-// a group of that algorithm (the defaults of a named optimizer are checked with its algorithm).
+// The rules a hyperparameter's value must follow in any group. `ok(value)`: the value is valid.
 // `text` goes into the error, `comm`: the value changes which collectives run (compared across
 // ranks).
 //
-// The ranges are the reference's: the checks of microsoft/dion's constructors (Muon, NorMuon,
-// Dion2, NorDion2 = Dion3, Dion), e.g. `if mu < 0.0: raise` (mu >= 0, mu = 1 and above accepted),
-// and where a constructor checks nothing (epsilon; weight_decay outside Dion), any value that
-// works. Refused besides, because such values cannot work (docs/errors.md lists each):
+// The ranges are the reference's: the checks of microsoft/dion's optimizer constructors,
+// e.g. `if mu < 0.0: raise` (mu >= 0, mu = 1 and above accepted),
+// and where a constructor checks nothing (epsilon; weight_decay, except where an algorithm's spec checks it), any value that
+// works (the checks one algorithm adds, such as weight_decay >= 0, are its spec's). Refused besides, because such values cannot work (docs/errors.md lists each):
 //   - NaN and +-inf in every real hyperparameter (NaN passes the reference's `x < 0` checks);
 //   - muon_beta2 > 1 (the variance EMA goes negative: its square root is NaN at the first step);
-//   - adamw's beta1 = 1 and beta2 >= 1 (bias correction 1 - beta^t = 0, or a negative variance);
+//   - (in the bias-corrected second-moment algorithm's spec) beta1 = 1 and beta2 >= 1;
 //   - oversample <= 0 (a sketch of no rows);
 //   - epsilon <= 0 (the reference checks nothing: a zero gradient, an all-zero megabatch slice
 //     or an AdamW element with zero variance then divides 0 by 0 and the weights turn NaN);
@@ -92,7 +90,7 @@ inline constexpr double kInf = std::numeric_limits<double>::infinity();
 struct Any {
   bool comm = false;
   template <typename T>
-  bool ok(const T&, Algorithm) const { return true; }
+  bool ok(const T&) const { return true; }
   const char* text = "";
 };
 struct Real {  // a finite number with lo <= v (lo < v when lo_open) and v <= hi
@@ -101,34 +99,28 @@ struct Real {  // a finite number with lo <= v (lo < v when lo_open) and v <= hi
   double hi = kInf;
   const char* text = "must be finite";
   bool comm = false;
-  bool ok(double v, Algorithm) const { return std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi; }
+  bool ok(double v) const { return std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi; }
 };
-struct WeightDecay {  // finite; >= 0 in dion groups (the reference's Dion checks it, the others do not)
-  bool ok(double v, Algorithm a) const { return std::isfinite(v) && (a != Algorithm::Dion || v >= 0.0); }
-  const char* text = "must be finite, and >= 0 for dion";
-  bool comm = false;
-};
-struct BetasRule {  // each finite and >= 0; adamw: beta1 != 1 and beta2 < 1
-  bool ok(const Betas& b, Algorithm a) const {
+struct BetasRule {  // each finite and >= 0
+  bool ok(const Betas& b) const {
     const double b1 = std::get<0>(b), b2 = std::get<1>(b);
-    if (!(std::isfinite(b1) && std::isfinite(b2) && b1 >= 0.0 && b2 >= 0.0)) return false;
-    return a != Algorithm::AdamW || (b1 != 1.0 && b2 < 1.0);
+    return std::isfinite(b1) && std::isfinite(b2) && b1 >= 0.0 && b2 >= 0.0;
   }
-  const char* text = "each must be finite and >= 0; for adamw beta1 != 1 and beta2 < 1";
+  const char* text = "each must be finite and >= 0";
   bool comm = false;
 };
 struct Positive {
-  bool ok(int64_t v, Algorithm) const { return v > 0; }
+  bool ok(int64_t v) const { return v > 0; }
   const char* text = "must be > 0";
   bool comm = true;
 };
 struct Heads {  // 0 (and 1): off. Python: None is off, other values must be positive integers
-  bool ok(int64_t v, Algorithm) const { return v >= 0; }
+  bool ok(int64_t v) const { return v >= 0; }
   const char* text = "must be a positive integer if set";
   bool comm = true;
 };
 struct Splits {  // empty (off) or >= 2 positive block sizes
-  bool ok(const SplitSizes& s, Algorithm) const {
+  bool ok(const SplitSizes& s) const {
     if (s.empty()) return true;
     if (s.size() < 2) return false;
     for (int64_t v : s)
@@ -141,13 +133,13 @@ struct Splits {  // empty (off) or >= 2 positive block sizes
 struct Choice {  // one of two strings
   const char* a;
   const char* b;
-  bool ok(const std::string& v, Algorithm) const { return v == a || v == b; }
+  bool ok(const std::string& v) const { return v == a || v == b; }
   const char* text;
   bool comm = true;
 };
 struct DtypeRule {
   template <typename T>
-  bool ok(const T&, Algorithm) const { return true; }
+  bool ok(const T&) const { return true; }
   const char* text = "";
   bool comm = true;
 };
@@ -160,7 +152,6 @@ inline constexpr Real kPositive{.lo = 0.0, .lo_open = true, .text = "must be fin
 inline constexpr Real kVarianceDecay{.lo = 0.0, .hi = 1.0, .text = "must be in [0, 1]"};
 inline constexpr Real kFractionComm{.lo = 0.0, .lo_open = true, .hi = 1.0, .text = "must be in (0, 1]", .comm = true};
 inline constexpr Real kOversampleComm{.lo = 0.0, .lo_open = true, .text = "must be finite and > 0", .comm = true};
-inline constexpr WeightDecay kWeightDecay{};
 inline constexpr BetasRule kBetas{};
 inline constexpr Positive kPositiveComm{};
 inline constexpr Heads kHeads{};

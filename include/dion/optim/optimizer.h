@@ -3,9 +3,9 @@
 // API summary
 // -----------
 //   dion::Optimizer opt(groups, defaults, ortho);   // any mix of algorithms, one per group
-//   dion::Muon / NorMuon / Dion2 / NorDion2 (= Dion3) / Dion(legacy)
-//       the reference's classes: their own algorithm for matrix groups, plus "adamw" and
-//       "lion" groups for the scalar parameters; defaults are the reference's defaults.
+//   dion::NamedOptimizer<"name">-style classes (dion/dion.h: one per registered matrix
+//       algorithm, the reference's class names): their own algorithm for matrix groups, plus
+//       scalar groups for the other parameters; defaults are the reference's defaults.
 //   opt.step();                        // NoGradGuard inside; params without .grad() are skipped
 //   opt.zero_grad();                   // from torch::optim::Optimizer
 //   torch::save(opt, "opt.pt"); torch::load(opt, "opt.pt");   // state + group options
@@ -20,14 +20,15 @@
 //       {embeddings_and_norms, {.algorithm = "adamw", .lr = 3e-3}},
 //       {{lm_head}, {.algorithm = "lion", .lr = 3e-3 * dion::lm_head_lr_scale("lion", 768)}},
 //   };
-//   dion::Muon opt(groups, dion::Muon::defaults().lr(0.02));
-//   opt.set_distribution(dist);        // DDP / FSDP / TP: dion/dist/distributed.h (or pass it
+//   dion::Optimizer opt(groups, dion::Options(0.02).algorithm("muon"));
+//   opt.set_distribution(dist);        // DDP / FSDP / TP: dion/optim/distribution.h (or pass it
 //                                      // as the constructor's last argument)
 //
 // What happens in step(), per matrix group: parameters with a gradient are bucketed by
 // (shape, dtype) in order of first appearance ("megabatches"); each megabatch runs the
-// algorithm's pre step on every member, ONE stacked orthogonalization, and the post step
-// (dion/math/*.h). Scalar groups run multi-tensor AdamW / Lion. Invalid hyperparameters or
+// algorithm's update (its spec's, dion/optim/algorithm.h: for the orthonormal family a pre
+// step on every member, ONE stacked orthogonalization, and the post step; dion/math/*.h).
+// Scalar groups run one multi-tensor update per group. Invalid hyperparameters or
 // shapes throw dion::ValueError / NotImplementedError at construction (or in add_param_group),
 // naming the group index, the option and the value.
 //
@@ -59,8 +60,8 @@ struct ParamGroup {
   Override options = {};
 };
 
-// Lion's lm_head learning-rate scale from the Dion paper (App. D.2): 1/sqrt(model_dim) for
-// "lion", 1 otherwise.
+// The lm_head learning-rate scale from the Dion paper (App. D.2): 1/sqrt(model_dim) for a scalar
+// algorithm whose spec asks for it (lm_head_lr_scaled), 1 otherwise.
 double lm_head_lr_scale(const std::string& scalar_opt, int64_t model_dim);
 
 class Optimizer : public torch::optim::Optimizer {
@@ -106,15 +107,11 @@ class Optimizer : public torch::optim::Optimizer {
   void check_options(size_t group, const Options& options) const;
   ParamState* state_of(const at::Tensor& param);  // nullptr before the first step / init_state
 
-  // The state tensors `param` has in a group with options `o`: {key, shape (this rank's), dtype}
-  // for each, in creation order. The one table of what each algorithm keeps: the step creates
-  // state from it, and a load (the Python module's load_state_dict) checks a checkpoint against
-  // it. Q's column count r comes from `o` (rank_fraction, rank_multiple_of).
-  struct StateSpec {
-    std::string key;  // momentum | variance | variance_neuron | Q | step_dev
-    std::vector<int64_t> shape;
-    at::ScalarType dtype;
-  };
+  // The state tensors `param` has in a group with options `o`: {key, shape (this rank's), dtype,
+  // layout} for each, in creation order: the algorithm's table (AlgorithmSpec::state). The step
+  // creates state from it, checkpoints record each tensor's layout from it, and a load (the
+  // Python module's load_state_dict) checks a checkpoint against it.
+  using StateSpec = ::dion::StateSpec;  // dion/optim/algorithm.h
   std::vector<StateSpec> state_specs(const at::Tensor& param, const Options& o) const;
 
   // Device scalars: each group's lr and weight decay read from 0-d float32 tensors on its
@@ -140,8 +137,11 @@ class Optimizer : public torch::optim::Optimizer {
 
  protected:
   // The algorithm a matrix group of this optimizer may use (nullopt: any).
+ public:
   Optimizer(math::OrthoConfig ortho, const Options& defaults, std::optional<Algorithm> only_algorithm,
             std::shared_ptr<Distribution> distribution);
+
+ protected:
   void add_group_checked(std::vector<at::Tensor> params, Options options);
 
  private:
@@ -161,44 +161,13 @@ class Optimizer : public torch::optim::Optimizer {
   std::vector<DeviceScalars> device_scalars_;  // per group, when device_scalars_on_
 };
 
-// The reference's classes. Each accepts groups of its own algorithm plus "adamw" and "lion".
-class Muon : public Optimizer {
+// A class of one matrix algorithm (dion/dion.h declares the reference's: DION_OPTIMIZER_CLASS):
+// groups of that algorithm plus scalar groups; defaults() is the algorithm's spec's.
+class NamedOptimizer : public Optimizer {
  public:
-  static Options defaults();
-  Muon(const std::vector<ParamGroup>& groups, const Options& defaults = Muon::defaults(),
-       math::OrthoConfig ortho = {}, std::shared_ptr<Distribution> distribution = nullptr);
-};
-
-class NorMuon : public Optimizer {
- public:
-  static Options defaults();
-  NorMuon(const std::vector<ParamGroup>& groups, const Options& defaults = NorMuon::defaults(),
-          math::OrthoConfig ortho = {}, std::shared_ptr<Distribution> distribution = nullptr);
-};
-
-class Dion2 : public Optimizer {
- public:
-  static Options defaults();
-  Dion2(const std::vector<ParamGroup>& groups, const Options& defaults = Dion2::defaults(),
-        math::OrthoConfig ortho = {}, std::shared_ptr<Distribution> distribution = nullptr);
-};
-
-class NorDion2 : public Optimizer {
- public:
-  static Options defaults();
-  NorDion2(const std::vector<ParamGroup>& groups, const Options& defaults = NorDion2::defaults(),
-           math::OrthoConfig ortho = {}, std::shared_ptr<Distribution> distribution = nullptr);
-};
-
-// Dion3 is NorDion2 under its third-generation name: the same class, algorithm "nordion2".
-using Dion3 = NorDion2;
-
-// Legacy Dion: low-rank power iteration (dion/math/dion.h). 2-D parameters only.
-class Dion : public Optimizer {
- public:
-  static Options defaults();
-  Dion(const std::vector<ParamGroup>& groups, const Options& defaults = Dion::defaults(),
-       std::shared_ptr<Distribution> distribution = nullptr);
+  NamedOptimizer(const std::string& algorithm, const std::vector<ParamGroup>& groups, const Options& defaults,
+                 math::OrthoConfig ortho, std::shared_ptr<Distribution> distribution);
+  static Options defaults_of(const std::string& algorithm);  // throws ValueError for an unknown name
 };
 
 }  // namespace dion

@@ -5,11 +5,11 @@
 //   `Options().lr(0.02).fraction(0.25)`). The named optimizers (Muon, Dion2,
 //   ...) start from the reference class's defaults; `Override` changes some fields of one
 //   group and leaves the rest at the optimizer's defaults.
-// ParamState: momentum, variance (adamw), variance_neuron (normuon, nordion2), Q (dion),
-//   step_dev (adamw's per-parameter step): the reference's state names.
+// ParamState: the state tensors of one parameter by key (the reference's names: momentum,
+//   variance, variance_neuron, Q, step_dev); which keys an algorithm keeps is its spec's.
 //
-// Algorithms (Options::algorithm): "muon", "normuon", "dion2", "nordion2" (Dion3 uses the
-// same string), "dion" (legacy), "adamw", "lion".
+// Algorithms (Options::algorithm): the registered ones (dion/optim/algorithm.h; listed by
+// dion::algorithm_names()).
 #pragma once
 
 #include <torch/arg.h>
@@ -28,23 +28,21 @@ namespace dion {
 
 using math::AdjustLR;
 
-// The algorithm of a group (dion/optim/algorithm.h). Strings ("muon", ...) are the API edge:
-// Options::algorithm(name), the trainer's config, Python. Inside the optimizer only the enum is
-// compared.
-
-// "muon", "normuon", "dion2", "nordion2", "dion", "adamw", "lion" (the enum's order).
-const char* to_string(Algorithm algorithm);
-// The algorithm named `name`, or nullopt. `aliases`: also "dion3" (= NorDion2), as the
-// trainer's config accepts it.
+// The algorithm of a group (dion/optim/algorithm.h): names are the API edge
+// (Options::algorithm(name), the trainer's config, Python); inside the optimizer the handle is
+// compared and its spec asked.
+const char* to_string(Algorithm algorithm);  // its name
+// The algorithm named `name`, or nullopt. `aliases`: also the names the trainer's config accepts.
 std::optional<Algorithm> parse_algorithm(const std::string& name, bool aliases = false);
-// The algorithm names a group may use (the enum's order).
-const std::vector<std::string>& known_algorithms();
-bool is_matrix_algorithm(Algorithm algorithm);           // muon..dion: need ndim >= 2
+// The algorithm names a group may use (registration order).
+std::vector<std::string> known_algorithms();
+bool is_matrix_algorithm(Algorithm algorithm);           // needs ndim >= 2
 bool is_matrix_algorithm(const std::string& algorithm);  // false for unknown names
 
 class Options : public torch::optim::OptimizerCloneableOptions<Options> {
  public:
-  explicit Options(double lr = 0.01) : lr_(lr) {}
+  // The algorithm: the first registered one (algorithms().front()) until set.
+  explicit Options(double lr = 0.01);
 
   // The hyperparameters (dion/optim/hyperparameters.h): chainable setter and getter each.
 #define DION_OPTIONS_FIELD(T, name, default_value, rule, doc) TORCH_ARG(T, name) = default_value;
@@ -65,7 +63,8 @@ class Options : public torch::optim::OptimizerCloneableOptions<Options> {
   Options& algorithm(const std::string& name);
   Options& algorithm(const char* name) { return algorithm(std::string(name)); }
   std::string algorithm() const;                  // its name
-  Algorithm algo() const { return algorithm_; }   // the enum (valid once validate() passed)
+  Algorithm algo() const { return algorithm_; }   // the handle (valid once validate() passed)
+  const AlgorithmSpec& spec() const { return algorithm_.spec(); }
 
   Options& adjust_lr(const std::string& name) {  // "spectral_norm" | "rms_norm" | "none"
     adjust_lr_ = math::adjust_lr_from_string(name);
@@ -80,9 +79,10 @@ class Options : public torch::optim::OptimizerCloneableOptions<Options> {
   // Check every field for `group` (its index, for the message) and throw std::invalid_argument
   // naming the group, the option and the value when one is invalid.
   void validate(size_t group) const;
+  std::string value_string(const std::string& option) const;  // a hyperparameter's value, printed
 
  private:
-  Algorithm algorithm_ = Algorithm::Muon;
+  Algorithm algorithm_;
   std::string unknown_algorithm_;  // an unknown name given to algorithm(name), for validate()
 };
 
@@ -106,17 +106,32 @@ struct DeviceScalars {
   at::Tensor lr, weight_decay;
 };
 
+// A parameter's state tensors by key, in creation order (AlgorithmSpec::state). The named
+// accessors are the keys the builtin algorithms use; get / set / tensors serve any key.
 class ParamState : public torch::optim::OptimizerCloneableParamState<ParamState> {
  public:
-  TORCH_ARG(at::Tensor, momentum);
-  TORCH_ARG(at::Tensor, variance);         // adamw second moment
-  TORCH_ARG(at::Tensor, variance_neuron);  // normuon / nordion2: [.., m, 1]
-  TORCH_ARG(at::Tensor, Q);                // dion: [n, r] or [m, r] when transposed
-  TORCH_ARG(at::Tensor, step_dev);         // adamw: 0-d fp32 step counter
+  // The tensor under `key` (undefined when absent); set adds or replaces it.
+  const at::Tensor& get(const std::string& key) const;
+  ParamState& set(const std::string& key, at::Tensor value);
+  const std::vector<std::pair<std::string, at::Tensor>>& tensors() const { return tensors_; }
+  std::vector<std::pair<std::string, at::Tensor>>& tensors() { return tensors_; }
 
- public:
+  const at::Tensor& momentum() const { return get("momentum"); }
+  const at::Tensor& variance() const { return get("variance"); }                // second moment
+  const at::Tensor& variance_neuron() const { return get("variance_neuron"); }  // [.., m, 1]
+  const at::Tensor& Q() const { return get("Q"); }                              // [n, r] (or [m, r])
+  const at::Tensor& step_dev() const { return get("step_dev"); }                // 0-d fp32 step counter
+  ParamState& momentum(at::Tensor t) { return set("momentum", std::move(t)); }
+  ParamState& variance(at::Tensor t) { return set("variance", std::move(t)); }
+  ParamState& variance_neuron(at::Tensor t) { return set("variance_neuron", std::move(t)); }
+  ParamState& Q(at::Tensor t) { return set("Q", std::move(t)); }
+  ParamState& step_dev(at::Tensor t) { return set("step_dev", std::move(t)); }
+
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
+
+ private:
+  std::vector<std::pair<std::string, at::Tensor>> tensors_;
 };
 
 }  // namespace dion

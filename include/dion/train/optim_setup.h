@@ -8,16 +8,13 @@
 //                             (0.9, 0.95): what train.py runs; weight decay 0
 //   2  lm_head             -> scalar_opt, lr * lm_head_lr_scale(scalar_opt, model_dim),
 //                             the same betas, weight decay 0
-// Per optimizer (train.py): muon / normuon: nesterov, muon_beta2 0.95 (normuon); dion2:
-// fraction = ortho_fraction, ef_decay = mu; nordion2 / dion3: fraction, mu, muon_beta2 0.95;
-// dion: rank_fraction = ortho_fraction, oversample = rcqr_oversample, mixed_precision -> bf16
-// momentum and Q; adamw: every group AdamW at lr, betas (0.9, 0.95) (scalar_opt ignored, as
-// torch.optim.AdamW in train.py). lion (ours, not in train.py): every group Lion at lr, betas
-// (0.9, 0.99). Orthogonalization: Newton-Schulz, or Polar Express with use_polar_express;
-// use_gram_newton_schulz (Gram Newton-Schulz, dion/math/ortho.h) for muon, dion2 and nordion2 /
-// dion3, the optimizers train.py passes it to (normuon and dion ignore it, as there).
-// ortho_path -> OrthoConfig::path (exact | fast) of muon, normuon, dion2 and nordion2 / dion3
-// (legacy dion orthonormalizes by QR and ignores it).
+// Per optimizer: its class as train.py constructs it, from the algorithm's spec
+// (AlgorithmSpec::train_options: which of lr, mu, weight_decay, ortho_fraction, rcqr_oversample,
+// adjust_lr and mixed_precision it takes, and how; train_gram_newton_schulz: whether
+// use_gram_newton_schulz reaches it). A scalar algorithm as `optimizer` runs every group
+// (scalar_opt ignored, as torch.optim.AdamW in train.py). Orthogonalization: Newton-Schulz, or
+// Polar Express with use_polar_express; ortho_path -> OrthoConfig::path (exact | fast) of the
+// orthogonalizing algorithms (a QR-based one ignores it).
 //
 // What it is not: no learning-rate schedule (schedule.h), no distribution.
 #pragma once

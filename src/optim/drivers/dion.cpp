@@ -1,4 +1,4 @@
-// Legacy Dion: one megabatch's low-rank power-iteration update (the reference's dion/dion.py:
+// Legacy Dion: its spec and one megabatch's low-rank power-iteration update (the reference's dion/dion.py:
 // dion_update_ddp, dion_update_fsdp, dion_update_fsdp_tp).
 //
 //   P = M Q (M += G first);  P -> orthonormalized;  R = M^T P;  M -= (1 - mu) P R^T;
@@ -16,6 +16,8 @@
 #include <ATen/ATen.h>
 
 #include "dion/math/dion.h"
+#include "dion/errors.h"
+#include "../state_layout.h"
 #include "driver.h"
 
 namespace dion::driver {
@@ -76,8 +78,6 @@ void dion_update_fsdp(const Batch& batch, DionOperands ops, const Layout& L, con
                     comm.sum_over_outer());
 }
 
-}  // namespace
-
 void dion_update(const Batch& batch, const Options& o, const Env& env) {
   const Collectives& comm = *env.comm;
   DionOperands ops;
@@ -96,4 +96,81 @@ void dion_update(const Batch& batch, const Options& o, const Env& env) {
   dion_update_ddp(batch, std::move(ops), o, comm, rates);
 }
 
+AlgorithmSpec dion_spec() {
+  AlgorithmSpec s;
+  s.name = "dion";
+  s.train_reference_variants = {"dion_reference", "dion_simple"};
+  s.optimizer_grad_sync = true;
+  s.summary = "Dion (legacy): low-rank power iteration with a randomized-QR orthonormalization, 2-D only";
+  s.class_name = "Dion";
+  s.serial = true;  // Q is drawn at random when the state is created
+  s.uses_orthogonalizer = false;  // randomized QR
+  s.benchmark_options = [](Options& o) { o.rank_fraction(0.25); };
+  s.reads = {"lr", "weight_decay", "mu", "epsilon", "rank_fraction", "rank_multiple_of", "oversample",
+             "momentum_dtype", "Q_dtype"};
+  s.state = [](const ParamView& p, const Options& o) {
+    // Q [n', r] for the whole matrix; a sharded parameter keeps the rows of its outer chunk.
+    const Layout L = layout_of(p.dist, p.param);
+    const QRows q = q_rows_of(L, axis_place(p.dist));  // src/optim/state_layout.h
+    const int64_t r = math::dion_rank(L.global_shape[0], L.global_shape[1], o.rank_fraction(), o.rank_multiple_of());
+    return std::vector<StateSpec>{
+        momentum_like(p, o.momentum_dtype()),
+        {"Q", {L.sharded() ? q.length : q.rows, r}, o.Q_dtype().value_or(p.param.scalar_type()), StateLayout::OUTER_ROWS}};
+  };
+  s.initial_state = [](const ParamView& p, const StateSpec& st) {
+    if (st.key != "Q") return at::Tensor();
+    // Every rank draws the same whole Q from an identically seeded generator and keeps its rows.
+    const Layout L = layout_of(p.dist, p.param);
+    const QRows q = q_rows_of(L, axis_place(p.dist));
+    at::Tensor Q = at::randn({q.rows, st.shape[1]}, p.param.options().dtype(st.dtype));
+    return L.sharded() ? Q.narrow(0, q.start, q.length).clone() : Q;
+  };
+  s.check_options = [](const Options& o) -> std::optional<OptionError> {
+    if (o.weight_decay() < 0.0) return OptionError{"weight_decay", "must be finite, and >= 0 for dion"};
+    return std::nullopt;
+  };
+  s.check_param = [](const ParamView& p, const Options&, const std::string& what) {
+    if (p.param.dim() != 2) throw NotImplementedError(what + ": legacy 'dion' supports 2-D parameters only");
+  };
+  s.update = dion_update;
+  s.train_options = [](Options& d, const TrainKnobs& k) {
+    d.mu(k.mu).rank_fraction(k.ortho_fraction).oversample(k.rcqr_oversample);
+    // train.py's DionMixedPrecisionConfig(momentum, variance, Q: bf16); the variance is the
+    // scalar groups' (their momentum stays the parameter's: docs/train.md).
+    if (k.mixed_precision) d.momentum_dtype(at::kBFloat16).Q_dtype(at::kBFloat16).variance_dtype(at::kBFloat16);
+  };
+  s.python.doc =
+      "Legacy Dion: low-rank power iteration (reference: dion/dion.py). 2-D matrices only. Meshes as in the "
+      "reference: replicate_mesh (DDP, or HSDP's replicate dim; replicate_mesh_grad_sync: the optimizer averages "
+      "the gradients, or only its compressed P and R), outer_shard_mesh (FSDP) and inner_shard_mesh (TP), the "
+      "latter two 1-D sub-meshes of the DTensor parameters' mesh. A parameter's tensor dim that is Shard over the "
+      "outer mesh's dim is the outer-sharded dim, likewise inner. Not supported: inner sharding without an outer "
+      "shard mesh of more than one rank (NotImplementedError). cqr_warmup_steps is accepted and ignored; "
+      "power_iters must be 1 and qr_method 'rcqr', as in the reference.";
+  s.python.keywords = {
+      {"replicate_mesh", "None", "mesh"},
+      {"outer_shard_mesh", "None", "mesh"},
+      {"inner_shard_mesh", "None", "mesh"},
+      {"replicate_mesh_grad_sync", "True", "mesh"},
+      {"rank_fraction", "1.0"},
+      {"rank_multiple_of", "1"},
+      {"lr", "0.01"},
+      {"mu", "0.95"},
+      {"betas", "(0.9, 0.95)"},
+      {"weight_decay", "0.01"},
+      {"epsilon", "1e-08"},
+      {"power_iters", "1", "fixed"},
+      {"qr_method", "'rcqr'", "fixed"},
+      {"cqr_warmup_steps", "150", "ignored"},
+      {"rcqr_oversample", "1.25", "option", "oversample"},
+      {"mixed_precision_config", "None", "extra"},
+  };
+  s.python.behaviours = {"meshes", "lazy_state", "float_hyperparams"};
+  return s;
+}
+
+}  // namespace
+
 }  // namespace dion::driver
+
+DION_BUILTIN_DRIVER(dion) { register_algorithm(driver::dion_spec()); }

@@ -1,4 +1,4 @@
-// Dion2 and NorDion2: one megabatch's update (the reference's dion2_update_megabatch_async,
+// Dion2 and NorDion2: their specs and one megabatch's update (the reference's dion2_update_megabatch_async,
 // dion/dion2.py; NorDion2's per-neuron normalization of the selected rows, dion/nordion2.py).
 //
 //   pre:   M += G; select the top fraction of slices (rows or columns) by L1 norm;
@@ -49,10 +49,9 @@ at::Tensor normalize_selected(const at::Tensor& O, const std::vector<at::Tensor>
 // only the selected slices travel (padded to the largest per-rank count). The selection equals
 // the single-process one, and communication scales with `fraction` as in the local scope.
 void exact_global(const Operands& ops, const Plan& plan, const Options& o, const Env& env, int64_t select_dim,
-                  const math::Rates& rates) {
+                  const math::Rates& rates, bool nor) {
   const auto& [X, G, M, V, adjust_shape] = ops;
   const Collectives& comm = *env.comm;
-  const bool nor = o.algo() == Algorithm::NorDion2;
   const int64_t N = static_cast<int64_t>(X.size());
   const int64_t norm_dim = select_dim == -2 ? -1 : -2;
   const int64_t global = plan.layout.global_shape[2 + select_dim];
@@ -93,18 +92,16 @@ void exact_global(const Operands& ops, const Plan& plan, const Options& o, const
   math::dion2_post(X, Us, idx, rates, select_dim);
 }
 
-}  // namespace
-
-void dion2_update(const Batch& batch, const Options& o, const Env& env) {
+// `nor`: the per-neuron normalization of the selected rows (rows are always the selection).
+void dion2_family_update(const Batch& batch, const Options& o, const Env& env, bool nor) {
   const Collectives& comm = *env.comm;
-  const bool nor = o.algo() == Algorithm::NorDion2;
   const Plan plan = plan_for(comm.distribution(), batch.params, o, batch.group);
   const bool matrix_sharded = plan.matrix_sharded();
   const bool two_d = plan.layout.two_d();
   if (matrix_sharded && two_d && plan.layout.global_shape.size() > 2)  // before any collective
     throw NotImplementedError("param group " + std::to_string(batch.group) + " (" + o.algorithm() +
                               "): 2-D (FSDP x TP) sharding of parameters with more than 2 dims is not supported "
-                              "by dion2 / nordion2 (the selection would not equal one process's); shard 2-D "
+                              "by this algorithm (the selection would not equal one process's); shard 2-D "
                               "parameters only, or one dim (docs/distributed.md)");
   Operands ops = operands(batch, plan, nor, comm);
   const auto& [X, G, M, V, adjust_shape] = ops;
@@ -140,7 +137,7 @@ void dion2_update(const Batch& batch, const Options& o, const Env& env) {
     return;
   }
   if (matrix_sharded && nd == 2 && (two_d || (o.selection_scope() == "global" && select_dim == plan.comm_dim))) {
-    exact_global(ops, plan, o, env, select_dim, rates);
+    exact_global(ops, plan, o, env, select_dim, rates, nor);
     return;
   }
   if (matrix_sharded && o.selection_scope() == "global") {
@@ -176,4 +173,71 @@ void dion2_update(const Batch& batch, const Options& o, const Env& env) {
   math::dion2_post(X, O.unbind(0), sel.indices, rates, select_dim);
 }
 
+void dion2_step(const Batch& b, const Options& o, const Env& e) { dion2_family_update(b, o, e, false); }
+void nordion2_step(const Batch& b, const Options& o, const Env& e) { dion2_family_update(b, o, e, true); }
+
+AlgorithmSpec dion2_spec() {
+  AlgorithmSpec s;
+  s.name = "dion2";
+  s.summary = "Dion2: error feedback, then only a top fraction of rows or columns orthogonalized";
+  s.class_name = "Dion2";
+  s.reads = {"lr", "weight_decay", "fraction", "ef_decay", "epsilon", "adjust_lr", "flatten", "num_heads",
+             "selection_scope", "selection_dim"};
+  s.state = [](const ParamView& p, const Options&) { return std::vector<StateSpec>{momentum_like(p)}; };
+  s.update = dion2_step;
+  s.train_options = [](Options& d, const TrainKnobs& k) { d.fraction(k.ortho_fraction).ef_decay(k.mu).adjust_lr(k.adjust_lr);
+  };
+  s.train_gram_newton_schulz = true;
+  s.python.doc =
+      "Dion2 (reference: dion/dion2.py). verbose=True prints, once per matrix shape and layout, whether rows or "
+      "columns are selected (as the reference). triton_post_ortho is accepted and ignored. selection_dim "
+      "(dion_cpp's own): on a sharded matrix, select along the dim one process would (\"shorter\", the default: "
+      "equal to one process) or along the sharded dim as the reference does (\"shard\"); docs/distributed.md.";
+  s.python.keywords = python_keywords({"distributed_mesh", "lr", "fraction", "ef_decay", "betas", "weight_decay",
+                                       "epsilon", "adjust_lr", "flatten", "use_triton", "use_polar_express",
+                                       "use_gram_newton_schulz", "newton_schulz_func", "verbose",
+                                       "triton_post_ortho", "selection_scope", "selection_dim"});
+  s.python.behaviours = {"mesh", "selection_report"};
+  return s;
+}
+
+AlgorithmSpec nordion2_spec() {
+  AlgorithmSpec s = dion2_spec();
+  s.name = "nordion2";
+  s.aliases = {"dion3"};
+  s.summary = "NorDion2 (Dion3): Dion2's row selection with NorMuon's per-neuron normalization";
+  s.class_name = "NorDion2";
+  s.class_aliases = {"Dion3"};
+  s.reads = {"lr", "weight_decay", "fraction", "mu", "muon_beta2", "epsilon", "adjust_lr", "flatten", "num_heads",
+             "selection_scope"};
+  s.state = [](const ParamView& p, const Options&) {
+    return std::vector<StateSpec>{momentum_like(p), neuron_variance(p)};
+  };
+  s.check_plan = [](const Plan& plan, const Options& o, const std::string& where) {
+    // A flattened 3-D+ parameter sharded along its last dim: the selection of rows of the
+    // flattened matrix is not one process's (whole shards travel; rows stay split).
+    if (plan.comm_dim == -1 && o.flatten() && plan.layout.global_shape.size() > 2)
+      throw NotImplementedError(where + ": nordion2 with flatten on a parameter sharded along its last dim is not "
+                                "supported (the row selection would not equal one process's); shard another dim");
+  };
+  s.update = nordion2_step;
+  s.train_options = [](Options& d, const TrainKnobs& k) { d.fraction(k.ortho_fraction).mu(k.mu).muon_beta2(0.95).adjust_lr(k.adjust_lr);
+  };
+  s.python.doc = "NorDion2 (reference: dion/nordion2.py); also exported as Dion3. mu is the error-feedback decay "
+                 "here. triton_post_ortho is accepted and ignored.";
+  s.python.keywords = python_keywords({"distributed_mesh", "lr", "fraction", "mu", "muon_beta2", "betas",
+                                       "weight_decay", "epsilon", "adjust_lr", "flatten", "use_triton",
+                                       "use_polar_express", "use_gram_newton_schulz", "newton_schulz_func",
+                                       "triton_post_ortho", "selection_scope"});
+  s.python.behaviours = {"mesh"};
+  return s;
+}
+
+}  // namespace
+
 }  // namespace dion::driver
+
+DION_BUILTIN_DRIVER(dion2) {
+  register_algorithm(driver::dion2_spec());
+  register_algorithm(driver::nordion2_spec());
+}

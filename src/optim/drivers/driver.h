@@ -1,20 +1,20 @@
 // driver.h — what an algorithm driver gets (private to src/optim).
 //
+// A driver file defines its algorithms' specs (dion/optim/algorithm.h) and registers them in
+// DION_BUILTIN_DRIVER(<file stem>) { ... } (cmake/DionTorch.cmake lists the builtin driver files;
+// their registration functions run in that order, which is the registry's listing order).
+//
 // The optimizer (optimizer.cpp) groups parameters, creates their state, buckets each matrix
 // group's parameters into megabatches (same shape and dtype) and runs one task per megabatch
-// (one per scalar group). A task calls the group's driver with:
+// (one per scalar group). A task calls the group's spec's update with:
 //   Batch:   the parameters, their state (created before the task runs: drivers only read the
 //            state map) and the group's index (for messages);
 //   Options: the group's hyperparameters;
 //   Env:     the communication patterns (collectives.h; one process without a Distribution)
 //            and the orthogonalizer.
-// A matrix driver asks plan_for() (plan.h) how its megabatch is laid out. One driver per
-// family, each reading like the reference's file of the same name (microsoft/dion):
-//   muon.cpp   muon, normuon            (dion/muon.py, dion/normuon.py)
-//   dion2.cpp  dion2, nordion2          (dion/dion2.py, dion/nordion2.py)
-//   dion.cpp   legacy dion: DDP, FSDP, FSDP x TP   (dion/dion.py)
-//   scalar.cpp adamw, lion              (dion/scalar_opts.py)
-// The math itself is in src/math/; drivers hold no collectives of their own.
+// A matrix driver asks plan_for() (plan.h) how its megabatch is laid out. One driver file per
+// family, each reading like the reference's file of the same name (microsoft/dion); the math
+// itself is in dion/math/; drivers hold no collectives of their own.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -24,6 +24,7 @@
 
 #include "dion/math/ortho.h"
 #include "dion/math/rates.h"
+#include "dion/optim/algorithm.h"
 #include "dion/optim/options.h"
 #include "../collectives.h"
 #include "../plan.h"
@@ -45,16 +46,17 @@ struct Env {
   const std::vector<DeviceScalars>* device_scalars = nullptr;
 };
 
-using Driver = void (*)(const Batch& batch, const Options& options, const Env& env);
+// ---- shared by the specs
 
-void muon_update(const Batch& batch, const Options& options, const Env& env);   // muon.cpp
-void dion2_update(const Batch& batch, const Options& options, const Env& env);  // dion2.cpp
-void dion_update(const Batch& batch, const Options& options, const Env& env);   // dion.cpp
-void adamw_update(const Batch& batch, const Options& options, const Env& env);  // scalar.cpp
-void lion_update(const Batch& batch, const Options& options, const Env& env);   // scalar.cpp
-
-// The driver of an algorithm.
-Driver driver_for(Algorithm algorithm);
+// The state tensors most algorithms keep: momentum like the parameter, in the parameter's dtype.
+StateSpec momentum_like(const ParamView& p, std::optional<at::ScalarType> dtype = std::nullopt);
+// The per-neuron (row) variance of the normalized algorithms: [.., m, 1] in the parameter's
+// dtype; [.., m, 0] for an empty parameter (the reference's p[..., 0:1]). A shard holding none of
+// the columns still keeps its rows' [.., m, 1] (state_layout.h).
+StateSpec neuron_variance(const ParamView& p);
+// The Python keywords of the orthonormal family's classes, in the reference's order, picked by name
+// (python_keywords({"lr", "mu", ...})): each name's default is the reference's.
+std::vector<PythonKeyword> python_keywords(const std::vector<std::string>& names);
 
 // ---- shared by the matrix drivers (operands.cpp)
 
@@ -76,3 +78,10 @@ math::Rates rates_for(const Batch& batch, const Options& options, const Env& env
 at::Tensor scalar32(float v);
 
 }  // namespace dion::driver
+
+// A builtin driver file's registration function (see the top of this file).
+#define DION_BUILTIN_DRIVER(stem)                  \
+  namespace dion::detail {                         \
+  void register_driver_##stem();                   \
+  }                                                \
+  void ::dion::detail::register_driver_##stem()

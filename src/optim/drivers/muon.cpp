@@ -1,4 +1,4 @@
-// Muon and NorMuon: one megabatch's update (the reference's muon_update_megabatch_async,
+// Muon and NorMuon: their specs and one megabatch's update (the reference's muon_update_megabatch_async,
 // dion/muon.py; NorMuon's per-neuron normalization, dion/normuon.py).
 //
 //   pre:   M = mu M + G;  U = nesterov ? G + mu M : M             (math::muon_pre)
@@ -10,13 +10,16 @@
 #include "dion/math/lr.h"
 #include "dion/math/muon.h"
 #include "dion/math/normuon.h"
+#include "dion/errors.h"
 #include "driver.h"
 
 namespace dion::driver {
 
-void muon_update(const Batch& batch, const Options& o, const Env& env) {
+namespace {
+
+// `nor`: NorMuon's per-neuron normalization after the orthogonalization.
+void muon_family_update(const Batch& batch, const Options& o, const Env& env, bool nor) {
   const Collectives& comm = *env.comm;
-  const bool nor = o.algo() == Algorithm::NorMuon;
   const Plan plan = plan_for(comm.distribution(), batch.params, o, batch.group);
   auto [X, G, M, V, adjust_shape] = operands(batch, plan, nor, comm);
   std::vector<double> scales;  // split_sizes excludes num_heads: adjust_shape is the global shape
@@ -45,4 +48,70 @@ void muon_update(const Batch& batch, const Options& o, const Env& env) {
   math::muon_post(X, O.unbind(0), rates, o.cautious_wd());
 }
 
+}  // namespace
+
+namespace {
+
+void muon_step(const Batch& b, const Options& o, const Env& e) { muon_family_update(b, o, e, false); }
+void normuon_step(const Batch& b, const Options& o, const Env& e) { muon_family_update(b, o, e, true); }
+
+AlgorithmSpec muon_spec() {
+  AlgorithmSpec s;
+  s.name = "muon";
+  s.train_reference_variants = {"muon_reference"};
+  s.summary = "Muon: momentum, then the orthogonalized update (Newton-Schulz / Polar Express)";
+  s.class_name = "Muon";
+  s.supports_split_sizes = true;
+  s.reads = {"lr", "weight_decay", "mu", "nesterov", "epsilon", "adjust_lr", "cautious_wd", "flatten", "num_heads",
+             "split_sizes"};
+  s.state = [](const ParamView& p, const Options&) { return std::vector<StateSpec>{momentum_like(p)}; };
+  s.update = muon_step;
+  s.train_options = [](Options& d, const TrainKnobs& k) { d.mu(k.mu).nesterov(true).adjust_lr(k.adjust_lr); };
+  s.train_gram_newton_schulz = true;
+  s.python.doc = "Muon (reference: dion/muon.py).";
+  s.python.keywords = python_keywords({"distributed_mesh", "lr", "mu", "betas", "weight_decay", "cautious_wd",
+                                       "epsilon", "nesterov", "adjust_lr", "flatten", "use_gram_newton_schulz",
+                                       "use_triton", "use_polar_express", "newton_schulz_func"});
+  s.python.behaviours = {"mesh"};
+  return s;
+}
+
+AlgorithmSpec normuon_spec() {
+  AlgorithmSpec s = muon_spec();
+  s.name = "normuon";
+  s.train_reference_variants = {};
+  s.summary = "NorMuon: Muon with a per-neuron (row) variance normalization of the orthogonalized update";
+  s.class_name = "NorMuon";
+  s.reads.push_back("muon_beta2");
+  s.state = [](const ParamView& p, const Options&) {
+    return std::vector<StateSpec>{momentum_like(p), neuron_variance(p)};
+  };
+  s.check_plan = [](const Plan& plan, const Options& o, const std::string& where) {
+    // The per-block normalization needs each block's rows on one rank: fine when only the
+    // columns are sharded (the per-neuron sums cross ranks), not when the rows are.
+    if (!o.split_sizes().empty() && plan.communicate && plan.splits(-2))
+      throw NotImplementedError(where + ": normuon with split_sizes on parameters sharded along their rows (dim " +
+                                std::to_string(plan.layout.global_shape.size() - 2) +
+                                ") is not supported; shard the last dim instead");
+  };
+  s.update = normuon_step;
+  s.train_options = [](Options& d, const TrainKnobs& k) { d.mu(k.mu).muon_beta2(0.95).nesterov(true).adjust_lr(k.adjust_lr);
+  };
+  s.train_gram_newton_schulz = false;  // train.py does not pass it to NorMuon
+  s.python.doc = "NorMuon (reference: dion/normuon.py).";
+  s.python.keywords = python_keywords({"distributed_mesh", "lr", "mu", "muon_beta2", "betas", "weight_decay",
+                                       "cautious_wd", "epsilon", "nesterov", "adjust_lr", "flatten",
+                                       "use_gram_newton_schulz", "use_triton", "use_polar_express",
+                                       "newton_schulz_func"});
+  return s;
+}
+
+}  // namespace
+
 }  // namespace dion::driver
+
+DION_BUILTIN_DRIVER(muon) {
+  register_algorithm(driver::muon_spec());
+  register_algorithm(driver::normuon_spec());
+}
+

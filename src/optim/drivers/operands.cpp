@@ -1,6 +1,8 @@
-// What the matrix drivers share: a megabatch's operands as the math sees them, and which
-// driver runs an algorithm (see driver.h).
+// What the drivers share: a megabatch's operands as the math sees them, the common state
+// tensors, and the reference's Python keywords (see driver.h).
 #include <ATen/ATen.h>
+
+#include <algorithm>
 
 #include "driver.h"
 
@@ -55,22 +57,48 @@ Operands operands(const Batch& batch, const Plan& plan, bool with_variance, cons
   return ops;
 }
 
-Driver driver_for(Algorithm a) {
-  switch (a) {
-    case Algorithm::Muon:
-    case Algorithm::NorMuon:
-      return muon_update;
-    case Algorithm::Dion2:
-    case Algorithm::NorDion2:
-      return dion2_update;
-    case Algorithm::Dion:
-      return dion_update;
-    case Algorithm::AdamW:
-      return adamw_update;
-    case Algorithm::Lion:
-      return lion_update;
+StateSpec momentum_like(const ParamView& p, std::optional<at::ScalarType> dtype) {
+  return {"momentum", p.param.sizes().vec(), dtype.value_or(p.param.scalar_type())};
+}
+
+StateSpec neuron_variance(const ParamView& p) {
+  std::vector<int64_t> shape = p.param.sizes().vec();
+  shape.back() = std::min<int64_t>(1, p.global_shape.back());
+  return {"variance_neuron", std::move(shape), p.param.scalar_type(), StateLayout::NEURON};
+}
+
+std::vector<PythonKeyword> python_keywords(const std::vector<std::string>& names) {
+  // The reference's keywords and defaults (microsoft/dion: the classes of its orthonormal family).
+  static const std::vector<PythonKeyword> known = {
+      {"distributed_mesh", "None", "mesh"},
+      {"lr", "0.01"},
+      {"fraction", "0.25", "float"},
+      {"ef_decay", "0.95"},
+      {"mu", "0.95"},
+      {"muon_beta2", "0.95"},
+      {"betas", "(0.9, 0.95)"},
+      {"weight_decay", "0.01"},
+      {"cautious_wd", "False"},
+      {"epsilon", "1e-08"},
+      {"nesterov", "False"},
+      {"adjust_lr", "'spectral_norm'"},
+      {"flatten", "False"},
+      {"use_gram_newton_schulz", "False", "extra"},
+      {"use_triton", "False", "extra"},
+      {"use_polar_express", "True", "extra"},
+      {"newton_schulz_func", "None", "extra"},
+      {"verbose", "False", "attribute"},
+      {"triton_post_ortho", "False", "ignored"},
+      {"selection_scope", "'local'"},
+      {"selection_dim", "'shorter'"},
+  };
+  std::vector<PythonKeyword> out;
+  for (const std::string& n : names) {
+    auto it = std::find_if(known.begin(), known.end(), [&](const PythonKeyword& k) { return k.name == n; });
+    TORCH_CHECK(it != known.end(), "python_keywords: no keyword '", n, "'");
+    out.push_back(*it);
   }
-  TORCH_CHECK(false, "no driver for algorithm ", static_cast<int>(a));
+  return out;
 }
 
 }  // namespace dion::driver

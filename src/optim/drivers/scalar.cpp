@@ -1,12 +1,15 @@
-// AdamW and Lion: the scalar parameters' multi-tensor updates (the reference's
+// AdamW and Lion: their specs and the scalar parameters' multi-tensor updates (the reference's
 // dion/scalar_opts.py, adamw_update_foreach / lion_update_foreach). One task per group; the
 // gradients are averaged over the replicas first when the Distribution asks the optimizer to.
 #include <ATen/ATen.h>
 
 #include "dion/math/scalar.h"
+#include "dion/errors.h"
 #include "driver.h"
 
 namespace dion::driver {
+
+namespace {
 
 void adamw_update(const Batch& batch, const Options& o, const Env& env) {
   std::vector<at::Tensor> G = env.comm->synced_gradients(batch.params), M, V, steps;
@@ -32,4 +35,57 @@ void lion_update(const Batch& batch, const Options& o, const Env& env) {
                     {r.lr, f32(b1), f32(b2), r.weight_decay, o.cautious_wd(), r.lr_dev, r.weight_decay_dev});
 }
 
+AlgorithmSpec adamw_spec() {
+  AlgorithmSpec s;
+  s.name = "adamw";
+  s.summary = "AdamW: bias-corrected first and second moments, decoupled weight decay (any parameter)";
+  s.matrix = false;
+  s.uses_orthogonalizer = false;
+  s.phase = 2;  // after the matrix groups and lion, as the reference
+  s.weight_decay_on_host = true;  // torch's fused AdamW takes it as a double
+  s.reads = {"lr", "weight_decay", "betas", "epsilon", "cautious_wd", "variance_dtype"};
+  s.state = [](const ParamView& p, const Options& o) {
+    return std::vector<StateSpec>{momentum_like(p),
+                                  {"variance", p.param.sizes().vec(), o.variance_dtype().value_or(p.param.scalar_type())},
+                                  {"step_dev", {}, at::kFloat, StateLayout::SCALAR, /*from_step=*/true}};
+  };
+  s.check_options = [](const Options& o) -> std::optional<OptionError> {
+    const auto [b1, b2] = o.betas();
+    // Bias correction 1 - beta^t is 0 for beta1 = 1; beta2 >= 1 makes the variance negative.
+    if (b1 == 1.0 || b2 >= 1.0)
+      return OptionError{"betas", "each must be finite and >= 0; for adamw beta1 != 1 and beta2 < 1"};
+    return std::nullopt;
+  };
+  s.check_param = [](const ParamView&, const Options& o, const std::string& what) {
+    if (o.variance_dtype() && !at::isFloatingType(*o.variance_dtype()))
+      throw ValueError(what + ": variance_dtype " + std::string(c10::toString(*o.variance_dtype())) +
+                       " must be a floating-point dtype (e.g. the parameter's, or bfloat16)");
+  };
+  s.update = adamw_update;
+  s.train_options = [](Options& d, const TrainKnobs&) { d.betas({0.9, 0.95}); };  // torch.optim.AdamW in train.py
+  return s;
+}
+
+AlgorithmSpec lion_spec() {
+  AlgorithmSpec s;
+  s.name = "lion";
+  s.summary = "Lion: the sign of interpolated momentum (any parameter)";
+  s.matrix = false;
+  s.uses_orthogonalizer = false;
+  s.phase = 1;
+  s.lm_head_lr_scaled = true;  // the Dion paper's lm_head scale (App. D.2)
+  s.reads = {"lr", "weight_decay", "betas", "cautious_wd"};
+  s.state = [](const ParamView& p, const Options&) { return std::vector<StateSpec>{momentum_like(p)}; };
+  s.update = lion_update;
+  s.train_options = [](Options& d, const TrainKnobs&) { d.betas({0.9, 0.99}); };
+  return s;
+}
+
+}  // namespace
+
 }  // namespace dion::driver
+
+DION_BUILTIN_DRIVER(scalar) {
+  register_algorithm(driver::adamw_spec());
+  register_algorithm(driver::lion_spec());
+}
