@@ -19,7 +19,7 @@ if(NOT DION_TORCH_PYTHON_LIBRARY)
 endif()
 
 set(DION_PYTHON_DIR "${CMAKE_BINARY_DIR}/python/dion_cpp")
-Python3_add_library(dion_python MODULE WITH_SOABI python/bindings.cpp)
+Python3_add_library(dion_python MODULE WITH_SOABI python/bindings.cpp python/convert.cpp)
 set_target_properties(dion_python PROPERTIES
   OUTPUT_NAME _C
   LIBRARY_OUTPUT_DIRECTORY "${DION_PYTHON_DIR}"

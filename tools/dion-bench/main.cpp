@@ -46,12 +46,15 @@
 #include "dion/errors.h"
 #include "dion/math/ortho.h"
 #include "dion/optim/optimizer.h"
+#include "args.h"
 #include "dist.h"
+#include "step.h"
 #include "gpt_params.h"
 #include "measure.h"
 
 namespace {
 
+using namespace dion::bench;  // args.h, step.h, measure.h, gpt_params.h
 using dion::bench::clone_params;
 using dion::bench::interleave;
 using dion::bench::make_params;
@@ -59,66 +62,7 @@ using dion::bench::ParamSet;
 using dion::bench::median;
 using nlohmann::json;
 
-// ---------------------------------------------------------------------------- arguments
-
-struct Common {
-  int threads = 1;
-  std::string json_path;
-};
-
-std::vector<std::string> split(const std::string& list) {
-  std::vector<std::string> out;
-  std::stringstream ss(list);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-// The whole of `text` as an integer, else nullopt ("4x", "", "2.5" and out-of-range are not).
-std::optional<int64_t> parse_int(const std::string& text) {
-  size_t used = 0;
-  int64_t v = 0;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  if (used != text.size()) return std::nullopt;
-  return v;
-}
-
-// "AxBxC" -> {A, B, C}; throws naming the flag.
-std::vector<int64_t> parse_dims(const std::string& flag, const std::string& text, size_t count) {
-  std::vector<int64_t> dims;
-  std::stringstream ss(text);
-  std::string part;
-  while (std::getline(ss, part, 'x')) {
-    const std::optional<int64_t> v = parse_int(part);
-    if (!v || *v <= 0)
-      throw CLI::ValidationError(flag, "'" + text + "': expected positive integers joined by 'x'");
-    dims.push_back(*v);
-  }
-  if (dims.size() != count)
-    throw CLI::ValidationError(flag, "'" + text + "': expected " + std::to_string(count) +
-                                         " numbers joined by 'x'");
-  return dims;
-}
-
-at::ScalarType parse_dtype(const std::string& name) {
-  if (name == "bf16") return at::kBFloat16;
-  if (name == "fp32") return at::kFloat;
-  throw CLI::ValidationError("--dtypes", "'" + name + "': valid values are bf16, fp32");
-}
-
-void emit(const Common& common, json table) {
-  table["machine"] = dion::bench::machine_info();
-  if (!common.json_path.empty()) {
-    std::ofstream out(common.json_path, std::ios::app);
-    if (!out) throw std::runtime_error("--json: cannot open " + common.json_path + " for append");
-    out << table.dump() << "\n";
-  }
-}
+// The shared argument helpers: args.h. The step table: step.h.
 
 // ---------------------------------------------------------------------------- ortho
 
@@ -199,127 +143,6 @@ void run_ortho(const Common& common, const OrthoArgs& a) {
   emit(common, {{"table", "ortho"}, {"reps", a.reps}, {"rows", rows}});
 }
 
-// ---------------------------------------------------------------------------- step
-
-// "a,b,c": the registered matrix algorithms (dion/optim/algorithm.h), plugins included.
-std::string matrix_algorithms() {
-  std::string out;
-  for (const dion::Algorithm a : dion::algorithms())
-    if (a.matrix()) out += (out.empty() ? "" : ",") + a.name();
-  return out;
-}
-
-struct StepArgs {
-  std::string sets = "768x2,256x4";
-  std::string algos = matrix_algorithms();  // every registered matrix algorithm
-  std::string paths = "exact,fast,gram";
-  int reps = 3;
-  int64_t vocab = 8192;
-  bool phases = false;
-};
-
-struct Built {
-  std::unique_ptr<dion::Optimizer> opt;
-  std::vector<at::Tensor> matrices;  // this optimizer's copies
-};
-
-Built build(const ParamSet& base, const std::string& algo, const std::string& path) {
-  Built b;
-  b.matrices = clone_params(base.matrices);
-  std::vector<dion::ParamGroup> groups = {
-      {b.matrices},
-      {clone_params(base.adamw), {.algorithm = "adamw", .lr = 0.003}},
-      {clone_params(base.lion), {.algorithm = "lion", .lr = 0.0003}},
-  };
-  dion::Options o(0.02);
-  o.algorithm(algo).weight_decay(0.01);
-  const dion::AlgorithmSpec& spec = dion::find_algorithm(algo).spec();
-  if (spec.benchmark_options) spec.benchmark_options(o);  // e.g. a low-rank algorithm's rank
-  dion::math::OrthoConfig ortho;
-  ortho.path = path == "exact" ? dion::math::OrthoPath::EXACT : dion::math::OrthoPath::FAST;
-  ortho.use_gram_newton_schulz = path == "gram";
-  at::manual_seed(1234);
-  b.opt = std::make_unique<dion::Optimizer>(groups, o, ortho);
-  return b;
-}
-
-void run_step(const Common& common, const StepArgs& a) {
-  json rows = json::array();
-  const auto paths = split(a.paths);
-  for (const std::string& set : split(a.sets)) {
-    const auto d = parse_dims("--sets", set, 2);
-    at::manual_seed(0);
-    const ParamSet base = make_params(d[0], d[1], a.vocab);
-    for (const std::string& algo : split(a.algos)) {
-      std::vector<Built> opts;
-      std::vector<std::string> names;
-      for (const std::string& p : paths) {
-        // An algorithm without an orthogonalizer (a QR-based one) has one path.
-        if (!dion::find_algorithm(algo).spec().uses_orthogonalizer && p != "exact") continue;
-        opts.push_back(build(base, algo, p));
-        names.push_back(p);
-      }
-      json row = {{"set", set}, {"algo", algo}};
-      // First step (includes state creation), then bytes allocated by one steady step.
-      for (size_t i = 0; i < opts.size(); ++i) {
-        const double t0 = dion::bench::cpu_seconds();
-        opts[i].opt->step();
-        row[names[i]]["first_ms"] = (dion::bench::cpu_seconds() - t0) * 1e3;
-      }
-      for (size_t i = 0; i < opts.size(); ++i) {
-        opts[i].opt->step();  // workspaces exist after one call of each shape
-        dion::bench::AllocCounter::begin();
-        opts[i].opt->step();
-        row[names[i]]["alloc_bytes"] = dion::bench::AllocCounter::bytes();
-        row[names[i]]["alloc_calls"] = dion::bench::AllocCounter::calls();
-      }
-      std::vector<std::function<void()>> fns;
-      for (Built& b : opts) fns.push_back([&b] { b.opt->step(); });
-      const auto times = interleave(fns, a.reps, 0);
-      if (a.phases) {  // one more step each, CPU ms per library phase (not part of the diff below)
-        for (size_t i = 0; i < opts.size(); ++i) {
-          dion::bench::PhaseTimer::begin();
-          const double t0 = dion::bench::cpu_seconds();
-          opts[i].opt->step();
-          const double total = dion::bench::cpu_seconds() - t0;
-          json phases = {{"step", total * 1e3}};
-          std::printf("%-7s %-9s %-5s phases (CPU ms, nested scopes in both): step %.1f", set.c_str(), algo.c_str(),
-                      names[i].c_str(), total * 1e3);
-          for (const auto& [name, sec] : dion::bench::PhaseTimer::end()) {
-            phases[name.substr(6)] = sec * 1e3;
-            std::printf("  %s %.1f", name.c_str() + 6, sec * 1e3);
-          }
-          std::printf("\n");
-          row[names[i]]["phases_ms"] = phases;
-        }
-      }
-      // Every optimizer has taken 3 + reps (+ 1 with --phases) steps on the same gradients:
-      // compare the matrices.
-      for (size_t i = 0; i < opts.size(); ++i) {
-        row[names[i]]["ms"] = median(times[i]) * 1e3;
-        row[names[i]]["reps_ms"] = times[i];
-        double diff = 0, scale = 0;
-        for (size_t k = 0; k < opts[i].matrices.size(); ++k) {
-          const at::Tensor ref = opts[0].matrices[k].to(at::kDouble);
-          diff = std::max(diff, (opts[i].matrices[k].to(at::kDouble) - ref).abs().max().item<double>());
-          scale = std::max(scale, ref.abs().max().item<double>());
-        }
-        row[names[i]]["max_rel_diff_to_" + names[0]] = scale > 0 ? diff / scale : diff;
-      }
-      std::printf("%-7s %-9s", set.c_str(), algo.c_str());
-      for (size_t i = 0; i < opts.size(); ++i)
-        std::printf("  %s %8.1f ms (first %8.1f) %7.1f MiB/step", names[i].c_str(),
-                    row[names[i]]["ms"].get<double>(), row[names[i]]["first_ms"].get<double>(),
-                    row[names[i]]["alloc_bytes"].get<double>() / (1 << 20));
-      std::printf("\n");
-      std::fflush(stdout);
-      rows.push_back(row);
-    }
-  }
-  emit(common, {{"table", "step"}, {"reps", a.reps}, {"peak_rss_bytes", dion::bench::peak_rss_bytes()},
-                {"rows", rows}});
-}
-
 // ---------------------------------------------------------------------------- micro
 
 struct MicroArgs {
@@ -369,21 +192,6 @@ void run_micro(const Common& common, const MicroArgs& a) {
 }  // namespace
 
 // ---------------------------------------------------------------------------- argument check
-
-// Every list flag is checked before anything is measured: a bad value is a usage error naming
-// the flag (exit 2), not an error after minutes of other tables.
-void check_list(const std::string& flag, const std::string& text, const std::vector<std::string>& valid) {
-  const std::vector<std::string> items = split(text);
-  if (items.empty()) throw CLI::ValidationError(flag, "empty list");
-  for (const std::string& item : items) {
-    if (valid.empty()) continue;
-    if (std::find(valid.begin(), valid.end(), item) == valid.end()) {
-      std::string names;
-      for (const std::string& v : valid) names += (names.empty() ? "" : ", ") + v;
-      throw CLI::ValidationError(flag, "'" + item + "': valid values are " + names);
-    }
-  }
-}
 
 struct DistCli {
   std::string ranks = "1,2,4";
