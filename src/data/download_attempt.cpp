@@ -1,26 +1,22 @@
-// src/data/download.cpp — resumable, verified shard downloads with libcurl
-// (see dion/data/download.h for the contract).
+// src/data/download_attempt.cpp — one attempt of a shard download with libcurl
+// (download_attempt.h; download.cpp retries it).
 //
 // One attempt = one curl transfer into NAME.part: Range from the .part's size, the response code
 // decides append (206) or restart (200). After the transfer the outcome is sorted into done,
 // retry (network trouble, 408/429/5xx, short body, range mismatch) or fail (other HTTP errors,
 // bad content, local write errors).
-#include "dion/data/download.h"
+#include "download_attempt.h"
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fcntl.h>
 #include <mutex>
-#include <optional>
 #include <strings.h>
 #include <sys/stat.h>
-#include <thread>
 #include <unistd.h>
 
-#include <curl/curl.h>
 #include <fmt/format.h>
 #include <fmt/std.h>
 
@@ -28,91 +24,13 @@
 #include "dion/data/shard.h"
 #include "file_util.h"
 
-namespace dion::data {
+namespace dion::data::detail {
 
 namespace fs = std::filesystem;
 
-// ---------------------------------------------------------------------------- datasets
-
-const std::vector<DatasetInfo>& download_datasets() {
-  // Repo ids, prefixes and chunk counts from the reference's data/cached_*.py.
-  static const std::vector<DatasetInfo> datasets = {
-      {"fineweb10B", "kjj0/fineweb10B-gpt2", "fineweb", 103},
-      {"fineweb100B", "kjj0/fineweb100B-gpt2", "fineweb", 1030},
-      {"finewebedu10B", "kjj0/finewebedu10B-gpt2", "finewebedu", 99},
-  };
-  return datasets;
-}
-
-const DatasetInfo& download_dataset(const std::string& name) {
-  std::string known;
-  for (const DatasetInfo& d : download_datasets()) {
-    if (d.name == name) return d;
-    known += (known.empty() ? "" : ", ") + d.name;
-  }
-  throw DataError(fmt::format("unknown dataset \"{}\" (known: {})", name, known));
-}
-
-std::string download_default_base_url(const DatasetInfo& dataset) {
-  return "https://huggingface.co/datasets/" + dataset.repo_id + "/resolve/main";
-}
-
-std::vector<std::string> download_file_names(const DatasetInfo& dataset, int chunks) {
-  if (chunks < 0 || chunks > dataset.train_chunks) {
-    throw DataError(fmt::format("{} has {} train chunks; asked for {}", dataset.name,
-                                dataset.train_chunks, chunks));
-  }
-  std::vector<std::string> names{shard_name(dataset.file_prefix, "val", 0)};
-  for (int i = 1; i <= chunks; ++i) names.push_back(shard_name(dataset.file_prefix, "train", i));
-  return names;
-}
-
-// ---------------------------------------------------------------------------- one attempt
-
 namespace {
 
-void curl_init_once() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
-      throw DataError("download: libcurl failed to initialize");
-    }
-  });
-}
-
 constexpr size_t kMaxHeaderBytes = 64 << 10;  // of one response's header lines
-
-using Clock = std::chrono::steady_clock;
-
-struct Attempt {
-  // in
-  CURL* curl = nullptr;
-  fs::path part, validator_path;
-  std::string name;
-  int64_t offset = 0;          // bytes already in .part when the attempt started (asked via Range)
-  std::string if_range;        // the validator sent with If-Range ("" = none)
-  bool if_range_is_etag = false;
-  int number = 1;
-  const DownloadOptions* options = nullptr;
-  // state
-  int fd = -1;
-  bool decided = false;                        // first body byte seen: write or discard
-  long status = 0;                             // of the response whose body we got
-  int64_t range_start = -1, range_total = -1;  // Content-Range of the last response
-  std::string etag, last_modified;             // of the last response
-  size_t header_bytes = 0;                     // of the last response
-  bool header_too_big = false;
-  std::string error_body;                      // start of a non-2xx body, for the message
-  std::string local_error;                     // a write failure (not retried)
-  std::string bad_content;                     // the body is not the shard it must be (fail)
-  bool range_mismatch = false;                 // 206 for another range than we asked
-  bool validator_mismatch = false;             // 206 whose ETag is not the .part's
-  bool stopped = false;
-  int64_t written = 0;      // bytes of the file in .part (offset + this attempt's)
-  std::string head;         // the file's first bytes, up to the 1024-byte header
-  int64_t expected = -1;    // 1024 + 2*count once the header is known
-  char curl_error[CURL_ERROR_SIZE] = {0};
-};
 
 std::string trim(std::string_view v) {
   while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
@@ -274,23 +192,6 @@ std::string no_proxy_list() {
   return list;
 }
 
-enum class Outcome { DONE, RETRY, FAIL };
-
-struct AttemptResult {
-  Outcome outcome;
-  std::string message;  // why, for RETRY and FAIL
-};
-
-bool part_is_valid_shard(const fs::path& part, std::string& why) {
-  try {
-    shard_read_header(part);
-    return true;
-  } catch (const DataError& e) {
-    why = e.what();
-    return false;
-  }
-}
-
 // The header and size, then every token < vocab_size (as inspect checks).
 bool part_is_valid_shard(const fs::path& part, uint32_t vocab_size, std::string& why) {
   try {
@@ -308,11 +209,6 @@ void remove_part(const Attempt& a) {
   ::unlink(a.validator_path.c_str());
 }
 
-int64_t file_size_or_zero(const fs::path& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
-}
-
 // Removes the .part (it is not the file) and says why.
 AttemptResult not_a_shard(const Attempt& a, const std::string& why) {
   remove_part(a);
@@ -326,6 +222,32 @@ AttemptResult check_complete_part(const Attempt& a) {
   std::string why;
   if (part_is_valid_shard(a.part, a.options->vocab_size, why)) return {Outcome::DONE, ""};
   return not_a_shard(a, why);
+}
+
+}  // namespace
+
+void curl_init_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+      throw DataError("download: libcurl failed to initialize");
+    }
+  });
+}
+
+bool part_is_valid_shard(const fs::path& part, std::string& why) {
+  try {
+    shard_read_header(part);
+    return true;
+  } catch (const DataError& e) {
+    why = e.what();
+    return false;
+  }
+}
+
+int64_t file_size_or_zero(const fs::path& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
 }
 
 AttemptResult run_attempt(Attempt& a, const std::string& url,
@@ -492,130 +414,4 @@ bool read_validator(const fs::path& path, std::string& value, bool& is_etag) {
   return true;
 }
 
-}  // namespace
-
-// ---------------------------------------------------------------------------- download_file
-
-DownloadResult download_file(const std::string& name, const DownloadOptions& options) {
-  curl_init_once();
-  if (options.max_attempts < 1) {
-    throw DataError(fmt::format("max attempts {} must be >= 1", options.max_attempts));
-  }
-  if (!(options.deadline_s >= 0) || options.min_speed_bytes_per_s < 0 ||
-      options.stall_timeout_s < 0) {
-    throw DataError(fmt::format("download options: deadline {} s, minimum speed {} B/s and "
-                                "stall time {} s must be >= 0",
-                                options.deadline_s, options.min_speed_bytes_per_s,
-                                options.stall_timeout_s));
-  }
-  std::string base = options.base_url;
-  while (!base.empty() && base.back() == '/') base.pop_back();
-  const std::string url = base + "/" + name;
-  DownloadResult result;
-  result.path = options.dir / name;
-  const fs::path part = options.dir / (name + ".part");
-
-  std::error_code ec;
-  fs::create_directories(options.dir, ec);
-  if (ec || !fs::is_directory(options.dir)) {
-    throw DataError(fmt::format("download folder {}: cannot create it: {}", options.dir,
-                                ec ? ec.message() : "a file of that name exists"));
-  }
-  if (fs::exists(result.path)) {
-    std::string why;
-    if (!part_is_valid_shard(result.path, why)) {
-      throw DataError(
-          fmt::format("{} is already there but is not a valid shard ({}): delete it "
-                      "and run again",
-                      result.path, why));
-    }
-    result.bytes = file_size_or_zero(result.path);
-    result.already_present = true;
-    return result;
-  }
-
-  const fs::path validator = options.dir / (name + ".part.validator");
-  std::optional<Clock::time_point> deadline;
-  if (options.deadline_s > 0) {
-    deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                  std::chrono::duration<double>(options.deadline_s));
-  }
-  const std::string kept = " (partial file {} kept: run again to resume)";
-  result.resumed_from = file_size_or_zero(part);
-  std::string last_error;
-  double backoff = options.backoff_initial_s;
-  for (int attempt = 1; attempt <= options.max_attempts; ++attempt) {
-    Attempt a;
-    a.part = part;
-    a.validator_path = validator;
-    a.name = name;
-    a.offset = file_size_or_zero(part);
-    if (a.offset > 0 && !read_validator(validator, a.if_range, a.if_range_is_etag)) {
-      // Nothing says which version of the file the .part holds: do not trust it.
-      ::unlink(part.c_str());
-      a.offset = 0;
-      if (attempt == 1) result.resumed_from = 0;
-    }
-    if (a.offset > 0) {
-      // The header of a resumed .part bounds what may follow it.
-      std::string head = detail::file_read_all(part, "partial download").substr(0, kShardHeaderBytes);
-      a.written = a.offset;
-      if (head.size() == kShardHeaderBytes) {
-        try {
-          a.expected = shard_file_bytes(shard_parse_header(head, -1, part).token_count);
-        } catch (const DataError&) {
-          ::unlink(part.c_str());  // not a shard's beginning: start over
-          a.offset = a.written = 0;
-          head.clear();
-        }
-      }
-      a.head = head;
-    }
-    a.number = attempt;
-    a.options = &options;
-    const AttemptResult r = run_attempt(a, url, deadline);
-    result.attempts = attempt;
-    if (r.outcome == Outcome::DONE) {
-      if (::rename(part.c_str(), result.path.c_str()) != 0) {
-        throw DataError(fmt::format("download {}: cannot rename {} into place: {}", name, part,
-                                    detail::errno_text(errno)));
-      }
-      ::unlink(validator.c_str());
-      result.bytes = file_size_or_zero(result.path);
-      return result;
-    }
-    if (r.outcome == Outcome::FAIL) {
-      throw DataError(fmt::format("download {} from {}: {}{}", name, url, r.message,
-                                  fs::exists(part) ? fmt::format(fmt::runtime(kept), part) : ""));
-    }
-    last_error = r.message;
-    if (attempt == options.max_attempts) break;
-    // Back off, still answering Ctrl-C, never past the deadline.
-    auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(std::min(backoff, options.backoff_max_s)));
-    if (deadline && until >= *deadline) {
-      throw DataError(fmt::format("download {} from {}: the deadline of {:g} s for this file "
-                                  "passes before the next attempt; last error: {}{}",
-                                  name, url, options.deadline_s, last_error,
-                                  fs::exists(part) ? fmt::format(fmt::runtime(kept), part) : ""));
-    }
-    while (Clock::now() < until) {
-      if (options.should_stop && options.should_stop()) {
-        throw DataError(
-            fmt::format("download {}: interrupted (partial file {} kept: run again "
-                        "to resume)",
-                        name, part));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    backoff *= 2;
-  }
-  throw DataError(fmt::format("download {} from {}: gave up after {} attempts; last error: {}.{}",
-                              name, url, options.max_attempts, last_error,
-                              fs::exists(part) ? fmt::format(" The partial file {} is kept: run "
-                                                             "again to resume.",
-                                                             part)
-                                               : ""));
-}
-
-}  // namespace dion::data
+}  // namespace dion::data::detail
