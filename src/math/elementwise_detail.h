@@ -68,7 +68,6 @@ typename T::storage* ptr(const at::Tensor& t) {
 // Elements per parallel chunk (ATen's grain size: below it, one thread).
 constexpr int64_t kGrain = 32768;
 
-
 // ATen's lerp (aten/src/ATen/native/Lerp.h and cpu/LerpKernel.cpp):
 //   |w| < 0.5 ? a + w (b - a) : b - (b - a)(1 - w)
 // as one FMA in the vectorized kernels of capability AVX2 / AVX512, as a multiply and an add
