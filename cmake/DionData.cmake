@@ -42,13 +42,18 @@ find_package(Threads REQUIRED)
 
 # ---------------------------------------------------------------------------- library
 add_library(dion_data STATIC
+  ${DION_DATA_ROOT}/src/data/byte_tokenizer.cpp
+  ${DION_DATA_ROOT}/src/data/document_source.cpp
   ${DION_DATA_ROOT}/src/data/download.cpp
+  ${DION_DATA_ROOT}/src/data/download_attempt.cpp
   ${DION_DATA_ROOT}/src/data/file_util.cpp
   ${DION_DATA_ROOT}/src/data/prepare.cpp
   ${DION_DATA_ROOT}/src/data/shard.cpp
   ${DION_DATA_ROOT}/src/data/shard_folder.cpp
   ${DION_DATA_ROOT}/src/data/shard_set.cpp
-  ${DION_DATA_ROOT}/src/data/tokenizer.cpp)
+  ${DION_DATA_ROOT}/src/data/tokenizer.cpp
+  ${DION_DATA_ROOT}/src/data/tokenizer_bpe.cpp
+  ${DION_DATA_ROOT}/src/data/utf8.cpp)
 target_include_directories(dion_data PUBLIC ${DION_DATA_ROOT}/include)
 target_link_libraries(dion_data
   PUBLIC Threads::Threads

@@ -95,6 +95,8 @@ add_library(dion
   src/math/dion.cpp
   src/math/scalar.cpp
   src/math/elementwise.cpp
+  src/math/elementwise_state.cpp
+  src/math/elementwise_update.cpp
   src/optim/options.cpp
   src/optim/optimizer.cpp
   src/optim/plan.cpp

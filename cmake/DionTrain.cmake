@@ -22,30 +22,30 @@ cmake_path(NORMAL_PATH DION_TRAIN_ROOT)
 string(REGEX REPLACE "/$" "" DION_TRAIN_ROOT "${DION_TRAIN_ROOT}")
 
 add_library(dion_train STATIC
-  ${DION_TRAIN_ROOT}/src/train/autocast.cpp
-  ${DION_TRAIN_ROOT}/src/train/checkpoint_common.cpp
-  ${DION_TRAIN_ROOT}/src/train/checkpoint_write.cpp
-  ${DION_TRAIN_ROOT}/src/train/checkpoint_verify.cpp
-  ${DION_TRAIN_ROOT}/src/train/checkpoint_load.cpp
-  ${DION_TRAIN_ROOT}/src/train/checkpoint_files.cpp
+  ${DION_TRAIN_ROOT}/src/train/model/autocast.cpp
+  ${DION_TRAIN_ROOT}/src/train/io/checkpoint_common.cpp
+  ${DION_TRAIN_ROOT}/src/train/io/checkpoint_write.cpp
+  ${DION_TRAIN_ROOT}/src/train/io/checkpoint_verify.cpp
+  ${DION_TRAIN_ROOT}/src/train/io/checkpoint_load.cpp
+  ${DION_TRAIN_ROOT}/src/train/io/checkpoint_files.cpp
   ${DION_TRAIN_ROOT}/src/train/config_help.cpp
   ${DION_TRAIN_ROOT}/src/train/config_io.cpp
   ${DION_TRAIN_ROOT}/src/train/config_keys.cpp
   ${DION_TRAIN_ROOT}/src/train/config_rules.cpp
   ${DION_TRAIN_ROOT}/src/train/optimizer_catalog.cpp
-  ${DION_TRAIN_ROOT}/src/train/fs_util.cpp
-  ${DION_TRAIN_ROOT}/src/train/generate.cpp
-  ${DION_TRAIN_ROOT}/src/train/gpt.cpp
+  ${DION_TRAIN_ROOT}/src/train/io/fs_util.cpp
+  ${DION_TRAIN_ROOT}/src/train/model/generate.cpp
+  ${DION_TRAIN_ROOT}/src/train/model/gpt.cpp
   ${DION_TRAIN_ROOT}/src/train/grad_norm.cpp
   ${DION_TRAIN_ROOT}/src/train/graphed_step.cpp
-  ${DION_TRAIN_ROOT}/src/train/cross_entropy_bf16.cpp
-  ${DION_TRAIN_ROOT}/src/train/kernels.cpp
+  ${DION_TRAIN_ROOT}/src/train/model/cross_entropy_bf16.cpp
+  ${DION_TRAIN_ROOT}/src/train/model/kernels.cpp
   ${DION_TRAIN_ROOT}/src/train/loader.cpp
-  ${DION_TRAIN_ROOT}/src/train/metrics.cpp
+  ${DION_TRAIN_ROOT}/src/train/io/metrics.cpp
   ${DION_TRAIN_ROOT}/src/train/mfu.cpp
   ${DION_TRAIN_ROOT}/src/train/optim_setup.cpp
   ${DION_TRAIN_ROOT}/src/train/parallel.cpp
-  ${DION_TRAIN_ROOT}/src/train/parallel_plan.cpp
+  ${DION_TRAIN_ROOT}/src/train/model/parallel_plan.cpp
   ${DION_TRAIN_ROOT}/src/train/fsdp.cpp
   ${DION_TRAIN_ROOT}/src/train/tp.cpp
   ${DION_TRAIN_ROOT}/src/train/ddp.cpp
@@ -60,7 +60,7 @@ target_link_libraries(dion_train
 target_compile_definitions(dion_train PUBLIC FMT_HEADER_ONLY)
 target_precompile_headers(dion_train REUSE_FROM dion_pch)
 # GCC 12 reports the AVX-512 intrinsics' own _mm512_undefined_* operands as uninitialized.
-set_source_files_properties(${DION_TRAIN_ROOT}/src/train/cross_entropy_bf16.cpp
+set_source_files_properties(${DION_TRAIN_ROOT}/src/train/model/cross_entropy_bf16.cpp
   PROPERTIES COMPILE_OPTIONS "-Wno-uninitialized;-Wno-maybe-uninitialized")
 set_source_files_properties(
   ${DION_TRAIN_ROOT}/src/train/config_help.cpp ${DION_TRAIN_ROOT}/src/train/config_io.cpp

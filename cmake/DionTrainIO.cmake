@@ -9,7 +9,7 @@
 #   trainio_tool        writes / copies the files the Python tests read (tests/trainio)
 #   ctest trainio_python_tests   pytest tests/trainio: the files read by the `tensorboard` and
 #                                `safetensors` packages, and plot.py
-add_library(dion_tb STATIC ${PROJECT_SOURCE_DIR}/src/train/tensorboard.cpp)
+add_library(dion_tb STATIC ${PROJECT_SOURCE_DIR}/src/train/io/tensorboard.cpp)
 target_include_directories(dion_tb PUBLIC ${PROJECT_SOURCE_DIR}/include)
 target_link_libraries(dion_tb PRIVATE dion_warnings)
 set_target_properties(dion_tb PROPERTIES POSITION_INDEPENDENT_CODE ON)
@@ -21,7 +21,7 @@ if(NOT nlohmann_json_FOUND)
   message(STATUS "dion: nlohmann-json not found: dion_safetensors and the trainio tests skipped")
   return()
 endif()
-add_library(dion_safetensors STATIC ${PROJECT_SOURCE_DIR}/src/train/safetensors.cpp)
+add_library(dion_safetensors STATIC ${PROJECT_SOURCE_DIR}/src/train/io/safetensors.cpp)
 target_include_directories(dion_safetensors PUBLIC ${PROJECT_SOURCE_DIR}/include)
 target_include_directories(dion_safetensors SYSTEM PUBLIC ${_torch_inc})
 target_link_libraries(dion_safetensors PUBLIC ${TORCH_LIBRARIES}

@@ -1,7 +1,7 @@
 // Coefficient tables of the polynomial orthogonalizers (private to src/math).
 //
-// What it is: the per-step (a, b, c) of X <- a X + b (X X^T) X + c (X X^T)^2 X for Muon's
-// Newton-Schulz, dion's Polar Express and the gram-newton-schulz package's Polar Express,
+// What it is: the per-step (a, b, c) of X <- a X + b (X X^T) X + c (X X^T)^2 X for the quintic
+// Newton-Schulz, the reference's Polar Express and the gram-newton-schulz package's Polar Express,
 // shared by the exact (ortho.cpp) and fast (ortho_fast.cpp) paths. Not a public API.
 #pragma once
 
@@ -13,7 +13,7 @@ struct Coeffs {
   double a, b, c;
 };
 
-// Muon's quintic Newton-Schulz coefficients, one triple per step (reference:
+// The quintic Newton-Schulz coefficients, one triple per step (reference:
 // newton_schulz_triton.zeropower_via_newtonschulz5).
 constexpr std::array<Coeffs, 5> kNewtonSchulz = {{
     {4.0848, -6.8946, 2.9270},

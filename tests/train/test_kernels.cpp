@@ -1,6 +1,6 @@
 // tests/train/test_kernels.cpp — the fast kernels (dion/train/kernels.h) against the exact ones.
 //
-// The bf16 loss kernel (src/train/cross_entropy_bf16.h) is checked against ATen's cross entropy
+// The bf16 loss kernel (src/train/model/cross_entropy_bf16.h) is checked against ATen's cross entropy
 // over the same bf16 logits cast to fp32 (the reference's `logits.float()`): the loss within
 // 1e-6 relative (fp32 sums of up to V = 1,031 terms in another order: ~sqrt(V) * 2^-24 = 2e-6
 // per row at worst, far less on the mean), the gradient within one bf16 rounding step
@@ -25,7 +25,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "../../src/train/cross_entropy_bf16.h"
+#include "../../src/train/model/cross_entropy_bf16.h"
 #include "dion/train/autocast.h"
 #include "dion/train/gpt.h"
 #include "dion/train/kernels.h"

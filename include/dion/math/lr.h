@@ -1,7 +1,7 @@
 // dion/math/lr.h — learning-rate adjustments shared by the orthonormal optimizers.
 //
 //   spectral_norm: lr * sqrt(fan_out / fan_in)     (RMS->RMS operator norm 1; lr transfer)
-//   rms_norm:      lr * 0.2 * sqrt(max(fan_out, fan_in))   (matches AdamW's update RMS)
+//   rms_norm:      lr * 0.2 * sqrt(max(fan_out, fan_in))   (matches an adaptive update's RMS)
 //   none:          lr
 // fan_out, fan_in are the last two dims, or (dim 0, prod(rest)) when flatten is set.
 // Values are computed in float32, as the reference computes them on 0-d float32 tensors.

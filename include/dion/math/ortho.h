@@ -2,7 +2,7 @@
 //
 // What it is: the two polynomial iterations the reference optimizers use to approximate the
 // polar factor U V^T of M = U S V^T, batched over every leading dimension:
-//   - newton_schulz: the quintic Newton-Schulz iteration with Muon's five coefficient triples;
+//   - newton_schulz: the quintic Newton-Schulz iteration with the reference's five triples;
 //   - polar_express: Polar Express (Amsel et al. 2025), the reference's default, with its five
 //     per-step coefficient triples and the 1.02 safety factor.
 // Both normalize by the Frobenius norm first (so the spectral norm is <= 1), work on the
@@ -157,12 +157,12 @@ struct OrthoConfig {
 };
 
 // The megabatch U_0 .. U_{N-1} (same shape, dtype and device) as one tensor [N, *shape]: a view
-// when they are already consecutive contiguous slices of one buffer (math::muon_pre and
-// math::dion2_pre write them so), else at::stack's copy. One tensor: U_0.unsqueeze(0).
+// when they are already consecutive contiguous slices of one buffer (the optimizers' pre steps
+// write them so), else at::stack's copy. One tensor: U_0.unsqueeze(0).
 at::Tensor stack_megabatch(const std::vector<at::Tensor>& U);
 
-// Orthogonalize a stacked megabatch X [N, *param_shape] the way the reference's
-// muon_update_newton_schulz does, but with flatten applied per matrix:
+// Orthogonalize a stacked megabatch X [N, *param_shape] the way the reference's orthogonalized
+// update does, but with flatten applied per matrix:
 //   flatten && param ndim >= 3: each [out, ...] becomes [out, prod(...)];
 //   !flatten && param ndim >= 3: leading dims are a batch;
 //   split_sizes: row blocks of dim -2 orthogonalized independently, each rescaled by

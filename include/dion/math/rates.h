@@ -14,8 +14,8 @@
 // device the scalar is on. tests/test_device_scalars.cpp (DeviceScalars.*) pins this on CPU;
 // tests/test_cuda.cpp on a GPU.
 //
-// Not here: the hyperparameters that stay host values (mu, betas, epsilon, ...; AdamW's weight
-// decay, which torch's fused AdamW kernel takes as a double).
+// Not here: the hyperparameters that stay host values (mu, betas, epsilon, ...; the weight decay
+// of the per-element adaptive update, which torch's fused kernel for it takes as a double).
 #pragma once
 
 #include <ATen/core/Tensor.h>

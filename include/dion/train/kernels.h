@@ -13,7 +13,7 @@
 //       when a gradient is wanted, d(loss)/d(logits) in place, then dh and dW; the [N, V]
 //       logits and their gradient never exist whole (the dominant allocation of the exact kind).
 //     - in bf16 (autocast, or bf16 operands) on a CPU with AVX-512: the bf16 logits in one GEMM,
-//       then one pass of a loss kernel of our own over them (src/train/cross_entropy_bf16.h:
+//       then one pass of a loss kernel of our own over them (src/train/model/cross_entropy_bf16.h:
 //       fp32 max, exp and sum per row, as the reference's `logits.float()` and log-softmax),
 //       which writes the bf16 gradient over the logits; dh and dW as bf16 GEMMs. No fp32
 //       [N, V] tensor exists (ATen's loss makes about ten passes over such tensors).

@@ -1,4 +1,4 @@
-// src/train/cross_entropy_bf16.cpp — the one-pass cross entropy over bf16 logits
+// src/train/model/cross_entropy_bf16.cpp — the one-pass cross entropy over bf16 logits
 // (cross_entropy_bf16.h).
 //
 // Why a kernel of our own: under bf16 autocast the loss is ATen's log-softmax and NLL over the

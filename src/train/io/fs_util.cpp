@@ -1,4 +1,4 @@
-// src/train/fs_util.cpp — remove_tree with nftw (fs_util.h says why not remove_all).
+// src/train/io/fs_util.cpp — remove_tree with nftw (fs_util.h says why not remove_all).
 #include "dion/train/fs_util.h"
 
 #include <ftw.h>

@@ -1,12 +1,12 @@
-// src/train/parallel_plan.cpp — the GPT's parallelization plan, keyed by parameter name: where
-// each parameter lives at a layout (placement_of), this rank's part of it (local_part,
+// src/train/model/parallel_plan.cpp — the GPT's parallelization plan, keyed by parameter name:
+// where each parameter lives at a layout (placement_of), this rank's part of it (local_part,
 // local_box), and the FSDP unit it belongs to (parallel.h).
 #include <ATen/ATen.h>
 
 #include <stdexcept>
 
 #include "dion/dist/distributed.h"
-#include "parallel_detail.h"
+#include "../parallel_detail.h"
 
 namespace dion::train {
 

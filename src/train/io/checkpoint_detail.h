@@ -1,7 +1,8 @@
-// src/train/checkpoint_detail.h — what the files of checkpoint.h share (private to src/train):
-// checkpoint_common.cpp (names and files of a checkpoint folder, reading an archive checked
-// against the manifest, the folders known good), checkpoint_write.cpp (save, commit, rotation),
-// checkpoint_verify.cpp (the whole check, choosing one), checkpoint_load.cpp (resharding loads).
+// src/train/io/checkpoint_detail.h — what the files of checkpoint.h share (private to
+// src/train/io): checkpoint_common.cpp (names and files of a checkpoint folder, reading an
+// archive checked against the manifest, the folders known good), checkpoint_write.cpp (save,
+// commit, rotation), checkpoint_verify.cpp (the whole check, choosing one), checkpoint_load.cpp
+// (resharding loads).
 #pragma once
 
 #include <c10/util/ArrayRef.h>

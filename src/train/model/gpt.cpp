@@ -1,4 +1,4 @@
-// src/train/gpt.cpp — the reference's GPT forward pass and initialization (gpt.h).
+// src/train/model/gpt.cpp — the reference's GPT forward pass and initialization (gpt.h).
 //
 // Each operation is the one the reference's PyTorch code calls (F.rms_norm with eps=None,
 // F.scaled_dot_product_attention(is_causal=True), F.cross_entropy(ignore_index=-1)), in the same

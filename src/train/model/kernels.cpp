@@ -1,4 +1,4 @@
-// src/train/kernels.cpp — the exact and fast GEMMs and lm_head + cross entropy (kernels.h).
+// src/train/model/kernels.cpp — the exact and fast GEMMs and lm_head + cross entropy (kernels.h).
 #include "dion/train/kernels.h"
 
 #include <ATen/ATen.h>

@@ -1,4 +1,4 @@
-// src/train/safetensors.cpp — see dion/train/safetensors.h: the header's checks, reading with
+// src/train/io/safetensors.cpp — see dion/train/safetensors.h: the header's checks, reading with
 // pread(2) straight into the tensors, and the atomic write (temporary file, fsync, rename).
 #include "dion/train/safetensors.h"
 

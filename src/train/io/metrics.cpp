@@ -1,4 +1,4 @@
-// src/train/metrics.cpp — metrics.jsonl writer (metrics.h).
+// src/train/io/metrics.cpp — metrics.jsonl writer (metrics.h).
 #include "dion/train/metrics.h"
 
 #include <fmt/format.h>

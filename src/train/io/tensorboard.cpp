@@ -1,4 +1,4 @@
-// src/train/tensorboard.cpp — see dion/train/tensorboard.h: CRC-32C, TFRecord framing, the
+// src/train/io/tensorboard.cpp — see dion/train/tensorboard.h: CRC-32C, TFRecord framing, the
 // hand-encoded Event protobuf, and the buffered file writer. Plain POSIX calls.
 #include "dion/train/tensorboard.h"
 

@@ -1,4 +1,4 @@
-// src/train/generate.cpp — sampling loop (generate.h).
+// src/train/model/generate.cpp — sampling loop (generate.h).
 #include "dion/train/generate.h"
 
 #include <ATen/ATen.h>

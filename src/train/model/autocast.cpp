@@ -1,5 +1,5 @@
-// src/train/autocast.cpp — AutocastScope (autocast.h). Kept apart: <ATen/autocast_mode.h> is a
-// heavy header.
+// src/train/model/autocast.cpp — AutocastScope (autocast.h): the model's bf16 autocast region.
+// Kept apart: <ATen/autocast_mode.h> is a heavy header.
 #include "dion/train/autocast.h"
 
 #include <ATen/autocast_mode.h>

@@ -1,4 +1,4 @@
-// src/train/checkpoint_files.cpp — checksummed writes and checked reads of checkpoint files,
+// src/train/io/checkpoint_files.cpp — checksummed writes and checked reads of checkpoint files,
 // manifest.json (checkpoint_files.h).
 #include "dion/train/checkpoint_files.h"
 

@@ -1,4 +1,4 @@
-// src/train/checkpoint_load.cpp — loading a checkpoint at any layout: the model's tensors
+// src/train/io/checkpoint_load.cpp — loading a checkpoint at any layout: the model's tensors
 // reassembled from the saved parts and cut to this rank's, the optimizer and generator states
 // (checkpoint.h).
 #include "dion/train/checkpoint.h"

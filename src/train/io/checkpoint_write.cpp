@@ -1,4 +1,4 @@
-// src/train/checkpoint_write.cpp — writing a checkpoint: free space, every rank's files, the
+// src/train/io/checkpoint_write.cpp — writing a checkpoint: free space, every rank's files, the
 // ranks' agreement, meta.json and manifest.json, the commit (rename) and rotation (checkpoint.h).
 #include "dion/train/checkpoint.h"
 

@@ -1,5 +1,5 @@
-// src/train/cross_entropy_bf16.h — the one-pass cross entropy over bf16 logits (private to
-// src/train; kernels.cpp's fast kind uses it under bf16).
+// src/train/model/cross_entropy_bf16.h — the one-pass cross entropy over bf16 logits (private to
+// src/train/model; kernels.cpp's fast kind uses it under bf16).
 //
 // cross_entropy_bf16_inplace(logits [N, V] bf16, contiguous; targets [N] int64) reads each row
 // of bf16 logits as fp32 and computes, per row, m = max, s = sum exp(x - m), the row's loss

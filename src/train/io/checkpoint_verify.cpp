@@ -1,4 +1,4 @@
-// src/train/checkpoint_verify.cpp — the whole check of a checkpoint before anything loads
+// src/train/io/checkpoint_verify.cpp — the whole check of a checkpoint before anything loads
 // (manifest, sizes, CRC-32s, the file set, meta.json's values), and choosing one (checkpoint.h).
 #include "dion/train/checkpoint.h"
 

@@ -1,4 +1,4 @@
-// src/train/checkpoint_common.cpp — the names and files of a checkpoint folder, reading an
+// src/train/io/checkpoint_common.cpp — the names and files of a checkpoint folder, reading an
 // archive checked against its manifest, and the folders known good (checkpoint_detail.h).
 #include "dion/train/checkpoint.h"
 
