@@ -21,7 +21,7 @@
 //       {{lm_head}, {.algorithm = "lion", .lr = 3e-3 * dion::lm_head_lr_scale("lion", 768)}},
 //   };
 //   dion::Muon opt(groups, dion::Muon::defaults().lr(0.02));
-//   opt.set_distribution(dist);        // DDP / FSDP / TP: dion/dist/distributed.h (or pass it
+//   opt.set_distribution(dist);        // DDP / FSDP / TP: dion/optim/distributed.h (or pass it
 //                                      // as the constructor's last argument)
 //
 // What happens in step(), per matrix group: parameters with a gradient are bucketed by
@@ -133,7 +133,7 @@ class Optimizer : public torch::optim::Optimizer {
   const math::OrthoConfig& ortho() const { return ortho_; }
 
   // Replicated (DDP) or sharded (FSDP) parameters: see dion/optim/distribution.h and
-  // dion/dist/distributed.h. Call before the first step; nullptr = single process. The groups'
+  // dion/optim/distributed.h. Call before the first step; nullptr = single process. The groups'
   // shape checks run again against the global shapes.
   void set_distribution(std::shared_ptr<Distribution> distribution);
   const std::shared_ptr<Distribution>& distribution() const { return dist_; }
