@@ -14,7 +14,7 @@ dion_executable(dion-bench tools/dion-bench/main.cpp tools/dion-bench/measure.cp
                 tools/dion-bench/dist.cpp tools/dion-bench/args.cpp tools/dion-bench/step.cpp)
 # dist starts its ranks with the launcher library (dion/launch/launch.h, dion_launch).
 target_include_directories(dion-bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tools/dion-bench)
-target_link_libraries(dion-bench PRIVATE dion_dist dion_launch CLI11::CLI11 nlohmann_json::nlohmann_json)
+target_link_libraries(dion-bench PRIVATE dion dion_launch CLI11::CLI11 nlohmann_json::nlohmann_json)
 if(DION_BUILD_TESTS)
   # Smoke runs (seconds): every subcommand on tiny inputs; a bad argument is refused.
   add_test(NAME dion_bench_ortho_smoke COMMAND dion-bench ortho --shapes 64x96x2,96x64x1 --reps 1 --check)

@@ -7,7 +7,7 @@
 #   lib/cmake/dion/dionConfig.cmake + dionConfigVersion.cmake + dionTargets*.cmake
 # so that another project writes (tests/consumer/ does, in CI):
 #   find_package(dion 0.1 REQUIRED)  # CMAKE_PREFIX_PATH: this prefix and torch's cmake prefix
-#   target_link_libraries(app PRIVATE dion::dion dion::dist dion::data)
+#   target_link_libraries(app PRIVATE dion::dion dion::comm dion::data)
 # dionConfig.cmake finds Torch (and fmt, nlohmann_json, CURL, PCRE2 for dion::data) itself.
 #
 # What consumers do NOT get: our warning flags (-Werror, -ffp-contract=off: the dion_warnings
@@ -25,7 +25,6 @@ include(CMakePackageConfigHelpers)
 set(DION_EXPORTS
   dion_comm:comm
   dion:dion
-  dion_dist:dist
   dion_data:data)
 
 # dion_export_prepare(TARGET): makes TARGET's usage requirements installable, in place. The
@@ -91,8 +90,8 @@ function(dion_export_prepare target)
   endif()
 endfunction()
 
-set(DION_EXPORTED_TARGETS "")   # dion, dion_dist, ... (as built here)
-set(DION_EXPORTED_NAMES "")     # dion::dion, dion::dist, ...
+set(DION_EXPORTED_TARGETS "")   # dion_comm, dion, ... (as built here)
+set(DION_EXPORTED_NAMES "")     # dion::comm, dion::dion, ...
 foreach(entry IN LISTS DION_EXPORTS)
   string(REPLACE ":" ";" pair "${entry}")
   list(GET pair 0 target)
@@ -157,7 +156,7 @@ message(STATUS "dion: cmake --install exports ${DION_EXPORTED_NAMES}")
 # ---------------------------------------------------------------------------- tests
 # install_consumer: `cmake --install` into build/consumer-test/prefix, then tests/consumer (a
 # separate project: find_package(dion), the README example) configured, built and run against it.
-if(DION_BUILD_TESTS AND TARGET dion AND TARGET dion_dist AND TARGET dion_data)
+if(DION_BUILD_TESTS AND TARGET dion AND TARGET dion_data)
   get_filename_component(DION_TORCH_CMAKE_PREFIX "${Torch_DIR}/.." ABSOLUTE)  # .../share/cmake
   add_test(NAME install_consumer
     COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${PROJECT_BINARY_DIR} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}

@@ -27,7 +27,7 @@ set_target_properties(dion_python PROPERTIES
   # Installed next to torch in site-packages: find libtorch*.so there.
   INSTALL_RPATH "$ORIGIN/../torch/lib")
 target_compile_definitions(dion_python PRIVATE TORCH_EXTENSION_NAME=_C DION_VERSION="${PROJECT_VERSION}")
-target_link_libraries(dion_python PRIVATE dion dion_dist ${DION_TORCH_PYTHON_LIBRARY} dion_warnings)
+target_link_libraries(dion_python PRIVATE dion ${DION_TORCH_PYTHON_LIBRARY} dion_warnings)
 target_precompile_headers(dion_python PRIVATE <torch/csrc/utils/pybind.h>)
 
 # The pure-Python package: symlinks, so that edits to python/dion_cpp/*.py need no rebuild

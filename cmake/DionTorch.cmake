@@ -40,7 +40,8 @@ endif()
 get_target_property(_torch_inc torch INTERFACE_INCLUDE_DIRECTORIES)
 
 # The communication library dion_comm: process groups over c10d (Gloo, NCCL), device meshes,
-# async collectives (Work), one-thread cooperative tasks. Knows nothing of the optimizer.
+# async collectives (Work), one-thread cooperative tasks, FSDP2 chunks and their gathers and
+# reduce-scatters. Knows nothing of the optimizer.
 # Gloo's headers come from Debian's libgloo-dev (the torch wheel ships the library, not them).
 find_path(GLOO_INCLUDE_DIR gloo/context.h)
 if(NOT GLOO_INCLUDE_DIR)
@@ -50,7 +51,8 @@ add_library(dion_comm
   src/comm/group.cpp
   src/comm/mesh.cpp
   src/comm/work.cpp
-  src/comm/tasks.cpp)
+  src/comm/tasks.cpp
+  src/comm/chunks.cpp)
 target_include_directories(dion_comm PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
 target_link_libraries(dion_comm PUBLIC ${TORCH_LIBRARIES} PRIVATE dion_warnings)
 target_include_directories(dion_comm SYSTEM PUBLIC ${_torch_inc})
@@ -100,6 +102,9 @@ add_library(dion
   src/optim/options.cpp
   src/optim/optimizer.cpp
   src/optim/plan.cpp
+  src/optim/distribution.cpp
+  src/optim/distributed.cpp
+  src/optim/assembly.cpp
   src/optim/collectives.cpp
   src/optim/registry.cpp
   src/optim/drivers/operands.cpp
@@ -150,12 +155,6 @@ if(DION_HAVE_CUDA)
   target_compile_definitions(dion PUBLIC DION_HAVE_CUDA)
   message(STATUS "dion: CUDA kernels enabled (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, CUDA_ARCHITECTURES ${_dion_archs})")
 endif()
-
-# The optimizer's Distribution over dion_comm: DDP / FSDP / FSDP x TP / HSDP layouts.
-add_library(dion_dist src/dist/distributed.cpp)
-target_link_libraries(dion_dist PUBLIC dion PRIVATE dion_warnings)
-set_target_properties(dion_dist PROPERTIES POSITION_INDEPENDENT_CODE ON)
-target_precompile_headers(dion_dist PRIVATE <ATen/ATen.h>)
 
 # A shared precompiled header for executables (tests, benchmarks, examples).
 add_library(dion_pch STATIC ${CMAKE_CURRENT_SOURCE_DIR}/cmake/pch_dummy.cpp)

@@ -44,16 +44,16 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/io/metrics.cpp
   ${DION_TRAIN_ROOT}/src/train/mfu.cpp
   ${DION_TRAIN_ROOT}/src/train/optim_setup.cpp
-  ${DION_TRAIN_ROOT}/src/train/parallel.cpp
+  ${DION_TRAIN_ROOT}/src/train/parallel/mesh.cpp
   ${DION_TRAIN_ROOT}/src/train/model/parallel_plan.cpp
-  ${DION_TRAIN_ROOT}/src/train/fsdp.cpp
-  ${DION_TRAIN_ROOT}/src/train/tp.cpp
-  ${DION_TRAIN_ROOT}/src/train/ddp.cpp
-  ${DION_TRAIN_ROOT}/src/train/replicas.cpp
+  ${DION_TRAIN_ROOT}/src/train/parallel/fsdp.cpp
+  ${DION_TRAIN_ROOT}/src/train/parallel/tp.cpp
+  ${DION_TRAIN_ROOT}/src/train/parallel/ddp.cpp
+  ${DION_TRAIN_ROOT}/src/train/parallel/replicas.cpp
   ${DION_TRAIN_ROOT}/src/train/resume_policy.cpp
   ${DION_TRAIN_ROOT}/src/train/train.cpp)
 target_link_libraries(dion_train
-  PUBLIC dion dion_dist dion_data dion_tb dion_safetensors
+  PUBLIC dion dion_data dion_tb dion_safetensors
   PRIVATE yaml-cpp ZLIB::ZLIB CLI11::CLI11 nlohmann_json::nlohmann_json dion_warnings)
 # <fmt/format.h> resolves to the fmt bundled in torch's include folder (v12) before Debian's (v9,
 # a shared library): use it header-only so that no fmt library symbols are needed.

@@ -16,7 +16,7 @@
 //
 // Distribution: set_distribution(process_group, ranks, sync_gradients) wraps a
 // torch.distributed ProcessGroup (Gloo for CPU tensors, NCCL for CUDA tensors) as a
-// dion::comm::Group (Group::from_process_group) and gives the optimizer a dion::dist::Distributed
+// dion::comm::Group (Group::from_process_group) and gives the optimizer a dion::Distributed
 // over it: the optimizer issues its collectives on torch's own backends, from the thread that
 // calls step(), 3 megabatch tasks in flight (dion/comm/tasks.h). Every method that may issue a
 // collective (step, init_state, synchronize_for_checkpoint) releases the GIL first, as torch's
@@ -39,7 +39,7 @@
 
 #include "dion/dion.h"
 #include "convert.h"
-#include "dion/dist/distributed.h"
+#include "dion/optim/distributed.h"
 
 namespace py = pybind11;
 
@@ -129,7 +129,7 @@ class PyOptimizer {
   // DDP / FSDP over a torch.distributed ProcessGroup. `ranks`: the group's global ranks
   // (dist.get_process_group_ranks). Call before the first step.
   void set_distribution(const py::object& process_group, std::vector<int> ranks, bool sync_gradients) {
-    dist_ = std::make_shared<dion::dist::Distributed>(wrap(process_group, std::move(ranks)), sync_gradients);
+    dist_ = std::make_shared<dion::Distributed>(wrap(process_group, std::move(ranks)), sync_gradients);
     dist_->overlap(kTasksInFlight);
     live()->set_distribution(dist_);
   }
@@ -142,9 +142,9 @@ class PyOptimizer {
                                 std::vector<int> replicate_ranks, bool sync_gradients) {
     auto outer_group = wrap(outer, std::move(outer_ranks));
     dist_ = inner.is_none()
-                ? std::make_shared<dion::dist::Distributed>(std::move(outer_group))
-                : std::make_shared<dion::dist::Distributed>(std::move(outer_group),
-                                                            wrap(inner, std::move(inner_ranks)));
+                ? std::make_shared<dion::Distributed>(std::move(outer_group))
+                : std::make_shared<dion::Distributed>(std::move(outer_group),
+                                                      wrap(inner, std::move(inner_ranks)));
     if (!replicate.is_none()) dist_->replicate(wrap(replicate, std::move(replicate_ranks)), sync_gradients);
     dist_->overlap(kTasksInFlight);
     live()->set_distribution(dist_);
@@ -166,7 +166,7 @@ class PyOptimizer {
   // need the GIL to drop tensors. Every later call raises.
   void release() {
     std::unique_ptr<dion::Optimizer> opt = std::move(opt_);
-    std::shared_ptr<dion::dist::Distributed> d = std::move(dist_);
+    std::shared_ptr<dion::Distributed> d = std::move(dist_);
     py::gil_scoped_release no_gil;
     opt.reset();
     d.reset();
@@ -296,7 +296,7 @@ class PyOptimizer {
   std::optional<dion::Algorithm> kind_;
   dion::Options defaults_;
   std::unique_ptr<dion::Optimizer> opt_;
-  std::shared_ptr<dion::dist::Distributed> dist_;  // null: single process
+  std::shared_ptr<dion::Distributed> dist_;  // null: single process
 };
 
 }  // namespace

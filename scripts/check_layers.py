@@ -23,11 +23,10 @@ LAYERS = {
     "comm": {"comm"},                                    # process groups, meshes, async work
     "data": {"data"},                                    # tokenizer, shards (no LibTorch)
     "launch": {"launch"},                                # the local launcher (no LibTorch)
-    "optim": {"optim", "math", "cuda", "comm"},          # optimizer classes, drivers, state
-    "dist": {"dist", "optim", "math", "cuda", "comm"},   # the optimizer's distributed layouts
-    "train": {"train", "optim", "dist", "math", "cuda", "comm", "data"},  # the trainer
-    "python": {"optim", "dist", "math", "cuda", "comm", "data", "train"},  # dion_cpp bindings
-    "tools": {"optim", "dist", "math", "cuda", "comm", "data", "train", "launch"},  # command-line programs
+    "optim": {"optim", "math", "cuda", "comm"},          # optimizer classes, drivers, layouts, assembly
+    "train": {"train", "optim", "math", "cuda", "comm", "data"},  # the trainer
+    "python": {"optim", "math", "cuda", "comm", "data", "train"},  # dion_cpp bindings
+    "tools": {"optim", "math", "cuda", "comm", "data", "train", "launch"},  # command-line programs
 }
 NO_TORCH = {"data", "launch"}
 TORCH_PREFIXES = ("torch/", "ATen/", "c10/", "c10d/", "caffe2/")

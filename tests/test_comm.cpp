@@ -1,6 +1,6 @@
 // dion_comm on its own, in one process: environment checks of Group::init_from_env, a group of
-// one (Work, async collectives), and the one-thread task runtime (schedule equal to the
-// reference's AsyncRuntime, serial tasks, errors, no threads). The multi-process behaviour
+// one (Work, async collectives, FSDP2 chunks), and the one-thread task runtime (schedule equal
+// to the reference's AsyncRuntime, serial tasks, errors, no threads). The multi-process behaviour
 // (collectives over Gloo, overlap inside the optimizer) is in test_dist.
 #include <ATen/ATen.h>
 #include <arpa/inet.h>
@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "dion/comm/chunks.h"
 #include "dion/comm/group.h"
 #include "dion/comm/tasks.h"
 #include "support/free_port.h"
@@ -238,6 +239,32 @@ TEST(GroupOfOne, AsyncCollectivesAreLocal) {
   EXPECT_TRUE(at::equal(y, x));
   EXPECT_EQ(g.stats().total_bytes(), 0);  // nothing went over a wire
   EXPECT_FALSE(dion::comm::Work().wait().defined());
+}
+
+// FSDP2 chunks (dion/comm/chunks.h): ceil(size / world) a rank, the last ones short or empty;
+// in a group of one, the gather and the reduce-scatter give the whole tensor back.
+TEST(Chunks, ContiguousChunksOfCeilSizeOverWorld) {
+  std::vector<int64_t> starts, lengths;
+  for (int r = 0; r < 4; ++r) {
+    const dion::comm::Chunk c = dion::comm::shard_range(3, 4, r);  // 1, 1, 1, 0
+    starts.push_back(c.start);
+    lengths.push_back(c.length);
+  }
+  EXPECT_EQ(starts, (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(lengths, (std::vector<int64_t>{1, 1, 1, 0}));
+  EXPECT_EQ(dion::comm::shard_range(18, 4, 3).length, 3);  // 5, 5, 5, 3
+  at::Tensor full = at::arange(18 * 2, at::kFloat).view({18, 2});
+  at::Tensor last = dion::comm::shard_tensor(full, 0, 4, 3);
+  EXPECT_TRUE(at::equal(last, full.narrow(0, 15, 3)));
+  EXPECT_TRUE(last.is_contiguous());
+  EXPECT_NE(last.data_ptr(), full.data_ptr());  // a copy, never a view
+  at::Tensor padded = dion::comm::pad_to(last, -2, 5);
+  EXPECT_EQ(padded.sizes(), (std::vector<int64_t>{5, 2}));
+  EXPECT_EQ(padded.narrow(0, 3, 2).abs().sum().item<float>(), 0.0f);
+
+  Group g;
+  EXPECT_TRUE(at::equal(dion::comm::gather_tensor(g, full, 1, 2), full));
+  EXPECT_TRUE(at::equal(dion::comm::reduce_scatter(g, full, 0), full));
 }
 
 // A torch group with only a CUDA backend, as init_process_group("nccl") makes: wrapping it is

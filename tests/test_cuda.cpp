@@ -17,7 +17,7 @@
 //   too (lr / weight decay read from device tensors, dion/math/rates.h), and what a replay
 //   cannot do is refused.
 // scripts/device_check.sh runs this binary on the lent GPU machine. (The NCCL path of
-// dion::dist::Group needs two GPUs; the lent machine has one, so it is compiled here but not run
+// dion::comm::Group needs two GPUs; the lent machine has one, so it is compiled here but not run
 // anywhere yet.)
 #include <ATen/ATen.h>
 #include <ATen/Context.h>

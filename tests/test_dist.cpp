@@ -31,18 +31,19 @@
 #include <optional>
 #include <string>
 
-#include "dion/dion.h"
-#include "dion/dist/distributed.h"
+#include "dion/comm/chunks.h"
 #include "dion/comm/group.h"
 #include "dion/comm/mesh.h"
+#include "dion/dion.h"
 #include "dion/math/dion.h"
+#include "dion/optim/distributed.h"
 #include "multiprocess.h"
 #include "threads.h"
 
 namespace {
 
-using dion::dist::Distributed;
-using dion::dist::Group;
+using dion::Distributed;
+using dion::comm::Group;
 
 using dion::testing::Child;
 using dion::testing::expect_all_ok;
@@ -107,13 +108,13 @@ std::vector<at::Tensor> run_sharded(const Problem& prob, const dion::Options& op
   auto dist = std::make_shared<Distributed>(group);
   std::vector<at::Tensor> params;
   for (const auto& full : prob.params) {
-    params.push_back(dion::dist::shard_tensor(full, dim, W, r));
+    params.push_back(dion::comm::shard_tensor(full, dim, W, r));
     dist->shard(params.back(), full.sizes().vec(), dim);
   }
   dion::Optimizer opt(params, opts, {}, dist);
   if (before_steps) before_steps();
   for (const auto& gs : prob.grads) {
-    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = dion::dist::shard_tensor(gs[i], dim, W, r);
+    for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = dion::comm::shard_tensor(gs[i], dim, W, r);
     opt.step();
   }
   return params;
@@ -129,7 +130,7 @@ void fsdp_case(Child& c, const std::vector<std::vector<int64_t>>& shapes, int64_
     auto expected = single(prob, opts);
     auto params = run_sharded(prob, opts, group, dim);
     for (size_t i = 0; i < params.size(); ++i) {
-      at::Tensor full = dion::dist::gather_tensor(*group, params[i], dim, prob.params[i].size(dim));
+      at::Tensor full = dion::comm::gather_tensor(*group, params[i], dim, prob.params[i].size(dim));
       c.compare(algo + " fsdp dim" + std::to_string(dim) + " " + scope + " p" + std::to_string(i), full, expected[i], tol);
     }
   }
@@ -179,7 +180,7 @@ void scenario_fsdp_every_shape(Child& c) {
     auto params = run_sharded(prob, opts, group, dim);
     double worst = 0;
     for (size_t i = 0; i < params.size(); ++i) {
-      at::Tensor full = dion::dist::gather_tensor(*group, params[i], dim, prob.params[i].size(dim));
+      at::Tensor full = dion::comm::gather_tensor(*group, params[i], dim, prob.params[i].size(dim));
       if (expect_equal) {
         c.compare(what + " p" + std::to_string(i), full, expected[i], tol);
       } else {
@@ -226,7 +227,7 @@ void scenario_every_layout(Child& c) {
   auto fs = mesh.axis("fs"), tp = mesh.axis("tp");
   const std::vector<std::vector<int64_t>> tall = {{384, 128}, {40, 24}, {40, 24}}, wide = {{24, 40}, {128, 384}};
   auto local_2d = [&](const at::Tensor& full, int64_t outer_dim) {
-    return dion::dist::shard_tensor(dion::dist::shard_tensor(full, outer_dim, fs->size(), fs->rank()), 1 - outer_dim,
+    return dion::comm::shard_tensor(dion::comm::shard_tensor(full, outer_dim, fs->size(), fs->rank()), 1 - outer_dim,
                                     tp->size(), tp->rank());
   };
   auto run_2d = [&](const std::string& what, const std::vector<std::vector<int64_t>>& shapes, int64_t outer_dim,
@@ -245,8 +246,8 @@ void scenario_every_layout(Child& c) {
       opt.step();
     }
     for (size_t i = 0; i < params.size(); ++i) {
-      at::Tensor part = dion::dist::gather_tensor(*tp, params[i], 1 - outer_dim, prob.params[i].size(1 - outer_dim));
-      at::Tensor full = dion::dist::gather_tensor(*fs, part, outer_dim, prob.params[i].size(outer_dim));
+      at::Tensor part = dion::comm::gather_tensor(*tp, params[i], 1 - outer_dim, prob.params[i].size(1 - outer_dim));
+      at::Tensor full = dion::comm::gather_tensor(*fs, part, outer_dim, prob.params[i].size(outer_dim));
       if (expect_equal) {
         c.compare(what + " p" + std::to_string(i), full, expected[i], tol);
         continue;
@@ -280,7 +281,7 @@ void scenario_every_layout(Child& c) {
     auto expected = single(prob, opts);
     auto params = run_sharded(prob, opts, world, 1);
     for (size_t i = 0; i < params.size(); ++i) {
-      at::Tensor full = dion::dist::gather_tensor(*world, params[i], 1, prob.params[i].size(1));
+      at::Tensor full = dion::comm::gather_tensor(*world, params[i], 1, prob.params[i].size(1));
       c.compare(std::string("dion2 3-D tall rows ") + scope + " p" + std::to_string(i), full, expected[i], 1e-5);
     }
   }
@@ -288,7 +289,7 @@ void scenario_every_layout(Child& c) {
   {
     Problem prob = make_problem({{2, 16, 16}}, 1, 73);
     auto dist = std::make_shared<Distributed>(fs, tp);
-    at::Tensor p = dion::dist::shard_tensor(dion::dist::shard_tensor(prob.params[0], 1, 2, fs->rank()), 2, 2, tp->rank());
+    at::Tensor p = dion::comm::shard_tensor(dion::comm::shard_tensor(prob.params[0], 1, 2, fs->rank()), 2, 2, tp->rank());
     dist->shard(p, prob.params[0].sizes().vec(), 1, 2);
     dion::Optimizer opt({p}, options_for("dion2"), {}, dist);
     p.mutable_grad() = at::ones_like(p);
@@ -316,7 +317,7 @@ void scenario_hsdp(Child& c) {
     auto expected = single(prob, opts);
     auto params = run_sharded(prob, opts, fs, 0);
     for (size_t i = 0; i < params.size(); ++i) {
-      at::Tensor full = dion::dist::gather_tensor(*fs, params[i], 0, prob.params[i].size(0));
+      at::Tensor full = dion::comm::gather_tensor(*fs, params[i], 0, prob.params[i].size(0));
       c.compare(algo + " hsdp dp" + std::to_string(mesh.coordinate("dp")) + " p" + std::to_string(i), full,
                 expected[i], 1e-5);
     }
@@ -332,7 +333,7 @@ void scenario_tp(Child& c) {
   auto fs = mesh.axis("fs"), tp = mesh.axis("tp");
   Problem prob = make_problem({{16, 32}, {16, 32}, {20, 24}, {18, 30}}, 3, 13);
   auto local_of = [&](const at::Tensor& full) {
-    return dion::dist::shard_tensor(dion::dist::shard_tensor(full, 0, fs->size(), fs->rank()), 1, tp->size(),
+    return dion::comm::shard_tensor(dion::comm::shard_tensor(full, 0, fs->size(), fs->rank()), 1, tp->size(),
                                     tp->rank());
   };
   for (const auto& algo : kAlgorithms) {
@@ -351,8 +352,8 @@ void scenario_tp(Child& c) {
       opt.step();
     }
     for (size_t i = 0; i < params.size(); ++i) {
-      at::Tensor rows = dion::dist::gather_tensor(*tp, params[i], 1, prob.params[i].size(1));
-      at::Tensor full = dion::dist::gather_tensor(*fs, rows, 0, prob.params[i].size(0));
+      at::Tensor rows = dion::comm::gather_tensor(*tp, params[i], 1, prob.params[i].size(1));
+      at::Tensor full = dion::comm::gather_tensor(*fs, rows, 0, prob.params[i].size(0));
       c.compare(algo + " fsdp x tp p" + std::to_string(i), full, expected[i], 1e-5);
     }
   }
@@ -381,7 +382,7 @@ void scenario_overlap(Child& c) {
       for (size_t i = 0; i < prob.params.size(); ++i) {
         const at::Tensor& full = prob.params[i];
         if (full.dim() == 2) {
-          params.push_back(dion::dist::shard_tensor(full, 0, W, r));
+          params.push_back(dion::comm::shard_tensor(full, 0, W, r));
           dist->shard(params.back(), full.sizes().vec(), 0);
         } else {
           params.push_back(full.clone());
@@ -403,7 +404,7 @@ void scenario_overlap(Child& c) {
       for (size_t t = 0; t < prob.grads.size(); ++t) {
         const auto& gs = prob.grads[t];
         for (size_t i = 0; i < params.size(); ++i)
-          params[i].mutable_grad() = gs[i].dim() == 2 ? dion::dist::shard_tensor(gs[i], 0, W, r) : gs[i].clone();
+          params[i].mutable_grad() = gs[i].dim() == 2 ? dion::comm::shard_tensor(gs[i], 0, W, r) : gs[i].clone();
         seen.clear();
         group->stats().clear();
         const auto t0 = std::chrono::steady_clock::now();
@@ -445,14 +446,14 @@ void scenario_overlap(Child& c) {
     dist->overlap(in_flight);
     std::vector<at::Tensor> params;
     for (const auto& full : dion_prob.params) {
-      params.push_back(dion::dist::shard_tensor(full, 0, W, r));
+      params.push_back(dion::comm::shard_tensor(full, 0, W, r));
       dist->shard(params.back(), full.sizes().vec(), 0);
     }
     at::manual_seed(9);
     dion::Dion opt({{params}}, dion::Dion::defaults().lr(0.02), dist);
     opt.init_state();
     for (const auto& gs : dion_prob.grads) {
-      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = dion::dist::shard_tensor(gs[i], 0, W, r);
+      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = dion::comm::shard_tensor(gs[i], 0, W, r);
       opt.step();
     }
     dion_results.push_back(params);
@@ -579,8 +580,8 @@ void dion_shard_case(Child& c, const DionShardCase& k) {
   }
   const int64_t inner_dim = k.tp ? 1 - k.outer_dim : -1;
   auto local_of = [&](const at::Tensor& full) {
-    at::Tensor t = dion::dist::shard_tensor(full, k.outer_dim, outer->size(), outer->rank());
-    return inner ? dion::dist::shard_tensor(t, inner_dim, inner->size(), inner->rank()) : t;
+    at::Tensor t = dion::comm::shard_tensor(full, k.outer_dim, outer->size(), outer->rank());
+    return inner ? dion::comm::shard_tensor(t, inner_dim, inner->size(), inner->rank()) : t;
   };
   // HSDP: each replica sees its own gradient; their mean is prob.grads.
   auto grad_of = [&](const at::Tensor& mean, int t, size_t i) {
@@ -620,8 +621,8 @@ void dion_shard_case(Child& c, const DionShardCase& k) {
   }
   auto gather = [&](const at::Tensor& local, size_t i) {
     at::Tensor full = local.contiguous();
-    if (inner) full = dion::dist::gather_tensor(*inner, full, inner_dim, prob.params[i].size(inner_dim));
-    return dion::dist::gather_tensor(*outer, full, k.outer_dim, prob.params[i].size(k.outer_dim));
+    if (inner) full = dion::comm::gather_tensor(*inner, full, inner_dim, prob.params[i].size(inner_dim));
+    return dion::comm::gather_tensor(*outer, full, k.outer_dim, prob.params[i].size(k.outer_dim));
   };
   for (size_t i = 0; i < params.size(); ++i)
     c.compare("dion " + k.name + " p" + std::to_string(i), gather(params[i], i), expected[i], 1e-5);
@@ -662,7 +663,7 @@ void scenario_heads_splits_errors(Child& c) {
     auto expected = single(prob, opts);
     auto got = sharded_run(prob, opts);
     for (size_t i = 0; i < got.size(); ++i)
-      c.compare(what + " p" + std::to_string(i), dion::dist::gather_tensor(*group, got[i], 0, prob.params[i].size(0)),
+      c.compare(what + " p" + std::to_string(i), dion::comm::gather_tensor(*group, got[i], 0, prob.params[i].size(0)),
                 expected[i], 1e-5);
   };
   // num_heads: 8 heads of 4 rows; every rank holds whole heads, orthogonalized where they are.
@@ -706,7 +707,7 @@ void scenario_bad_spec(Child& c) {
   auto group = std::make_shared<Group>(c.world);
   auto dist = std::make_shared<Distributed>(group);
   at::Tensor full = at::randn({16, 32});
-  at::Tensor local = dion::dist::shard_tensor(full, 0, group->size(), group->rank());
+  at::Tensor local = dion::comm::shard_tensor(full, 0, group->size(), group->rank());
   if (group->rank() == 1) local = at::randn({3, 32});  // wrong on rank 1 only
   dist->shard(local, {16, 32}, 0);
   dion::Optimizer opt({local}, options_for("muon"));

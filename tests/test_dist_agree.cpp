@@ -18,16 +18,17 @@
 #include <string>
 #include <vector>
 
+#include "dion/comm/chunks.h"
+#include "dion/comm/group.h"
+#include "dion/comm/mesh.h"
 #include "dion/dion.h"
-#include "dion/dist/distributed.h"
-#include "dion/dist/group.h"
-#include "dion/dist/mesh.h"
+#include "dion/optim/distributed.h"
 #include "multiprocess.h"
 
 namespace {
 
-using dion::dist::Distributed;
-using dion::dist::Group;
+using dion::Distributed;
+using dion::comm::Group;
 using dion::testing::Child;
 using dion::testing::expect_all_ok;
 using dion::testing::make_problem;
@@ -57,14 +58,14 @@ Sharded shard_all(const Problem& prob, const std::shared_ptr<Group>& group) {
   Sharded s;
   s.dist = std::make_shared<Distributed>(group);
   for (const auto& full : prob.params) {
-    s.params.push_back(dion::dist::shard_tensor(full, 0, group->size(), group->rank()));
+    s.params.push_back(dion::comm::shard_tensor(full, 0, group->size(), group->rank()));
     s.dist->shard(s.params.back(), full.sizes().vec(), 0);
   }
   return s;
 }
 void set_grads(const Problem& prob, Sharded& s, int step, const std::shared_ptr<Group>& group) {
   for (size_t i = 0; i < s.params.size(); ++i)
-    s.params[i].mutable_grad() = dion::dist::shard_tensor(prob.grads[step][i], 0, group->size(), group->rank());
+    s.params[i].mutable_grad() = dion::comm::shard_tensor(prob.grads[step][i], 0, group->size(), group->rank());
 }
 
 // Dion2 FSDP, fraction 0.25 on rank 0 and 1.0 on the others.
@@ -126,7 +127,7 @@ void scenario_options(Child& c) {
   {
     auto dist = std::make_shared<Distributed>(group);
     const std::vector<int64_t> shape = odd ? std::vector<int64_t>{32, 48} : std::vector<int64_t>{32, 64};
-    at::Tensor local = dion::dist::shard_tensor(at::randn(shape), 0, group->size(), group->rank());
+    at::Tensor local = dion::comm::shard_tensor(at::randn(shape), 0, group->size(), group->rank());
     dist->shard(local, shape, 0);
     dion::Optimizer opt({local}, base, {}, dist);
     local.mutable_grad() = at::randn_like(local);
@@ -159,14 +160,14 @@ void scenario_edit(Child& c) {
 // 2 x 2 mesh (FSDP x TP): only one rank differs; the two ranks that share no axis group with a
 // disagreeing pair still raise (the report travels over both axes).
 void scenario_mesh(Child& c) {
-  dion::dist::DeviceMesh mesh(c.world, {{"fs", 2}, {"tp", 2}});
+  dion::comm::DeviceMesh mesh(c.world, {{"fs", 2}, {"tp", 2}});
   auto fs = mesh.axis("fs"), tp = mesh.axis("tp");
   Problem prob = make_problem({{16, 32}, {20, 24}}, 1, 5);
   auto dist = std::make_shared<Distributed>(fs, tp);
   std::vector<at::Tensor> params;
   for (size_t i = 0; i < prob.params.size(); ++i) {
-    at::Tensor local = dion::dist::shard_tensor(
-        dion::dist::shard_tensor(prob.params[i], 0, fs->size(), fs->rank()), 1, tp->size(), tp->rank());
+    at::Tensor local = dion::comm::shard_tensor(
+        dion::comm::shard_tensor(prob.params[i], 0, fs->size(), fs->rank()), 1, tp->size(), tp->rank());
     dist->shard(local, prob.params[i].sizes().vec(), 0, 1);
     local.mutable_grad() = at::randn_like(local);
     params.push_back(local);

@@ -31,16 +31,17 @@
 #include <string>
 #include <vector>
 
+#include "dion/comm/chunks.h"
+#include "dion/comm/group.h"
+#include "dion/comm/mesh.h"
 #include "dion/dion.h"
-#include "dion/dist/distributed.h"
-#include "dion/dist/group.h"
-#include "dion/dist/mesh.h"
+#include "dion/optim/distributed.h"
 #include "multiprocess.h"
 
 namespace {
 
-using dion::dist::Distributed;
-using dion::dist::Group;
+using dion::Distributed;
+using dion::comm::Group;
 using dion::testing::Child;
 using dion::testing::expect_all_ok;
 using dion::testing::make_problem;
@@ -64,7 +65,7 @@ void load_from_string(dion::Optimizer& opt, const std::string& bytes) {
 // Legacy Dion on row shards (1-D FSDP over the world, or 2 x 2 FSDP x TP): save after one step,
 // load into a fresh optimizer, and both take two more steps alike.
 void dion_round_trip(Child& c, bool tp) {
-  std::optional<dion::dist::DeviceMesh> mesh;
+  std::optional<dion::comm::DeviceMesh> mesh;
   std::shared_ptr<Group> outer, inner;
   if (tp) {
     mesh.emplace(c.world, std::vector<std::pair<std::string, int>>{{"fs", 2}, {"tp", 2}});
@@ -75,8 +76,8 @@ void dion_round_trip(Child& c, bool tp) {
   }
   Problem prob = make_problem({{32, 64}, {24, 40}, {18, 30}}, 3, 51);
   auto local_of = [&](const at::Tensor& full) {
-    at::Tensor t = dion::dist::shard_tensor(full, 0, outer->size(), outer->rank());
-    return inner ? dion::dist::shard_tensor(t, 1, inner->size(), inner->rank()) : t;
+    at::Tensor t = dion::comm::shard_tensor(full, 0, outer->size(), outer->rank());
+    return inner ? dion::comm::shard_tensor(t, 1, inner->size(), inner->rank()) : t;
   };
   auto build = [&](std::vector<at::Tensor>& params) {
     auto dist = inner ? std::make_shared<Distributed>(outer, inner) : std::make_shared<Distributed>(outer);
@@ -145,17 +146,17 @@ std::string checkpoint_dir() {
 struct Placement {
   std::shared_ptr<Distributed> dist;  // null: one process
   std::shared_ptr<Group> outer, inner;
-  std::optional<dion::dist::DeviceMesh> mesh;
+  std::optional<dion::comm::DeviceMesh> mesh;
   at::Tensor local(const at::Tensor& full) const {
     if (!outer || full.dim() < 2) return full.clone();
-    at::Tensor t = dion::dist::shard_tensor(full, 0, outer->size(), outer->rank());
-    return inner ? dion::dist::shard_tensor(t, 1, inner->size(), inner->rank()) : t;
+    at::Tensor t = dion::comm::shard_tensor(full, 0, outer->size(), outer->rank());
+    return inner ? dion::comm::shard_tensor(t, 1, inner->size(), inner->rank()) : t;
   }
   at::Tensor gather(const at::Tensor& local, const at::Tensor& like) const {
     if (!outer || like.dim() < 2) return local;
     at::Tensor t = local.contiguous();
-    if (inner) t = dion::dist::gather_tensor(*inner, t, 1, like.size(1));
-    return dion::dist::gather_tensor(*outer, t, 0, like.size(0));
+    if (inner) t = dion::comm::gather_tensor(*inner, t, 1, like.size(1));
+    return dion::comm::gather_tensor(*outer, t, 0, like.size(0));
   }
 };
 

@@ -11,7 +11,8 @@
 //   - legacy Dion: 1e-5 (each rank draws the sketch; P changes by column signs and rounding);
 //   - NorMuon / NorDion2 with sharded columns: see their test.
 // Also pinned: every rank issues the same collectives (the fake throws on a mismatch or a
-// missing member instead of hanging), and a failing rank does not hang the others.
+// missing member instead of hanging), a failing rank does not hang the others, and the fake runs
+// the production assembly and shard checks (it implements only the per-axis collectives).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -311,6 +312,39 @@ TEST(FakeDistribution, RanksDisagreeingOnACommunicationOptionRaise) {
   DION_HYPERPARAMETERS(CHECK_AGREEMENT)
 #undef CHECK_AGREEMENT
   EXPECT_GE(comm_fields, 5u);
+}
+
+// The fake is only the per-axis collectives: the assembly is the production one (FSDP: one
+// all_to_all there and one back per megabatch), and so is the shard-spec check (a wrong shard on
+// one rank raises ValueError on both, at the first step, before any megabatch is assembled).
+TEST(FakeDistribution, ProductionAssemblyAndShardChecksRunOnTheFake) {
+  FakeWorld world(2);
+  world.run([&](int r) {
+    at::Tensor p = chunk_of(at::randn({16, 8}), 0, 2, r);
+    world.distribution(r)->shard(p, {16, 8}, 0);
+    p.mutable_grad() = at::randn_like(p);
+    dion::Optimizer opt({p}, dion::Options(0.02).algorithm("muon"), {}, world.distribution(r));
+    opt.step();
+  });
+  EXPECT_EQ(world.distribution(0)->calls().at("all_to_all"), 2);
+  EXPECT_EQ(world.distribution(1)->calls(), world.distribution(0)->calls());
+
+  FakeWorld bad(2);
+  std::vector<std::string> errors(2);
+  bad.run([&](int r) {
+    at::Tensor p = r == 1 ? at::randn({3, 8}) : chunk_of(at::randn({16, 8}), 0, 2, r);  // rank 1: 3 rows, not 8
+    bad.distribution(r)->shard(p, {16, 8}, 0);
+    p.mutable_grad() = at::randn_like(p);
+    dion::Optimizer opt({p}, dion::Options(0.02).algorithm("muon"), {}, bad.distribution(r));
+    try {
+      opt.step();
+    } catch (const dion::ValueError& e) {
+      errors[static_cast<size_t>(r)] = e.what();
+    }
+  });
+  EXPECT_NE(errors[1].find("does not match global shape"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[0].find("invalid shard specification on 1 other rank(s)"), std::string::npos) << errors[0];
+  EXPECT_EQ(bad.distribution(0)->calls().count("all_to_all"), 0u);
 }
 
 TEST(FakeDistribution, MismatchedCollectivesThrowInsteadOfHanging) {

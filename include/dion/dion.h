@@ -19,7 +19,8 @@
 //                           tensor API, autograd and the ATen ops (torch::mse_loss, torch::relu),
 //                           so the README's example compiles with this header alone. Other
 //                           modules: include <torch/nn.h> (not here: ~5 s more per file).
-// Distributed: dion/optim/distribution.h. Data tools: dion/data/*.h (dion::data).
+// Distributed: dion/optim/distributed.h (groups: dion/comm/, target dion::comm). Data tools:
+// dion/data/*.h (dion::data).
 #pragma once
 
 #include <torch/nn/modules/linear.h>

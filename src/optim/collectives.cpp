@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "assembly.h"
 #include "dion/math/dion.h"
 
 namespace dion {
@@ -62,13 +63,13 @@ at::Tensor Collectives::assemble_orthogonalize(std::vector<at::Tensor> U, const 
   }
   request.local_size = local_size;
   request.inner_local_size = inner_local_size;
-  return dist_->orthogonalize(std::move(U), plan.layout, request);
+  return assemble_and_orthogonalize(*dist_, std::move(U), plan.layout, request);
 }
 
 math::ShardSum Collectives::shard_sum(const Plan& plan) const {
   if (!dist_ || !(plan.splits(-2) || plan.splits(-1))) return nullptr;
   Distribution* d = dist_;
-  return [d](at::Tensor& t) { d->sum_over_shards_(t); };
+  return [d](at::Tensor& t) { sum_over_shards_(*d, t); };
 }
 
 math::ColumnShards Collectives::column_shards(const Plan& plan) const {
@@ -87,7 +88,7 @@ math::ColumnShards Collectives::column_shards(const Plan& plan) const {
 math::ShardSum Collectives::sum_norms_over_shards() const {
   if (!dist_) return nullptr;
   Distribution* d = dist_;
-  return [d](at::Tensor& t) { d->sum_over_shards_(t); };
+  return [d](at::Tensor& t) { sum_over_shards_(*d, t); };
 }
 
 // Each rank's slice norms (padded to ceil(global / W) with -inf) travel in one all_gather; every
@@ -118,7 +119,7 @@ at::Tensor Collectives::orthonormalize_P_split_over_replicas(const at::Tensor& P
   at::Tensor padded =
       N == per_rank * W ? P : at::cat({P, at::zeros({per_rank * W - N, P.size(1), P.size(2)}, P.options())});
   at::Tensor mine = math::dion_orthonormalize(padded.narrow(0, rank * per_rank, per_rank), oversample);
-  return dist_->gather_over_shards(mine.contiguous()).flatten(0, 1).narrow(0, 0, N);
+  return dist_->all_gather(mine.contiguous(), Axis::OUTER).flatten(0, 1).narrow(0, 0, N);
 }
 
 at::Tensor Collectives::reduce_scatter_then_orthonormalize_P(const at::Tensor& P, float oversample,

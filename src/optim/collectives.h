@@ -2,9 +2,11 @@
 // src/optim).
 //
 // The drivers (src/optim/drivers/) read as math plus calls to the named patterns below; the
-// patterns speak to the Distribution (dion/optim/distribution.h), never to c10d. Without a
-// Distribution (one process) every pattern is the local computation alone. Tested in one
-// process against tests/support/fake_distribution.h (W simulated ranks as tasks on one thread).
+// patterns speak to the Distribution's per-axis collectives (dion/optim/distribution.h; the
+// megabatch assembly is assembly.h), never to c10d. Without a Distribution (one process) every
+// pattern is the local computation alone. Tested in one process against
+// tests/support/fake_distribution.h (W simulated ranks as tasks on one thread), which runs these
+// same lines over in-process axis groups.
 //
 //   Gradients:   synced_gradients            optimizer-side DDP gradient averaging
 //   Muon family: assemble_orthogonalize      whole matrices assembled, orthogonalized, split back

@@ -3,12 +3,12 @@
 // Built by tests/consumer/CMakeLists.txt against what `cmake --install` wrote (find_package(dion)),
 // never against the source tree. This file includes only "dion/dion.h" (and <cstdio>) and runs the
 // README's worked example verbatim (between the markers below) on a small MLP; other_targets.cpp
-// uses dion::dist and dion::data. Exit 0 when the loss went down and the other checks passed.
+// uses dion::comm and dion::data. Exit 0 when the loss went down and the other checks passed.
 #include <cstdio>
 
 #include "dion/dion.h"
 
-int check_other_targets();  // other_targets.cpp: 0 when dion::dist and dion::data work
+int check_other_targets();  // other_targets.cpp: 0 when dion::comm and dion::data work
 
 int main() {
   torch::manual_seed(0);

@@ -1,6 +1,6 @@
-// tests/consumer/other_targets.cpp — the installed dion::dist and dion::data, used once each.
+// tests/consumer/other_targets.cpp — the installed dion::comm and dion::data, used once each.
 //
-// dion::dist: a one-process Group (Group::init_from_env without torchrun's variables) sums a
+// dion::comm: a one-process Group (Group::init_from_env without torchrun's variables) sums a
 // tensor, which links the c10d-based group code against the consumer's LibTorch. dion::data:
 // a FineWeb shard written and read back (shard.h). Kept apart from main.cpp so that main.cpp
 // shows the README snippet compiling with dion/dion.h alone.
@@ -11,15 +11,15 @@
 #include <filesystem>
 #include <vector>
 
+#include "dion/comm/group.h"
 #include "dion/data/shard.h"
-#include "dion/dist/group.h"
 
 int check_other_targets() {
-  dion::dist::Group world = dion::dist::Group::init_from_env();
+  dion::comm::Group world = dion::comm::Group::init_from_env();
   at::Tensor x = at::arange(4, at::kFloat);  // [4]
   world.all_reduce_(x);                      // one process: x unchanged
   if (world.size() != 1 || world.rank() != 0 || x[3].item<float>() != 3.0f) {
-    std::printf("consumer: FAILED: dion::dist one-process group (size %d, rank %d)\n",
+    std::printf("consumer: FAILED: dion::comm one-process group (size %d, rank %d)\n",
                 world.size(), world.rank());
     return 1;
   }
@@ -35,6 +35,6 @@ int check_other_targets() {
     std::printf("consumer: FAILED: dion::data shard round trip\n");
     return 1;
   }
-  std::printf("consumer: dion::dist and dion::data OK\n");
+  std::printf("consumer: dion::comm and dion::data OK\n");
   return 0;
 }

@@ -12,14 +12,6 @@ namespace dion::testing {
 
 namespace {
 constexpr int kMaxRounds = 100000;  // rounds a collective waits for its members before giving up
-
-at::Tensor pad_to(const at::Tensor& t, int64_t dim, int64_t size) {
-  const int64_t have = t.size(dim);
-  if (have == size) return t;
-  std::vector<int64_t> shape = t.sizes().vec();
-  shape[dim < 0 ? dim + t.dim() : dim] = size - have;
-  return at::cat({t, at::zeros(shape, t.options())}, dim);
-}
 }  // namespace
 
 // ---------------------------------------------------------------------------- FakeWorld
@@ -81,87 +73,46 @@ std::vector<at::Tensor> FakeWorld::exchange(const std::string& kind, Axis axis, 
   return out;
 }
 
-// ---------------------------------------------------------------------------- FakeDistribution
+// ---------------------------------------------------------------------------- FakeAxis
 
-void FakeDistribution::shard(const at::Tensor& local, std::vector<int64_t> global_shape, int64_t dim,
-                             int64_t inner_dim) {
-  layouts_[local.unsafeGetTensorImpl()] = Layout{std::move(global_shape), dim, false, inner_dim};
-}
+int FakeAxis::size() const { return world_.axis_size(axis_); }
+int FakeAxis::rank() const { return world_.axis_rank(axis_, rank_); }
+std::string FakeAxis::name() const { return axis_ == Axis::OUTER ? "fake outer" : "fake inner"; }
 
-int FakeDistribution::axis_size(Axis axis) const { return world_.axis_size(axis); }
-int FakeDistribution::axis_rank(Axis axis) const { return world_.axis_rank(axis, rank_); }
-
-void FakeDistribution::all_reduce_(at::Tensor& x, Axis axis) {
-  if (axis_size(axis) <= 1) return;
-  ++calls_["all_reduce"];
-  std::vector<at::Tensor> parts = world_.exchange("all_reduce", axis, rank_, x);
+void FakeAxis::all_reduce_(at::Tensor& x) {
+  if (size() <= 1) return;
+  ++(*calls_)["all_reduce"];
+  std::vector<at::Tensor> parts = world_.exchange("all_reduce", axis_, rank_, x);
   at::Tensor sum = parts[0].clone();
   for (size_t i = 1; i < parts.size(); ++i) sum.add_(parts[i]);  // group-rank order
   x.copy_(sum);
 }
 
-at::Tensor FakeDistribution::all_gather(const at::Tensor& x, Axis axis) {
-  if (axis_size(axis) <= 1) return x.unsqueeze(0);
-  ++calls_["all_gather"];
-  return at::stack(world_.exchange("all_gather", axis, rank_, x), 0);
+at::Tensor FakeAxis::all_gather(const at::Tensor& x) {
+  if (size() <= 1) return x.unsqueeze(0);
+  ++(*calls_)["all_gather"];
+  return at::stack(world_.exchange("all_gather", axis_, rank_, x), 0);
 }
 
-at::Tensor FakeDistribution::all_to_all(const at::Tensor& x, Axis axis) {
-  const int W = axis_size(axis);
+at::Tensor FakeAxis::all_to_all(const at::Tensor& x) {
+  const int W = size();
   if (W <= 1) return x;
-  ++calls_["all_to_all"];
-  std::vector<at::Tensor> parts = world_.exchange("all_to_all", axis, rank_, x);
-  const int64_t me = axis_rank(axis);
+  ++(*calls_)["all_to_all"];
+  std::vector<at::Tensor> parts = world_.exchange("all_to_all", axis_, rank_, x);
+  const int64_t me = rank();
   std::vector<at::Tensor> mine;  // chunk `me` of every member's tensor, in member order
   for (const at::Tensor& p : parts) mine.push_back(p.chunk(W, 0)[static_cast<size_t>(me)]);
   return at::cat(mine, 0);
 }
 
-Layout FakeDistribution::layout(const at::Tensor& param) const {
-  auto it = layouts_.find(param.unsafeGetTensorImpl());
-  if (it != layouts_.end()) return it->second;
-  return Layout{param.sizes().vec(), -1, axis_size(Axis::OUTER) > 1};
-}
+// ---------------------------------------------------------------------------- FakeDistribution
 
-at::Tensor FakeDistribution::assemble_apply(Axis axis, std::vector<at::Tensor> U, int64_t dim, int64_t global_size,
-                                            int64_t local_size,
-                                            const std::function<at::Tensor(const at::Tensor&)>& apply) {
-  const int W = axis_size(axis);
-  const int64_t padded = local_size > 0 ? local_size : (global_size + W - 1) / W;
-  const int64_t mine = U[0].size(dim);
-  for (at::Tensor& u : U) u = pad_to(u, dim, padded);
-  at::Tensor all = all_gather(at::stack(U, 0), axis);  // [W, N, ..padded..]
-  at::Tensor whole = at::cat(all.unbind(0), dim);      // [N, ..W * padded..]
-  at::Tensor out = apply(whole);
-  return out.narrow(dim, padded * axis_rank(axis), padded).narrow(dim, 0, mine);
-}
+FakeDistribution::FakeDistribution(FakeWorld& world, int rank)
+    : FakeDistribution(world, rank, std::make_shared<std::map<std::string, int>>()) {}
 
-at::Tensor FakeDistribution::orthogonalize(std::vector<at::Tensor> U, const Layout& layout,
-                                           const OrthoRequest& request) {
-  if (layout.two_d()) {
-    const int64_t nd = static_cast<int64_t>(layout.global_shape.size());
-    auto outer_stage = [&](const at::Tensor& whole_inner) {
-      return assemble_apply(Axis::OUTER, whole_inner.unbind(0), request.comm_dim, request.global_size,
-                            request.local_size, request.apply);
-    };
-    return assemble_apply(Axis::INNER, std::move(U), layout.inner_dim - nd, layout.global_shape[layout.inner_dim],
-                          request.inner_local_size, outer_stage);
-  }
-  if (layout.sharded())
-    return assemble_apply(Axis::OUTER, std::move(U), request.comm_dim, request.global_size, request.local_size,
-                          request.apply);
-  return request.apply(at::stack(U, 0));  // replicated: every rank orthogonalizes every matrix
-}
-
-void FakeDistribution::sum_over_shards_(at::Tensor& x) {
-  all_reduce_(x, Axis::OUTER);
-  all_reduce_(x, Axis::INNER);
-}
-
-void FakeDistribution::average_over_replicas_(at::Tensor& x) {
-  if (axis_size(Axis::OUTER) <= 1) return;
-  all_reduce_(x, Axis::OUTER);
-  x.div_(axis_size(Axis::OUTER));
-}
+FakeDistribution::FakeDistribution(FakeWorld& world, int rank, std::shared_ptr<std::map<std::string, int>> calls)
+    : Distribution(std::make_shared<FakeAxis>(world, Axis::OUTER, rank, calls),
+                   std::make_shared<FakeAxis>(world, Axis::INNER, rank, calls)),
+      calls_(std::move(calls)) {}
 
 }  // namespace dion::testing

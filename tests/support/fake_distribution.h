@@ -20,9 +20,9 @@
 //
 // Ranks: r = outer_rank * inner + inner_rank. The outer (FSDP / DDP) group of r holds the ranks
 // of its inner rank, the inner (TP) group those of its outer rank. No replicate axis.
-// FakeDistribution's orthogonalize assembles whole matrices by all_gather (every rank
-// orthogonalizes all of them) — a different route from dion::dist::Distributed's all_to_all,
-// with the same result.
+// The fake is only the per-axis collectives (dion::AxisGroup): a FakeDistribution is a
+// dion::Distribution over in-process axis groups, so the layouts, their checks and the
+// megabatch assembly are the production ones (src/optim/assembly.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -40,40 +40,36 @@ namespace dion::testing {
 
 class FakeWorld;
 
-class FakeDistribution : public Distribution {
+// One axis of one simulated rank: its collectives go through FakeWorld::exchange.
+class FakeAxis : public AxisGroup {
  public:
-  FakeDistribution(FakeWorld& world, int rank) : world_(world), rank_(rank) {}
-
-  // `local` is this rank's FSDP2 chunk along `dim` (and along `inner_dim` over the inner group
-  // when >= 0) of a parameter of `global_shape`. Unregistered parameters are replicated (DDP)
-  // when the outer group has more than one rank.
-  void shard(const at::Tensor& local, std::vector<int64_t> global_shape, int64_t dim, int64_t inner_dim = -1);
-
-  int axis_size(Axis axis) const override;
-  int axis_rank(Axis axis) const override;
-  void all_reduce_(at::Tensor& x, Axis axis) override;
-  at::Tensor all_gather(const at::Tensor& x, Axis axis) override;
-  at::Tensor all_to_all(const at::Tensor& x, Axis axis) override;
-  Layout layout(const at::Tensor& param) const override;
-  at::Tensor orthogonalize(std::vector<at::Tensor> U, const Layout& layout, const OrthoRequest& request) override;
-  void sum_over_shards_(at::Tensor& x) override;
-  at::Tensor gather_over_shards(const at::Tensor& x) override { return all_gather(x, Axis::OUTER); }
-  int rank() const override { return axis_rank(Axis::OUTER); }
-  void average_over_replicas_(at::Tensor& x) override;
-  int world_size() const override { return axis_size(Axis::OUTER); }
-
-  // Collectives this rank issued, by kind ("all_reduce", "all_gather", "all_to_all").
-  const std::map<std::string, int>& calls() const { return calls_; }
+  FakeAxis(FakeWorld& world, Axis axis, int rank, std::shared_ptr<std::map<std::string, int>> calls)
+      : world_(world), axis_(axis), rank_(rank), calls_(std::move(calls)) {}
+  int size() const override;
+  int rank() const override;
+  std::string name() const override;
+  c10::Device control_device() const override { return c10::Device(c10::kCPU); }
+  void all_reduce_(at::Tensor& x) override;
+  at::Tensor all_gather(const at::Tensor& x) override;
+  at::Tensor all_to_all(const at::Tensor& x) override;
 
  private:
-  // Whole matrices along `dim` (negative) over `axis`, `apply`, this rank's part back.
-  at::Tensor assemble_apply(Axis axis, std::vector<at::Tensor> U, int64_t dim, int64_t global_size,
-                            int64_t local_size, const std::function<at::Tensor(const at::Tensor&)>& apply);
-
   FakeWorld& world_;
+  Axis axis_;
   int rank_;
-  std::map<void*, Layout> layouts_;
-  std::map<std::string, int> calls_;
+  std::shared_ptr<std::map<std::string, int>> calls_;  // the rank's, shared by its axes
+};
+
+class FakeDistribution : public Distribution {
+ public:
+  FakeDistribution(FakeWorld& world, int rank);
+
+  // Collectives this rank issued, by kind ("all_reduce", "all_gather", "all_to_all").
+  const std::map<std::string, int>& calls() const { return *calls_; }
+
+ private:
+  FakeDistribution(FakeWorld& world, int rank, std::shared_ptr<std::map<std::string, int>> calls);
+  std::shared_ptr<std::map<std::string, int>> calls_;
 };
 
 class FakeWorld {

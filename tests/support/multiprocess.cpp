@@ -112,7 +112,7 @@ int multiprocess_main(int argc, char** argv, const std::map<std::string, Scenari
       return 2;
     }
     const auto timeout = timeout_of ? timeout_of(name) : std::chrono::seconds(60);
-    Child c(dist::Group::init_from_env({timeout}));
+    Child c(comm::Group::init_from_env({timeout}));
     try {
       it->second(c);
     } catch (const std::exception& e) {

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "dion/dist/group.h"
+#include "dion/comm/group.h"
 
 namespace dion::testing {
 
@@ -35,8 +35,8 @@ void expect_all_ok(const std::string& scenario, int world);
 // ---------------------------------------------------------------------------- child
 
 struct Child {
-  explicit Child(dist::Group g) : world(std::move(g)) {}
-  dist::Group world;
+  explicit Child(comm::Group g) : world(std::move(g)) {}
+  comm::Group world;
   int failures = 0;
 
   // Relative difference max|a - e| / max|e| against `tol`; printed on rank 0 and on mismatch.

@@ -15,9 +15,10 @@
 #include <memory>
 #include <stdexcept>
 
-#include "dion/dist/distributed.h"
+#include "dion/comm/chunks.h"
 #include "dion/launch/launch.h"
 #include "dion/math/ortho.h"
+#include "dion/optim/distributed.h"
 #include "dion/optim/optimizer.h"
 #include "gpt_params.h"
 #include "measure.h"
@@ -78,12 +79,12 @@ std::unique_ptr<Instance> build(const std::vector<at::Tensor>& full, const std::
   auto inst = std::make_unique<Instance>();
   inst->layout = layout;
   inst->variant = v;
-  std::shared_ptr<dist::Distributed> dist;
+  std::shared_ptr<dion::Distributed> dist;
   if (layout == "fsdp") {
-    dist = std::make_shared<dist::Distributed>(group);
+    dist = std::make_shared<dion::Distributed>(group);
     for (const at::Tensor& p : full) {
-      at::Tensor local = dist::shard_tensor(p.detach(), 0, group->size(), group->rank());
-      local.mutable_grad() = dist::shard_tensor(p.grad(), 0, group->size(), group->rank());
+      at::Tensor local = comm::shard_tensor(p.detach(), 0, group->size(), group->rank());
+      local.mutable_grad() = comm::shard_tensor(p.grad(), 0, group->size(), group->rank());
       inst->params.push_back(local);
       dist->shard(local, p.sizes().vec(), 0);
     }
@@ -91,7 +92,7 @@ std::unique_ptr<Instance> build(const std::vector<at::Tensor>& full, const std::
     inst->params = clone_params(full);
     // DDP: legacy Dion synchronizes over the replicas itself (compressed P and R below rank
     // fraction 1); Muon and Dion2 take the gradients as synchronized and split the megabatches.
-    if (layout == "ddp") dist = std::make_shared<dist::Distributed>(group, v.algorithm == "dion");
+    if (layout == "ddp") dist = std::make_shared<dion::Distributed>(group, v.algorithm == "dion");
   }
   at::manual_seed(1234);  // the same initial Q (legacy Dion) on every rank
   inst->opt = std::make_unique<dion::Optimizer>(inst->params, options_of(v), math::OrthoConfig{}, dist);

@@ -8,7 +8,7 @@
 // each a rank running run_dist_rank(); rank 0 writes its results to a file this process reads.
 // Every rank builds the same parameter set's block matrices (gpt_params.h) and gradients from one
 // seed, and for each layout x variant an optimizer over them:
-//   fsdp: every matrix sharded along dim 0 (FSDP2 chunks) over the world, dion::dist::Distributed;
+//   fsdp: every matrix sharded along dim 0 (FSDP2 chunks) over the world, dion::Distributed;
 //   ddp:  every rank holds every matrix; Muon / Dion2 split each megabatch over the ranks and
 //         all_gather (gradients taken as already synchronized); legacy Dion syncs over the
 //         replicas itself (sync_gradients: the gradient at rank fraction 1, else only P and R).

@@ -2,22 +2,38 @@
 //
 // The optimizer's communication interface. The algorithm drivers never call c10d or a process
 // group: when parameters are replicated (DDP) or sharded (FSDP, TP, HSDP) across ranks, the
-// training program gives the optimizer a Distribution (dion/dist/distributed.h implements one
-// over dion_comm's groups). The optimizer asks it:
-//   layout(param):    the parameter's global shape and which tensor dim is sharded (if any);
-//   orthogonalize():  turn N local matrices (whole, or shards) into their orthogonalized local
-//                     parts — possibly by assembling whole matrices on other ranks;
-//   plain collectives over one axis (legacy Dion's P/R traffic, Dion2's norm gathers, NorMuon's
-//   shard-summed norms), and how many megabatch tasks may be in flight.
-// Without a Distribution every parameter is whole and local.
+// training program gives the optimizer a Distribution (dion/optim/distributed.h builds one over
+// dion_comm's groups). It holds:
+//   per-axis groups: the collectives of one mesh axis (AxisGroup; the only part an
+//                    implementation provides: c10d groups, or the tests' in-process fake);
+//   layouts:         each parameter's global shape and which tensor dims are sharded (shard());
+//   lifecycle:       the one-time collective check of the layouts (prepare()), how many megabatch
+//                    tasks may be in flight, whether the optimizer synchronizes the gradients.
+// The communication patterns built on these (the megabatch assembly, legacy Dion's P and R
+// traffic, Dion2's norm gathers) belong to the optimizer (src/optim/assembly.h,
+// src/optim/collectives.h). Without a Distribution every parameter is whole and local.
+//
+// API summary
+//   auto dist = std::make_shared<dion::Distribution>(outer, inner);   // AxisGroups; inner may be null
+//   dist->replicate(dp, /*sync_gradients=*/false);     // HSDP's replicate axis
+//   dist->overlap(3);                                  // megabatch tasks in flight
+//   dist->shard(w_local, {4096, 1024}, /*dim=*/0);     // FSDP: w_local is this rank's row chunk
+//   opt.set_distribution(dist);                        // parameters not registered: replicated (DDP)
+//
+// Sharding follows FSDP2 (dion/comm/chunks.h): contiguous chunks of ceil(size / world) along one
+// dim; rank r holds [r * chunk, min((r + 1) * chunk, size)), possibly empty.
+// Errors: shard specs are checked at the first step (prepare(), also run by init_state()) with
+// one all_reduce per axis, so a bad spec on any rank raises dion::ValueError on every rank
+// (never one rank throwing while the others wait).
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
-#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
 #include <vector>
-
-#include "dion/math/ortho.h"
 
 namespace dion {
 
@@ -30,65 +46,84 @@ struct Layout {
   bool two_d() const { return inner_dim >= 0; }
 };
 
-// What to do to the assembled matrices of one megabatch.
-struct OrthoRequest {
-  // Applied to a stack of whole matrices [n, *param_shape]: by default the orthogonalizer
-  // (flatten / split_sizes handled inside); Dion2's global selection wraps it.
-  std::function<at::Tensor(const at::Tensor&)> apply;
-  // Sharded layouts: the dim (negative, of the stacked tensor) the shards concatenate along,
-  // the global size along it, and an explicit per-rank size (Dion2's local selection of k rows)
-  // or 0 for ceil(global / world).
-  int64_t comm_dim = 0;
-  int64_t global_size = 0;
-  int64_t local_size = 0;
-  // 2-D sharding: the same along the inner (TP) dim (Dion2's selection along that dim), or 0.
-  int64_t inner_local_size = 0;
-};
-
 // The groups a Distribution spans: OUTER shards (FSDP, or the DDP group), INNER shards (TP),
 // REPLICA (HSDP's replicate axis, when there is one; average_over_replicas_ falls back to OUTER
 // for DDP).
 enum class Axis { OUTER, INNER, REPLICA };
 
+// The collectives of one mesh axis. Every member issues the same collectives in the same order;
+// inside a cooperative task (dion/comm/tasks.h) a collective may yield to the other tasks while
+// it waits.
+class AxisGroup {
+ public:
+  virtual ~AxisGroup() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  virtual std::string name() const = 0;
+  virtual c10::Device control_device() const = 0;          // where small control tensors live
+  virtual void all_reduce_(at::Tensor& x) = 0;             // sum, in place
+  virtual at::Tensor all_gather(const at::Tensor& x) = 0;  // [size, ...] in group-rank order
+  virtual at::Tensor all_to_all(const at::Tensor& x) = 0;  // dim-0 chunk j to member j
+};
+
 class Distribution {
  public:
+  // `outer`: the FSDP shard group, or the DDP group; `inner`: the TP group of 2-D sharding (FSDP x
+  // TP), or null. `sync_gradients`: see sync_gradients().
+  explicit Distribution(std::shared_ptr<AxisGroup> outer, std::shared_ptr<AxisGroup> inner = nullptr,
+                        bool sync_gradients = false);
   virtual ~Distribution() = default;
 
-  // Plain collectives over one axis, for algorithms that orchestrate their own communication
-  // (legacy Dion). An axis this Distribution lacks has size 1 and local no-op collectives.
-  virtual int axis_size(Axis axis) const = 0;
-  virtual int axis_rank(Axis axis) const = 0;
-  virtual void all_reduce_(at::Tensor& x, Axis axis) = 0;            // sum, in place
-  virtual at::Tensor all_gather(const at::Tensor& x, Axis axis) = 0;  // [size, ...]
-  virtual at::Tensor all_to_all(const at::Tensor& x, Axis axis) = 0;  // dim-0 chunks
-  virtual Layout layout(const at::Tensor& param) const = 0;
-  // U: N same-shape local matrices. Returns the N orthogonalized local parts, stacked [N, ...].
-  virtual at::Tensor orthogonalize(std::vector<at::Tensor> U, const Layout& layout,
-                                   const OrthoRequest& request) = 0;
-  // Sum `x` over the ranks that hold shards of the same matrices (in place): both groups for
-  // 2-D sharding.
-  virtual void sum_over_shards_(at::Tensor& x) = 0;
-  // Every outer-group member's `x` (same shape everywhere), stacked [world, ...] in rank order.
-  virtual at::Tensor gather_over_shards(const at::Tensor& x) = 0;
-  virtual int rank() const = 0;
+  // HSDP / legacy Dion's replicate mesh: average over `replicate` (the optimizer averages the
+  // gradients, or only Dion's compressed P and R, when `sync_gradients`).
+  Distribution& replicate(std::shared_ptr<AxisGroup> replicate, bool sync_gradients);
+  // Megabatch tasks in flight at once, all on the calling thread (dion/comm/tasks.h): a task that
+  // waits for a collective yields to the others, in a fixed order, so that one task's
+  // collectives overlap another's computation while every rank still issues the same
+  // collectives in the same order. 1: one task at a time.
+  Distribution& overlap(int k);
+
+  // Register a sharded parameter: `local` holds this rank's chunk of a tensor of `global_shape`
+  // along `dim` over the outer group (and along `inner_dim` over the inner group when >= 0).
+  // Unregistered parameters are replicated across the outer group.
+  void shard(const at::Tensor& local, std::vector<int64_t> global_shape, int64_t dim, int64_t inner_dim = -1);
+  // The parameter's layout (not collective: the shard specs are checked in prepare()).
+  Layout layout(const at::Tensor& param) const;
+
+  // Per-axis collectives. An axis this Distribution lacks has size 1 and local no-op collectives.
+  AxisGroup* axis(Axis axis) const;  // null when absent
+  int axis_size(Axis axis) const;
+  int axis_rank(Axis axis) const;
+  void all_reduce_(at::Tensor& x, Axis axis);            // sum, in place
+  at::Tensor all_gather(const at::Tensor& x, Axis axis);  // [size, ...]
+  at::Tensor all_to_all(const at::Tensor& x, Axis axis);  // dim-0 chunks
+  int rank() const { return axis_rank(Axis::OUTER); }
+  int world_size() const { return axis_size(Axis::OUTER); }
 
   // Data-parallel gradient synchronization by the optimizer (the reference Dion's
   // replicate_mesh_grad_sync): when true, gradients arrive unsynchronized and the optimizer
   // averages them over the replicas — legacy Dion averages only its low-rank P and R when that
   // is cheaper ("compressed" sync, decoupled momentum). Default: gradients already synchronized.
-  virtual bool sync_gradients() const { return false; }
-  // Average `x` over the replicas (in place).
-  virtual void average_over_replicas_(at::Tensor& x) = 0;
-  virtual int world_size() const = 0;
+  bool sync_gradients() const { return sync_gradients_; }
+  // Average `x` over the replicas (in place): the replicate axis, else the outer (DDP) group.
+  void average_over_replicas_(at::Tensor& x);
 
-  // Called by the optimizer at the start of every step, on every rank, before any task runs
-  // (one-time checks and set-up that are themselves collective).
-  virtual void prepare() {}
-  // Overlap: up to tasks_in_flight() megabatch tasks in flight at once, all on the calling
-  // thread (dion/comm/tasks.h): a task that waits for a collective yields to the others, in a
-  // fixed order, so that one task's collectives overlap another's computation while every rank
-  // still issues the same collectives in the same order.
-  virtual int tasks_in_flight() const { return 1; }
+  // Called by the optimizer at the start of every step, on every rank, before any task runs:
+  // the one-time collective check of the shard specs.
+  void prepare();
+  int tasks_in_flight() const { return in_flight_; }
+
+ private:
+  void verify() const;  // collective, once: every rank agrees the shard specs are valid
+
+  std::shared_ptr<AxisGroup> outer_;
+  std::shared_ptr<AxisGroup> inner_;      // TP group for 2-D sharding, or null
+  std::shared_ptr<AxisGroup> replicate_;  // HSDP replicate group, or null (DDP: the outer group)
+  int in_flight_ = 1;
+  bool sync_gradients_ = false;
+  std::unordered_map<const void*, Layout> layouts_;
+  mutable std::string local_error_;
+  mutable bool verified_ = false;
 };
 
 }  // namespace dion

@@ -21,7 +21,7 @@
 //       {{lm_head}, {.algorithm = "lion", .lr = 3e-3 * dion::lm_head_lr_scale("lion", 768)}},
 //   };
 //   dion::Optimizer opt(groups, dion::Options(0.02).algorithm("muon"));
-//   opt.set_distribution(dist);        // DDP / FSDP / TP: dion/optim/distribution.h (or pass it
+//   opt.set_distribution(dist);        // DDP / FSDP / TP: dion/optim/distributed.h (or pass it
 //                                      // as the constructor's last argument)
 //
 // What happens in step(), per matrix group: parameters with a gradient are bucketed by
@@ -130,7 +130,7 @@ class Optimizer : public torch::optim::Optimizer {
   const math::OrthoConfig& ortho() const { return ortho_; }
 
   // Replicated (DDP) or sharded (FSDP) parameters: see dion/optim/distribution.h and
-  // dion/dist/distributed.h. Call before the first step; nullptr = single process. The groups'
+  // dion/optim/distributed.h. Call before the first step; nullptr = single process. The groups'
   // shape checks run again against the global shapes.
   void set_distribution(std::shared_ptr<Distribution> distribution);
   const std::shared_ptr<Distribution>& distribution() const { return dist_; }

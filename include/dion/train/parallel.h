@@ -12,7 +12,7 @@
 // Mesh: axes (dp, fs, tp), row-major with tp fastest (torch's init_device_mesh):
 //   rank = (d * fs + f) * tp + t. Data: the flattened (dp, fs) index d * fs + f reads its own
 //   slice of the global batch; the tp ranks of one (d, f) read the same data.
-// Parameters (FSDP2 contiguous chunks, dion::dist::shard_range; tp splits are even):
+// Parameters (FSDP2 contiguous chunks, dion::comm::shard_range; tp splits are even):
 //   tp > 1:  c_q, c_k, c_v, c_fc column-parallel: rows (dim 0) split over tp; c_proj row-parallel:
 //            columns (dim 1) split over tp; wte and lm_head: rows split over tp at rest, gathered
 //            over tp for compute (every tp rank computes the same full embedding / logits, as the

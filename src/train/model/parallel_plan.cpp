@@ -5,8 +5,8 @@
 
 #include <stdexcept>
 
-#include "dion/dist/distributed.h"
-#include "../parallel_detail.h"
+#include "dion/comm/chunks.h"
+#include "../parallel/detail.h"
 
 namespace dion::train {
 
@@ -44,20 +44,20 @@ ParamPlacement placement_of(const std::string& name, const std::vector<int64_t>&
 at::Tensor local_part(const at::Tensor& full, const ParamPlacement& p, int fs_size, int fs_rank, int tp_size,
                       int tp_rank) {
   at::Tensor t = full;
-  if (p.tp_dim >= 0) t = dist::shard_tensor(t, p.tp_dim, tp_size, tp_rank);
-  if (p.fs_dim >= 0) t = dist::shard_tensor(t, p.fs_dim, fs_size, fs_rank);
+  if (p.tp_dim >= 0) t = comm::shard_tensor(t, p.tp_dim, tp_size, tp_rank);
+  if (p.fs_dim >= 0) t = comm::shard_tensor(t, p.fs_dim, fs_size, fs_rank);
   return t.contiguous();
 }
 
 Box local_box(const ParamPlacement& p, int fs_size, int fs_rank, int tp_size, int tp_rank) {
   Box b{std::vector<int64_t>(p.global_shape.size(), 0), p.global_shape};
   if (p.tp_dim >= 0) {
-    const dist::Chunk c = dist::shard_range(b.length[p.tp_dim], tp_size, tp_rank);
+    const comm::Chunk c = comm::shard_range(b.length[p.tp_dim], tp_size, tp_rank);
     b.start[p.tp_dim] += c.start;
     b.length[p.tp_dim] = c.length;
   }
   if (p.fs_dim >= 0) {
-    const dist::Chunk c = dist::shard_range(b.length[p.fs_dim], fs_size, fs_rank);
+    const comm::Chunk c = comm::shard_range(b.length[p.fs_dim], fs_size, fs_rank);
     b.start[p.fs_dim] += c.start;
     b.length[p.fs_dim] = c.length;
   }

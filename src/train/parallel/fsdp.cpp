@@ -1,4 +1,4 @@
-// src/train/fsdp.cpp — FSDP's side of Parallel (parallel.h): the fs all_gathers of the weights
+// src/train/parallel/fsdp.cpp — FSDP's side of Parallel (parallel.h): the fs all_gathers of the weights
 // (kept, prefetched by unit, or re-gathered in backward with reshard_after_forward), bf16
 // gathers, deferred gradient sync, and the gradient reduce-scatter.
 #include <ATen/ATen.h>
@@ -6,9 +6,9 @@
 
 #include <stdexcept>
 
-#include "dion/dist/distributed.h"
+#include "dion/comm/chunks.h"
 #include "dion/train/autocast.h"
-#include "parallel_detail.h"
+#include "detail.h"
 
 namespace dion::train {
 
@@ -17,27 +17,6 @@ using torch::autograd::variable_list;
 using namespace detail;
 
 namespace {
-
-// `full` [.., global, ..] (global along `dim`) -> this rank's chunk of the sum over the group's
-// ranks: a reduce-scatter, as one all_to_all of zero-padded chunks and a sum in rank order.
-at::Tensor reduce_scatter(comm::Group& g, const at::Tensor& full, int64_t dim) {
-  const int W = g.size();
-  const int64_t global = full.size(dim);
-  const int64_t chunk = (global + W - 1) / W;
-  at::Tensor x = full.movedim(dim, 0);  // [global, ...]
-  if (W * chunk != global) {
-    std::vector<int64_t> pad = x.sizes().vec();
-    pad[0] = W * chunk - global;
-    x = at::cat({x, at::zeros(pad, x.options())}, 0);
-  }
-  x = x.contiguous();
-  std::vector<int64_t> split = x.sizes().vec();
-  split[0] = chunk;
-  split.insert(split.begin(), W);
-  at::Tensor parts = g.all_to_all(x).view(split);  // [W, chunk, ...]: part i from rank i
-  const dist::Chunk mine = dist::shard_range(global, W, g.rank());
-  return parts.sum(0).narrow(0, 0, mine.length).movedim(0, dim).contiguous();
-}
 
 // FSDP's gather of a parameter: forward returns `gathered` (the fs all_gather of `local`, done by
 // the caller, possibly prefetched or kept from an earlier micro-batch); backward hands the
@@ -93,7 +72,7 @@ struct GatheredLinearFn : torch::autograd::Function<GatheredLinearFn> {
 comm::Work Parallel::gather_async(const at::Tensor& param, const ParamPlacement& pl) {
   at::Tensor shard = param.detach();
   if (shard.is_floating_point() && gather_dtype_ != shard.scalar_type()) shard = shard.to(gather_dtype_);
-  return dist::gather_tensor_async(*fs_, shard, pl.fs_dim, pl.global_shape[pl.fs_dim]);
+  return comm::gather_tensor_async(*fs_, shard, pl.fs_dim, pl.global_shape[pl.fs_dim]);
 }
 
 at::Tensor Parallel::fs_gathered(Prefetch& pf, const at::Tensor& param, const ParamPlacement& pl) {
@@ -101,7 +80,7 @@ at::Tensor Parallel::fs_gathered(Prefetch& pf, const at::Tensor& param, const Pa
   const void* key = param.unsafeGetTensorImpl();
   const int64_t dim = pl.fs_dim, global = pl.global_shape[dim];
   // A bf16 gather (gather_dtype_) is computed with in the parameter's dtype.
-  auto join = [&](const at::Tensor& all) { return dist::join_gathered(all, dim, global).to(param.scalar_type()); };
+  auto join = [&](const at::Tensor& all) { return comm::join_gathered(all, dim, global).to(param.scalar_type()); };
   auto now = [&] { return join(gather_async(param, pl).wait()); };
   if (!pf.recorded) {  // the first pass: record the order
     if (pf.order.empty() || key != pf.order[0]) {
@@ -204,7 +183,7 @@ at::Tensor Parallel::fs_reduce_gradient(const void* key, const at::Tensor& grad)
   if (pl == placements_.end())
     throw std::logic_error("parallel layout: a gradient for a parameter that shard_model did not place");
   ++reduce_scatters_;
-  return reduce_scatter(*fs_, sum, pl->second.fs_dim);
+  return comm::reduce_scatter(*fs_, sum, pl->second.fs_dim);
 }
 
 }  // namespace dion::train

@@ -1,6 +1,6 @@
-// src/train/parallel.cpp — the mesh, placing and sharding the model, and the optimizer's
-// Distribution (parallel.h). The plan by parameter name is parallel_plan.cpp; FSDP's gathers and
-// reduce-scatters fsdp.cpp; TP's functions tp.cpp; DDP's buckets ddp.cpp.
+// src/train/parallel/mesh.cpp — the mesh, placing and sharding the model, and the optimizer's
+// Distribution (parallel.h). The plan by parameter name is src/train/parallel_plan.cpp; FSDP's
+// gathers and reduce-scatters fsdp.cpp; TP's functions tp.cpp; DDP's buckets ddp.cpp.
 #include "dion/train/parallel.h"
 
 #include <ATen/ATen.h>
@@ -9,9 +9,9 @@
 #include <stdexcept>
 #include <unordered_map>
 
-#include "dion/dist/distributed.h"
+#include "dion/optim/distributed.h"
 #include "dion/train/config.h"
-#include "parallel_detail.h"
+#include "detail.h"
 
 namespace dion::train {
 
@@ -80,13 +80,13 @@ const ParamPlacement& Parallel::placement(const at::Tensor& param) const {
 
 std::shared_ptr<Distribution> Parallel::distribution(GPT& model, bool optimizer_syncs_gradients) const {
   if (shape_.world() == 1) return nullptr;
-  std::shared_ptr<dist::Distributed> d;
+  std::shared_ptr<dion::Distributed> d;
   if (shape_.tp > 1) {
-    d = std::make_shared<dist::Distributed>(fs_, tp_);
+    d = std::make_shared<dion::Distributed>(fs_, tp_);
   } else if (shape_.fs > 1) {
-    d = std::make_shared<dist::Distributed>(fs_);
+    d = std::make_shared<dion::Distributed>(fs_);
   } else {
-    return std::make_shared<dist::Distributed>(dp_, optimizer_syncs_gradients);  // DDP
+    return std::make_shared<dion::Distributed>(dp_, optimizer_syncs_gradients);  // DDP
   }
   if (shape_.dp > 1) d->replicate(dp_, optimizer_syncs_gradients);
   for (auto& item : model->named_parameters()) {

@@ -1,4 +1,4 @@
-// src/train/replicas.cpp — data-parallel replicas compared by a hash of their bits (replicas.h).
+// src/train/parallel/replicas.cpp — data-parallel replicas compared by a hash of their bits (replicas.h).
 #include "dion/train/replicas.h"
 
 #include <ATen/ATen.h>

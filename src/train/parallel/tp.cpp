@@ -1,11 +1,11 @@
-// src/train/tp.cpp — tensor parallelism's autograd functions (parallel.h): the gather of wte /
+// src/train/parallel/tp.cpp — tensor parallelism's autograd functions (parallel.h): the gather of wte /
 // lm_head for replicated compute, and the enter / exit of a TP region (identity one way, a sum
 // over the tp group the other).
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
-#include "dion/dist/distributed.h"
-#include "parallel_detail.h"
+#include "dion/comm/chunks.h"
+#include "detail.h"
 
 namespace dion::train {
 
@@ -29,7 +29,7 @@ struct TpGatherFn : torch::autograd::Function<TpGatherFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     comm::Group& g = from_handle(ctx->saved_data["group"]);
     const int64_t dim = ctx->saved_data["dim"].toInt();
-    const dist::Chunk c = dist::shard_range(grads[0].size(dim), g.size(), g.rank());
+    const comm::Chunk c = comm::shard_range(grads[0].size(dim), g.size(), g.rank());
     return {grads[0].narrow(dim, c.start, c.length).contiguous(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -60,7 +60,7 @@ struct TpExitFn : torch::autograd::Function<TpExitFn> {
 }  // namespace
 
 at::Tensor detail::tp_gathered(comm::Group& tp, const at::Tensor& w, const ParamPlacement& pl) {
-  at::Tensor full = dist::gather_tensor(tp, w.detach(), pl.tp_dim, pl.global_shape[pl.tp_dim]);
+  at::Tensor full = comm::gather_tensor(tp, w.detach(), pl.tp_dim, pl.global_shape[pl.tp_dim]);
   return TpGatherFn::apply(w, full, to_handle(&tp), pl.tp_dim);
 }
 

@@ -1,4 +1,4 @@
-// src/train/ddp.cpp — GradSync (parallel.h): DDP's gradient all-reduce over dp in buckets,
+// src/train/parallel/ddp.cpp — GradSync (parallel.h): DDP's gradient all-reduce over dp in buckets,
 // launched from post-accumulate-grad hooks in bucket order and waited before the step.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>

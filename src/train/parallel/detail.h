@@ -1,8 +1,8 @@
-// src/train/parallel_detail.h — what the files of Parallel share (private to src/train):
-// parallel.cpp (the mesh, placing and sharding the model, the optimizer's Distribution),
-// parallel_plan.cpp (where each GPT parameter lives, by name), fsdp.cpp (FSDP's gathers,
-// prefetch, reshard and gradient reduce-scatter), tp.cpp (TP's autograd functions) and ddp.cpp
-// (GradSync's buckets).
+// src/train/parallel/detail.h — what the files of Parallel share (private to src/train):
+// mesh.cpp (the mesh, placing and sharding the model, the optimizer's Distribution),
+// src/train/parallel_plan.cpp (where each GPT parameter lives, by name), fsdp.cpp (FSDP's
+// gathers, prefetch, reshard and gradient reduce-scatter), tp.cpp (TP's autograd functions) and
+// ddp.cpp (GradSync's buckets).
 #pragma once
 
 #include <ATen/core/Tensor.h>
