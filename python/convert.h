@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 
+#include "dion/errors.h"
 #include "dion/math/ortho.h"
 #include "dion/optim/options.h"
 

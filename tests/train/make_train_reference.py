@@ -189,11 +189,27 @@ def child(reference, data_dir, name):
     }))
 
 
+def kernel_isa() -> str:
+    """The family of fp32 CPU kernels a run takes: "avx512" (MKL's and ATen's AVX-512 paths: an
+    Intel Xeon, an AMD EPYC Zen 4) or "avx2" (a CPU without AVX-512). The two round fp32 sums
+    differently, and 10 training steps carry that to ~5e-4 in the losses and grad norms (train.py
+    against itself, measured), so each family has its own recording (test_numerics.cpp picks it)."""
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    return "avx512" if "avx512f" in flags else "avx2"
+
+
+def kernel_file() -> str:
+    return OUT if kernel_isa() == "avx512" else OUT.replace(".json", "_avx2.json")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reference", required=True, help="a checkout of microsoft/dion (holds train.py)")
     p.add_argument("--data-dir", required=True, help="Tiny Shakespeare GPT-2 shards of 100000 tokens (above)")
     p.add_argument("--check", action="store_true", help="compare with the saved file instead of writing it")
+    p.add_argument("--out", default=None,
+                   help="the file to write or check (default: the one for this CPU's kernels, kernel_file())")
     p.add_argument("--child", default="", help=argparse.SUPPRESS)
     a = p.parse_args()
     if not os.path.isfile(os.path.join(a.reference, "train.py")):
@@ -202,11 +218,12 @@ def main():
     if a.child:
         child(os.path.abspath(a.reference), os.path.abspath(a.data_dir), a.child)
         return
+    out = a.out or kernel_file()
     runs = [one_run(a.reference, a.data_dir, name) for name in RUNS]
     got = {"seed": SEED, "steps": STEPS, "torch": runs[0]["torch"],
-           "yaml": YAML, "runs": [{k: v for k, v in r.items() if k != "torch"} for r in runs]}
+           "yaml": YAML, "kernels": kernel_isa(), "runs": [{k: v for k, v in r.items() if k != "torch"} for r in runs]}
     if a.check:
-        with open(OUT) as f:
+        with open(out) as f:
             saved = json.load(f)
         worst = 0.0
         for s, g in zip(saved["runs"], got["runs"]):
@@ -215,15 +232,15 @@ def main():
                     worst = max(worst, abs(x - y) / abs(x))
         print(f"max relative difference from the saved file: {worst:.3g}")
         sys.exit(0 if worst <= 1e-6 else 1)
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT, "w") as f:
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
         json.dump(got, f, indent=1)
         f.write("\n")
     for r in runs:
         fp32_vs_fp64 = max(abs(a - b) / b for a, b in zip(r["grad_norm"], r["grad_norm_fp64"]))
         print(f"{r['name']}: loss {r['loss'][0]:.7f} -> {r['loss'][-1]:.7f}, grad_norm[0] {r['grad_norm'][0]:.7f}, "
               f"val {r['val_loss']:.7f}; torch's fp32 grad norm vs float64: {fp32_vs_fp64:.2g}")
-    print(f"wrote {OUT}")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
