@@ -62,8 +62,7 @@ bool as_bool(const py::handle& v, const std::string& what) {
 }
 
 std::string as_string(const py::handle& v, size_t g, const char* key) {
-  if (!py::isinstance<py::str>(v))
-    throw dion::TypeError(where(g, key) + " must be a string, got " + type_name(v));
+  if (!py::isinstance<py::str>(v)) throw dion::TypeError(where(g, key) + " must be a string, got " + type_name(v));
   return v.cast<std::string>();
 }
 

@@ -27,8 +27,8 @@ TEST(Registry, SignDescentStepEqualsItsFormula) {
   const at::Tensor b0 = at::randn({4});
   at::Tensor W = W0.clone(), b = b0.clone();
   dion::NamedOptimizer opt("sign_descent", {{{W}}, {{b}, {.algorithm = "adamw"}}},
-                           dion::NamedOptimizer::defaults_of("sign_descent").lr(0.1).mu(0.5).weight_decay(0.2),
-                           {}, nullptr);
+                           dion::NamedOptimizer::defaults_of("sign_descent").lr(0.1).mu(0.5).weight_decay(0.2), {},
+                           nullptr);
   at::Tensor M = at::zeros_like(W0), expected = W0.clone();
   for (int step = 0; step < 3; ++step) {
     const at::Tensor G = at::randn({6, 4});

@@ -16,7 +16,6 @@ namespace dion::bench {
 
 using nlohmann::json;
 
-
 std::vector<std::string> split(const std::string& list) {
   std::vector<std::string> out;
   std::stringstream ss(list);
@@ -46,13 +45,11 @@ std::vector<int64_t> parse_dims(const std::string& flag, const std::string& text
   std::string part;
   while (std::getline(ss, part, 'x')) {
     const std::optional<int64_t> v = parse_int(part);
-    if (!v || *v <= 0)
-      throw CLI::ValidationError(flag, "'" + text + "': expected positive integers joined by 'x'");
+    if (!v || *v <= 0) throw CLI::ValidationError(flag, "'" + text + "': expected positive integers joined by 'x'");
     dims.push_back(*v);
   }
   if (dims.size() != count)
-    throw CLI::ValidationError(flag, "'" + text + "': expected " + std::to_string(count) +
-                                         " numbers joined by 'x'");
+    throw CLI::ValidationError(flag, "'" + text + "': expected " + std::to_string(count) + " numbers joined by 'x'");
   return dims;
 }
 

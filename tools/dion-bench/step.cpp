@@ -116,16 +116,15 @@ void run_step(const Common& common, const StepArgs& a) {
       }
       std::printf("%-7s %-9s", set.c_str(), algo.c_str());
       for (size_t i = 0; i < opts.size(); ++i)
-        std::printf("  %s %8.1f ms (first %8.1f) %7.1f MiB/step", names[i].c_str(),
-                    row[names[i]]["ms"].get<double>(), row[names[i]]["first_ms"].get<double>(),
-                    row[names[i]]["alloc_bytes"].get<double>() / (1 << 20));
+        std::printf("  %s %8.1f ms (first %8.1f) %7.1f MiB/step", names[i].c_str(), row[names[i]]["ms"].get<double>(),
+                    row[names[i]]["first_ms"].get<double>(), row[names[i]]["alloc_bytes"].get<double>() / (1 << 20));
       std::printf("\n");
       std::fflush(stdout);
       rows.push_back(row);
     }
   }
-  emit(common, {{"table", "step"}, {"reps", a.reps}, {"peak_rss_bytes", dion::bench::peak_rss_bytes()},
-                {"rows", rows}});
+  emit(common,
+       {{"table", "step"}, {"reps", a.reps}, {"peak_rss_bytes", dion::bench::peak_rss_bytes()}, {"rows", rows}});
 }
 
 }  // namespace dion::bench

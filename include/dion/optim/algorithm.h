@@ -86,9 +86,9 @@ struct StateSpec {
 
 // What a spec's state and check functions see of one parameter.
 struct ParamView {
-  const at::Tensor& param;                  // this rank's tensor (a shard, or the whole)
+  const at::Tensor& param;                   // this rank's tensor (a shard, or the whole)
   const std::vector<int64_t>& global_shape;  // the whole parameter's shape
-  const Distribution* dist;                 // null: one process
+  const Distribution* dist;                  // null: one process
 };
 
 // A hyperparameter value this algorithm refuses: the option's name and the rule's text.
@@ -133,16 +133,16 @@ struct PythonClass {
 struct AlgorithmSpec {
   using Update = void (*)(const driver::Batch& batch, const Options& options, const driver::Env& env);
 
-  std::string name;                  // "muon": Options::algorithm(name), the checkpoints' name
-  std::vector<std::string> aliases;  // other names the trainer's config accepts
-  std::string summary;               // one line for listings (--help, docs)
-  std::string class_name;            // the C++ / Python class ("Muon"); empty: none (adamw, lion)
+  std::string name;                        // "muon": Options::algorithm(name), the checkpoints' name
+  std::vector<std::string> aliases;        // other names the trainer's config accepts
+  std::string summary;                     // one line for listings (--help, docs)
+  std::string class_name;                  // the C++ / Python class ("Muon"); empty: none (adamw, lion)
   std::vector<std::string> class_aliases;  // other names of the class ("Dion3")
   // Matrix algorithms take parameters of ndim >= 2, batched into megabatches (same shape, dtype,
   // layout); scalar ones take any parameter, one task per group.
   bool matrix = true;
-  int phase = 0;        // order within step(): lower first (matrix groups 0, lion 1, adamw 2)
-  bool serial = false;  // its tasks draw random numbers: they run one after another, in order
+  int phase = 0;                      // order within step(): lower first (matrix groups 0, lion 1, adamw 2)
+  bool serial = false;                // its tasks draw random numbers: they run one after another, in order
   bool supports_split_sizes = false;  // split_sizes (row blocks of a fused weight) allowed
   bool lm_head_lr_scaled = false;     // lm_head_lr_scale(): 1/sqrt(model_dim) for this algorithm
   bool weight_decay_on_host = false;  // reads weight decay on the host even with device scalars
@@ -183,7 +183,7 @@ struct AlgorithmSpec {
 Algorithm register_algorithm(AlgorithmSpec spec);
 std::vector<Algorithm> algorithms();  // every registered algorithm (loads the env plugins first)
 Algorithm find_algorithm(const std::string& name, bool aliases = false);  // empty: unknown
-std::string algorithm_names(bool matrix_only = false);  // "muon, normuon, ..." for messages
+std::string algorithm_names(bool matrix_only = false);                    // "muon, normuon, ..." for messages
 // Load a plugin (see above); throws dion::ValueError naming the path and dlerror() when it
 // cannot be loaded or exports no dion_algorithm_plugin. Returns the algorithms it added.
 std::vector<Algorithm> load_algorithm_plugin(const std::string& path);
