@@ -67,9 +67,12 @@ const char* dtype_name(at::ScalarType dtype) { return dtype == at::kFloat ? "fp3
 
 const char* method_name(BenchMethod method) {
   switch (method) {
-    case BenchMethod::MATMUL: return "matmul";
-    case BenchMethod::NEWTON_SCHULZ: return "newton_schulz";
-    case BenchMethod::POLAR_EXPRESS: return "polar_express";
+    case BenchMethod::MATMUL:
+      return "matmul";
+    case BenchMethod::NEWTON_SCHULZ:
+      return "newton_schulz";
+    case BenchMethod::POLAR_EXPRESS:
+      return "polar_express";
   }
   return "?";
 }
@@ -89,10 +92,9 @@ int grid_from_args(int argc, char** argv, BenchGrid* grid, std::vector<std::stri
       "--benchmark_repetitions=N, --benchmark_format=json (--benchmark_list_tests lists the rows).");
   const std::map<std::string, BenchShape> shapes = {
       {"square", BenchShape::SQUARE}, {"wide", BenchShape::WIDE}, {"tall", BenchShape::TALL}};
-  const std::map<std::string, at::ScalarType> dtypes = {{"fp32", at::kFloat},
-                                                        {"bf16", at::kBFloat16}};
-  const std::map<std::string, BenchMethod> methods = {
-      {"newton_schulz", BenchMethod::NEWTON_SCHULZ}, {"polar_express", BenchMethod::POLAR_EXPRESS}};
+  const std::map<std::string, at::ScalarType> dtypes = {{"fp32", at::kFloat}, {"bf16", at::kBFloat16}};
+  const std::map<std::string, BenchMethod> methods = {{"newton_schulz", BenchMethod::NEWTON_SCHULZ},
+                                                      {"polar_express", BenchMethod::POLAR_EXPRESS}};
   std::vector<std::string> shape_names = {"square", "wide"}, dtype_names = {"fp32", "bf16"},
                            method_names = {"newton_schulz", "polar_express"};
   std::string clock = "wall";
@@ -112,13 +114,11 @@ int grid_from_args(int argc, char** argv, BenchGrid* grid, std::vector<std::stri
       ->delimiter(',')
       ->check(CLI::IsMember(dtypes))
       ->capture_default_str();
-  app.add_option("--methods", method_names,
-                 "Orthogonalizers: newton_schulz, polar_express (comma-separated)")
+  app.add_option("--methods", method_names, "Orthogonalizers: newton_schulz, polar_express (comma-separated)")
       ->delimiter(',')
       ->check(CLI::IsMember(methods))
       ->capture_default_str();
-  app.add_option("--threads", grid->threads,
-                 "LibTorch intra-op threads (default: the hardware threads)")
+  app.add_option("--threads", grid->threads, "LibTorch intra-op threads (default: the hardware threads)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--clock", clock,
                  "wall: monotonic wall time; cpu: the process's CPU time, for a machine shared "
@@ -139,8 +139,8 @@ int grid_from_args(int argc, char** argv, BenchGrid* grid, std::vector<std::stri
     for (int64_t s : grid->sizes)
       for (BenchShape shape : grid->shapes)
         if (shape != BenchShape::SQUARE && s % 4 != 0)
-          throw CLI::ValidationError("--sizes", std::to_string(s) +
-                                     " is not a multiple of 4, needed by the wide and tall shapes");
+          throw CLI::ValidationError("--sizes",
+                                     std::to_string(s) + " is not a multiple of 4, needed by the wide and tall shapes");
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
@@ -153,11 +153,11 @@ int grid_from_args(int argc, char** argv, BenchGrid* grid, std::vector<std::stri
 // Flops of the 5-step iteration on one [m, n] matrix (r = min(m, n), c = max(m, n)).
 double ortho_flops(int64_t m, int64_t n) {
   const double r = static_cast<double>(std::min(m, n)), c = static_cast<double>(std::max(m, n));
-  const double per_step = 2 * r * r * c      // Gram: X X^T
-                          + 2 * r * r * r    // A A
-                          + 2 * r * r * c    // B X
-                          + 3 * r * r        // b A + c A^2
-                          + 2 * r * c;       // a X + B X
+  const double per_step = 2 * r * r * c    // Gram: X X^T
+                          + 2 * r * r * r  // A A
+                          + 2 * r * r * c  // B X
+                          + 3 * r * r      // b A + c A^2
+                          + 2 * r * c;     // a X + B X
   return 5 * per_step;
 }
 
@@ -176,8 +176,8 @@ struct BenchCase {
 };
 
 std::string case_key(const BenchCase& c) {  // shared by a case and its matmul baseline
-  return std::string(dtype_name(c.dtype)) + "/" + std::to_string(c.m) + "x" +
-         std::to_string(c.n) + "/b" + std::to_string(c.batch);
+  return std::string(dtype_name(c.dtype)) + "/" + std::to_string(c.m) + "x" + std::to_string(c.n) + "/b" +
+         std::to_string(c.batch);
 }
 
 // Seconds per call of the latest run of each matmul baseline, by case_key.
@@ -200,9 +200,12 @@ double clock_seconds() {
 
 at::Tensor run_case(const BenchCase& c, const at::Tensor& G) {  // G [B, m, n]
   switch (c.method) {
-    case BenchMethod::MATMUL: return {};  // timed in bench_case on prepared operands
-    case BenchMethod::NEWTON_SCHULZ: return dion::math::newton_schulz(G, 1e-7, c.dtype);
-    case BenchMethod::POLAR_EXPRESS: return dion::math::polar_express(G, 1e-6, c.dtype);
+    case BenchMethod::MATMUL:
+      return {};  // timed in bench_case on prepared operands
+    case BenchMethod::NEWTON_SCHULZ:
+      return dion::math::newton_schulz(G, 1e-7, c.dtype);
+    case BenchMethod::POLAR_EXPRESS:
+      return dion::math::polar_express(G, 1e-6, c.dtype);
   }
   return {};
 }
@@ -211,9 +214,8 @@ void bench_case(benchmark::State& state, const BenchCase& c) {
   at::manual_seed(0);
   const at::Tensor G = at::randn({c.batch, c.m, c.n}, at::TensorOptions().dtype(c.dtype));
   const std::string key = case_key(c);
-  const double flops = static_cast<double>(c.batch) * (c.method == BenchMethod::MATMUL
-                                                           ? matmul_flops(c.m, c.n)
-                                                           : ortho_flops(c.m, c.n));
+  const double flops =
+      static_cast<double>(c.batch) * (c.method == BenchMethod::MATMUL ? matmul_flops(c.m, c.n) : ortho_flops(c.m, c.n));
   const std::string warm_key = std::string(method_name(c.method)) + "/" + key;
 
   // The matmul baseline's operands: X [B, r, c] and X^T [B, c, r], both contiguous.
@@ -248,8 +250,8 @@ void register_grid(const BenchGrid& grid) {
           for (BenchMethod method : methods) {
             const BenchCase c{method, dtype, m, n, batch};
             const std::string name = std::string(method_name(method)) + "/" + case_key(c);
-            benchmark::internal::Benchmark* b = benchmark::RegisterBenchmark(
-                name.c_str(), [c](benchmark::State& st) { bench_case(st, c); });
+            benchmark::internal::Benchmark* b =
+                benchmark::RegisterBenchmark(name.c_str(), [c](benchmark::State& st) { bench_case(st, c); });
             b->Unit(benchmark::kMillisecond);
             if (!grid.cpu_clock) b->UseRealTime();
           }

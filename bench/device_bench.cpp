@@ -94,7 +94,9 @@ at::Tensor orthogonalize(const at::Tensor& G, dion::math::OrthoMethod method, Or
 int main(int argc, char** argv) {
   Args args;
   CLI::App app{"The measured rows of scripts/device_check.sh's table (markdown rows on stdout).", "device_bench"};
-  app.add_option("--device", args.device, "Where to measure")->check(CLI::IsMember({"cuda", "cpu"}))->capture_default_str();
+  app.add_option("--device", args.device, "Where to measure")
+      ->check(CLI::IsMember({"cuda", "cpu"}))
+      ->capture_default_str();
   app.add_flag("--quick", args.quick, "Every dimension / 8: checks the plumbing in seconds, on a CPU too");
   app.add_option("--reps", args.reps, "Timed repetitions per row")->check(CLI::Range(1, 1000))->capture_default_str();
   try {
@@ -119,7 +121,8 @@ int main(int argc, char** argv) {
               static_cast<long long>(n), peak * 1e-12);
 
   // ---- orthogonalization on the 160M matrix set
-  const std::vector<std::vector<int64_t>> shapes = {{48, 768 / s, 768 / s}, {12, 768 / s, 3072 / s}, {12, 3072 / s, 768 / s}};
+  const std::vector<std::vector<int64_t>> shapes = {
+      {48, 768 / s, 768 / s}, {12, 768 / s, 3072 / s}, {12, 3072 / s, 768 / s}};
   struct Path {
     OrthoRun run;
     const char* name;
@@ -144,7 +147,7 @@ int main(int argc, char** argv) {
     for (const auto& shape : shapes) {
       const int64_t batch = shape[0], r = std::min(shape[1], shape[2]), c = std::max(shape[1], shape[2]);
       const at::Tensor X = at::randn({batch, r, c}, bf16) / std::sqrt(static_cast<double>(c));  // [B, r, c]
-      const at::Tensor A = at::matmul(X, X.mT());                                              // [B, r, r]
+      const at::Tensor A = at::matmul(X, X.mT());                                               // [B, r, r]
       at::Tensor P = at::empty({batch, r, r}, bf16);
       flops += 2.0 * batch * r * r * c + 2.0 * batch * r * r * r;
       seconds += time_it(dev, args.reps, [&] {
@@ -162,11 +165,13 @@ int main(int argc, char** argv) {
       how = "the library's choice (";
       for (const auto& shape : shapes) {
         const int64_t r = std::min(shape[1], shape[2]);
-        const int64_t rows = dev.is_cuda() ? dion::math::cuda_symmetric_block_rows(
-                                                 shape[0], r, dion::cuda::multiprocessor_count(dev.index() < 0 ? 0 : dev.index()))
-                                           : -1;
-        how += (&shape == &shapes.front() ? "" : ", ") +
-               (rows < 0 ? std::string("CPU rule") : rows == 0 ? std::string("full") : std::to_string(rows) + " rows");
+        const int64_t rows = dev.is_cuda()
+                                 ? dion::math::cuda_symmetric_block_rows(
+                                       shape[0], r, dion::cuda::multiprocessor_count(dev.index() < 0 ? 0 : dev.index()))
+                                 : -1;
+        how += (&shape == &shapes.front() ? "" : ", ") + (rows < 0    ? std::string("CPU rule")
+                                                          : rows == 0 ? std::string("full")
+                                                                      : std::to_string(rows) + " rows");
       }
       how += ")";
     }

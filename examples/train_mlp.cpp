@@ -65,8 +65,7 @@ int main(int argc, char** argv) {
     // Matrices -> the matrix algorithm (Dion2 by default); vectors -> AdamW.
     std::vector<torch::Tensor> matrices = {fc1->weight, fc2->weight, fc3->weight};
     std::vector<torch::Tensor> vectors = {fc1->bias, fc2->bias, fc3->bias};
-    dion::Options defaults =
-        dion::Options(lr).algorithm(algorithm).fraction(0.25).weight_decay(0.0);
+    dion::Options defaults = dion::Options(lr).algorithm(algorithm).fraction(0.25).weight_decay(0.0);
     dion::Optimizer opt(
         {
             {matrices},                                                          // the defaults
@@ -87,8 +86,7 @@ int main(int argc, char** argv) {
       if (step == 1) first = last;
       std::printf("step %3d  loss %.6f\n", step, last);
     }
-    std::printf("%s: loss %.4f -> %.4f (%.1fx lower)\n", algorithm.c_str(), first, last,
-                first / last);
+    std::printf("%s: loss %.4f -> %.4f (%.1fx lower)\n", algorithm.c_str(), first, last, first / last);
     return last < first ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_mlp: error: %s\n", e.what());

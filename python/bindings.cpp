@@ -143,8 +143,7 @@ class PyOptimizer {
     auto outer_group = wrap(outer, std::move(outer_ranks));
     dist_ = inner.is_none()
                 ? std::make_shared<dion::Distributed>(std::move(outer_group))
-                : std::make_shared<dion::Distributed>(std::move(outer_group),
-                                                      wrap(inner, std::move(inner_ranks)));
+                : std::make_shared<dion::Distributed>(std::move(outer_group), wrap(inner, std::move(inner_ranks)));
     if (!replicate.is_none()) dist_->replicate(wrap(replicate, std::move(replicate_ranks)), sync_gradients);
     dist_->overlap(kTasksInFlight);
     live()->set_distribution(dist_);
@@ -241,7 +240,8 @@ class PyOptimizer {
  private:
   dion::Optimizer* live() const {
     if (!opt_)
-      throw dion::ValueError("this dion_cpp optimizer was released at interpreter exit (atexit): it cannot be used any more");
+      throw dion::ValueError(
+          "this dion_cpp optimizer was released at interpreter exit (atexit): it cannot be used any more");
     return opt_.get();
   }
 
@@ -274,7 +274,8 @@ class PyOptimizer {
         }
       }
     }
-    return std::make_shared<dion::comm::Group>(dion::comm::Group::from_process_group(pg, std::move(ranks), {}, options));
+    return std::make_shared<dion::comm::Group>(
+        dion::comm::Group::from_process_group(pg, std::move(ranks), {}, options));
   }
 
   // The class's matrix algorithm (a registered one), or nullopt for "any" (dion::Optimizer).
@@ -437,9 +438,9 @@ PYBIND11_MODULE(_C, m) {
       .def("init_state", &PyOptimizer::init_state)
       .def("set_distribution", &PyOptimizer::set_distribution, py::arg("process_group"), py::arg("ranks"),
            py::arg("sync_gradients"))
-      .def("set_sharded_distribution", &PyOptimizer::set_sharded_distribution, py::arg("outer"),
-           py::arg("outer_ranks"), py::arg("inner"), py::arg("inner_ranks"), py::arg("replicate"),
-           py::arg("replicate_ranks"), py::arg("sync_gradients"))
+      .def("set_sharded_distribution", &PyOptimizer::set_sharded_distribution, py::arg("outer"), py::arg("outer_ranks"),
+           py::arg("inner"), py::arg("inner_ranks"), py::arg("replicate"), py::arg("replicate_ranks"),
+           py::arg("sync_gradients"))
       .def("shard", &PyOptimizer::shard, py::arg("local"), py::arg("global_shape"), py::arg("dim"),
            py::arg("inner_dim") = -1)
       .def("synchronize_for_checkpoint", &PyOptimizer::synchronize_for_checkpoint)

@@ -102,13 +102,14 @@ void expect_identical(dion::Optimizer& a, const std::vector<at::Tensor>& pa, dio
 std::vector<Case> cases() {
   std::vector<Case> out;
   out.push_back({"muon", {{16, 32}, {16, 32}, {32, 16}, {16}, {32}}, [](const auto& p) {
-                   return std::make_unique<dion::Muon>(
-                       Groups{{{p[0], p[1], p[2]}, {.nesterov = true}},
-                              {{p[3]}, {.algorithm = "adamw", .lr = 3e-3}},
-                              {{p[4]}, {.algorithm = "lion", .lr = 1e-4}}},
-                       dion::Muon::defaults().lr(0.02));
+                   return std::make_unique<dion::Muon>(Groups{{{p[0], p[1], p[2]}, {.nesterov = true}},
+                                                              {{p[3]}, {.algorithm = "adamw", .lr = 3e-3}},
+                                                              {{p[4]}, {.algorithm = "lion", .lr = 1e-4}}},
+                                                       dion::Muon::defaults().lr(0.02));
                  }});
-  out.push_back({"muon_bf16_newton_schulz", {{16, 32}, {16, 32}, {16}}, [](const auto& p) {
+  out.push_back({"muon_bf16_newton_schulz",
+                 {{16, 32}, {16, 32}, {16}},
+                 [](const auto& p) {
                    return std::make_unique<dion::Muon>(
                        Groups{{{p[0], p[1]}, {.cautious_wd = true}}, {{p[2]}, {.algorithm = "adamw"}}},
                        dion::Muon::defaults().lr(0.02),
@@ -123,31 +124,32 @@ std::vector<Case> cases() {
                        dion::NorMuon::defaults().lr(0.02));
                  }});
   out.push_back({"dion2", {{16, 32}, {32, 16}, {32, 16}, {16}, {32}}, [](const auto& p) {
-                   return std::make_unique<dion::Dion2>(
-                       Groups{{{p[0], p[1], p[2]}}, {{p[3]}, {.algorithm = "adamw"}},
-                              {{p[4]}, {.algorithm = "lion", .lr = 1e-4}}},
-                       dion::Dion2::defaults().lr(0.02).fraction(0.5));
+                   return std::make_unique<dion::Dion2>(Groups{{{p[0], p[1], p[2]}},
+                                                               {{p[3]}, {.algorithm = "adamw"}},
+                                                               {{p[4]}, {.algorithm = "lion", .lr = 1e-4}}},
+                                                        dion::Dion2::defaults().lr(0.02).fraction(0.5));
                  }});
   out.push_back({"nordion2", {{16, 32}, {32, 16}, {16}, {32}}, [](const auto& p) {
-                   return std::make_unique<dion::Dion3>(
-                       Groups{{{p[0]}}, {{p[1]}, {.num_heads = 4}}, {{p[2]}, {.algorithm = "adamw"}},
-                              {{p[3]}, {.algorithm = "lion", .lr = 1e-4}}},
-                       dion::Dion3::defaults().lr(0.02));
+                   return std::make_unique<dion::Dion3>(Groups{{{p[0]}},
+                                                               {{p[1]}, {.num_heads = 4}},
+                                                               {{p[2]}, {.algorithm = "adamw"}},
+                                                               {{p[3]}, {.algorithm = "lion", .lr = 1e-4}}},
+                                                        dion::Dion3::defaults().lr(0.02));
                  }});
   // Legacy Dion at rank 1/2: P has more rows than columns, so every step runs the randomized
   // Cholesky QR and draws a sketch from the global generator.
   out.push_back({"dion", {{16, 32}, {32, 16}, {24, 24}, {16}, {32}}, [](const auto& p) {
-                   return std::make_unique<dion::Dion>(
-                       Groups{{{p[0], p[1], p[2]}}, {{p[3]}, {.algorithm = "adamw"}},
-                              {{p[4]}, {.algorithm = "lion", .lr = 1e-4}}},
-                       dion::Dion::defaults().lr(0.02).rank_fraction(0.5));
+                   return std::make_unique<dion::Dion>(Groups{{{p[0], p[1], p[2]}},
+                                                              {{p[3]}, {.algorithm = "adamw"}},
+                                                              {{p[4]}, {.algorithm = "lion", .lr = 1e-4}}},
+                                                       dion::Dion::defaults().lr(0.02).rank_fraction(0.5));
                  }});
-  out.push_back({"dion_mixed_precision", {{16, 32}, {32, 16}, {16}}, [](const auto& p) {
-                   return std::make_unique<dion::Dion>(
-                       Groups{{{p[0], p[1]}}, {{p[2]}, {.algorithm = "adamw"}}},
-                       dion::Dion::defaults().lr(0.02).rank_fraction(0.25).momentum_dtype(at::kBFloat16).Q_dtype(
-                           at::kBFloat16));
-                 }});
+  out.push_back(
+      {"dion_mixed_precision", {{16, 32}, {32, 16}, {16}}, [](const auto& p) {
+         return std::make_unique<dion::Dion>(
+             Groups{{{p[0], p[1]}}, {{p[2]}, {.algorithm = "adamw"}}},
+             dion::Dion::defaults().lr(0.02).rank_fraction(0.25).momentum_dtype(at::kBFloat16).Q_dtype(at::kBFloat16));
+       }});
   // Every algorithm in one optimizer, and a parameter (index 1) whose state is created only
   // after the checkpoint (legacy Dion would draw its Q then; here it is a muon parameter).
   out.push_back({"all_algorithms",
@@ -163,7 +165,8 @@ std::vector<Case> cases() {
                               {{p[7]}, {.algorithm = "lion", .lr = 1e-4}}},
                        dion::Options(0.02));
                  },
-                 at::kFloat, /*late=*/1});
+                 at::kFloat,
+                 /*late=*/1});
   return out;
 }
 
@@ -242,14 +245,28 @@ TEST(Checkpoint, GroupOptionsRoundTrip) {
   // built with the same algorithms and otherwise plain defaults: the loaded options are the
   // saved ones, field for field. (Another algorithm is refused: RefusedLoads... below.)
   std::vector<at::Tensor> p = {at::randn({16, 32}), at::randn({24, 16}), at::randn({16, 32}), at::randn({16})};
-  dion::Optimizer saved(Groups{{{p[0]}, {.algorithm = "dion2", .lr = 0.03, .fraction = 0.125, .ef_decay = 0.9,
-                                         .adjust_lr = dion::AdjustLR::RMS_NORM, .num_heads = 4,
-                                         .selection_scope = "global"}},
-                               {{p[1]}, {.algorithm = "normuon", .mu = 0.9, .muon_beta2 = 0.99, .nesterov = true,
-                                         .split_sizes = std::vector<int64_t>{8, 16}}},
+  dion::Optimizer saved(Groups{{{p[0]},
+                                {.algorithm = "dion2",
+                                 .lr = 0.03,
+                                 .fraction = 0.125,
+                                 .ef_decay = 0.9,
+                                 .adjust_lr = dion::AdjustLR::RMS_NORM,
+                                 .num_heads = 4,
+                                 .selection_scope = "global"}},
+                               {{p[1]},
+                                {.algorithm = "normuon",
+                                 .mu = 0.9,
+                                 .muon_beta2 = 0.99,
+                                 .nesterov = true,
+                                 .split_sizes = std::vector<int64_t>{8, 16}}},
                                {{p[2]}, {.algorithm = "dion", .rank_fraction = 0.5, .rank_multiple_of = 4}},
-                               {{p[3]}, {.algorithm = "adamw", .lr = 3e-4, .weight_decay = 0.0,
-                                         .betas = std::make_tuple(0.8, 0.99), .epsilon = 1e-10, .cautious_wd = true}}},
+                               {{p[3]},
+                                {.algorithm = "adamw",
+                                 .lr = 3e-4,
+                                 .weight_decay = 0.0,
+                                 .betas = std::make_tuple(0.8, 0.99),
+                                 .epsilon = 1e-10,
+                                 .cautious_wd = true}}},
                         dion::Options(0.01).oversample(1.5).variance_dtype(at::kFloat).Q_dtype(at::kBFloat16));
   for (const at::Tensor& t : p) t.mutable_grad() = at::randn_like(t);
   saved.step();
@@ -258,8 +275,10 @@ TEST(Checkpoint, GroupOptionsRoundTrip) {
   torch::save(saved, buffer);
 
   std::vector<at::Tensor> q = {at::randn({16, 32}), at::randn({24, 16}), at::randn({16, 32}), at::randn({16})};
-  dion::Optimizer loaded(Groups{{{q[0]}, {.algorithm = "dion2"}}, {{q[1]}, {.algorithm = "normuon"}},
-                                {{q[2]}, {.algorithm = "dion"}}, {{q[3]}, {.algorithm = "adamw"}}},
+  dion::Optimizer loaded(Groups{{{q[0]}, {.algorithm = "dion2"}},
+                                {{q[1]}, {.algorithm = "normuon"}},
+                                {{q[2]}, {.algorithm = "dion"}},
+                                {{q[3]}, {.algorithm = "adamw"}}},
                          dion::Options(0.5));
   torch::load(loaded, buffer);
   for (size_t g = 0; g < 4; ++g) {
@@ -342,8 +361,9 @@ TEST(Checkpoint, LoadIntoDifferentGroupsFails) {
 
   // Three groups instead of two: refused before anything is changed.
   std::vector<at::Tensor> q = {at::randn({16, 32}), at::randn({16}), at::randn({8})};
-  dion::Optimizer three(Groups{{{q[0]}, {.lr = 0.5}}, {{q[1]}, {.algorithm = "adamw"}}, {{q[2]}, {.algorithm = "lion"}}},
-                        dion::Options(0.02));
+  dion::Optimizer three(
+      Groups{{{q[0]}, {.lr = 0.5}}, {{q[1]}, {.algorithm = "adamw"}}, {{q[2]}, {.algorithm = "lion"}}},
+      dion::Options(0.02));
   expect_load_error(three, "the checkpoint has 2 param groups, this optimizer has 3", "3 groups vs 2");
   EXPECT_EQ(three.options(0).lr(), 0.5) << "the options are untouched";
   EXPECT_EQ(three.options(0).step(), 0);
@@ -355,7 +375,8 @@ TEST(Checkpoint, LoadIntoDifferentGroupsFails) {
 
   // Same number of groups, a different number of parameters in one.
   dion::Optimizer wider(Groups{{{q[0], at::randn({16, 32})}}, {{q[1]}, {.algorithm = "adamw"}}}, dion::Options(0.02));
-  expect_load_error(wider, "param group 0: the checkpoint has 1 parameters, this group has 2", "2 params vs 1 in group 0");
+  expect_load_error(wider, "param group 0: the checkpoint has 1 parameters, this group has 2",
+                    "2 params vs 1 in group 0");
 }
 
 // Regression: a load that fails part-way used to leave the optimizer half-changed (earlier
@@ -404,7 +425,8 @@ TEST(Checkpoint, RefusedLoadsLeaveTheOptimizerExactlyAsItWas) {
   };
   // The checkpoint: legacy Dion on a [16, 32] matrix, plus an AdamW vector.
   std::vector<at::Tensor> p = {at::randn({16, 32}), at::randn({16})};
-  dion::Optimizer source(Groups{{{p[0]}, {.algorithm = "dion"}}, {{p[1]}, {.algorithm = "adamw"}}}, dion::Options(0.02));
+  dion::Optimizer source(Groups{{{p[0]}, {.algorithm = "dion"}}, {{p[1]}, {.algorithm = "adamw"}}},
+                         dion::Options(0.02));
   stepped(source, p);
   const std::string checkpoint = bytes_of(source);
 
@@ -414,17 +436,23 @@ TEST(Checkpoint, RefusedLoadsLeaveTheOptimizerExactlyAsItWas) {
     std::string algorithm;
   };
   std::vector<Refusal> refusals = {
-      {"algorithm", "the checkpoint's algorithm is 'dion', this group's is 'muon'",
-       {at::randn({16, 32}), at::randn({16})}, "muon"},
-      {"dtype", "the checkpoint's parameter is Float, this one BFloat16",
-       {at::randn({16, 32}).to(at::kBFloat16), at::randn({16})}, "dion"},
-      {"global shape", "param group 1, parameter 0 (global shape [24]): the checkpoint's parameter has global shape [16]",
-       {at::randn({16, 32}), at::randn({24})}, "dion"},
+      {"algorithm",
+       "the checkpoint's algorithm is 'dion', this group's is 'muon'",
+       {at::randn({16, 32}), at::randn({16})},
+       "muon"},
+      {"dtype",
+       "the checkpoint's parameter is Float, this one BFloat16",
+       {at::randn({16, 32}).to(at::kBFloat16), at::randn({16})},
+       "dion"},
+      {"global shape",
+       "param group 1, parameter 0 (global shape [24]): the checkpoint's parameter has global shape [16]",
+       {at::randn({16, 32}), at::randn({24})},
+       "dion"},
   };
   for (Refusal& r : refusals) {
-    dion::Optimizer target(Groups{{{r.params[0]}, {.algorithm = r.algorithm, .lr = 0.5}},
-                                  {{r.params[1]}, {.algorithm = "adamw"}}},
-                           dion::Options(0.02));
+    dion::Optimizer target(
+        Groups{{{r.params[0]}, {.algorithm = r.algorithm, .lr = 0.5}}, {{r.params[1]}, {.algorithm = "adamw"}}},
+        dion::Options(0.02));
     stepped(target, r.params);
     stepped(target, r.params);
     const std::string before = bytes_of(target);
@@ -444,14 +472,16 @@ TEST(Checkpoint, RefusedLoadsLeaveTheOptimizerExactlyAsItWas) {
 TEST(Checkpoint, EarlierFormatStillLoads) {
   std::vector<at::Tensor> p = {at::randn({16, 32}), at::randn({16})};
   for (const at::Tensor& t : p) t.mutable_grad() = at::randn_like(t);
-  dion::Optimizer source(Groups{{{p[0]}, {.algorithm = "normuon"}}, {{p[1]}, {.algorithm = "adamw"}}}, dion::Options(0.02));
+  dion::Optimizer source(Groups{{{p[0]}, {.algorithm = "normuon"}}, {{p[1]}, {.algorithm = "adamw"}}},
+                         dion::Options(0.02));
   source.step();
   torch::serialize::OutputArchive out;
   torch::optim::serialize<dion::ParamState, dion::Options>(out, source);
   std::stringstream buffer;
   out.save_to(buffer);
   std::vector<at::Tensor> q = {p[0].detach().clone(), p[1].detach().clone()};
-  dion::Optimizer target(Groups{{{q[0]}, {.algorithm = "normuon"}}, {{q[1]}, {.algorithm = "adamw"}}}, dion::Options(0.02));
+  dion::Optimizer target(Groups{{{q[0]}, {.algorithm = "normuon"}}, {{q[1]}, {.algorithm = "adamw"}}},
+                         dion::Options(0.02));
   torch::serialize::InputArchive in;
   in.load_from(buffer);
   target.load(in);
@@ -481,7 +511,8 @@ TEST(Checkpoint, AdamwVarianceDtypeMayDifferFromTheParameter) {
   EXPECT_LE((a - b).abs().max().item<double>(), 2 * 0.02 * 4 * std::ldexp(1.0, -9));
   EXPECT_GT((b - init).abs().min().item<double>(), 0.01);  // it stepped (about lr per step)
   try {
-    dion::Optimizer opt(Groups{{{at::randn({4})}, {.algorithm = "adamw"}}}, dion::Options(0.02).variance_dtype(at::kLong));
+    dion::Optimizer opt(Groups{{{at::randn({4})}, {.algorithm = "adamw"}}},
+                        dion::Options(0.02).variance_dtype(at::kLong));
     ADD_FAILURE() << "an int64 variance was accepted";
   } catch (const dion::ValueError& e) {
     EXPECT_PRED_FORMAT2(::testing::IsSubstring, "must be a floating-point dtype", e.what());

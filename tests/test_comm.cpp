@@ -144,8 +144,8 @@ TEST_F(Env, ARendezvousShortOfRanksSaysHowManyArrived) {
   }
   one.join();
   for (const std::string* e : {&e0, &e1}) {
-    EXPECT_NE(e->find("only 2 of 3 ranks arrived at the rendezvous 127.0.0.1:" + port + " within "),
-              std::string::npos) << *e;
+    EXPECT_NE(e->find("only 2 of 3 ranks arrived at the rendezvous 127.0.0.1:" + port + " within "), std::string::npos)
+        << *e;
     EXPECT_NE(e->find("--nproc_per_node 3"), std::string::npos) << *e;
     EXPECT_EQ(e->find("Exception raised from"), std::string::npos) << *e;
   }
@@ -328,7 +328,8 @@ TEST(Tasks, OneInFlightRunsInOrderAndNoThreadIsStarted) {
   Trace one, three;
   auto a = phased_tasks(5, one);
   dion::comm::run_tasks(a, 1);
-  for (size_t k = 0; k < one.size(); ++k) EXPECT_EQ(one[k], std::make_pair(static_cast<int>(k / 3), static_cast<int>(k % 3)));
+  for (size_t k = 0; k < one.size(); ++k)
+    EXPECT_EQ(one[k], std::make_pair(static_cast<int>(k / 3), static_cast<int>(k % 3)));
   std::vector<int> threads;
   const int before = thread_count();
   auto b = phased_tasks(5, three, &threads);
@@ -383,10 +384,11 @@ TEST(Tasks, YieldOutsideATaskAndNestedRunsAreInline) {
   dion::comm::yield();  // no-op
   Trace inner;
   std::vector<Task> outer = {{[&] {
-    EXPECT_TRUE(dion::comm::in_task());
-    auto nested = phased_tasks(2, inner);
-    dion::comm::run_tasks(nested, 2);  // inline: 0,0 0,1 0,2 1,0 ...
-  }}, {[] {}}};
+                               EXPECT_TRUE(dion::comm::in_task());
+                               auto nested = phased_tasks(2, inner);
+                               dion::comm::run_tasks(nested, 2);  // inline: 0,0 0,1 0,2 1,0 ...
+                             }},
+                             {[] {}}};
   dion::comm::run_tasks(outer, 2);
   const Trace sequential = {{0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {1, 2}};
   EXPECT_EQ(inner, sequential);

@@ -42,8 +42,8 @@
 
 namespace {
 
-#define SKIP_WITHOUT_CUDA()                                                          \
-  if (!at::hasCUDA() || !dion::cuda::available()) {                                  \
+#define SKIP_WITHOUT_CUDA()                                                              \
+  if (!at::hasCUDA() || !dion::cuda::available()) {                                      \
     GTEST_SKIP() << "no CUDA device (or built without CUDA kernels): GPU check skipped"; \
   }
 
@@ -204,15 +204,15 @@ namespace {
 // a bf16 rounding the bound does not count). Restored on exit.
 class ExactCublas {
  public:
-  ExactCublas()
-      : tf32_(at::globalContext().allowTF32CuBLAS()), bf16_(at::globalContext().allowBF16ReductionCuBLAS()) {
+  ExactCublas() : tf32_(at::globalContext().allowTF32CuBLAS()), bf16_(at::globalContext().allowBF16ReductionCuBLAS()) {
     at::globalContext().setAllowTF32CuBLAS(false);
     at::globalContext().setAllowBF16ReductionCuBLAS(false, true);
   }
   ~ExactCublas() {
     at::globalContext().setAllowTF32CuBLAS(tf32_);
-    at::globalContext().setAllowBF16ReductionCuBLAS(bf16_ == at::CuBLASReductionOption::AllowReducedPrecisionWithSplitK,
-                                                    bf16_ != at::CuBLASReductionOption::DisallowReducedPrecisionDisallowSplitK);
+    at::globalContext().setAllowBF16ReductionCuBLAS(
+        bf16_ == at::CuBLASReductionOption::AllowReducedPrecisionWithSplitK,
+        bf16_ != at::CuBLASReductionOption::DisallowReducedPrecisionDisallowSplitK);
   }
   ExactCublas(const ExactCublas&) = delete;
   ExactCublas& operator=(const ExactCublas&) = delete;
@@ -264,8 +264,8 @@ TEST(Cuda, SymmetricProductsEqualTheFullProduct) {
   struct Case {
     int64_t batch, m, k, rows;  // rows 0: the library's own choice (must be block rows)
   };
-  const std::vector<Case> cases = {{3, 517, 300, 128}, {2, 1030, 1030, 256}, {5, 263, 700, 100},
-                                   {48, 768, 768, 0},  {12, 768, 3072, 0}};
+  const std::vector<Case> cases = {
+      {3, 517, 300, 128}, {2, 1030, 1030, 256}, {5, 263, 700, 100}, {48, 768, 768, 0}, {12, 768, 3072, 0}};
   for (at::ScalarType dt : {at::kFloat, at::kBFloat16})
     for (const Case& c : cases) {
       SCOPED_TRACE(std::string(c10::toString(dt)) + " B " + std::to_string(c.batch) + " m " + std::to_string(c.m) +
@@ -273,7 +273,8 @@ TEST(Cuda, SymmetricProductsEqualTheFullProduct) {
       if (c.rows == 0) {
         ASSERT_GT(dion::math::cuda_symmetric_block_rows(c.batch, c.m, sms), 0);
       }
-      const at::Tensor X = dion::testing::offset_rows({c.batch, c.m, c.k}, at::TensorOptions().device(at::kCUDA).dtype(dt));
+      const at::Tensor X =
+          dion::testing::offset_rows({c.batch, c.m, c.k}, at::TensorOptions().device(at::kCUDA).dtype(dt));
       auto run = [&](const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2, const at::Tensor& S, double beta,
                      double alpha) {
         P.fill_(NAN);
@@ -307,11 +308,14 @@ TEST(Cuda, SymmetricProductsEqualTheFullProduct) {
 TEST(Cuda, FastOrthogonalizationWithSymmetricProducts) {
   SKIP_WITHOUT_CUDA();
   at::manual_seed(13);
-  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{48, 768, 768}, {12, 768, 3072}, {12, 3072, 768}}) {
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{48, 768, 768}, {12, 768, 3072}, {12, 3072, 768}}) {
     SCOPED_TRACE(c10::str(at::IntArrayRef(shape)));
     const at::Tensor G = dion::testing::conditioned(shape, 0.1).to(at::kCUDA);  // condition 10, as there
-    const at::Tensor U = dion::math::orthogonalize_fast(G, dion::math::OrthoMethod::POLAR_EXPRESS, 1e-6, at::kBFloat16, true);
-    const at::Tensor F = dion::math::orthogonalize_fast(G, dion::math::OrthoMethod::POLAR_EXPRESS, 1e-6, at::kBFloat16, false);
+    const at::Tensor U =
+        dion::math::orthogonalize_fast(G, dion::math::OrthoMethod::POLAR_EXPRESS, 1e-6, at::kBFloat16, true);
+    const at::Tensor F =
+        dion::math::orthogonalize_fast(G, dion::math::OrthoMethod::POLAR_EXPRESS, 1e-6, at::kBFloat16, false);
     ASSERT_TRUE(U.is_cuda());
     const double rel = ((U.to(at::kDouble) - F.to(at::kDouble)).norm() / F.to(at::kDouble).norm()).item<double>();
     EXPECT_LE(rel, 6e-2);
@@ -427,7 +431,9 @@ TEST(Cuda, GraphReplayFollowsAnLrAndWeightDecaySchedule) {
       p.back().mutable_grad() = at::zeros_like(t);
     }
     return std::make_unique<dion::Optimizer>(
-        std::vector<dion::ParamGroup>{{{p[0]}}, {{p[1]}}, {{p[2]}, {.algorithm = "adamw", .lr = 0.003}},
+        std::vector<dion::ParamGroup>{{{p[0]}},
+                                      {{p[1]}},
+                                      {{p[2]}, {.algorithm = "adamw", .lr = 0.003}},
                                       {{p[3]}, {.algorithm = "lion", .lr = 0.001}}},
         dion::Options(0.02).algorithm("muon").weight_decay(0.1));
   };
@@ -456,8 +462,8 @@ TEST(Cuda, GraphReplayFollowsAnLrAndWeightDecaySchedule) {
     const at::Tensor de = (pe[i] - start[i]).to(at::kDouble), dg = (pg[i] - start[i]).to(at::kDouble);
     const double scale = de.abs().max().item<double>();
     ASSERT_GT(scale, 0.0);
-    const double tol = start[i].scalar_type() == at::kBFloat16 ? std::ldexp(1.0, -8) * pe[i].abs().max().item<double>()
-                                                               : 1e-6 * scale;
+    const double tol =
+        start[i].scalar_type() == at::kBFloat16 ? std::ldexp(1.0, -8) * pe[i].abs().max().item<double>() : 1e-6 * scale;
     EXPECT_LE((dg - de).abs().max().item<double>(), tol);
   }
   // AdamW's weight decay is read on the host (torch's fused kernel): a change is refused.

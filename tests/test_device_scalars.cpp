@@ -34,8 +34,7 @@ struct Trajectory {
 Trajectory run(const std::string& algo, at::ScalarType dtype, bool cautious, bool device_scalars, int steps = 4) {
   at::manual_seed(11);
   std::vector<at::Tensor> params;
-  for (auto shape : {std::vector<int64_t>{24, 40}, {24, 40}, {16, 40}})
-    params.push_back(at::randn(shape).to(dtype));
+  for (auto shape : {std::vector<int64_t>{24, 40}, {24, 40}, {16, 40}}) params.push_back(at::randn(shape).to(dtype));
   dion::Optimizer opt(Groups{{params, {.algorithm = algo, .cautious_wd = cautious}}},
                       dion::Options(0.02).weight_decay(0.1));
   opt.set_device_scalars(device_scalars);

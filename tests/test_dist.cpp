@@ -60,8 +60,7 @@ dion::Options options_for(const std::string& algo) {
 
 // Run `steps` steps on copies of the params; `setup` turns each full param into this rank's
 // local tensor and may register it with the distribution.
-std::vector<at::Tensor> run(const Problem& prob, const dion::Options& opts,
-                            const std::shared_ptr<Distributed>& dist,
+std::vector<at::Tensor> run(const Problem& prob, const dion::Options& opts, const std::shared_ptr<Distributed>& dist,
                             const std::function<at::Tensor(const at::Tensor&, size_t)>& local_of) {
   std::vector<at::Tensor> params;
   for (size_t i = 0; i < prob.params.size(); ++i) params.push_back(local_of(prob.params[i], i));
@@ -131,7 +130,8 @@ void fsdp_case(Child& c, const std::vector<std::vector<int64_t>>& shapes, int64_
     auto params = run_sharded(prob, opts, group, dim);
     for (size_t i = 0; i < params.size(); ++i) {
       at::Tensor full = dion::comm::gather_tensor(*group, params[i], dim, prob.params[i].size(dim));
-      c.compare(algo + " fsdp dim" + std::to_string(dim) + " " + scope + " p" + std::to_string(i), full, expected[i], tol);
+      c.compare(algo + " fsdp dim" + std::to_string(dim) + " " + scope + " p" + std::to_string(i), full, expected[i],
+                tol);
     }
   }
 }
@@ -190,7 +190,8 @@ void scenario_fsdp_every_shape(Child& c) {
       }
     }
     if (!expect_equal) {
-      if (c.world.rank() == 0) std::printf("[rank 0] %s: update differs from one process by %.3g\n", what.c_str(), worst);
+      if (c.world.rank() == 0)
+        std::printf("[rank 0] %s: update differs from one process by %.3g\n", what.c_str(), worst);
       if (worst <= 1e-2) c.fail(what + ": selection_dim 'shard' should differ from one process on tall shards");
     }
   };
@@ -255,14 +256,16 @@ void scenario_every_layout(Child& c) {
       // The reference's selection (along the sharded dim): the update must differ from one process.
       at::Tensor du = full - prob.params[i], de = expected[i] - prob.params[i];
       const double off = (du - de).abs().max().item<double>() / de.abs().max().item<double>();
-      if (c.world.rank() == 0) std::printf("[rank 0] %s p%zu: update differs from one process by %.3g\n", what.c_str(), i, off);
-      if (i == 0 && off <= 1e-2) c.fail(what + ": selection_dim 'shard' should differ from one process on tall matrices");
+      if (c.world.rank() == 0)
+        std::printf("[rank 0] %s p%zu: update differs from one process by %.3g\n", what.c_str(), i, off);
+      if (i == 0 && off <= 1e-2)
+        c.fail(what + ": selection_dim 'shard' should differ from one process on tall matrices");
     }
   };
   for (const char* scope : {"global", "local"}) {
     const dion::Options opts = options_for("dion2").fraction(0.25).selection_scope(scope);
-    run_2d(std::string("dion2 fsdp x tp tall ") + scope, tall, 0, opts, 1e-3);   // columns: along tp
-    run_2d(std::string("dion2 fsdp x tp wide ") + scope, wide, 0, opts, 1e-3);   // rows: along fs
+    run_2d(std::string("dion2 fsdp x tp tall ") + scope, tall, 0, opts, 1e-3);              // columns: along tp
+    run_2d(std::string("dion2 fsdp x tp wide ") + scope, wide, 0, opts, 1e-3);              // rows: along fs
     run_2d(std::string("dion2 fsdp(cols) x tp(rows) tall ") + scope, tall, 1, opts, 1e-3);  // columns: along fs
     run_2d(std::string("dion2 fsdp(cols) x tp(rows) wide ") + scope, wide, 1, opts, 1e-3);  // rows: along tp
   }
@@ -289,7 +292,8 @@ void scenario_every_layout(Child& c) {
   {
     Problem prob = make_problem({{2, 16, 16}}, 1, 73);
     auto dist = std::make_shared<Distributed>(fs, tp);
-    at::Tensor p = dion::comm::shard_tensor(dion::comm::shard_tensor(prob.params[0], 1, 2, fs->rank()), 2, 2, tp->rank());
+    at::Tensor p =
+        dion::comm::shard_tensor(dion::comm::shard_tensor(prob.params[0], 1, 2, fs->rank()), 2, 2, tp->rank());
     dist->shard(p, prob.params[0].sizes().vec(), 1, 2);
     dion::Optimizer opt({p}, options_for("dion2"), {}, dist);
     p.mutable_grad() = at::ones_like(p);
@@ -297,7 +301,8 @@ void scenario_every_layout(Child& c) {
       opt.step();
       c.fail("dion2 with 2-D sharding of a 3-D parameter should raise NotImplementedError");
     } catch (const dion::NotImplementedError& e) {
-      if (std::string(e.what()).find("2-D (FSDP x TP)") == std::string::npos) c.fail(std::string("message: ") + e.what());
+      if (std::string(e.what()).find("2-D (FSDP x TP)") == std::string::npos)
+        c.fail(std::string("message: ") + e.what());
     }
   }
 }
@@ -318,8 +323,8 @@ void scenario_hsdp(Child& c) {
     auto params = run_sharded(prob, opts, fs, 0);
     for (size_t i = 0; i < params.size(); ++i) {
       at::Tensor full = dion::comm::gather_tensor(*fs, params[i], 0, prob.params[i].size(0));
-      c.compare(algo + " hsdp dp" + std::to_string(mesh.coordinate("dp")) + " p" + std::to_string(i), full,
-                expected[i], 1e-5);
+      c.compare(algo + " hsdp dp" + std::to_string(mesh.coordinate("dp")) + " p" + std::to_string(i), full, expected[i],
+                1e-5);
     }
   }
 }
@@ -369,7 +374,7 @@ using dion::testing::thread_count;
 void scenario_overlap(Child& c) {
   std::vector<std::vector<int64_t>> shapes;
   for (int i = 0; i < 6; ++i) shapes.push_back({128 + 16 * i, 256});  // 6 megabatches
-  shapes.push_back({64});                                               // an adamw task
+  shapes.push_back({64});                                             // an adamw task
   Problem prob = make_problem(shapes, 4, 17);
   auto group = std::make_shared<Group>(c.world);
   const int W = group->size(), r = group->rank();
@@ -417,21 +422,22 @@ void scenario_overlap(Child& c) {
         int during_max = 0;
         for (const auto& [threads, calls] : seen) during_max = std::max(during_max, threads);
         if (after != threads_after_first || during_max != threads_after_first) {
-          std::printf("[rank %d] %s, %d in flight, step %zu: %d threads after the first step, %d during, %d after\n",
-                      r, algo, in_flight, t + 1, threads_after_first, during_max, after);
+          std::printf("[rank %d] %s, %d in flight, step %zu: %d threads after the first step, %d during, %d after\n", r,
+                      algo, in_flight, t + 1, threads_after_first, during_max, after);
           ++c.failures;
         }
         const int64_t expected_calls = in_flight == 1 ? 1 : 2;
         if (seen.front().second != expected_calls) {
-          std::printf("[rank %d] %s, %d in flight: %lld all_to_all issued before the first orthogonalization, "
-                      "expected %lld\n", r, algo, in_flight, static_cast<long long>(seen.front().second),
-                      static_cast<long long>(expected_calls));
+          std::printf(
+              "[rank %d] %s, %d in flight: %lld all_to_all issued before the first orthogonalization, "
+              "expected %lld\n",
+              r, algo, in_flight, static_cast<long long>(seen.front().second), static_cast<long long>(expected_calls));
           ++c.failures;
         }
       }
-      if (r == 0) std::printf("[rank 0] %s FSDP %d ranks, %d task(s) in flight: %.1f ms per step, %d threads\n", algo,
-                              W, in_flight, 1e3 * seconds / static_cast<double>(prob.grads.size()),
-                              threads_after_first);
+      if (r == 0)
+        std::printf("[rank 0] %s FSDP %d ranks, %d task(s) in flight: %.1f ms per step, %d threads\n", algo, W,
+                    in_flight, 1e3 * seconds / static_cast<double>(prob.grads.size()), threads_after_first);
       results.push_back(params);
     }
     for (size_t i = 0; i < results[0].size(); ++i)
@@ -472,7 +478,8 @@ void scenario_bytes(Child& c) {
   };
   const double muon = static_cast<double>(bytes_for(options_for("muon")));
   for (double fraction : {0.25, 0.5}) {
-    const double dion2 = static_cast<double>(bytes_for(options_for("dion2").fraction(fraction).selection_scope("local")));
+    const double dion2 =
+        static_cast<double>(bytes_for(options_for("dion2").fraction(fraction).selection_scope("local")));
     const double ratio = dion2 / muon;
     if (c.world.rank() == 0)
       std::printf("[rank 0] all_to_all bytes: muon %.0f, dion2(fraction %.2f) %.0f, ratio %.3f\n", muon, fraction,
@@ -524,8 +531,9 @@ void scenario_dion_ddp(Child& c) {
     for (size_t i = 0; i < params.size(); ++i)
       c.compare("dion ddp rank_fraction " + std::to_string(rank_fraction).substr(0, 4) + " p" + std::to_string(i),
                 params[i], expected[i], 1e-5);
-    if (r == 0) std::printf("[rank 0] dion ddp rank_fraction %.2f: all_reduce bytes %lld\n", rank_fraction,
-                            static_cast<long long>(reduced));
+    if (r == 0)
+      std::printf("[rank 0] dion ddp rank_fraction %.2f: all_reduce bytes %lld\n", rank_fraction,
+                  static_cast<long long>(reduced));
     // Compressed sync moves rank-proportional bytes: P [m', r] + R [n', r] instead of G [m, n].
     int64_t full = 0, compressed = 0;
     for (const auto& sh : shapes) {
@@ -555,8 +563,8 @@ struct DionShardCase {
   std::string name;
   std::vector<std::vector<int64_t>> shapes;
   int64_t outer_dim;
-  bool tp = false;       // 2 x 2 mesh: outer over "fs", the other matrix dim over "tp"
-  bool hsdp = false;     // outer over "fs", replicas over "dp" with optimizer-side sync
+  bool tp = false;    // 2 x 2 mesh: outer over "fs", the other matrix dim over "tp"
+  bool hsdp = false;  // outer over "fs", replicas over "dp" with optimizer-side sync
   double rank_fraction = 1.0;
   // hsdp + tp: the 2 x 2 x 2 mesh dp x fs x tp. With replicas, synchronize_for_checkpoint() must
   // also bring every replica's (decoupled) momentum to the single-process momentum.
@@ -771,13 +779,23 @@ TEST(Distributed, DeadRankFailsTheOthersWithinTimeout) {
 
 int main(int argc, char** argv) {
   const std::map<std::string, dion::testing::Scenario> scenarios = {
-      {"ddp", scenario_ddp},           {"fsdp_rows", scenario_fsdp_rows}, {"fsdp_cols", scenario_fsdp_cols},
+      {"ddp", scenario_ddp},
+      {"fsdp_rows", scenario_fsdp_rows},
+      {"fsdp_cols", scenario_fsdp_cols},
       {"fsdp_every_shape", scenario_fsdp_every_shape},
-      {"batch", scenario_batch_sharded}, {"hsdp", scenario_hsdp},       {"bytes", scenario_bytes},
-      {"bad_spec", scenario_bad_spec},   {"dead_rank", scenario_dead_rank}, {"dion_ddp", scenario_dion_ddp},
-      {"tp", scenario_tp},               {"overlap", scenario_overlap}, {"every_layout", scenario_every_layout},
-      {"dion_fsdp", scenario_dion_fsdp}, {"dion_2d", scenario_dion_2d},
-      {"heads_splits_errors", scenario_heads_splits_errors}, {"dion_3d", scenario_dion_3d}};
+      {"batch", scenario_batch_sharded},
+      {"hsdp", scenario_hsdp},
+      {"bytes", scenario_bytes},
+      {"bad_spec", scenario_bad_spec},
+      {"dead_rank", scenario_dead_rank},
+      {"dion_ddp", scenario_dion_ddp},
+      {"tp", scenario_tp},
+      {"overlap", scenario_overlap},
+      {"every_layout", scenario_every_layout},
+      {"dion_fsdp", scenario_dion_fsdp},
+      {"dion_2d", scenario_dion_2d},
+      {"heads_splits_errors", scenario_heads_splits_errors},
+      {"dion_3d", scenario_dion_3d}};
   // A dead peer should be noticed quickly; healthy scenarios get a generous timeout.
   return dion::testing::multiprocess_main(argc, argv, scenarios, [](const std::string& name) {
     return name == "dead_rank" ? std::chrono::seconds(5) : std::chrono::seconds(60);

@@ -108,10 +108,12 @@ void scenario_options(Child& c) {
   };
   const dion::Options base = dion::Options(0.01).algorithm("dion2");
   std::vector<Case> cases = {
-      {"selection_scope", odd ? dion::Options(base).selection_scope("global") : base,
+      {"selection_scope",
+       odd ? dion::Options(base).selection_scope("global") : base,
        {"parameter 0", "selection_scope is"}},
       {"algorithm", odd ? dion::Options(base).algorithm("nordion2") : base, {"algorithm is", "'dion2'", "'nordion2'"}},
-      {"num_heads", odd ? dion::Options(base).algorithm("muon").num_heads(8) : dion::Options(base).algorithm("muon"),
+      {"num_heads",
+       odd ? dion::Options(base).algorithm("muon").num_heads(8) : dion::Options(base).algorithm("muon"),
        {"num_heads is"}},
       {"split_sizes",
        odd ? dion::Options(base).algorithm("muon").split_sizes({16, 16}) : dion::Options(base).algorithm("muon"),
@@ -121,7 +123,8 @@ void scenario_options(Child& c) {
     Sharded s = shard_all(prob, group);
     dion::Optimizer opt(s.params, k.mine, {}, s.dist);
     set_grads(prob, s, 0, group);
-    expect_disagreement(c, k.name, [&] { opt.step(); }, k.needles);
+    expect_disagreement(
+        c, k.name, [&] { opt.step(); }, k.needles);
   }
   // A global shape that differs (the shard specs are each valid on their own rank).
   {
@@ -154,7 +157,8 @@ void scenario_edit(Child& c) {
   at::Tensor extra = at::randn({8});
   extra.mutable_grad() = at::randn({8});
   if (group->rank() == 0) opt.add_param_group({{extra}, {.algorithm = "adamw"}});
-  expect_disagreement(c, "add_param_group on rank 0", [&] { opt.step(); }, {"the number of param groups is", "2 on rank", "1 on rank"});
+  expect_disagreement(c, "add_param_group on rank 0", [&] { opt.step(); },
+                      {"the number of param groups is", "2 on rank", "1 on rank"});
 }
 
 // 2 x 2 mesh (FSDP x TP): only one rank differs; the two ranks that share no axis group with a
@@ -166,8 +170,8 @@ void scenario_mesh(Child& c) {
   auto dist = std::make_shared<Distributed>(fs, tp);
   std::vector<at::Tensor> params;
   for (size_t i = 0; i < prob.params.size(); ++i) {
-    at::Tensor local = dion::comm::shard_tensor(
-        dion::comm::shard_tensor(prob.params[i], 0, fs->size(), fs->rank()), 1, tp->size(), tp->rank());
+    at::Tensor local = dion::comm::shard_tensor(dion::comm::shard_tensor(prob.params[i], 0, fs->size(), fs->rank()), 1,
+                                                tp->size(), tp->rank());
     dist->shard(local, prob.params[i].sizes().vec(), 0, 1);
     local.mutable_grad() = at::randn_like(local);
     params.push_back(local);

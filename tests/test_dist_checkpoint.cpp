@@ -112,8 +112,8 @@ void dion_round_trip(Child& c, bool tp) {
     step(b, b_params, t);
   }
   for (size_t i = 0; i < a_params.size(); ++i)
-    c.compare(std::string(tp ? "fsdp x tp" : "fsdp") + " dion resumed p" + std::to_string(i), b_params[i],
-              a_params[i], 0.0);
+    c.compare(std::string(tp ? "fsdp x tp" : "fsdp") + " dion resumed p" + std::to_string(i), b_params[i], a_params[i],
+              0.0);
 }
 
 void scenario_dion_fsdp(Child& c) { dion_round_trip(c, false); }
@@ -221,7 +221,8 @@ void scenario_reshard_save(Child& c) {
 
 std::vector<torch::serialize::InputArchive> read_archives(int count) {
   std::vector<torch::serialize::InputArchive> archives(static_cast<size_t>(count));
-  for (int r = 0; r < count; ++r) archives[static_cast<size_t>(r)].load_from(checkpoint_dir() + "/optimizer.rank" + std::to_string(r) + ".pt");
+  for (int r = 0; r < count; ++r)
+    archives[static_cast<size_t>(r)].load_from(checkpoint_dir() + "/optimizer.rank" + std::to_string(r) + ".pt");
   return archives;
 }
 
@@ -277,7 +278,8 @@ TEST(ShardedCheckpoint, SavedAtTwoRanksLoadsAtOneAndFour) {
   expect_all_ok("reshard_load_fsdp", 4);
   expect_all_ok("reshard_load_fsdp_tp", 4);
   // (Not std::filesystem::remove_all: libtorch.so exports a copy of it that crashes here.)
-  for (const char* f : {"/optimizer.rank0.pt", "/optimizer.rank1.pt", "/params.pt"}) ::unlink((std::string(tmpl) + f).c_str());
+  for (const char* f : {"/optimizer.rank0.pt", "/optimizer.rank1.pt", "/params.pt"})
+    ::unlink((std::string(tmpl) + f).c_str());
   ::rmdir(tmpl);
 }
 

@@ -44,9 +44,7 @@ at::Tensor rand_like_dtype(std::vector<int64_t> shape, at::ScalarType dt, double
 }
 
 // The same values in a column-major (non-contiguous) [m, n] tensor: the math's ATen branch.
-at::Tensor strided(const at::Tensor& t) {
-  return at::empty({t.size(1), t.size(0)}, t.options()).t().copy_(t);
-}
+at::Tensor strided(const at::Tensor& t) { return at::empty({t.size(1), t.size(0)}, t.options()).t().copy_(t); }
 
 const std::vector<std::vector<int64_t>> kShapes = {{37, 129}, {64, 768}, {3, 5}};
 const std::vector<at::ScalarType> kTypes = {kFloat, kBFloat16};
@@ -60,8 +58,8 @@ TEST(Elementwise, MomentumEqualsAten) {
       for (at::ScalarType tg : kTypes)
         for (at::ScalarType tu : kTypes)
           for (bool nesterov : {false, true}) {
-            const std::string what = "M " + name(tm) + " G " + name(tg) + " U " + name(tu) +
-                                     (nesterov ? " nesterov" : "");
+            const std::string what =
+                "M " + name(tm) + " G " + name(tg) + " U " + name(tu) + (nesterov ? " nesterov" : "");
             const at::Tensor M0 = rand_like_dtype(shape, tm), G = rand_like_dtype(shape, tg, 0.1);
             const float mu = 0.95f;
             at::Tensor M_ref = M0.clone();

@@ -1,4 +1,4 @@
-// The optimizer's communication patterns (src/optim/collectives.h) in one process: W simulated
+// The optimizer's communication patterns (dion/optim/collectives.h) in one process: W simulated
 // ranks (tests/support/fake_distribution.h) step sharded or replicated parameters, and the
 // reassembled result is compared with one process's step on the whole parameters.
 //
@@ -282,32 +282,32 @@ TEST(FakeDistribution, FsdpLegacyDionEqualsOneProcess) {
 TEST(FakeDistribution, RanksDisagreeingOnACommunicationOptionRaise) {
   const dion::Options base = dion::Options(0.02).algorithm("normuon");
   size_t comm_fields = 0;
-#define CHECK_AGREEMENT(T, name, default_value, rule_object, doc)                                            \
-  {                                                                                                          \
-    SCOPED_TRACE(#name);                                                                                     \
-    const bool comm = (rule_object).comm;                                                                    \
-    comm_fields += comm;                                                                                     \
-    dion::Options changed = base;                                                                            \
-    changed.name(dion::testing::other_value(base.name(), rule_object));                                      \
-    FakeWorld world(2);                                                                                      \
-    std::vector<std::string> errors(2);                                                                      \
-    world.run([&](int r) {                                                                                   \
-      at::Tensor p = at::ones({8, 8});                                                                       \
-      dion::Optimizer opt({p}, r == 0 ? base : changed, {}, world.distribution(r));                         \
-      p.mutable_grad() = at::ones_like(p);                                                                   \
-      try {                                                                                                  \
-        opt.step();                                                                                          \
-      } catch (const dion::ValueError& e) {                                                                  \
-        errors[static_cast<size_t>(r)] = e.what();                                                           \
-      }                                                                                                      \
-    });                                                                                                      \
-    for (const std::string& e : errors) {                                                                    \
-      if (comm) {                                                                                            \
+#define CHECK_AGREEMENT(T, name, default_value, rule_object, doc)                                                 \
+  {                                                                                                               \
+    SCOPED_TRACE(#name);                                                                                          \
+    const bool comm = (rule_object).comm;                                                                         \
+    comm_fields += comm;                                                                                          \
+    dion::Options changed = base;                                                                                 \
+    changed.name(dion::testing::other_value(base.name(), rule_object));                                           \
+    FakeWorld world(2);                                                                                           \
+    std::vector<std::string> errors(2);                                                                           \
+    world.run([&](int r) {                                                                                        \
+      at::Tensor p = at::ones({8, 8});                                                                            \
+      dion::Optimizer opt({p}, r == 0 ? base : changed, {}, world.distribution(r));                               \
+      p.mutable_grad() = at::ones_like(p);                                                                        \
+      try {                                                                                                       \
+        opt.step();                                                                                               \
+      } catch (const dion::ValueError& e) {                                                                       \
+        errors[static_cast<size_t>(r)] = e.what();                                                                \
+      }                                                                                                           \
+    });                                                                                                           \
+    for (const std::string& e : errors) {                                                                         \
+      if (comm) {                                                                                                 \
         EXPECT_NE(e.find(std::string("): ") + #name + " is "), std::string::npos) << "no error naming it: " << e; \
-      } else {                                                                                               \
-        EXPECT_EQ(e, "") << "not a communication option";                                                   \
-      }                                                                                                      \
-    }                                                                                                        \
+      } else {                                                                                                    \
+        EXPECT_EQ(e, "") << "not a communication option";                                                         \
+      }                                                                                                           \
+    }                                                                                                             \
   }
   DION_HYPERPARAMETERS(CHECK_AGREEMENT)
 #undef CHECK_AGREEMENT
@@ -351,8 +351,10 @@ TEST(FakeDistribution, MismatchedCollectivesThrowInsteadOfHanging) {
   FakeWorld world(2);
   EXPECT_THROW(world.run([&](int r) {
     at::Tensor x = at::ones({4});
-    if (r == 0) world.distribution(r)->all_reduce_(x, dion::Axis::OUTER);
-    else world.distribution(r)->all_gather(x, dion::Axis::OUTER);
+    if (r == 0)
+      world.distribution(r)->all_reduce_(x, dion::Axis::OUTER);
+    else
+      world.distribution(r)->all_gather(x, dion::Axis::OUTER);
   }),
                std::runtime_error);
   FakeWorld lonely(2);

@@ -60,8 +60,7 @@ void expect_error(const std::function<void()>& f, Kind kind, const std::vector<s
     message = e.what();
   }
   EXPECT_TRUE(right_kind) << what << ": expected " << kind_name(kind) << ", got: " << message;
-  for (const std::string& n : needles)
-    EXPECT_PRED_FORMAT2(::testing::IsSubstring, n, message) << what;
+  for (const std::string& n : needles) EXPECT_PRED_FORMAT2(::testing::IsSubstring, n, message) << what;
 }
 
 double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
@@ -99,7 +98,9 @@ TEST(Validation, InvalidOptionsNameGroupOptionAndValue) {
       {"unknown algorithm", {.algorithm = "sgd"}, Kind::VALUE, {"algorithm", "'sgd'", "muon"}},
       {"negative lr", {.lr = -0.5}, Kind::VALUE, {"lr", "-0.5"}},
       {"NaN lr", {.lr = nan}, Kind::VALUE, {"lr", "nan"}},
-      {"negative weight_decay in dion", {.algorithm = "dion", .weight_decay = -1.0}, Kind::VALUE,
+      {"negative weight_decay in dion",
+       {.algorithm = "dion", .weight_decay = -1.0},
+       Kind::VALUE,
        {"weight_decay", "-1", ">= 0 for dion"}},
       {"NaN weight_decay", {.weight_decay = nan}, Kind::VALUE, {"weight_decay", "nan", "finite"}},
       {"negative mu", {.mu = -0.1}, Kind::VALUE, {"mu", "-0.1"}},
@@ -114,13 +115,19 @@ TEST(Validation, InvalidOptionsNameGroupOptionAndValue) {
       // cannot work (docs/errors.md; tests/test_ranges.cpp walks every boundary).
       {"infinite mu", {.mu = std::numeric_limits<double>::infinity()}, Kind::VALUE, {"mu = inf", "finite"}},
       {"muon_beta2 above 1", {.muon_beta2 = 1.5}, Kind::VALUE, {"muon_beta2 = 1.5", "[0, 1]"}},
-      {"adamw beta2 of 1", {.algorithm = "adamw", .betas = std::make_tuple(0.9, 1.0)}, Kind::VALUE,
+      {"adamw beta2 of 1",
+       {.algorithm = "adamw", .betas = std::make_tuple(0.9, 1.0)},
+       Kind::VALUE,
        {"betas = (0.9, 1)", "for adamw beta1 != 1 and beta2 < 1"}},
-      {"adamw beta1 of 1", {.algorithm = "adamw", .betas = std::make_tuple(1.0, 0.95)}, Kind::VALUE,
+      {"adamw beta1 of 1",
+       {.algorithm = "adamw", .betas = std::make_tuple(1.0, 0.95)},
+       Kind::VALUE,
        {"betas = (1, 0.95)", "adamw"}},
       {"NaN ef_decay", {.ef_decay = nan}, Kind::VALUE, {"ef_decay = nan"}},
       {"zero oversample", {.oversample = 0.0}, Kind::VALUE, {"oversample = 0", "> 0"}},
-      {"bad selection_scope", {.selection_scope = "everywhere"}, Kind::VALUE,
+      {"bad selection_scope",
+       {.selection_scope = "everywhere"},
+       Kind::VALUE,
        {"selection_scope", "'everywhere'", "'local'"}},
       {"zero rank_fraction", {.rank_fraction = 0.0}, Kind::VALUE, {"rank_fraction", "= 0"}},
       {"rank_fraction above 1", {.rank_fraction = 1.25}, Kind::VALUE, {"rank_fraction", "1.25"}},
@@ -129,16 +136,26 @@ TEST(Validation, InvalidOptionsNameGroupOptionAndValue) {
       {"num_heads with flatten", {.flatten = true, .num_heads = 4}, Kind::VALUE, {"num_heads", "4", "flatten"}},
       {"one split", {.split_sizes = std::vector<int64_t>{8}}, Kind::VALUE, {"split_sizes", "[8]"}},
       {"zero split", {.split_sizes = std::vector<int64_t>{8, 0}}, Kind::VALUE, {"split_sizes", "[8, 0]", "positive"}},
-      {"split_sizes with num_heads", {.num_heads = 2, .split_sizes = std::vector<int64_t>{4, 4}}, Kind::VALUE,
+      {"split_sizes with num_heads",
+       {.num_heads = 2, .split_sizes = std::vector<int64_t>{4, 4}},
+       Kind::VALUE,
        {"split_sizes", "[4, 4]", "num_heads"}},
-      {"split_sizes with flatten", {.flatten = true, .split_sizes = std::vector<int64_t>{4, 4}}, Kind::VALUE,
+      {"split_sizes with flatten",
+       {.flatten = true, .split_sizes = std::vector<int64_t>{4, 4}},
+       Kind::VALUE,
        {"split_sizes", "[4, 4]", "flatten"}},
-      {"split_sizes in dion2", {.algorithm = "dion2", .split_sizes = std::vector<int64_t>{4, 4}},
-       Kind::NOT_IMPLEMENTED, {"split_sizes", "[4, 4]", "'dion2'"}},
-      {"split_sizes in nordion2", {.algorithm = "nordion2", .split_sizes = std::vector<int64_t>{4, 4}},
-       Kind::NOT_IMPLEMENTED, {"split_sizes", "[4, 4]", "'nordion2'"}},
-      {"split_sizes in dion", {.algorithm = "dion", .split_sizes = std::vector<int64_t>{4, 4}},
-       Kind::NOT_IMPLEMENTED, {"split_sizes", "[4, 4]", "'dion'"}},
+      {"split_sizes in dion2",
+       {.algorithm = "dion2", .split_sizes = std::vector<int64_t>{4, 4}},
+       Kind::NOT_IMPLEMENTED,
+       {"split_sizes", "[4, 4]", "'dion2'"}},
+      {"split_sizes in nordion2",
+       {.algorithm = "nordion2", .split_sizes = std::vector<int64_t>{4, 4}},
+       Kind::NOT_IMPLEMENTED,
+       {"split_sizes", "[4, 4]", "'nordion2'"}},
+      {"split_sizes in dion",
+       {.algorithm = "dion", .split_sizes = std::vector<int64_t>{4, 4}},
+       Kind::NOT_IMPLEMENTED,
+       {"split_sizes", "[4, 4]", "'dion'"}},
   };
   for (const BadOption& c : cases) {
     std::vector<std::string> needles = c.needles;
@@ -157,10 +174,16 @@ TEST(Validation, InvalidOptionsNameGroupOptionAndValue) {
 }
 
 TEST(Validation, InvalidDefaults) {
-  expect_error([] { dion::Optimizer opt(Groups{{{at::randn({8, 4})}}}, dion::Options(0.01).oversample(-0.5)); },
-               Kind::VALUE, {"param group 0", "oversample", "-0.5"}, "oversample <= 0");
-  expect_error([] { dion::Muon opt({{{at::randn({8, 4})}}}, dion::Muon::defaults().lr(-1)); }, Kind::VALUE,
-               {"param group 0", "lr", "-1"}, "Muon defaults with negative lr");
+  expect_error(
+      [] {
+        dion::Optimizer opt(Groups{{{at::randn({8, 4})}}}, dion::Options(0.01).oversample(-0.5));
+      },
+      Kind::VALUE, {"param group 0", "oversample", "-0.5"}, "oversample <= 0");
+  expect_error(
+      [] {
+        dion::Muon opt({{{at::randn({8, 4})}}}, dion::Muon::defaults().lr(-1));
+      },
+      Kind::VALUE, {"param group 0", "lr", "-1"}, "Muon defaults with negative lr");
   // adjust_lr is parsed when set: std::invalid_argument (which dion::ValueError derives from,
   // and which pybind11 maps to Python's ValueError) naming the valid values.
   try {
@@ -182,33 +205,57 @@ struct BadParam {
 
 TEST(Validation, InvalidParametersNameGroupParameterAndShape) {
   const std::vector<BadParam> cases = {
-      {"integer parameter", {at::zeros({4, 4}, at::kLong)}, {}, Kind::TYPE,
+      {"integer parameter",
+       {at::zeros({4, 4}, at::kLong)},
+       {},
+       Kind::TYPE,
        {"parameter 0", "[4, 4]", "floating point"}},
-      {"vector in a matrix group", {at::randn({8, 4}), at::randn({8})}, {}, Kind::VALUE,
+      {"vector in a matrix group",
+       {at::randn({8, 4}), at::randn({8})},
+       {},
+       Kind::VALUE,
        {"(muon)", "parameter 1", "[8]", "ndim >= 2", "'adamw'"}},
       {"scalar in a dion2 group", {at::randn({})}, {.algorithm = "dion2"}, Kind::VALUE, {"(dion2)", "[]"}},
-      {"3-D parameter in legacy dion", {at::randn({2, 4, 4})}, {.algorithm = "dion"}, Kind::NOT_IMPLEMENTED,
+      {"3-D parameter in legacy dion",
+       {at::randn({2, 4, 4})},
+       {.algorithm = "dion"},
+       Kind::NOT_IMPLEMENTED,
        {"(dion)", "[2, 4, 4]", "2-D"}},
-      {"num_heads does not divide dim 0", {at::randn({8, 4})}, {.num_heads = 3}, Kind::VALUE,
+      {"num_heads does not divide dim 0",
+       {at::randn({8, 4})},
+       {.num_heads = 3},
+       Kind::VALUE,
        {"[8, 4]", "num_heads (3)", "dim 0 (8)"}},
-      {"num_heads on a 3-D parameter", {at::randn({2, 8, 4})}, {.num_heads = 2}, Kind::VALUE,
+      {"num_heads on a 3-D parameter",
+       {at::randn({2, 8, 4})},
+       {.num_heads = 2},
+       Kind::VALUE,
        {"[2, 8, 4]", "num_heads", "2-D"}},
-      {"split_sizes do not sum to dim 0", {at::randn({8, 4})}, {.split_sizes = std::vector<int64_t>{4, 3}},
-       Kind::VALUE, {"[8, 4]", "split_sizes", "sum to 7", "dim 0 (8)"}},
-      {"split_sizes on a 3-D parameter", {at::randn({2, 8, 4})}, {.split_sizes = std::vector<int64_t>{4, 4}},
-       Kind::VALUE, {"[2, 8, 4]", "split_sizes", "2-D"}},
+      {"split_sizes do not sum to dim 0",
+       {at::randn({8, 4})},
+       {.split_sizes = std::vector<int64_t>{4, 3}},
+       Kind::VALUE,
+       {"[8, 4]", "split_sizes", "sum to 7", "dim 0 (8)"}},
+      {"split_sizes on a 3-D parameter",
+       {at::randn({2, 8, 4})},
+       {.split_sizes = std::vector<int64_t>{4, 4}},
+       Kind::VALUE,
+       {"[2, 8, 4]", "split_sizes", "2-D"}},
   };
   for (const BadParam& c : cases) {
     std::vector<std::string> needles = c.needles;
     needles.push_back("param group 1");
-    expect_error([&] { dion::Optimizer opt(Groups{{{at::randn({8, 4})}}, {c.params, c.ov}}, dion::Options(0.01)); },
-                 c.kind, needles, c.what);
+    expect_error(
+        [&] {
+          dion::Optimizer opt(Groups{{{at::randn({8, 4})}}, {c.params, c.ov}}, dion::Options(0.01));
+        },
+        c.kind, needles, c.what);
   }
   // The matrix-only checks do not apply to scalar groups, and num_heads = 1 is "off".
   EXPECT_NO_THROW(dion::Optimizer opt(Groups{{{at::randn({8})}, {.algorithm = "adamw"}},
-                                       {{at::randn({})}, {.algorithm = "lion"}},
-                                       {{at::randn({2, 3, 4})}, {.algorithm = "adamw"}},
-                                       {{at::randn({9, 4})}, {.num_heads = 1}}},
+                                             {{at::randn({})}, {.algorithm = "lion"}},
+                                             {{at::randn({2, 3, 4})}, {.algorithm = "adamw"}},
+                                             {{at::randn({9, 4})}, {.num_heads = 1}}},
                                       dion::Options(0.01)));
 }
 
@@ -218,17 +265,14 @@ TEST(Validation, NamedOptimizersRejectForeignMatrixAlgorithms) {
     std::function<void(const std::vector<dion::ParamGroup>&)> make;
   };
   const std::vector<Named> named = {
-      {"muon", [](const auto& g) { dion::Muon o(g); }},
-      {"normuon", [](const auto& g) { dion::NorMuon o(g); }},
-      {"dion2", [](const auto& g) { dion::Dion2 o(g); }},
-      {"nordion2", [](const auto& g) { dion::NorDion2 o(g); }},
+      {"muon", [](const auto& g) { dion::Muon o(g); }},   {"normuon", [](const auto& g) { dion::NorMuon o(g); }},
+      {"dion2", [](const auto& g) { dion::Dion2 o(g); }}, {"nordion2", [](const auto& g) { dion::NorDion2 o(g); }},
       {"dion", [](const auto& g) { dion::Dion o(g); }},
   };
   for (const Named& n : named) {
     // Its own algorithm plus adamw and lion groups are fine.
-    EXPECT_NO_THROW(n.make({{{at::randn({8, 4})}},
-                            {{at::randn({8})}, {.algorithm = "adamw"}},
-                            {{at::randn({8})}, {.algorithm = "lion"}}}))
+    EXPECT_NO_THROW(n.make(
+        {{{at::randn({8, 4})}}, {{at::randn({8})}, {.algorithm = "adamw"}}, {{at::randn({8})}, {.algorithm = "lion"}}}))
         << n.name;
     for (const std::string& foreign : kMatrixAlgorithms) {
       if (foreign == n.name) continue;
@@ -242,8 +286,11 @@ TEST(Validation, NamedOptimizersRejectForeignMatrixAlgorithms) {
       what += " with a ";
       what += foreign;
       what += " group";
-      expect_error([&] { n.make({{{at::randn({8, 4})}}, {{at::randn({8, 4})}, {.algorithm = foreign}}}); },
-                   Kind::VALUE, {group, quoted, "dion::Optimizer"}, what);
+      expect_error(
+          [&] {
+            n.make({{{at::randn({8, 4})}}, {{at::randn({8, 4})}, {.algorithm = foreign}}});
+          },
+          Kind::VALUE, {group, quoted, "dion::Optimizer"}, what);
     }
   }
   // The generic class mixes them freely.
@@ -276,7 +323,8 @@ TEST(Groups, ParamsWithoutGradAreSkipped) {
 TEST(Groups, EmptyGroupsAreFine) {
   at::Tensor w = at::randn({8, 4});
   w.mutable_grad() = at::randn({8, 4});
-  dion::Optimizer opt(Groups{{{}}, {{w}}, {{}, {.algorithm = "adamw"}}, {{}, {.algorithm = "dion"}}}, dion::Options(0.01));
+  dion::Optimizer opt(Groups{{{}}, {{w}}, {{}, {.algorithm = "adamw"}}, {{}, {.algorithm = "dion"}}},
+                      dion::Options(0.01));
   EXPECT_EQ(opt.param_groups().size(), 4u);
   const at::Tensor before = w.clone();
   EXPECT_NO_THROW(opt.step());
@@ -293,8 +341,11 @@ TEST(Groups, SetOptionsChecksLikeAddParamGroup) {
   opt.step();
   const dion::Options before = opt.options(0);
   // Refused: nothing changes.
-  expect_error([&] { opt.set_options(0, dion::Options(before).split_sizes({2, 3})); }, Kind::VALUE,
-               {"param group 0", "split_sizes sum to 5", "dim 0 (6)"}, "split_sizes");
+  expect_error(
+      [&] {
+        opt.set_options(0, dion::Options(before).split_sizes({2, 3}));
+      },
+      Kind::VALUE, {"param group 0", "split_sizes sum to 5", "dim 0 (6)"}, "split_sizes");
   expect_error([&] { opt.set_options(1, dion::Options(opt.options(1)).algorithm("muon")); }, Kind::VALUE,
                {"param group 1", "shape [4]", "matrix"}, "muon on a vector");
   expect_error([&] { opt.set_options(0, dion::Options(before).algorithm("dion2")); }, Kind::VALUE,
@@ -331,11 +382,11 @@ TEST(Groups, StateMatchesAlgorithm) {
   std::vector<at::Tensor> p = make_params({{8, 16}, {8, 16}, {8, 16}, {16, 8}, {8}, {8}}, 2);
   for (auto& t : p) t.mutable_grad() = at::randn_like(t);
   dion::Optimizer opt(Groups{{{p[0]}, {.algorithm = "muon"}},
-                       {{p[1]}, {.algorithm = "normuon"}},
-                       {{p[2]}, {.algorithm = "nordion2"}},
-                       {{p[3]}, {.algorithm = "dion", .rank_fraction = 0.5}},
-                       {{p[4]}, {.algorithm = "adamw"}},
-                       {{p[5]}, {.algorithm = "lion"}}},
+                             {{p[1]}, {.algorithm = "normuon"}},
+                             {{p[2]}, {.algorithm = "nordion2"}},
+                             {{p[3]}, {.algorithm = "dion", .rank_fraction = 0.5}},
+                             {{p[4]}, {.algorithm = "adamw"}},
+                             {{p[5]}, {.algorithm = "lion"}}},
                       dion::Options(0.01));
   EXPECT_EQ(opt.state_of(p[0]), nullptr) << "state is created lazily";
   opt.init_state();
@@ -452,8 +503,8 @@ TEST(Batching, ThreeDParamsBatchedAndFlattened) {
       b.step();
     }
     for (int64_t i = 0; i < 4; ++i)
-      EXPECT_TRUE(at::equal(cube[0][i], slices[i])) << algo << " matrix " << i << ": max |diff| "
-                                                    << max_abs_diff(cube[0][i], slices[i]);
+      EXPECT_TRUE(at::equal(cube[0][i], slices[i]))
+          << algo << " matrix " << i << ": max |diff| " << max_abs_diff(cube[0][i], slices[i]);
   }
   std::vector<at::Tensor> cube = make_params({{4, 8, 16}}, 7);
   std::vector<at::Tensor> flat = {cube[0].reshape({4, 128}).clone()};
@@ -478,12 +529,24 @@ TEST(Options, OverrideAppliesOnlyItsFields) {
   EXPECT_TRUE(dion::Override{}.apply(base) == base);
 
   // Every field lands in its own option (no crossed wires).
-  const dion::Override all{.algorithm = "normuon", .lr = 0.7, .weight_decay = 0.2, .mu = 0.8, .muon_beta2 = 0.85,
-                           .betas = std::make_tuple(0.5, 0.6), .epsilon = 1e-5, .fraction = 0.3,
-                           .ef_decay = 0.9, .adjust_lr = dion::AdjustLR::RMS_NORM, .cautious_wd = true,
-                           .nesterov = true, .flatten = true, .num_heads = 1,
-                           .split_sizes = std::vector<int64_t>{2, 2}, .selection_scope = "global",
-                           .rank_fraction = 0.4, .rank_multiple_of = 8};
+  const dion::Override all{.algorithm = "normuon",
+                           .lr = 0.7,
+                           .weight_decay = 0.2,
+                           .mu = 0.8,
+                           .muon_beta2 = 0.85,
+                           .betas = std::make_tuple(0.5, 0.6),
+                           .epsilon = 1e-5,
+                           .fraction = 0.3,
+                           .ef_decay = 0.9,
+                           .adjust_lr = dion::AdjustLR::RMS_NORM,
+                           .cautious_wd = true,
+                           .nesterov = true,
+                           .flatten = true,
+                           .num_heads = 1,
+                           .split_sizes = std::vector<int64_t>{2, 2},
+                           .selection_scope = "global",
+                           .rank_fraction = 0.4,
+                           .rank_multiple_of = 8};
   const dion::Options by_setters = dion::Options(0.7)
                                        .algorithm("normuon")
                                        .weight_decay(0.2)
@@ -531,7 +594,10 @@ TEST(Options, EqualitySeesEveryField) {
       {"nesterov", [](auto& o) { o.nesterov(true); }},
       {"flatten", [](auto& o) { o.flatten(true); }},
       {"num_heads", [](auto& o) { o.num_heads(4); }},
-      {"split_sizes", [](auto& o) { o.split_sizes({1, 2}); }},
+      {"split_sizes",
+       [](auto& o) {
+         o.split_sizes({1, 2});
+       }},
       {"selection_scope", [](auto& o) { o.selection_scope("global"); }},
       {"rank_fraction", [](auto& o) { o.rank_fraction(0.5); }},
       {"rank_multiple_of", [](auto& o) { o.rank_multiple_of(4); }},
@@ -585,12 +651,12 @@ TEST(Options, EveryTableFieldThroughOverrideEqualitySerializeAndValidate) {
     ++fields;                                                                                       \
     SCOPED_TRACE(#name);                                                                            \
     EXPECT_TRUE(base.name() == T(default_value)) << "the default differs from the table's";         \
-    const T v = dion::testing::other_value(base.name(), rule_object);                                              \
+    const T v = dion::testing::other_value(base.name(), rule_object);                               \
     EXPECT_FALSE(v == base.name());                                                                 \
     dion::Override ov;                                                                              \
     ov.name = v;                                                                                    \
     const dion::Options o = ov.apply(base);                                                         \
-    EXPECT_TRUE(o.name() == v) << "Override::apply";                                               \
+    EXPECT_TRUE(o.name() == v) << "Override::apply";                                                \
     EXPECT_FALSE(o == base) << "operator==";                                                        \
     dion::Options expected = base;                                                                  \
     expected.name(v);                                                                               \
@@ -654,8 +720,9 @@ TEST(Options, LmHeadLrScale) {
 
 TEST(Interface, StepLRChangesEveryGroup) {
   std::vector<at::Tensor> p = make_params({{8, 16}, {16}, {16}}, 8);
-  dion::Optimizer opt(Groups{{{p[0]}, {.lr = 0.02}}, {{p[1]}, {.algorithm = "adamw", .lr = 3e-3}},
-                       {{p[2]}, {.algorithm = "lion", .lr = 1e-4}}},
+  dion::Optimizer opt(Groups{{{p[0]}, {.lr = 0.02}},
+                             {{p[1]}, {.algorithm = "adamw", .lr = 3e-3}},
+                             {{p[2]}, {.algorithm = "lion", .lr = 1e-4}}},
                       dion::Options(0.01));
   const std::vector<double> lr0 = {0.02, 3e-3, 1e-4};
   torch::optim::StepLR sched(opt, /*step_size=*/2, /*gamma=*/0.5);

@@ -45,9 +45,9 @@ struct OrthoCase {
   const char* name;
   OrthoMethod method;
   at::ScalarType dtype;
-  double lo, hi;       // asserted singular-value band (see the file comment)
-  double slope;        // small-value gain bound: prod(a_i), rounded up
-  double threshold;    // normalized singular values above this converge into [lo, hi]
+  double lo, hi;     // asserted singular-value band (see the file comment)
+  double slope;      // small-value gain bound: prod(a_i), rounded up
+  double threshold;  // normalized singular values above this converge into [lo, hi]
 };
 
 const OrthoCase kCases[] = {
@@ -88,9 +88,9 @@ using dion::testing::with_singular_values;
 double batch_tolerance(at::ScalarType dtype) { return dtype == at::kBFloat16 ? 3e-2 : 1e-5; }
 
 const std::vector<std::vector<int64_t>> kShapes = {
-    {64, 64}, {32, 96}, {96, 32}, {16, 256}, {256, 16}, {1, 50},  // square, wide, tall, a row
-    {4, 32, 48}, {3, 48, 32},                                     // 3-D batches
-    {2, 3, 40, 24}, {2, 2, 24, 40},                               // 4-D batches
+    {64, 64},       {32, 96},       {96, 32}, {16, 256}, {256, 16}, {1, 50},  // square, wide, tall, a row
+    {4, 32, 48},    {3, 48, 32},                                              // 3-D batches
+    {2, 3, 40, 24}, {2, 2, 24, 40},                                           // 4-D batches
 };
 
 // gtest prints a failing case by name rather than as raw bytes.
@@ -289,15 +289,13 @@ TEST(OrthoConfig, CustomFunctionIsCalledByTheOptimizer) {
   at::manual_seed(7);
   auto make_params = [] {
     at::manual_seed(8);
-    std::vector<at::Tensor> p = {at::randn({8, 16}), at::randn({8, 16}), at::randn({16, 8}),
-                                 at::randn({16})};
+    std::vector<at::Tensor> p = {at::randn({8, 16}), at::randn({8, 16}), at::randn({16, 8}), at::randn({16})};
     for (auto& t : p) t.mutable_grad() = at::randn_like(t);
     return p;
   };
   std::vector<at::Tensor> a = make_params(), b = make_params();
   auto groups = [](const std::vector<at::Tensor>& p) {
-    return std::vector<dion::ParamGroup>{{{p[0], p[1], p[2]}, {.epsilon = 1e-5}},
-                                         {{p[3]}, {.algorithm = "adamw"}}};
+    return std::vector<dion::ParamGroup>{{{p[0], p[1], p[2]}, {.epsilon = 1e-5}}, {{p[3]}, {.algorithm = "adamw"}}};
   };
   dion::Muon custom(groups(a), dion::Muon::defaults(), counting);
   dion::Muon builtin(groups(b), dion::Muon::defaults());
@@ -382,7 +380,8 @@ TEST(OrthogonalizeMegabatch, FlattenSemanticsFor4dParams) {
   // no flatten: the leading dims are a batch of [kh, kw] = [2, 4] matrices.
   const at::Tensor batched = dion::math::orthogonalize_megabatch(X, fn, false, 1e-7);
   EXPECT_EQ(shapes_seen.back(), (std::vector<int64_t>{48, 2, 4}));
-  EXPECT_TRUE(at::equal(batched, dion::math::polar_express(X.reshape({48, 2, 4}), 1e-7, at::kFloat).reshape(X.sizes())));
+  EXPECT_TRUE(
+      at::equal(batched, dion::math::polar_express(X.reshape({48, 2, 4}), 1e-7, at::kFloat).reshape(X.sizes())));
   EXPECT_FALSE(at::allclose(flat, batched));
 
   // 2-D parameters (X 3-D): flatten changes nothing.

@@ -189,8 +189,8 @@ TEST(Symmetric, CudaBlockRowsRule) {
         EXPECT_GE(m, dion::math::kCudaSymmetricMinRows);
         EXPECT_EQ(rows % dion::math::kCudaSymmetricTile, 0);
         const int64_t tiles = rows / dion::math::kCudaSymmetricTile;
-        EXPECT_GE(batch * tiles * tiles, sms);                // the first block row fills a wave
-        EXPECT_GE(m - rows, rows / 2);                        // >= 2 block rows after the merge
+        EXPECT_GE(batch * tiles * tiles, sms);                     // the first block row fills a wave
+        EXPECT_GE(m - rows, rows / 2);                             // >= 2 block rows after the merge
         EXPECT_LE(m / rows, dion::math::kCudaSymmetricMaxBlocks);  // <= 4 block rows
       }
 }
@@ -220,8 +220,8 @@ TEST(OrthoFast, SingularValueBandsAndAccuracy) {
     OrthoMethod method;
     double lo, hi, eps;
   };
-  for (const Band& b : {Band{OrthoMethod::POLAR_EXPRESS, 0.83, 1.17, 1e-6},
-                        Band{OrthoMethod::NEWTON_SCHULZ, 0.94, 1.17, 1e-7}}) {
+  for (const Band& b :
+       {Band{OrthoMethod::POLAR_EXPRESS, 0.83, 1.17, 1e-6}, Band{OrthoMethod::NEWTON_SCHULZ, 0.94, 1.17, 1e-7}}) {
     for (const auto& shape : kFastShapes) {
       const at::Tensor G = conditioned(shape, 0.1);
       const at::Tensor U = dion::math::orthogonalize_fast(G, b.method, b.eps, at::kBFloat16);
@@ -235,10 +235,11 @@ TEST(OrthoFast, SingularValueBandsAndAccuracy) {
       };
       const at::Tensor E16 = exact(at::kBFloat16), E32 = exact(at::kFloat);
       const double d_fast = rel_fro(U, E32), d_exact = rel_fro(E16, E32);
-      std::printf("fast %s [%ld, %ld, %ld]: sv [%.4f, %.4f]; rel. distance to exact fp32: "
-                  "fast %.2e, exact bf16 %.2e; fast to exact bf16 %.2e\n",
-                  dion::math::to_string(b.method).c_str(), long(shape[0]), long(shape[1]),
-                  long(shape[2]), lo, hi, d_fast, d_exact, rel_fro(U, E16));
+      std::printf(
+          "fast %s [%ld, %ld, %ld]: sv [%.4f, %.4f]; rel. distance to exact fp32: "
+          "fast %.2e, exact bf16 %.2e; fast to exact bf16 %.2e\n",
+          dion::math::to_string(b.method).c_str(), long(shape[0]), long(shape[1]), long(shape[2]), lo, hi, d_fast,
+          d_exact, rel_fro(U, E16));
       EXPECT_GE(lo, b.lo);
       EXPECT_LE(hi, b.hi);
       EXPECT_LE(d_fast, 1.25 * d_exact);
@@ -333,8 +334,7 @@ TEST(GramNewtonSchulz, RankDeficientStaysBounded) {
   // Rank 8 plus 1e-3 noise: the noise directions stay small, nothing blows up (without the
   // restart at step 2 the largest singular value reaches 30-700 here, in bf16).
   at::manual_seed(10);
-  const at::Tensor G = at::matmul(at::randn({2, 256, 8}), at::randn({2, 8, 1024})) +
-                       1e-3 * at::randn({2, 256, 1024});
+  const at::Tensor G = at::matmul(at::randn({2, 256, 8}), at::randn({2, 8, 1024})) + 1e-3 * at::randn({2, 256, 1024});
   const at::Tensor U = dion::math::gram_newton_schulz(G);
   ASSERT_TRUE(all_finite(U));
   EXPECT_LE(svdvals(U).max().item<double>(), 1.20);
@@ -354,8 +354,8 @@ TEST(GramNewtonSchulz, RankDeficientStaysBounded) {
 // (2^-24 x 0.39 = 2.3e-8), some 20 for each of the ~20 products the iteration compounds, and
 // 19x under one fp16 rounding of them (2^-11 x 0.39 = 1.9e-4), so a step left in fp16 fails.
 TEST(GramNewtonSchulz, MatchesTheGramNewtonSchulzPackage) {
-  const auto st = dion::testing::load_safetensors(std::string(DION_SOURCE_DIR) +
-                                                  "/tests/data/gram/gram_newton_schulz.safetensors");
+  const auto st =
+      dion::testing::load_safetensors(std::string(DION_SOURCE_DIR) + "/tests/data/gram/gram_newton_schulz.safetensors");
   for (const char* name : {"wide", "tall", "square", "wide_1to3"}) {
     const at::Tensor G = st.at(std::string(name) + ".G");
     const at::Tensor want = st.at(std::string(name) + ".U");
@@ -365,9 +365,10 @@ TEST(GramNewtonSchulz, MatchesTheGramNewtonSchulzPackage) {
     const at::Tensor f32 = dion::math::gram_newton_schulz(G, 1e-7, at::kFloat, true);
     const at::Tensor f64 = dion::math::gram_newton_schulz(G, 1e-7, at::kDouble, false);
     const double d32 = max_abs_diff(f32, f64);
-    std::printf("package %s: max |diff| untiled %.2e, tiled %.2e (max |U| %.3f); fp32 to fp64 %.2e, "
-                "package to fp64 %.2e\n",
-                name, d, dt, want.abs().max().item<double>(), d32, max_abs_diff(want, f64));
+    std::printf(
+        "package %s: max |diff| untiled %.2e, tiled %.2e (max |U| %.3f); fp32 to fp64 %.2e, "
+        "package to fp64 %.2e\n",
+        name, d, dt, want.abs().max().item<double>(), d32, max_abs_diff(want, f64));
     EXPECT_LE(d, 2e-3) << name;
     EXPECT_LE(dt, 2e-3) << name;
     EXPECT_LE(d32, 1e-5) << name;
@@ -395,10 +396,14 @@ TEST(CpuComputeDtype, Fp16OnlyWhereTheCpuMultipliesFp16) {
     const char* cap;
     bool allows_fp16, allows_bf16;
   };
-  const Case cases[] = {{nullptr, true, true},          {"AVX512_CORE_FP16", true, true},
-                        {"avx10_1_512", true, true},    {"AVX512_CORE_AMX", true, true},
-                        {"ALL", true, true},            {"no_such_isa", true, true},
-                        {"AVX512_CORE_BF16", false, true}, {"AVX512_CORE", false, false},
+  const Case cases[] = {{nullptr, true, true},
+                        {"AVX512_CORE_FP16", true, true},
+                        {"avx10_1_512", true, true},
+                        {"AVX512_CORE_AMX", true, true},
+                        {"ALL", true, true},
+                        {"no_such_isa", true, true},
+                        {"AVX512_CORE_BF16", false, true},
+                        {"AVX512_CORE", false, false},
                         {"AVX2", false, false}};
   for (const Case& c : cases) {
     ScopedEnv cap("ONEDNN_MAX_CPU_ISA", c.cap);

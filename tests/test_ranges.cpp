@@ -42,10 +42,14 @@ bool as_real(const json& v, double& out) {
   if (!v.is_string()) return false;
   const std::string s = v.get<std::string>();
   const double inf = std::numeric_limits<double>::infinity();
-  if (s == "nan") out = std::nan("");
-  else if (s == "inf") out = inf;
-  else if (s == "-inf") out = -inf;
-  else return false;
+  if (s == "nan")
+    out = std::nan("");
+  else if (s == "inf")
+    out = inf;
+  else if (s == "-inf")
+    out = -inf;
+  else
+    return false;
   return true;
 }
 
@@ -53,12 +57,12 @@ bool as_real(const json& v, double& out) {
 // a table hyperparameter or `v` is a Python-only value (a pair of the wrong length, None, ...).
 bool apply(const std::string& option, const json& v, dion::Options* o, dion::Override* ov) {
   double x = 0.0;
-#define REAL_FIELD(key, field)               \
-  if (option == key) {                       \
-    if (!as_real(v, x)) return false;        \
-    if (o) o->field(x);                      \
-    if (ov) ov->field = x;                   \
-    return true;                             \
+#define REAL_FIELD(key, field)        \
+  if (option == key) {                \
+    if (!as_real(v, x)) return false; \
+    if (o) o->field(x);               \
+    if (ov) ov->field = x;            \
+    return true;                      \
   }
   REAL_FIELD("lr", lr)
   REAL_FIELD("mu", mu)

@@ -81,35 +81,56 @@ std::vector<std::string> case_names() {
 // The reference's constructor keyword arguments and group keys, onto our Options / Override.
 void apply_ctor(dion::Options& o, const json& ctor, dion::math::OrthoConfig& ortho) {
   for (const auto& [k, v] : ctor.items()) {
-    if (k == "lr") o.lr(v.get<double>());
-    else if (k == "mu") o.mu(v.get<double>());
-    else if (k == "weight_decay") o.weight_decay(v.get<double>());
-    else if (k == "nesterov") o.nesterov(v.get<bool>());
-    else if (k == "cautious_wd") o.cautious_wd(v.get<bool>());
-    else if (k == "flatten") o.flatten(v.get<bool>());
-    else if (k == "muon_beta2") o.muon_beta2(v.get<double>());
-    else if (k == "fraction") o.fraction(v.get<double>());
-    else if (k == "ef_decay") o.ef_decay(v.get<double>());
-    else if (k == "rank_fraction") o.rank_fraction(v.get<double>());
-    else if (k == "rank_multiple_of") o.rank_multiple_of(v.get<int64_t>());
-    else if (k == "adjust_lr") o.adjust_lr(v.is_null() ? std::string("none") : v.get<std::string>());
+    if (k == "lr")
+      o.lr(v.get<double>());
+    else if (k == "mu")
+      o.mu(v.get<double>());
+    else if (k == "weight_decay")
+      o.weight_decay(v.get<double>());
+    else if (k == "nesterov")
+      o.nesterov(v.get<bool>());
+    else if (k == "cautious_wd")
+      o.cautious_wd(v.get<bool>());
+    else if (k == "flatten")
+      o.flatten(v.get<bool>());
+    else if (k == "muon_beta2")
+      o.muon_beta2(v.get<double>());
+    else if (k == "fraction")
+      o.fraction(v.get<double>());
+    else if (k == "ef_decay")
+      o.ef_decay(v.get<double>());
+    else if (k == "rank_fraction")
+      o.rank_fraction(v.get<double>());
+    else if (k == "rank_multiple_of")
+      o.rank_multiple_of(v.get<int64_t>());
+    else if (k == "adjust_lr")
+      o.adjust_lr(v.is_null() ? std::string("none") : v.get<std::string>());
     else if (k == "use_polar_express")
       ortho.method = v.get<bool>() ? dion::math::OrthoMethod::POLAR_EXPRESS : dion::math::OrthoMethod::NEWTON_SCHULZ;
-    else if (k == "mixed_precision") o.momentum_dtype(at::kBFloat16).Q_dtype(at::kBFloat16);
-    else FAIL() << "unknown constructor argument in case: " << k;
+    else if (k == "mixed_precision")
+      o.momentum_dtype(at::kBFloat16).Q_dtype(at::kBFloat16);
+    else
+      FAIL() << "unknown constructor argument in case: " << k;
   }
 }
 
 dion::Override group_override(const json& opts) {
   dion::Override ov;
   for (const auto& [k, v] : opts.items()) {
-    if (k == "algorithm") ov.algorithm = v.get<std::string>();
-    else if (k == "lr") ov.lr = v.get<double>();
-    else if (k == "cautious_wd") ov.cautious_wd = v.get<bool>();
-    else if (k == "num_heads") ov.num_heads = v.get<int64_t>();
-    else if (k == "split_sizes") ov.split_sizes = v.get<std::vector<int64_t>>();
-    else if (k == "weight_decay") ov.weight_decay = v.get<double>();
-    else ADD_FAILURE() << "unknown group option in case: " << k;
+    if (k == "algorithm")
+      ov.algorithm = v.get<std::string>();
+    else if (k == "lr")
+      ov.lr = v.get<double>();
+    else if (k == "cautious_wd")
+      ov.cautious_wd = v.get<bool>();
+    else if (k == "num_heads")
+      ov.num_heads = v.get<int64_t>();
+    else if (k == "split_sizes")
+      ov.split_sizes = v.get<std::vector<int64_t>>();
+    else if (k == "weight_decay")
+      ov.weight_decay = v.get<double>();
+    else
+      ADD_FAILURE() << "unknown group option in case: " << k;
   }
   return ov;
 }
@@ -118,11 +139,16 @@ std::unique_ptr<dion::Optimizer> make_optimizer(const std::string& cls, const js
                                                 const std::vector<at::Tensor>& params) {
   dion::math::OrthoConfig ortho;
   dion::Options defaults;
-  if (cls == "Muon") defaults = dion::Muon::defaults();
-  else if (cls == "NorMuon") defaults = dion::NorMuon::defaults();
-  else if (cls == "Dion2") defaults = dion::Dion2::defaults();
-  else if (cls == "NorDion2" || cls == "Dion3") defaults = dion::Dion3::defaults();
-  else if (cls == "Dion") defaults = dion::Dion::defaults();
+  if (cls == "Muon")
+    defaults = dion::Muon::defaults();
+  else if (cls == "NorMuon")
+    defaults = dion::NorMuon::defaults();
+  else if (cls == "Dion2")
+    defaults = dion::Dion2::defaults();
+  else if (cls == "NorDion2" || cls == "Dion3")
+    defaults = dion::Dion3::defaults();
+  else if (cls == "Dion")
+    defaults = dion::Dion::defaults();
   apply_ctor(defaults, c["ctor"], ortho);
   std::vector<dion::ParamGroup> groups;
   for (const auto& g : c["groups"]) {
@@ -227,8 +253,10 @@ TEST_P(Reference, MatchesStepByStep) {
       // Same generator, same draw order: the initial Q must match exactly — in the recording's
       // environment. Elsewhere randn's vectorized path draws other numbers (it differs by
       // instruction set), so the recorded Q is loaded and the steps still compare.
-      if (exact) EXPECT_TRUE(at::equal(opt->state_of(params[i])->Q(), st.at(q0))) << q0;
-      else opt->state_of(params[i])->Q().copy_(st.at(q0));
+      if (exact)
+        EXPECT_TRUE(at::equal(opt->state_of(params[i])->Q(), st.at(q0))) << q0;
+      else
+        opt->state_of(params[i])->Q().copy_(st.at(q0));
     }
   }
 
@@ -248,7 +276,7 @@ TEST_P(Reference, MatchesStepByStep) {
       ASSERT_EQ(actual.scalar_type(), expected.scalar_type()) << name;
       const Diff d = diff(columns_up_to_sign && !exact ? align_columns(actual, expected) : actual, expected);
       const bool variance_neuron = name.find(".variance_neuron.") != std::string::npos;
-      const double tol_here = exact                                        ? 0.0
+      const double tol_here = exact                                     ? 0.0
                               : expected.scalar_type() == at::kBFloat16 ? 1e-2
                               : bf16_ortho && variance_neuron           ? 1e-2
                               : bf16_ortho                              ? 5e-4
@@ -260,8 +288,8 @@ TEST_P(Reference, MatchesStepByStep) {
         worst = d.rel();
         worst_name = name;
       }
-      EXPECT_LE(d.rel(), tol_here) << GetParam() << " " << name << ": max |diff| " << d.max_abs
-                                   << " vs max |expected| " << d.scale;
+      EXPECT_LE(d.rel(), tol_here) << GetParam() << " " << name << ": max |diff| " << d.max_abs << " vs max |expected| "
+                                   << d.scale;
     };
     for (size_t i = 0; i < n; ++i) {
       check(key("p", i, s), params[i], st.at(key("p", i, s)), false);

@@ -55,15 +55,15 @@ BENCHMARK(BM_Decode)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 int main(int argc, char** argv) {
   std::string text_path = DION_DATA_DIR "/tinyshakespeare/input.txt";
   std::string gpt2_dir = DION_DATA_DIR "/gpt2";
-  CLI::App app{"GPT-2 tokenizer throughput, single thread: encode with a cold and a warm word\n"
-               "cache, and decode, in bytes of input text per second.",
-               "bench_tokenizer"};
+  CLI::App app{
+      "GPT-2 tokenizer throughput, single thread: encode with a cold and a warm word\n"
+      "cache, and decode, in bytes of input text per second.",
+      "bench_tokenizer"};
   app.allow_extras();  // Google Benchmark's flags pass through to benchmark::Initialize
-  app.footer("Google Benchmark's own flags pass through, e.g. --benchmark_filter=REGEX,\n"
-             "--benchmark_format=json. bench/tokenizer/compare.py runs this beside tiktoken.");
-  app.add_option("--text", text_path, "Text file to tokenize")
-      ->check(CLI::ExistingFile)
-      ->capture_default_str();
+  app.footer(
+      "Google Benchmark's own flags pass through, e.g. --benchmark_filter=REGEX,\n"
+      "--benchmark_format=json. bench/tokenizer/compare.py runs this beside tiktoken.");
+  app.add_option("--text", text_path, "Text file to tokenize")->check(CLI::ExistingFile)->capture_default_str();
   app.add_option("--tokenizer", gpt2_dir,
                  "Folder with the GPT-2 tokenizer files encoder.json and vocab.bpe (as dion-data)")
       ->check(CLI::ExistingDirectory)

@@ -31,17 +31,16 @@
 #include "dion/optim/options.h"
 
 // A class of one registered matrix algorithm, named `Class` (C++) and `name` (the registry).
-#define DION_OPTIMIZER_CLASS(Class, name)                                                                  \
-  class Class : public ::dion::NamedOptimizer {                                                          \
-   public:                                                                                                \
-    static ::dion::Options defaults() { return defaults_of(name); }                                      \
+#define DION_OPTIMIZER_CLASS(Class, name)                                                                              \
+  class Class : public ::dion::NamedOptimizer {                                                                        \
+   public:                                                                                                             \
+    static ::dion::Options defaults() { return defaults_of(name); }                                                    \
     explicit Class(const std::vector<::dion::ParamGroup>& groups, const ::dion::Options& defaults = Class::defaults(), \
-                   ::dion::math::OrthoConfig ortho = {},                                                  \
-                   std::shared_ptr<::dion::Distribution> distribution = nullptr)                        \
-        : NamedOptimizer(name, groups, defaults, std::move(ortho), std::move(distribution)) {}           \
-    Class(const std::vector<::dion::ParamGroup>& groups, const ::dion::Options& defaults,                \
-          std::shared_ptr<::dion::Distribution> distribution)                                            \
-        : NamedOptimizer(name, groups, defaults, {}, std::move(distribution)) {}                          \
+                   ::dion::math::OrthoConfig ortho = {}, std::shared_ptr<::dion::Distribution> distribution = nullptr) \
+        : NamedOptimizer(name, groups, defaults, std::move(ortho), std::move(distribution)) {}                         \
+    Class(const std::vector<::dion::ParamGroup>& groups, const ::dion::Options& defaults,                              \
+          std::shared_ptr<::dion::Distribution> distribution)                                                          \
+        : NamedOptimizer(name, groups, defaults, {}, std::move(distribution)) {}                                       \
   }
 
 namespace dion {
@@ -49,6 +48,6 @@ DION_OPTIMIZER_CLASS(Muon, "muon");
 DION_OPTIMIZER_CLASS(NorMuon, "normuon");
 DION_OPTIMIZER_CLASS(Dion2, "dion2");
 DION_OPTIMIZER_CLASS(NorDion2, "nordion2");
-using Dion3 = NorDion2;  // NorDion2 under its third-generation name: the same class
+using Dion3 = NorDion2;              // NorDion2 under its third-generation name: the same class
 DION_OPTIMIZER_CLASS(Dion, "dion");  // legacy Dion: low-rank power iteration, 2-D parameters only
 }  // namespace dion

@@ -49,7 +49,8 @@ struct Group::Impl {
   c10d::Backend& backend_for(const at::Tensor& t, const std::string& group_name) {
     if (!t.is_cuda()) {
       if (!backend)
-        throw CommError("group '" + group_name + "' has no backend for CPU tensors (a torch group made with "
+        throw CommError("group '" + group_name +
+                        "' has no backend for CPU tensors (a torch group made with "
                         "backend='nccl' only: CPU parameters need 'gloo' or 'cpu:gloo,cuda:nccl')");
       return *backend;
     }
@@ -59,8 +60,10 @@ struct Group::Impl {
         try {
           nccl = pg->getBackend(c10::DeviceType::CUDA);
         } catch (const std::exception& e) {
-          throw CommError("group '" + group_name + "' has no backend for CUDA tensors (create it with "
-                          "backend='nccl' or 'cpu:gloo,cuda:nccl'): " + dion::message_of(e));
+          throw CommError("group '" + group_name +
+                          "' has no backend for CUDA tensors (create it with "
+                          "backend='nccl' or 'cpu:gloo,cuda:nccl'): " +
+                          dion::message_of(e));
         }
       } else {
         auto opts = c10d::ProcessGroupNCCL::Options::create();
@@ -111,8 +114,8 @@ int env_int(const char* name, bool required, int fallback, long lo, long hi, con
                     range);
   return static_cast<int>(x);
 }
-c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                            int size, std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                            std::chrono::milliseconds timeout) {
   auto opts = c10d::ProcessGroupGloo::Options::create_default(timeout);
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
 }
@@ -195,8 +198,8 @@ Group Group::create(const std::string& host, int port, int rank, int size, Group
       if (std::chrono::steady_clock::now() >= deadline) {
         std::ostringstream os;
         os << "rank " << rank << " of " << size << ": only " << arrived << " of " << size
-           << " ranks arrived at the rendezvous " << host << ":" << port << " within " << rdv_ms
-           << " ms: start all " << size << " (WORLD_SIZE) with the same MASTER_ADDR and MASTER_PORT, e.g. "
+           << " ranks arrived at the rendezvous " << host << ":" << port << " within " << rdv_ms << " ms: start all "
+           << size << " (WORLD_SIZE) with the same MASTER_ADDR and MASTER_PORT, e.g. "
            << "torchrun --nproc_per_node " << size << " or dion-train --nproc " << size;
         throw CommError(os.str());
       }
@@ -236,8 +239,8 @@ Group Group::create(const std::string& host, int port, int rank, int size, Group
         // the start-up; the thread and its socket end with the process.
         connect.detach();
         std::ostringstream os;
-        os << "rank " << rank << " of " << size << ": rendezvous at MASTER_ADDR:MASTER_PORT = " << host << ":"
-           << port << " did not finish within the timeout of " << options.rendezvous_timeout.count()
+        os << "rank " << rank << " of " << size << ": rendezvous at MASTER_ADDR:MASTER_PORT = " << host << ":" << port
+           << " did not finish within the timeout of " << options.rendezvous_timeout.count()
            << " ms: is rank 0 running the same job? is another program listening on that port?";
         throw CommError(os.str());
       }
@@ -254,8 +257,8 @@ Group Group::create(const std::string& host, int port, int rank, int size, Group
     throw;
   } catch (const std::exception& e) {
     std::ostringstream os;
-    os << "rank " << rank << " of " << size << ": rendezvous at " << host << ":" << port
-       << " failed within " << options.timeout.count() << " ms: " << dion::message_of(e);
+    os << "rank " << rank << " of " << size << ": rendezvous at " << host << ":" << port << " failed within "
+       << options.timeout.count() << " ms: " << dion::message_of(e);
     throw CommError(os.str());
   }
   return g;

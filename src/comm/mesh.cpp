@@ -21,9 +21,8 @@ DeviceMesh::DeviceMesh(Group world, std::vector<std::pair<std::string, int>> axe
     product *= n;
   }
   if (product != world_.size())
-    throw ValueError("device mesh " + desc.str() + " has " + std::to_string(product) +
-                     " ranks but the world has " + std::to_string(world_.size()) +
-                     ": the product of the axis sizes must equal the world size");
+    throw ValueError("device mesh " + desc.str() + " has " + std::to_string(product) + " ranks but the world has " +
+                     std::to_string(world_.size()) + ": the product of the axis sizes must equal the world size");
   int r = world_.rank();
   coords_.assign(axes_.size(), 0);
   for (int i = static_cast<int>(axes_.size()) - 1; i >= 0; --i) {

@@ -28,8 +28,8 @@ class Stack {
   Stack() {
     page_ = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
     size_ = kTaskStackBytes + page_;
-    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK,
-                     -1, 0);
+    void* p =
+        ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     if (::mprotect(p, page_, PROT_NONE) != 0) {
       ::munmap(p, size_);
@@ -52,8 +52,8 @@ class Stack {
 thread_local std::vector<std::unique_ptr<Stack>> t_free_stacks;
 
 struct Fiber {
-  ucontext_t context{};   // the task's
-  ucontext_t resumer{};   // where yield() and the end of the task return to
+  ucontext_t context{};  // the task's
+  ucontext_t resumer{};  // where yield() and the end of the task return to
   std::unique_ptr<Stack> stack;
   const Task* task = nullptr;
   std::size_t index = 0;
@@ -147,19 +147,22 @@ void run_tasks(std::vector<Task>& tasks, int max_in_flight) {
     std::vector<std::unique_ptr<Fiber>> running;
     // Start the next task (it runs to its first yield), unless K are in flight, a task failed,
     // or it is serial and the previous serial task is still running.
-    if (next < tasks.size() && errors.empty() && in_flight.size() < K &&
-        !(tasks[next].serial && serial_in_flight)) {
+    if (next < tasks.size() && errors.empty() && in_flight.size() < K && !(tasks[next].serial && serial_in_flight)) {
       if (tasks[next].serial) serial_in_flight = true;
       std::unique_ptr<Fiber> f = start(tasks[next], next);
       ++next;
-      if (f->done) finish(f);
-      else running.push_back(std::move(f));
+      if (f->done)
+        finish(f);
+      else
+        running.push_back(std::move(f));
     }
     // Resume every task of the previous round once, in that round's order.
     for (auto& f : in_flight) {
       resume(*f);
-      if (f->done) finish(f);
-      else running.push_back(std::move(f));
+      if (f->done)
+        finish(f);
+      else
+        running.push_back(std::move(f));
     }
     in_flight = std::move(running);
   }

@@ -23,9 +23,7 @@ namespace dion::cuda {
 
 namespace {
 
-bool float_or_bf16(const at::Tensor& t) {
-  return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
-}
+bool float_or_bf16(const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16; }
 
 void check_pair(const char* fn, const char* a_name, const at::Tensor& A, const char* b_name, const at::Tensor& B) {
   TORCH_CHECK(A.is_cuda() && B.is_cuda() && A.device() == B.device(), fn, ": ", a_name, " and ", b_name,
@@ -94,9 +92,9 @@ void momentum_(const at::Tensor& M, const at::Tensor& G, const at::Tensor& U, fl
   check_pair("momentum_", "M", M, "G", G);
   if (U.defined()) check_pair("momentum_", "M", M, "U", U);
 #ifdef DION_HAVE_CUDA
-  const cudaError_t err = detail::momentum(M.data_ptr(), bf16(M), G.data_ptr(), bf16(G),
-                                           U.defined() ? U.data_ptr() : nullptr, U.defined() && bf16(U), M.numel(),
-                                           mu, nesterov, U.defined(), c10::cuda::getCurrentCUDAStream(M.device().index()).stream());
+  const cudaError_t err = detail::momentum(
+      M.data_ptr(), bf16(M), G.data_ptr(), bf16(G), U.defined() ? U.data_ptr() : nullptr, U.defined() && bf16(U),
+      M.numel(), mu, nesterov, U.defined(), c10::cuda::getCurrentCUDAStream(M.device().index()).stream());
   TORCH_CHECK(err == cudaSuccess, "momentum_: CUDA error: ", cudaGetErrorString(err));
 #else
   (void)mu;

@@ -21,16 +21,20 @@ __device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) { p[
 template <typename T>
 __device__ __forceinline__ float round_to(float v);
 template <>
-__device__ __forceinline__ float round_to<float>(float v) { return v; }
+__device__ __forceinline__ float round_to<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ float round_to<__nv_bfloat16>(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float round_to<__nv_bfloat16>(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
 
 // X.mul_(decay); X.sub_(U * adjusted_lr)   (U * adjusted_lr in U's dtype; neg_lr = -adjusted_lr)
 // decay_p / neg_lr_p: when not null, the values are read there (device memory: what a CUDA graph
 // replay must re-read) instead of the arguments.
 template <typename TX, typename TU>
-__global__ void decay_and_update_kernel(TX* x, const TU* u, int64_t n, float decay, float neg_lr,
-                                        const float* decay_p, const float* neg_lr_p) {
+__global__ void decay_and_update_kernel(TX* x, const TU* u, int64_t n, float decay, float neg_lr, const float* decay_p,
+                                        const float* neg_lr_p) {
   if (decay_p) decay = *decay_p;
   if (neg_lr_p) neg_lr = *neg_lr_p;
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
@@ -72,14 +76,14 @@ template <typename TM, typename TG, typename TU>
 cudaError_t launch_momentum(void* m, const void* g, void* u, int64_t n, float mu, bool nesterov, bool write_u,
                             cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  momentum_kernel<TM, TG, TU><<<blocks_for(n, 256), 256, 0, stream>>>(
-      static_cast<TM*>(m), static_cast<const TG*>(g), static_cast<TU*>(u), n, mu, nesterov, write_u);
+  momentum_kernel<TM, TG, TU><<<blocks_for(n, 256), 256, 0, stream>>>(static_cast<TM*>(m), static_cast<const TG*>(g),
+                                                                      static_cast<TU*>(u), n, mu, nesterov, write_u);
   return cudaGetLastError();
 }
 
 template <typename TM, typename TG>
-cudaError_t momentum_u(void* m, const void* g, void* u, bool u_bf16, int64_t n, float mu, bool nesterov,
-                       bool write_u, cudaStream_t stream) {
+cudaError_t momentum_u(void* m, const void* g, void* u, bool u_bf16, int64_t n, float mu, bool nesterov, bool write_u,
+                       cudaStream_t stream) {
   if (u_bf16) return launch_momentum<TM, TG, __nv_bfloat16>(m, g, u, n, mu, nesterov, write_u, stream);
   return launch_momentum<TM, TG, float>(m, g, u, n, mu, nesterov, write_u, stream);
 }
@@ -90,10 +94,8 @@ cudaError_t momentum_u(void* m, const void* g, void* u, bool u_bf16, int64_t n, 
 cudaError_t decay_and_update(void* x, bool x_bf16, const void* u, bool u_bf16, int64_t n, float decay, float neg_lr,
                              const float* decay_p, const float* neg_lr_p, cudaStream_t stream) {
   if (!x_bf16 && !u_bf16) return launch_decay<float, float>(x, u, n, decay, neg_lr, decay_p, neg_lr_p, stream);
-  if (!x_bf16 && u_bf16)
-    return launch_decay<float, __nv_bfloat16>(x, u, n, decay, neg_lr, decay_p, neg_lr_p, stream);
-  if (x_bf16 && !u_bf16)
-    return launch_decay<__nv_bfloat16, float>(x, u, n, decay, neg_lr, decay_p, neg_lr_p, stream);
+  if (!x_bf16 && u_bf16) return launch_decay<float, __nv_bfloat16>(x, u, n, decay, neg_lr, decay_p, neg_lr_p, stream);
+  if (x_bf16 && !u_bf16) return launch_decay<__nv_bfloat16, float>(x, u, n, decay, neg_lr, decay_p, neg_lr_p, stream);
   return launch_decay<__nv_bfloat16, __nv_bfloat16>(x, u, n, decay, neg_lr, decay_p, neg_lr_p, stream);
 }
 

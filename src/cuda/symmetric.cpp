@@ -35,7 +35,8 @@ void mirror_lower_to_upper_(const at::Tensor& P, int64_t from_row) {
                                     c10::cuda::getCurrentCUDAStream(P.device().index()).stream());
   TORCH_CHECK(err == cudaSuccess, "mirror_lower_to_upper_: CUDA error: ", cudaGetErrorString(err));
 #else
-  throw std::runtime_error("mirror_lower_to_upper_: dion-cpp was built without CUDA kernels (torch without CUDA or no nvcc)");
+  throw std::runtime_error(
+      "mirror_lower_to_upper_: dion-cpp was built without CUDA kernels (torch without CUDA or no nvcc)");
 #endif
 }
 

@@ -60,10 +60,14 @@ cudaError_t mirror_lower_to_upper(void* p, int element_size, int64_t batch, int6
                                   cudaStream_t stream) {
   if (batch == 0 || m == 0) return cudaSuccess;
   switch (element_size) {
-    case 2: return launch<uint16_t>(p, batch, m, from_row, stream);
-    case 4: return launch<uint32_t>(p, batch, m, from_row, stream);
-    case 8: return launch<uint64_t>(p, batch, m, from_row, stream);
-    default: return cudaErrorInvalidValue;
+    case 2:
+      return launch<uint16_t>(p, batch, m, from_row, stream);
+    case 4:
+      return launch<uint32_t>(p, batch, m, from_row, stream);
+    case 8:
+      return launch<uint64_t>(p, batch, m, from_row, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

@@ -35,9 +35,10 @@ std::string byte_decode(std::span<const Id> ids) {
     } else if (id == ByteTokenizer::kEndOfText) {
       out += "<|endoftext|>";
     } else {
-      throw DataError(fmt::format("token id {} is outside the byte vocabulary (ids must be < {}: "
-                                  "bytes 0..255 and end-of-text 256)",
-                                  static_cast<uint32_t>(id), ByteTokenizer::kVocabSize));
+      throw DataError(
+          fmt::format("token id {} is outside the byte vocabulary (ids must be < {}: "
+                      "bytes 0..255 and end-of-text 256)",
+                      static_cast<uint32_t>(id), ByteTokenizer::kVocabSize));
     }
   }
   return out;

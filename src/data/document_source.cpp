@@ -44,8 +44,8 @@ struct OutputShards {
 // Checks one named input and appends the files it stands for to `out`; returns the bytes of
 // those files, or -1 if one of them has no known size (stdin, a pipe). Files of `own` found in
 // a folder are skipped and counted in `skipped`.
-int64_t collect_input(const std::string& arg, const OutputShards& own, std::vector<Input>& out,
-                      bool& stdin_used, uint64_t& skipped) {
+int64_t collect_input(const std::string& arg, const OutputShards& own, std::vector<Input>& out, bool& stdin_used,
+                      uint64_t& skipped) {
   if (arg == "-") {
     if (stdin_used) throw DataError("input \"-\" (stdin) is given twice");
     stdin_used = true;
@@ -60,21 +60,22 @@ int64_t collect_input(const std::string& arg, const OutputShards& own, std::vect
   auto check_readable = [](const fs::path& p) {
     // O_NONBLOCK: a FIFO with no writer yet must not block the check.
     int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-      throw DataError(fmt::format("input {}: cannot read: {}", p, detail::errno_text(errno)));
+    if (fd < 0) throw DataError(fmt::format("input {}: cannot read: {}", p, detail::errno_text(errno)));
     ::close(fd);
   };
   if (!S_ISDIR(st.st_mode)) {
     if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) {
-      throw DataError(fmt::format("input {}: {}, not text (give files, folders, FIFOs, or - for "
-                                  "stdin)",
-                                  path, detail::file_type_text(st.st_mode)));
+      throw DataError(
+          fmt::format("input {}: {}, not text (give files, folders, FIFOs, or - for "
+                      "stdin)",
+                      path, detail::file_type_text(st.st_mode)));
     }
     if (own.contains(path)) {
-      throw DataError(fmt::format("input {} is one of the shards of the output folder: prepare "
-                                  "would read its own output as text; name the text files "
-                                  "instead",
-                                  path));
+      throw DataError(
+          fmt::format("input {} is one of the shards of the output folder: prepare "
+                      "would read its own output as text; name the text files "
+                      "instead",
+                      path));
     }
     check_readable(path);
     out.push_back({path, false});
@@ -85,16 +86,14 @@ int64_t collect_input(const std::string& arg, const OutputShards& own, std::vect
   auto it = fs::recursive_directory_iterator(path, ec);
   if (ec) throw DataError(fmt::format("input {}: cannot list the folder: {}", path, ec.message()));
   for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (ec)
-      throw DataError(fmt::format("input {}: cannot list the folder: {}", path, ec.message()));
+    if (ec) throw DataError(fmt::format("input {}: cannot list the folder: {}", path, ec.message()));
     const fs::path& p = it->path();
     if (p.filename().string().starts_with(".")) {
       if (it->is_directory()) it.disable_recursion_pending();
       continue;
     }
     if (it->is_symlink() && !fs::exists(p)) {
-      throw DataError(
-          fmt::format("input {}: broken symbolic link (remove it or fix its target)", p));
+      throw DataError(fmt::format("input {}: broken symbolic link (remove it or fix its target)", p));
     }
     if (!it->is_regular_file()) continue;
     if (own.contains(p)) {
@@ -121,8 +120,8 @@ int64_t collect_input(const std::string& arg, const OutputShards& own, std::vect
 // the end of each input when there is none).
 class InputDocuments : public DocumentSource {
  public:
-  InputDocuments(std::vector<Input> inputs, std::string delimiter, uint64_t total,
-                 uint64_t max_document_bytes, uint64_t skipped)
+  InputDocuments(std::vector<Input> inputs, std::string delimiter, uint64_t total, uint64_t max_document_bytes,
+                 uint64_t skipped)
       : inputs_(std::move(inputs)),
         delimiter_(std::move(delimiter)),
         total_(total),
@@ -142,16 +141,14 @@ class InputDocuments : public DocumentSource {
           return true;
         }
         // The delimiter may straddle the next read: search again from its possible start.
-        search_from_ =
-            std::max(doc_start_, buffer_.size() - std::min(buffer_.size(), delimiter_.size() - 1));
+        search_from_ = std::max(doc_start_, buffer_.size() - std::min(buffer_.size(), delimiter_.size() - 1));
       }
       if (buffer_.size() - doc_start_ > max_document_bytes_) {
         throw DataError(fmt::format(
             "input {}: a document longer than {} bytes ({}); the tokenizer needs a whole "
             "document in memory: split the input with --delimiter, or check that it is text",
             inputs_[next_input_ - 1].label(), max_document_bytes_,
-            delimiter_.empty() ? "one file is one document without --delimiter"
-                               : "no delimiter found in that span"));
+            delimiter_.empty() ? "one file is one document without --delimiter" : "no delimiter found in that span"));
       }
       if (read_block()) continue;
       doc.assign(buffer_, doc_start_, std::string::npos);  // end of this input
@@ -169,8 +166,7 @@ class InputDocuments : public DocumentSource {
     const Input& in = inputs_[next_input_++];
     fd_ = in.is_stdin ? ::dup(STDIN_FILENO) : ::open(in.path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) {
-      throw DataError(
-          fmt::format("input {}: cannot open: {}", in.label(), detail::errno_text(errno)));
+      throw DataError(fmt::format("input {}: cannot open: {}", in.label(), detail::errno_text(errno)));
     }
     buffer_.clear();
     doc_start_ = search_from_ = 0;
@@ -193,8 +189,8 @@ class InputDocuments : public DocumentSource {
     if (n < 0) {
       int err = errno;
       buffer_.resize(old);
-      throw DataError(fmt::format("input {}: read failed: {}", inputs_[next_input_ - 1].label(),
-                                  detail::errno_text(err)));
+      throw DataError(
+          fmt::format("input {}: read failed: {}", inputs_[next_input_ - 1].label(), detail::errno_text(err)));
     }
     buffer_.resize(old + static_cast<size_t>(n));
     bytes_read_ += static_cast<uint64_t>(n);
@@ -239,9 +235,8 @@ std::unique_ptr<DocumentSource> document_source_open(const std::vector<std::stri
     else
       total += static_cast<uint64_t>(bytes);
   }
-  return std::make_unique<InputDocuments>(std::move(files), options.delimiter,
-                                          size_known ? total : 0, options.max_document_bytes,
-                                          skipped);
+  return std::make_unique<InputDocuments>(std::move(files), options.delimiter, size_known ? total : 0,
+                                          options.max_document_bytes, skipped);
 }
 
 std::unique_ptr<DocumentSource> document_source_open(const std::vector<std::string>& inputs,

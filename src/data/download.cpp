@@ -50,8 +50,7 @@ std::string download_default_base_url(const DatasetInfo& dataset) {
 
 std::vector<std::string> download_file_names(const DatasetInfo& dataset, int chunks) {
   if (chunks < 0 || chunks > dataset.train_chunks) {
-    throw DataError(fmt::format("{} has {} train chunks; asked for {}", dataset.name,
-                                dataset.train_chunks, chunks));
+    throw DataError(fmt::format("{} has {} train chunks; asked for {}", dataset.name, dataset.train_chunks, chunks));
   }
   std::vector<std::string> names{shard_name(dataset.file_prefix, "val", 0)};
   for (int i = 1; i <= chunks; ++i) names.push_back(shard_name(dataset.file_prefix, "train", i));
@@ -74,12 +73,11 @@ DownloadResult download_file(const std::string& name, const DownloadOptions& opt
   if (options.max_attempts < 1) {
     throw DataError(fmt::format("max attempts {} must be >= 1", options.max_attempts));
   }
-  if (!(options.deadline_s >= 0) || options.min_speed_bytes_per_s < 0 ||
-      options.stall_timeout_s < 0) {
-    throw DataError(fmt::format("download options: deadline {} s, minimum speed {} B/s and "
-                                "stall time {} s must be >= 0",
-                                options.deadline_s, options.min_speed_bytes_per_s,
-                                options.stall_timeout_s));
+  if (!(options.deadline_s >= 0) || options.min_speed_bytes_per_s < 0 || options.stall_timeout_s < 0) {
+    throw DataError(
+        fmt::format("download options: deadline {} s, minimum speed {} B/s and "
+                    "stall time {} s must be >= 0",
+                    options.deadline_s, options.min_speed_bytes_per_s, options.stall_timeout_s));
   }
   std::string base = options.base_url;
   while (!base.empty() && base.back() == '/') base.pop_back();
@@ -110,8 +108,8 @@ DownloadResult download_file(const std::string& name, const DownloadOptions& opt
   const fs::path validator = options.dir / (name + ".part.validator");
   std::optional<Clock::time_point> deadline;
   if (options.deadline_s > 0) {
-    deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                  std::chrono::duration<double>(options.deadline_s));
+    deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.deadline_s));
   }
   const std::string kept = " (partial file {} kept: run again to resume)";
   result.resumed_from = file_size_or_zero(part);
@@ -150,8 +148,8 @@ DownloadResult download_file(const std::string& name, const DownloadOptions& opt
     result.attempts = attempt;
     if (r.outcome == Outcome::DONE) {
       if (::rename(part.c_str(), result.path.c_str()) != 0) {
-        throw DataError(fmt::format("download {}: cannot rename {} into place: {}", name, part,
-                                    detail::errno_text(errno)));
+        throw DataError(
+            fmt::format("download {}: cannot rename {} into place: {}", name, part, detail::errno_text(errno)));
       }
       ::unlink(validator.c_str());
       result.bytes = file_size_or_zero(result.path);
@@ -167,10 +165,10 @@ DownloadResult download_file(const std::string& name, const DownloadOptions& opt
     auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(std::min(backoff, options.backoff_max_s)));
     if (deadline && until >= *deadline) {
-      throw DataError(fmt::format("download {} from {}: the deadline of {:g} s for this file "
-                                  "passes before the next attempt; last error: {}{}",
-                                  name, url, options.deadline_s, last_error,
-                                  fs::exists(part) ? fmt::format(fmt::runtime(kept), part) : ""));
+      throw DataError(fmt::format(
+          "download {} from {}: the deadline of {:g} s for this file "
+          "passes before the next attempt; last error: {}{}",
+          name, url, options.deadline_s, last_error, fs::exists(part) ? fmt::format(fmt::runtime(kept), part) : ""));
     }
     while (Clock::now() < until) {
       if (options.should_stop && options.should_stop()) {
@@ -183,8 +181,8 @@ DownloadResult download_file(const std::string& name, const DownloadOptions& opt
     }
     backoff *= 2;
   }
-  throw DataError(fmt::format("download {} from {}: gave up after {} attempts; last error: {}.{}",
-                              name, url, options.max_attempts, last_error,
+  throw DataError(fmt::format("download {} from {}: gave up after {} attempts; last error: {}.{}", name, url,
+                              options.max_attempts, last_error,
                               fs::exists(part) ? fmt::format(" The partial file {} is kept: run "
                                                              "again to resume.",
                                                              part)

@@ -117,9 +117,8 @@ bool write_body(Attempt* a, const char* data, size_t n) {
   }
   a->written += static_cast<int64_t>(take);
   if (take < n) {
-    a->bad_content = fmt::format(
-        "the server sent more than the {} bytes {}", limit,
-        a->expected >= 0 ? "its shard header allows (1024 + 2 x count)" : "a shard can have");
+    a->bad_content = fmt::format("the server sent more than the {} bytes {}", limit,
+                                 a->expected >= 0 ? "its shard header allows (1024 + 2 x count)" : "a shard can have");
     return false;
   }
   return true;
@@ -155,8 +154,7 @@ size_t on_body(char* data, size_t size, size_t count, void* user) {
     if (a->status == 200 || a->status == 206) {
       a->fd = ::open(a->part.c_str(), flags, 0644);
       if (a->fd < 0) {
-        a->local_error =
-            fmt::format("cannot open {} for writing: {}", a->part, detail::errno_text(errno));
+        a->local_error = fmt::format("cannot open {} for writing: {}", a->part, detail::errno_text(errno));
         return 0;
       }
     }
@@ -186,8 +184,7 @@ int on_progress(void* user, curl_off_t dltotal, curl_off_t dlnow, curl_off_t, cu
 std::string no_proxy_list() {
   std::string list = "127.0.0.1,localhost,::1";
   for (const char* var : {"no_proxy", "NO_PROXY"}) {
-    if (const char* v = std::getenv(var); v != nullptr && *v != '\0')
-      list = std::string(v) + "," + list;
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') list = std::string(v) + "," + list;
   }
   return list;
 }
@@ -250,8 +247,7 @@ int64_t file_size_or_zero(const fs::path& p) {
   return ::stat(p.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
 }
 
-AttemptResult run_attempt(Attempt& a, const std::string& url,
-                          std::optional<Clock::time_point> deadline) {
+AttemptResult run_attempt(Attempt& a, const std::string& url, std::optional<Clock::time_point> deadline) {
   CURL* curl = curl_easy_init();
   if (curl == nullptr) return {Outcome::FAIL, "libcurl could not create a handle"};
   a.curl = curl;
@@ -353,8 +349,7 @@ AttemptResult run_attempt(Attempt& a, const std::string& url,
                                          "rerun resumes the partial file (--deadline sets it)",
                                          a.options->deadline_s, what)};
     }
-    const bool fatal = rc == CURLE_URL_MALFORMAT || rc == CURLE_UNSUPPORTED_PROTOCOL ||
-                       rc == CURLE_FAILED_INIT;
+    const bool fatal = rc == CURLE_URL_MALFORMAT || rc == CURLE_UNSUPPORTED_PROTOCOL || rc == CURLE_FAILED_INIT;
     return {fatal ? Outcome::FAIL : Outcome::RETRY, what};
   }
   if (status == 200 && !a.decided) {  // an empty body

@@ -26,8 +26,8 @@ struct Attempt {
   CURL* curl = nullptr;
   std::filesystem::path part, validator_path;
   std::string name;
-  int64_t offset = 0;          // bytes already in .part when the attempt started (asked via Range)
-  std::string if_range;        // the validator sent with If-Range ("" = none)
+  int64_t offset = 0;    // bytes already in .part when the attempt started (asked via Range)
+  std::string if_range;  // the validator sent with If-Range ("" = none)
   bool if_range_is_etag = false;
   int number = 1;
   const DownloadOptions* options = nullptr;
@@ -39,15 +39,15 @@ struct Attempt {
   std::string etag, last_modified;             // of the last response
   size_t header_bytes = 0;                     // of the last response
   bool header_too_big = false;
-  std::string error_body;                      // start of a non-2xx body, for the message
-  std::string local_error;                     // a write failure (not retried)
-  std::string bad_content;                     // the body is not the shard it must be (fail)
-  bool range_mismatch = false;                 // 206 for another range than we asked
-  bool validator_mismatch = false;             // 206 whose ETag is not the .part's
+  std::string error_body;           // start of a non-2xx body, for the message
+  std::string local_error;          // a write failure (not retried)
+  std::string bad_content;          // the body is not the shard it must be (fail)
+  bool range_mismatch = false;      // 206 for another range than we asked
+  bool validator_mismatch = false;  // 206 whose ETag is not the .part's
   bool stopped = false;
-  int64_t written = 0;      // bytes of the file in .part (offset + this attempt's)
-  std::string head;         // the file's first bytes, up to the 1024-byte header
-  int64_t expected = -1;    // 1024 + 2*count once the header is known
+  int64_t written = 0;    // bytes of the file in .part (offset + this attempt's)
+  std::string head;       // the file's first bytes, up to the 1024-byte header
+  int64_t expected = -1;  // 1024 + 2*count once the header is known
   char curl_error[CURL_ERROR_SIZE] = {0};
 };
 

@@ -42,8 +42,7 @@ int file_open_regular(const std::filesystem::path& path, std::string_view what, 
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw DataError(fmt::format("{} {}: not a regular file (it is {})", what, path,
-                                file_type_text(st.st_mode)));
+    throw DataError(fmt::format("{} {}: not a regular file (it is {})", what, path, file_type_text(st.st_mode)));
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
@@ -114,8 +113,9 @@ std::string write_error_text(const std::filesystem::path& path, int err) {
   std::string hint;
   if (err == ENOSPC || err == EDQUOT) hint = " (the disk or your quota is full: free space)";
   if (err == EFBIG) {
-    hint = " (the file would pass the file size limit: see `ulimit -f`, or use a smaller "
-           "--shard-size)";
+    hint =
+        " (the file would pass the file size limit: see `ulimit -f`, or use a smaller "
+        "--shard-size)";
   }
   return fmt::format("{}: write failed: {}{}", path, errno_text(err), hint);
 }

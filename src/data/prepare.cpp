@@ -38,12 +38,8 @@ struct Stream {
 
 class ShardCutter {
  public:
-  ShardCutter(detail::ShardSetWriter& staged, int64_t shard_size, ShardTokenizer tokenizer,
-              PrepareResult& result)
-      : staged_(staged),
-        shard_size_(static_cast<size_t>(shard_size)),
-        tokenizer_(tokenizer),
-        result_(result) {}
+  ShardCutter(detail::ShardSetWriter& staged, int64_t shard_size, ShardTokenizer tokenizer, PrepareResult& result)
+      : staged_(staged), shard_size_(static_cast<size_t>(shard_size)), tokenizer_(tokenizer), result_(result) {}
 
   void append(Stream& s, std::span<const uint16_t> tokens) {
     while (!tokens.empty()) {
@@ -82,8 +78,8 @@ struct BatchPart {
 };
 
 // `tok` null: the byte tokenizer.
-void tokenize_range(Gpt2Tokenizer* tok, std::span<const std::string> docs,
-                    const std::function<bool()>& should_stop, BatchPart& part) {
+void tokenize_range(Gpt2Tokenizer* tok, std::span<const std::string> docs, const std::function<bool()>& should_stop,
+                    BatchPart& part) {
   try {
     std::vector<uint32_t> ids;
     part.tokens.clear();
@@ -127,20 +123,17 @@ constexpr const char* kInterrupted =
 namespace {
 
 // `tokenizer` null: bytes.
-PrepareResult prepare_impl(const Gpt2Tokenizer* tokenizer, DocumentSource& source,
-                           const PrepareOptions& options) {
+PrepareResult prepare_impl(const Gpt2Tokenizer* tokenizer, DocumentSource& source, const PrepareOptions& options) {
   if (options.shard_size < 1 || options.shard_size > kShardMaxTokens) {
-    throw DataError(fmt::format("shard size {} is out of range: use 1 .. {} tokens",
-                                options.shard_size, kShardMaxTokens));
+    throw DataError(
+        fmt::format("shard size {} is out of range: use 1 .. {} tokens", options.shard_size, kShardMaxTokens));
   }
   if (std::isnan(options.val_fraction) || options.val_fraction >= 1.0) {
-    throw DataError(fmt::format("val fraction {} is out of range: use a value in [0, 1)",
-                                options.val_fraction));
+    throw DataError(fmt::format("val fraction {} is out of range: use a value in [0, 1)", options.val_fraction));
   }
   if (options.threads < 1) throw DataError(fmt::format("threads {} must be >= 1", options.threads));
   if (options.prefix.empty() || options.prefix.find('/') != std::string::npos) {
-    throw DataError(fmt::format("prefix \"{}\" must be a non-empty file name part without '/'",
-                                options.prefix));
+    throw DataError(fmt::format("prefix \"{}\" must be a non-empty file name part without '/'", options.prefix));
   }
   std::error_code ec;
   fs::create_directories(options.output_dir, ec);
@@ -174,9 +167,7 @@ PrepareResult prepare_impl(const Gpt2Tokenizer* tokenizer, DocumentSource& sourc
   std::vector<BatchPart> parts(tokenizers.size());
   std::vector<std::string> docs;
   const auto start = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   constexpr size_t kBatchBytes = 8 << 20;  // per thread
   uint64_t routed_to_val = 0;
 
@@ -204,14 +195,12 @@ PrepareResult prepare_impl(const Gpt2Tokenizer* tokenizer, DocumentSource& sourc
     for (size_t t = 0; t < tokenizers.size(); ++t) {
       size_t end = begin;
       const size_t target = batch_bytes * (t + 1) / tokenizers.size();
-      while (end < ndocs && (acc < target || t + 1 == tokenizers.size()))
-        acc += batch[end++].size();
+      while (end < ndocs && (acc < target || t + 1 == tokenizers.size())) acc += batch[end++].size();
       const auto range = batch.subspan(begin, end - begin);
       if (t + 1 == tokenizers.size()) {
         tokenize_range(tok_at(t), range, options.should_stop, parts[t]);
       } else {
-        threads.emplace_back(tokenize_range, tok_at(t), range,
-                             std::cref(options.should_stop), std::ref(parts[t]));
+        threads.emplace_back(tokenize_range, tok_at(t), range, std::cref(options.should_stop), std::ref(parts[t]));
       }
       begin = end;
     }
@@ -241,8 +230,8 @@ PrepareResult prepare_impl(const Gpt2Tokenizer* tokenizer, DocumentSource& sourc
       part.doc_ends.clear();
     }
     if (options.on_progress) {
-      options.on_progress({source.bytes_read(), source.bytes_total(), result.documents,
-                           result.tokens, static_cast<int64_t>(result.shards.size()), elapsed()});
+      options.on_progress({source.bytes_read(), source.bytes_total(), result.documents, result.tokens,
+                           static_cast<int64_t>(result.shards.size()), elapsed()});
     }
   }
   if (result.documents == 0) {
@@ -256,17 +245,15 @@ PrepareResult prepare_impl(const Gpt2Tokenizer* tokenizer, DocumentSource& sourc
   result.seconds = elapsed();
   result.recovered = staged.recovered();
   if (options.on_progress) {
-    options.on_progress({source.bytes_read(), source.bytes_total(), result.documents,
-                         result.tokens, static_cast<int64_t>(result.shards.size()), result.seconds,
-                         true});
+    options.on_progress({source.bytes_read(), source.bytes_total(), result.documents, result.tokens,
+                         static_cast<int64_t>(result.shards.size()), result.seconds, true});
   }
   return result;
 }
 
 }  // namespace
 
-PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& source,
-                             const PrepareOptions& options) {
+PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& source, const PrepareOptions& options) {
   return prepare_impl(&tokenizer, source, options);
 }
 

@@ -58,12 +58,12 @@ ShardHeader read_header(int fd, const struct stat& st, const std::filesystem::pa
 
 }  // namespace
 
-ShardHeader shard_parse_header(std::string_view bytes, int64_t file_bytes,
-                               const std::filesystem::path& path) {
+ShardHeader shard_parse_header(std::string_view bytes, int64_t file_bytes, const std::filesystem::path& path) {
   if (bytes.size() < kShardHeaderBytes) {
-    throw DataError(fmt::format("shard {}: truncated: {} bytes, shorter than the {}-byte header "
-                                "(an interrupted write or download); {}",
-                                path, bytes.size(), kShardHeaderBytes, kRedo));
+    throw DataError(
+        fmt::format("shard {}: truncated: {} bytes, shorter than the {}-byte header "
+                    "(an interrupted write or download); {}",
+                    path, bytes.size(), kShardHeaderBytes, kRedo));
   }
   auto int_at = [&](size_t i) {
     int32_t v;
@@ -89,14 +89,14 @@ ShardHeader shard_parse_header(std::string_view bytes, int64_t file_bytes,
                     path, h.version, kShardVersion));
   }
   if (h.token_count < 0) {
-    throw DataError(fmt::format("shard {}: corrupt header: negative token count {}; {}", path,
-                                h.token_count, kRedo));
+    throw DataError(fmt::format("shard {}: corrupt header: negative token count {}; {}", path, h.token_count, kRedo));
   }
   if (tokenizer != static_cast<int32_t>(ShardTokenizer::GPT2) &&
       tokenizer != static_cast<int32_t>(ShardTokenizer::BYTES)) {
-    throw DataError(fmt::format("shard {}: unknown tokenizer {} in header slot [3] (known: 0 = "
-                                "gpt2, 1 = bytes): written by a newer dion-data, or corrupt; {}",
-                                path, tokenizer, kRedo));
+    throw DataError(
+        fmt::format("shard {}: unknown tokenizer {} in header slot [3] (known: 0 = "
+                    "gpt2, 1 = bytes): written by a newer dion-data, or corrupt; {}",
+                    path, tokenizer, kRedo));
   }
   h.tokenizer = static_cast<ShardTokenizer>(tokenizer);
   const int64_t expected = shard_file_bytes(h.token_count);
@@ -146,19 +146,19 @@ ShardFile ShardFile::open(const std::filesystem::path& path) {
         throw DataError(fmt::format("shard {}: read failed: {}", path, detail::errno_text(errno)));
       }
       if (n == 0) {
-        throw DataError(fmt::format(
-            "shard {}: the file shrank to {} bytes while it was read (another program is "
-            "writing or replacing it?); read it again once that is done",
-            path, kShardHeaderBytes + done));
+        throw DataError(
+            fmt::format("shard {}: the file shrank to {} bytes while it was read (another program is "
+                        "writing or replacing it?); read it again once that is done",
+                        path, kShardHeaderBytes + done));
       }
       done += static_cast<size_t>(n);
     }
     struct stat after {};
     if (::fstat(fd, &after) == 0 && after.st_size != st.st_size) {
-      throw DataError(fmt::format(
-          "shard {}: the file changed size ({} -> {} bytes) while it was read (another "
-          "program is writing or replacing it?); read it again once that is done",
-          path, st.st_size, after.st_size));
+      throw DataError(
+          fmt::format("shard {}: the file changed size ({} -> {} bytes) while it was read (another "
+                      "program is writing or replacing it?); read it again once that is done",
+                      path, st.st_size, after.st_size));
     }
   } catch (...) {
     ::close(fd);
@@ -177,18 +177,17 @@ std::span<const uint16_t> ShardFile::tokens() const {
   return {tokens_.get(), static_cast<size_t>(header_.token_count)};
 }
 
-const char* shard_tokenizer_name(ShardTokenizer t) {
-  return t == ShardTokenizer::BYTES ? "bytes" : "gpt2";
-}
+const char* shard_tokenizer_name(ShardTokenizer t) { return t == ShardTokenizer::BYTES ? "bytes" : "gpt2"; }
 
 uint32_t shard_tokenizer_vocab(ShardTokenizer t) { return t == ShardTokenizer::BYTES ? 257 : 50257; }
 
 ShardTokenizer shard_tokenizer_parse(std::string_view name, std::string_view what) {
   if (name == "gpt2") return ShardTokenizer::GPT2;
   if (name == "byte" || name == "bytes") return ShardTokenizer::BYTES;
-  throw DataError(fmt::format("{}: unknown tokenizer \"{}\"; valid: gpt2 (GPT-2 BPE, 50257 ids) "
-                              "or byte (each byte one id, 257 ids with end-of-text)",
-                              what, name));
+  throw DataError(
+      fmt::format("{}: unknown tokenizer \"{}\"; valid: gpt2 (GPT-2 BPE, 50257 ids) "
+                  "or byte (each byte one id, 257 ids with end-of-text)",
+                  what, name));
 }
 
 void shard_check_tokens(const ShardFile& shard, uint32_t vocab_size) {
@@ -206,8 +205,7 @@ void shard_check_tokens(const ShardFile& shard, uint32_t vocab_size) {
 
 // ---------------------------------------------------------------------------- writing
 
-std::filesystem::path shard_write_temp(const std::filesystem::path& path,
-                                       std::span<const uint16_t> tokens,
+std::filesystem::path shard_write_temp(const std::filesystem::path& path, std::span<const uint16_t> tokens,
                                        ShardTokenizer tokenizer) {
   if (tokens.size() > static_cast<size_t>(kShardMaxTokens)) {
     throw DataError(
@@ -239,8 +237,7 @@ std::filesystem::path shard_write_temp(const std::filesystem::path& path,
   return tmp;
 }
 
-void shard_write(const std::filesystem::path& path, std::span<const uint16_t> tokens,
-                 ShardTokenizer tokenizer) {
+void shard_write(const std::filesystem::path& path, std::span<const uint16_t> tokens, ShardTokenizer tokenizer) {
   const std::filesystem::path tmp = shard_write_temp(path, tokens, tokenizer);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;

@@ -48,36 +48,36 @@ ShardFolder shard_folder_read(const fs::path& dir, std::string_view prefix_view)
       const std::string head = prefix + "_" + split + "_";
       if (!name.starts_with(head) || !name.ends_with(".bin")) continue;
       if (!detail::is_shard_name(name, prefix)) {
-        throw DataError(fmt::format("folder {}: {} is not a shard name ({}_{}_NNNNNN.bin, six or "
-                                    "more digits); {}",
-                                    dir, name, prefix, split, hint));
+        throw DataError(
+            fmt::format("folder {}: {} is not a shard name ({}_{}_NNNNNN.bin, six or "
+                        "more digits); {}",
+                        dir, name, prefix, split, hint));
       }
       found.push_back({shard_number(name, head.size()), split, entry.path()});
     }
   }
   if (ec) throw DataError(fmt::format("folder {}: cannot list it: {}", dir, ec.message()));
-  std::sort(found.begin(), found.end(),
-            [](const Named& a, const Named& b) {  // by number, then name: messages do not
-              return a.number != b.number ? a.number < b.number   // depend on the listing order
-                                          : a.path.filename() < b.path.filename();
-            });
+  std::sort(found.begin(), found.end(), [](const Named& a, const Named& b) {  // by number, then name: messages do not
+    return a.number != b.number ? a.number < b.number                         // depend on the listing order
+                                : a.path.filename() < b.path.filename();
+  });
 
   for (size_t i = 0; i < found.size(); ++i) {
     const int64_t want = static_cast<int64_t>(i);
     if (i > 0 && found[i].number == found[i - 1].number) {
-      throw DataError(fmt::format("folder {}: {} and {} have the same shard number {}: shards "
-                                  "of two sets are mixed; {}",
-                                  dir, found[i - 1].path.filename().string(), found[i].path.filename().string(),
-                                  found[i].number, hint));
+      throw DataError(fmt::format(
+          "folder {}: {} and {} have the same shard number {}: shards "
+          "of two sets are mixed; {}",
+          dir, found[i - 1].path.filename().string(), found[i].path.filename().string(), found[i].number, hint));
     }
     if (found[i].number != want) {
-      throw DataError(fmt::format(
-          "folder {}: no shard number {} ({}, {}); the set jumps to {}: a shard is missing, or "
-          "shards of two sets are mixed; {}",
-          dir, want, shard_name(prefix, "*", want),
-          i == 0 ? std::string("the set must start at 0")
-                 : fmt::format("it would come after {}", found[i - 1].path.filename().string()),
-          found[i].path.filename().string(), hint));
+      throw DataError(
+          fmt::format("folder {}: no shard number {} ({}, {}); the set jumps to {}: a shard is missing, or "
+                      "shards of two sets are mixed; {}",
+                      dir, want, shard_name(prefix, "*", want),
+                      i == 0 ? std::string("the set must start at 0")
+                             : fmt::format("it would come after {}", found[i - 1].path.filename().string()),
+                      found[i].path.filename().string(), hint));
     }
   }
 
@@ -93,11 +93,11 @@ ShardFolder shard_folder_read(const fs::path& dir, std::string_view prefix_view)
     for (const ShardFolderEntry& s : *split) {
       if (first_any == nullptr) first_any = &s;
       if (s.header.tokenizer != first_any->header.tokenizer) {
-        throw DataError(fmt::format(
-            "folder {}: {} holds {} tokens but {} holds {} tokens (header slot [3]): a set has "
-            "one tokenizer, so these come from two sets; {}",
-            dir, first_any->path.filename().string(), shard_tokenizer_name(first_any->header.tokenizer),
-            s.path.filename().string(), shard_tokenizer_name(s.header.tokenizer), hint));
+        throw DataError(
+            fmt::format("folder {}: {} holds {} tokens but {} holds {} tokens (header slot [3]): a set has "
+                        "one tokenizer, so these come from two sets; {}",
+                        dir, first_any->path.filename().string(), shard_tokenizer_name(first_any->header.tokenizer),
+                        s.path.filename().string(), shard_tokenizer_name(s.header.tokenizer), hint));
       }
     }
   }
@@ -108,16 +108,15 @@ ShardFolder shard_folder_read(const fs::path& dir, std::string_view prefix_view)
     for (size_t i = 1; i < split->size(); ++i) {
       const ShardFolderEntry& s = (*split)[i];
       const bool last = i + 1 == split->size();
-      if (last ? s.header.token_count <= first.header.token_count
-               : s.header.token_count == first.header.token_count) {
+      if (last ? s.header.token_count <= first.header.token_count : s.header.token_count == first.header.token_count) {
         continue;
       }
-      throw DataError(fmt::format(
-          "folder {}: {} holds {} tokens but {} holds {}: in one set every shard of a split but "
-          "the last holds the same number of tokens (--shard-size) and the last no more, so "
-          "these come from two sets; {}",
-          dir, first.path.filename().string(), first.header.token_count, s.path.filename().string(),
-          s.header.token_count, hint));
+      throw DataError(
+          fmt::format("folder {}: {} holds {} tokens but {} holds {}: in one set every shard of a split but "
+                      "the last holds the same number of tokens (--shard-size) and the last no more, so "
+                      "these come from two sets; {}",
+                      dir, first.path.filename().string(), first.header.token_count, s.path.filename().string(),
+                      s.header.token_count, hint));
     }
   }
   return out;

@@ -56,8 +56,7 @@ bool is_shard_name(const std::string& name, const std::string& prefix) {
   return false;
 }
 
-ShardSetWriter::ShardSetWriter(fs::path dir, std::string prefix)
-    : dir_(std::move(dir)), prefix_(std::move(prefix)) {
+ShardSetWriter::ShardSetWriter(fs::path dir, std::string prefix) : dir_(std::move(dir)), prefix_(std::move(prefix)) {
   const std::string base = "." + prefix_ + ".dion-prepare";
   staging_ = dir_ / (base + ".staging");
   journal_ = dir_ / (base + ".journal");
@@ -69,8 +68,8 @@ ShardSetWriter::ShardSetWriter(fs::path dir, std::string prefix)
   for (int tries = 0;; ++tries) {
     int fd = ::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
-      throw DataError(fmt::format("output folder {}: cannot create the lock file {}: {}", dir_,
-                                  lock_path_.filename(), errno_text(errno)));
+      throw DataError(fmt::format("output folder {}: cannot create the lock file {}: {}", dir_, lock_path_.filename(),
+                                  errno_text(errno)));
     }
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
@@ -79,31 +78,33 @@ ShardSetWriter::ShardSetWriter(fs::path dir, std::string prefix)
         char buf[512];
         const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
         holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("unknown");
-        while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\r'))
-          holder.pop_back();
+        while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\r')) holder.pop_back();
       }
       ::close(fd);
       if (err == EWOULDBLOCK) {
-        throw DataError(fmt::format(
-            "output folder {} is being written by another dion-data prepare with prefix "
-            "\"{}\" ({}): wait for it to finish, or choose another folder or --prefix",
-            dir_, prefix_, holder));
+        throw DataError(
+            fmt::format("output folder {} is being written by another dion-data prepare with prefix "
+                        "\"{}\" ({}): wait for it to finish, or choose another folder or --prefix",
+                        dir_, prefix_, holder));
       }
-      throw DataError(fmt::format("output folder {}: cannot lock {}: {} (a file system without "
-                                  "flock? write the shards to a local folder)",
-                                  dir_, lock_path_.filename(), errno_text(err)));
+      throw DataError(
+          fmt::format("output folder {}: cannot lock {}: {} (a file system without "
+                      "flock? write the shards to a local folder)",
+                      dir_, lock_path_.filename(), errno_text(err)));
     }
-    struct stat by_fd {}, by_path {};
-    if (::fstat(fd, &by_fd) == 0 && ::stat(lock_path_.c_str(), &by_path) == 0 &&
-        by_fd.st_ino == by_path.st_ino && by_fd.st_dev == by_path.st_dev) {
+    struct stat by_fd {
+    }, by_path{};
+    if (::fstat(fd, &by_fd) == 0 && ::stat(lock_path_.c_str(), &by_path) == 0 && by_fd.st_ino == by_path.st_ino &&
+        by_fd.st_dev == by_path.st_dev) {
       lock_fd_ = fd;
       break;
     }
     ::close(fd);
     if (tries > 100) {
-      throw DataError(fmt::format("output folder {}: cannot take the lock {} (it keeps being "
-                                  "replaced)",
-                                  dir_, lock_path_.filename()));
+      throw DataError(
+          fmt::format("output folder {}: cannot take the lock {} (it keeps being "
+                      "replaced)",
+                      dir_, lock_path_.filename()));
     }
   }
   try {
@@ -170,24 +171,27 @@ void ShardSetWriter::recover() {
       }
     }
     if (!magic_ok) {
-      throw DataError(fmt::format("output folder {}: the journal {} of an interrupted prepare is "
-                                  "damaged; remove it and the folder {}, check the shards, and "
-                                  "run again",
-                                  dir_, journal_.filename(), staging_.filename()));
+      throw DataError(
+          fmt::format("output folder {}: the journal {} of an interrupted prepare is "
+                      "damaged; remove it and the folder {}, check the shards, and "
+                      "run again",
+                      dir_, journal_.filename(), staging_.filename()));
     }
     for (const std::string& name : fresh) {
       const fs::path staged = staging_ / name;
       if (fs::exists(staged)) {
         if (::rename(staged.c_str(), (dir_ / name).c_str()) != 0) {
-          throw DataError(fmt::format("output folder {}: cannot finish the interrupted swap "
-                                      "(rename {}): {}",
-                                      dir_, name, errno_text(errno)));
+          throw DataError(
+              fmt::format("output folder {}: cannot finish the interrupted swap "
+                          "(rename {}): {}",
+                          dir_, name, errno_text(errno)));
         }
       } else if (!fs::exists(dir_ / name)) {
-        throw DataError(fmt::format("output folder {}: cannot finish the interrupted swap: the "
-                                    "new shard {} is neither staged nor in place; delete the "
-                                    "{} shards and prepare them again",
-                                    dir_, name, prefix_));
+        throw DataError(
+            fmt::format("output folder {}: cannot finish the interrupted swap: the "
+                        "new shard {} is neither staged nor in place; delete the "
+                        "{} shards and prepare them again",
+                        dir_, name, prefix_));
       }
     }
     const std::set<std::string> keep(fresh.begin(), fresh.end());
@@ -205,8 +209,9 @@ void ShardSetWriter::recover() {
   } else if (fs::exists(staging_)) {
     // Interrupted before the commit point: the old set is intact; drop the staged one.
     fs::remove_all(staging_, ec);
-    recovered_ = "removed the staged shards of an interrupted earlier run (the old set was "
-                 "never touched)";
+    recovered_ =
+        "removed the staged shards of an interrupted earlier run (the old set was "
+        "never touched)";
   }
   // Temporaries of an interrupted shard write (older versions staged them in DIR itself).
   size_t stray = 0;
@@ -224,14 +229,14 @@ void ShardSetWriter::recover() {
   }
 }
 
-fs::path ShardSetWriter::add(const std::string& split, int64_t index,
-                             std::span<const uint16_t> tokens, ShardTokenizer tokenizer) {
+fs::path ShardSetWriter::add(const std::string& split, int64_t index, std::span<const uint16_t> tokens,
+                             ShardTokenizer tokenizer) {
   if (staged_.empty()) {
     std::error_code ec;
     fs::create_directory(staging_, ec);
     if (ec) {
-      throw DataError(fmt::format("output folder {}: cannot create the staging folder {}: {}",
-                                  dir_, staging_.filename(), ec.message()));
+      throw DataError(fmt::format("output folder {}: cannot create the staging folder {}: {}", dir_,
+                                  staging_.filename(), ec.message()));
     }
   }
   const std::string name = shard_name(prefix_, split, index);
@@ -244,16 +249,15 @@ fs::path ShardSetWriter::add(const std::string& split, int64_t index,
 void ShardSetWriter::commit(bool replace_existing) {
   const std::vector<fs::path> now = list_shards();
   if (now != existing_) {
-    throw DataError(fmt::format(
-        "output folder {}: its {}_{{val,train}}_*.bin shards changed while prepare ran ({} "
-        "at the start, {} now): another program wrote there, so the set would be mixed. "
-        "Nothing was replaced and the new shards were discarded; check the folder and run "
-        "again",
-        dir_, prefix_, existing_.size(), now.size()));
+    throw DataError(
+        fmt::format("output folder {}: its {}_{{val,train}}_*.bin shards changed while prepare ran ({} "
+                    "at the start, {} now): another program wrote there, so the set would be mixed. "
+                    "Nothing was replaced and the new shards were discarded; check the folder and run "
+                    "again",
+                    dir_, prefix_, existing_.size(), now.size()));
   }
   if (!replace_existing && !existing_.empty()) {
-    throw DataError(fmt::format("output folder {} already has {} shards: pass --overwrite", dir_,
-                                existing_.size()));
+    throw DataError(fmt::format("output folder {} already has {} shards: pass --overwrite", dir_, existing_.size()));
   }
   sync_dir(staging_);
   // The commit point: the journal names the new set and the old one.
@@ -267,8 +271,8 @@ void ShardSetWriter::commit(bool replace_existing) {
     file_sync_close(fd, tmp);
     fd = -1;
     if (::rename(tmp.c_str(), journal_.c_str()) != 0) {
-      throw DataError(fmt::format("output folder {}: cannot write the journal {}: {}", dir_,
-                                  journal_.filename(), errno_text(errno)));
+      throw DataError(fmt::format("output folder {}: cannot write the journal {}: {}", dir_, journal_.filename(),
+                                  errno_text(errno)));
     }
   } catch (...) {
     if (fd >= 0) ::close(fd);
@@ -280,13 +284,12 @@ void ShardSetWriter::commit(bool replace_existing) {
   failpoint("prepare-journal");
 
   // The swap. An error from here on is finished by the next run.
-  const std::string resume =
-      "; the next dion-data prepare on this folder finishes the swap (the journal " +
-      journal_.filename().string() + " says how)";
+  const std::string resume = "; the next dion-data prepare on this folder finishes the swap (the journal " +
+                             journal_.filename().string() + " says how)";
   for (const std::string& name : staged_) {
     if (::rename((staging_ / name).c_str(), (dir_ / name).c_str()) != 0) {
-      throw DataError(fmt::format("output {}: cannot rename the new shard into place: {}{}",
-                                  dir_ / name, errno_text(errno), resume));
+      throw DataError(fmt::format("output {}: cannot rename the new shard into place: {}{}", dir_ / name,
+                                  errno_text(errno), resume));
     }
     failpoint("prepare-swap");
   }
@@ -294,8 +297,7 @@ void ShardSetWriter::commit(bool replace_existing) {
   for (const fs::path& old : existing_) {
     if (keep.contains(old.filename().string())) continue;
     if (::unlink(old.c_str()) != 0 && errno != ENOENT) {
-      throw DataError(fmt::format("output {}: cannot remove the old shard: {}{}", old,
-                                  errno_text(errno), resume));
+      throw DataError(fmt::format("output {}: cannot remove the old shard: {}{}", old, errno_text(errno), resume));
     }
   }
   sync_dir(dir_);

@@ -44,8 +44,7 @@ class ShardSetWriter {
   const std::string& recovered() const { return recovered_; }
 
   // Writes a shard into the staging folder; returns its final path in DIR.
-  std::filesystem::path add(const std::string& split, int64_t index,
-                            std::span<const uint16_t> tokens,
+  std::filesystem::path add(const std::string& split, int64_t index, std::span<const uint16_t> tokens,
                             ShardTokenizer tokenizer = ShardTokenizer::GPT2);
 
   // Swaps the staged set in. `replace_existing`: the old set goes; otherwise there must be

@@ -121,20 +121,17 @@ Gpt2Tokenizer Gpt2Tokenizer::from_files(const std::filesystem::path& encoder_jso
   try {
     enc = nlohmann::json::parse(detail::file_read_all(encoder_json, "GPT-2 encoder.json"));
   } catch (const nlohmann::json::exception& e) {
-    throw DataError(
-        fmt::format("GPT-2 encoder.json {}: not valid JSON: {}{}", encoder_json, e.what(), fix));
+    throw DataError(fmt::format("GPT-2 encoder.json {}: not valid JSON: {}{}", encoder_json, e.what(), fix));
   }
   if (!enc.is_object() || enc.size() != kVocabSize) {
-    throw DataError(fmt::format(
-        "GPT-2 encoder.json {}: expected an object of {} tokens, found {}{}", encoder_json,
-        kVocabSize, enc.is_object() ? std::to_string(enc.size()) : "no object", fix));
+    throw DataError(fmt::format("GPT-2 encoder.json {}: expected an object of {} tokens, found {}{}", encoder_json,
+                                kVocabSize, enc.is_object() ? std::to_string(enc.size()) : "no object", fix));
   }
   vocab->id_to_bytes.assign(kVocabSize, std::string());
   std::vector<bool> seen(kVocabSize, false);
   std::string bytes;
   for (const auto& [text, value] : enc.items()) {
-    if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
-        value.get<int64_t>() >= kVocabSize) {
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() >= kVocabSize) {
       throw DataError(
           fmt::format("GPT-2 encoder.json {}: token \"{}\" has id {}, expected an "
                       "integer in [0, {}){}",
@@ -142,8 +139,7 @@ Gpt2Tokenizer Gpt2Tokenizer::from_files(const std::filesystem::path& encoder_jso
     }
     const auto id = value.get<uint32_t>();
     if (seen[id]) {
-      throw DataError(
-          fmt::format("GPT-2 encoder.json {}: id {} appears twice{}", encoder_json, id, fix));
+      throw DataError(fmt::format("GPT-2 encoder.json {}: id {} appears twice{}", encoder_json, id, fix));
     }
     seen[id] = true;
     if (text == kEndOfTextText) {
@@ -166,8 +162,7 @@ Gpt2Tokenizer Gpt2Tokenizer::from_files(const std::filesystem::path& encoder_jso
     vocab->ranks.emplace(bytes, id);
   }
   if (vocab->ranks.size() != kVocabSize - 1) {
-    throw DataError(
-        fmt::format("GPT-2 encoder.json {}: two tokens have the same bytes{}", encoder_json, fix));
+    throw DataError(fmt::format("GPT-2 encoder.json {}: two tokens have the same bytes{}", encoder_json, fix));
   }
 
   // Ranks 0..255 are the single bytes in tiktoken's order; vocab.bpe line k (after the
@@ -186,8 +181,7 @@ Gpt2Tokenizer Gpt2Tokenizer::from_files(const std::filesystem::path& encoder_jso
   const std::string merges = detail::file_read_all(vocab_bpe, "GPT-2 vocab.bpe");
   size_t line_start = merges.find('\n');
   if (merges.rfind("#version", 0) != 0 || line_start == std::string::npos) {
-    throw DataError(fmt::format("GPT-2 vocab.bpe {}: does not start with a \"#version\" line{}",
-                                vocab_bpe, fix));
+    throw DataError(fmt::format("GPT-2 vocab.bpe {}: does not start with a \"#version\" line{}", vocab_bpe, fix));
   }
   ++line_start;
   uint32_t next_id = 256;
@@ -219,14 +213,14 @@ Gpt2Tokenizer Gpt2Tokenizer::from_files(const std::filesystem::path& encoder_jso
     ++line_no;
   }
   if (next_id != kEndOfText) {
-    throw DataError(fmt::format("GPT-2 vocab.bpe {}: has {} merges, expected {}{}", vocab_bpe,
-                                next_id - 256, kEndOfText - 256, fix));
+    throw DataError(fmt::format("GPT-2 vocab.bpe {}: has {} merges, expected {}{}", vocab_bpe, next_id - 256,
+                                kEndOfText - 256, fix));
   }
 
   int err = 0;
   PCRE2_SIZE err_offset = 0;
-  vocab->regex = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern), PCRE2_ZERO_TERMINATED,
-                               PCRE2_UTF | PCRE2_UCP, &err, &err_offset, nullptr);
+  vocab->regex = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+                               &err, &err_offset, nullptr);
   if (vocab->regex == nullptr) {
     throw DataError(
         fmt::format("tokenizer: the installed PCRE2 cannot compile the GPT-2 pattern "

@@ -94,8 +94,7 @@ void Gpt2Tokenizer::encode_piece(std::string_view piece, std::vector<uint32_t>& 
 
   // Every part is a single byte or the result of a merge, so it is always a token.
   if (n > Workspace::kCacheMaxPieceBytes) {  // rare (long runs): not worth caching
-    for (uint32_t i = 0; i < n; i = next[i])
-      out.push_back(v.ranks.find(piece.substr(i, next[i] - i))->second);
+    for (uint32_t i = 0; i < n; i = next[i]) out.push_back(v.ranks.find(piece.substr(i, next[i] - i))->second);
     return;
   }
   if (w.cache.size() >= Workspace::kCacheMaxEntries) {
@@ -134,13 +133,11 @@ bool Gpt2Tokenizer::encode_ordinary(std::string_view text, std::vector<uint32_t>
       if (should_stop()) return false;
       next_check = pos + kStopCheckBytes;
     }
-    int rc =
-        v.jit ? pcre2_jit_match(v.regex, subject, s.size(), pos, 0, w.match, nullptr)
-              : pcre2_match(v.regex, subject, s.size(), pos, PCRE2_NO_UTF_CHECK, w.match, nullptr);
+    int rc = v.jit ? pcre2_jit_match(v.regex, subject, s.size(), pos, 0, w.match, nullptr)
+                   : pcre2_match(v.regex, subject, s.size(), pos, PCRE2_NO_UTF_CHECK, w.match, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;  // cannot happen: every character matches
     if (rc < 0) {
-      throw DataError(
-          fmt::format("tokenizer: PCRE2 match failed at byte {}: {}", pos, pcre2_error_text(rc)));
+      throw DataError(fmt::format("tokenizer: PCRE2 match failed at byte {}: {}", pos, pcre2_error_text(rc)));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(w.match);
     encode_piece(s.substr(ov[0], ov[1] - ov[0]), out);
@@ -189,11 +186,7 @@ std::string decode_ids(const Gpt2Tokenizer& tok, std::span<const Id> ids) {
 }
 }  // namespace
 
-std::string Gpt2Tokenizer::decode(std::span<const uint32_t> ids) const {
-  return decode_ids(*this, ids);
-}
-std::string Gpt2Tokenizer::decode(std::span<const uint16_t> ids) const {
-  return decode_ids(*this, ids);
-}
+std::string Gpt2Tokenizer::decode(std::span<const uint32_t> ids) const { return decode_ids(*this, ids); }
+std::string Gpt2Tokenizer::decode(std::span<const uint16_t> ids) const { return decode_ids(*this, ids); }
 
 }  // namespace dion::data

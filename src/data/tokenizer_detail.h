@@ -63,8 +63,7 @@ struct Gpt2Tokenizer::Workspace {
   std::vector<std::pair<uint32_t, uint32_t>> heap;  // (rank, start offset), min-heap
   std::string sanitized;
 
-  explicit Workspace(const pcre2_code* regex)
-      : match(pcre2_match_data_create_from_pattern(regex, nullptr)) {
+  explicit Workspace(const pcre2_code* regex) : match(pcre2_match_data_create_from_pattern(regex, nullptr)) {
     if (match == nullptr) throw DataError("tokenizer: out of memory (pcre2 match data)");
   }
   Workspace(const Workspace&) = delete;

@@ -44,7 +44,8 @@ void write_all(int fd, const std::string& text) {
 // A free TCP port on the loopback interface (the kernel picks it; the first rank binds it again).
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error(std::string("cannot open a socket to find a free port: ") + std::strerror(errno));
+  if (fd < 0)
+    throw std::runtime_error(std::string("cannot open a socket to find a free port: ") + std::strerror(errno));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -72,12 +73,18 @@ const char* env_or_null(const char* name) {
 std::vector<std::string> child_environment(int local, const LaunchOptions& o, const std::string& addr, int port) {
   const int nproc = o.nproc, rank = o.node_rank * o.nproc + local, world = o.nnodes * o.nproc;
   const std::vector<std::pair<std::string, std::string>> ours = {
-      {"RANK", std::to_string(rank)},         {"LOCAL_RANK", std::to_string(local)},
-      {"WORLD_SIZE", std::to_string(world)},  {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
-      {"GROUP_RANK", std::to_string(o.node_rank)}, {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
-      {"ROLE_RANK", std::to_string(rank)},    {"ROLE_WORLD_SIZE", std::to_string(world)},
-      {"ROLE_NAME", "default"},               {"MASTER_ADDR", addr},
-      {"MASTER_PORT", std::to_string(port)},  {"TORCHELASTIC_RESTART_COUNT", std::to_string(o.restart_count)},
+      {"RANK", std::to_string(rank)},
+      {"LOCAL_RANK", std::to_string(local)},
+      {"WORLD_SIZE", std::to_string(world)},
+      {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
+      {"GROUP_RANK", std::to_string(o.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
+      {"ROLE_RANK", std::to_string(rank)},
+      {"ROLE_WORLD_SIZE", std::to_string(world)},
+      {"ROLE_NAME", "default"},
+      {"MASTER_ADDR", addr},
+      {"MASTER_PORT", std::to_string(port)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(o.restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)}};
   std::vector<std::string> env;
   for (const auto& [k, v] : ours) env.push_back(k + "=" + v);
@@ -130,7 +137,7 @@ class SignalForwarding {
 
  private:
   int fds_[2] = {-1, -1};
-  struct sigaction old_[std::size(kForwarded)] {};
+  struct sigaction old_[std::size(kForwarded)]{};
 };
 
 // ---------------------------------------------------------------------------- one child
@@ -170,7 +177,8 @@ std::optional<int> take_nproc_flag(std::vector<std::string>& argv) {
     std::string value;
     size_t erase = 0;
     if (argv[i] == "--nproc" || argv[i] == "--nproc_per_node") {  // torchrun's name, an alias
-      if (i + 1 >= argv.size()) throw std::invalid_argument("--nproc: needs a value (the number of processes, 1 to 1024)");
+      if (i + 1 >= argv.size())
+        throw std::invalid_argument("--nproc: needs a value (the number of processes, 1 to 1024)");
       value = argv[i + 1];
       erase = 2;
     } else if (argv[i].rfind("--nproc=", 0) == 0 || argv[i].rfind("--nproc_per_node=", 0) == 0) {
@@ -182,7 +190,8 @@ std::optional<int> take_nproc_flag(std::vector<std::string>& argv) {
     }
     const int v = parse_int(value, 1, 1024);
     if (v < 0)
-      throw std::invalid_argument("--nproc: '" + value + "' is not a number of processes; valid: an integer in [1, 1024]");
+      throw std::invalid_argument("--nproc: '" + value +
+                                  "' is not a number of processes; valid: an integer in [1, 1024]");
     n = v;
     argv.erase(argv.begin() + static_cast<std::ptrdiff_t>(i), argv.begin() + static_cast<std::ptrdiff_t>(i + erase));
   }
@@ -191,7 +200,8 @@ std::optional<int> take_nproc_flag(std::vector<std::string>& argv) {
 
 LaunchResult launch(const LaunchOptions& o) {
   const std::string me = o.nnodes > 1 ? o.name + " node " + std::to_string(o.node_rank) + ": " : o.name + " --nproc: ";
-  if (o.nproc < 1) throw std::runtime_error(me + "the number of processes must be at least 1, got " + std::to_string(o.nproc));
+  if (o.nproc < 1)
+    throw std::runtime_error(me + "the number of processes must be at least 1, got " + std::to_string(o.nproc));
   if (o.argv.empty()) throw std::runtime_error(me + "no command line to run");
   for (const char* var : {"RANK", "WORLD_SIZE"})
     if (env_or_null(var))
@@ -199,20 +209,21 @@ LaunchResult launch(const LaunchOptions& o) {
                                " is set: this process was started by a launcher already (torchrun?); use either "
                                "torchrun or --nproc, not both");
   if (o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes)
-    throw std::runtime_error(me + "node_rank " + std::to_string(o.node_rank) + " is not in [0, nnodes = " +
-                             std::to_string(o.nnodes) + ")");
+    throw std::runtime_error(me + "node_rank " + std::to_string(o.node_rank) +
+                             " is not in [0, nnodes = " + std::to_string(o.nnodes) + ")");
   int port = o.master_port;
   if (port > 0) {
   } else if (const char* p = env_or_null("MASTER_PORT")) {
     port = parse_int(p, 1, 65535);
     if (port < 0)
-      throw std::runtime_error(me + "environment variable MASTER_PORT='" + p + "' is invalid: it must be an integer in [1, 65535]");
+      throw std::runtime_error(me + "environment variable MASTER_PORT='" + p +
+                               "' is invalid: it must be an integer in [1, 65535]");
   } else {
     port = free_port();
   }
   const std::string addr = !o.master_addr.empty()       ? o.master_addr
                            : env_or_null("MASTER_ADDR") ? std::getenv("MASTER_ADDR")
-                                                         : "127.0.0.1";
+                                                        : "127.0.0.1";
 
   // Everything the children need, built before the first fork.
   std::vector<char*> argv;
@@ -278,7 +289,7 @@ LaunchResult launch(const LaunchOptions& o) {
   res.rank_codes.assign(static_cast<size_t>(o.nproc), 0);
 
   using Clock = std::chrono::steady_clock;
-  std::optional<Clock::time_point> kill_at;  // SIGKILL the rest then
+  std::optional<Clock::time_point> kill_at;      // SIGKILL the rest then
   std::optional<Clock::time_point> drain_until;  // all exited: read what is left until then
   int running = o.nproc;
   auto stop_others = [&](int signo, const std::string& why) {
@@ -340,8 +351,10 @@ LaunchResult launch(const LaunchOptions& o) {
         res.first_failed_rank = static_cast<int>(r);
         const std::string how = WIFEXITED(status) ? "exited with code " + std::to_string(code)
                                                   : std::string("was killed by signal ") + strsignal(WTERMSIG(status));
-        stop_others(SIGTERM, "rank " + std::to_string(base + r) + " " + how + "; stopping the other ranks (SIGTERM, then "
-                                 "SIGKILL after " + std::to_string(o.grace.count()) + " ms)");
+        stop_others(SIGTERM, "rank " + std::to_string(base + r) + " " + how +
+                                 "; stopping the other ranks (SIGTERM, then "
+                                 "SIGKILL after " +
+                                 std::to_string(o.grace.count()) + " ms)");
       }
     }
     if (running == 0 && !drain_until) drain_until = Clock::now() + std::chrono::milliseconds(500);
@@ -361,8 +374,10 @@ LaunchResult launch(const LaunchOptions& o) {
       if (s.fd >= 0) ::close(s.fd);
     }
 
-  if (res.signal != 0) res.exit_code = 128 + res.signal;
-  else if (res.first_failed_rank >= 0) res.exit_code = res.rank_codes[static_cast<size_t>(res.first_failed_rank)];
+  if (res.signal != 0)
+    res.exit_code = 128 + res.signal;
+  else if (res.first_failed_rank >= 0)
+    res.exit_code = res.rank_codes[static_cast<size_t>(res.first_failed_rank)];
   return res;
 }
 

@@ -78,8 +78,9 @@ void apply_node_flags(const NodeFlags& f, LaunchOptions& o) {
     throw std::invalid_argument("--node_rank " + std::to_string(o.node_rank) + " is not below --nnodes " +
                                 std::to_string(o.nnodes) + "; valid: 0 to " + std::to_string(o.nnodes - 1));
   if (f.standalone && (o.nnodes > 1 || f.master_addr || f.master_port))
-    throw std::invalid_argument("--standalone is one node on a free local port: not with --nnodes > 1, "
-                                "--master_addr or --master_port");
+    throw std::invalid_argument(
+        "--standalone is one node on a free local port: not with --nnodes > 1, "
+        "--master_addr or --master_port");
   const char* env_addr = std::getenv("MASTER_ADDR");
   if (o.nnodes > 1 && !f.master_addr && !(env_addr && *env_addr))
     throw std::invalid_argument("--nnodes " + std::to_string(o.nnodes) +
@@ -107,10 +108,9 @@ int run_attempts(LaunchOptions o) {
     const LaunchResult r = launch(o);
     if (r.exit_code == 0 || r.signal != 0 || o.max_restarts == 0) return r.exit_code;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const std::string failed = "attempt " + std::to_string(attempt) + " failed after " +
-                               std::to_string(static_cast<int>(secs)) + " s (rank " +
-                               std::to_string(o.node_rank * o.nproc + r.first_failed_rank) + " exit code " +
-                               std::to_string(r.exit_code) + ")";
+    const std::string failed =
+        "attempt " + std::to_string(attempt) + " failed after " + std::to_string(static_cast<int>(secs)) + " s (rank " +
+        std::to_string(o.node_rank * o.nproc + r.first_failed_rank) + " exit code " + std::to_string(r.exit_code) + ")";
     if (r.exit_code == 2) {
       say(o, failed + ": a configuration error, not restarted");
       return r.exit_code;

@@ -30,8 +30,7 @@ struct Isa {
   const char* name;
   uint32_t mask;
 };
-constexpr uint32_t kAvx512CoreBf16 = 0xe7, kAvx512CoreFp16 = 0x1ef, kAvx512CoreAmx = 0xfef,
-                   kAvx512CoreAmxFp16 = 0x1fef;
+constexpr uint32_t kAvx512CoreBf16 = 0xe7, kAvx512CoreFp16 = 0x1ef, kAvx512CoreAmx = 0xfef, kAvx512CoreAmxFp16 = 0x1fef;
 constexpr Isa kIsas[] = {
     {"SSE41", 0x1},
     {"AVX", 0x3},
@@ -54,7 +53,7 @@ constexpr Isa kIsas[] = {
 // The cap oneDNN applies: ONEDNN_MAX_CPU_ISA, else its older name DNNL_MAX_CPU_ISA. Unset,
 // empty, DEFAULT, ALL or a name oneDNN does not know: no cap (oneDNN ignores those too).
 struct IsaCap {
-  std::string text;       // "ONEDNN_MAX_CPU_ISA=AVX2", empty when there is no cap
+  std::string text;  // "ONEDNN_MAX_CPU_ISA=AVX2", empty when there is no cap
   uint32_t mask = ~0u;
 };
 
@@ -99,11 +98,16 @@ const CpuFlags& cpu_flags() {
 
 std::string dtype_short_name(at::ScalarType dt) {
   switch (dt) {
-    case at::kHalf: return "fp16";
-    case at::kBFloat16: return "bf16";
-    case at::kFloat: return "fp32";
-    case at::kDouble: return "fp64";
-    default: return c10::toString(dt);
+    case at::kHalf:
+      return "fp16";
+    case at::kBFloat16:
+      return "bf16";
+    case at::kFloat:
+      return "fp32";
+    case at::kDouble:
+      return "fp64";
+    default:
+      return c10::toString(dt);
   }
 }
 

@@ -32,8 +32,9 @@ bool dion_is_transposed_sharded(int64_t m, int64_t n, int64_t outer_dim, int64_t
 at::Generator dion_sketch_generator(const at::Device& device, uint64_t seed) {
   if (device.is_cpu()) return at::make_generator<at::CPUGeneratorImpl>(seed);
   // CUDA (and other accelerators): a fresh generator of the device's kind, from its hooks.
-  at::Generator gen = at::globalContext().getAcceleratorHooksInterface(device.type()).getNewGenerator(
-      device.has_index() ? device.index() : 0);
+  at::Generator gen = at::globalContext()
+                          .getAcceleratorHooksInterface(device.type())
+                          .getNewGenerator(device.has_index() ? device.index() : 0);
   gen.set_current_seed(seed);
   return gen;
 }
@@ -65,8 +66,8 @@ at::Tensor dion_orthonormalize(const at::Tensor& P, float oversample, std::optio
 
 namespace {
 // X[i] = beta * X[i] + alpha * (A B^T)[i]   (or (B A^T)[i] when transposed)
-void foreach_baddbmm(at::TensorList X, const at::Tensor& A, const at::Tensor& B,
-                     const at::Tensor& alpha, const at::Tensor& beta, bool transpose) {
+void foreach_baddbmm(at::TensorList X, const at::Tensor& A, const at::Tensor& B, const at::Tensor& alpha,
+                     const at::Tensor& beta, bool transpose) {
   at::Tensor update = transpose ? at::matmul(B, A.mT()) : at::matmul(A, B.mT());
   std::vector<at::Tensor> parts = update.unbind(0);
   for (size_t i = 0; i < X.size(); ++i) {
@@ -130,16 +131,16 @@ DionBatch dion_power(at::TensorList G, at::TensorList M, at::TensorList Q, int t
 
 at::Tensor dion_R(const DionBatch& b, const at::Tensor& P) { return at::matmul(b.M_batch.mT(), P); }
 
-void dion_step(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList Q, const Rates& r,
-               float mu, float epsilon, float oversample) {
+void dion_step(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList Q, const Rates& r, float mu,
+               float epsilon, float oversample) {
   DionBatch b = dion_power(G, M, Q);
   at::Tensor P = dion_orthonormalize(b.P, oversample);
   at::Tensor R = dion_R(b, P);  // [B, n', r]
   dion_finish(X, M, Q, b, P, R, r, mu, epsilon);
 }
 
-void dion_finish(at::TensorList X, at::TensorList M, at::TensorList Q, const DionBatch& b, at::Tensor P,
-                 at::Tensor R, const Rates& r, float mu, float epsilon, c10::IntArrayRef shape,
+void dion_finish(at::TensorList X, at::TensorList M, at::TensorList Q, const DionBatch& b, at::Tensor P, at::Tensor R,
+                 const Rates& r, float mu, float epsilon, c10::IntArrayRef shape,
                  const std::function<void(at::Tensor&)>& sum_columns) {
   RECORD_USER_SCOPE("dion::dion_finish");
   const int64_t m = shape.empty() ? X[0].size(0) : shape[0], n = shape.empty() ? X[0].size(1) : shape[1];

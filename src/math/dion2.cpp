@@ -36,9 +36,8 @@ at::Tensor expand_index(const at::Tensor& idx, const at::Tensor& like, int64_t s
 }
 }  // namespace
 
-Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float ef_decay,
-                    int64_t select_dim, at::ScalarType comm_dtype, int64_t k_override,
-                    const std::function<void(at::Tensor&)>& sum_norms) {
+Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float ef_decay, int64_t select_dim,
+                    at::ScalarType comm_dtype, int64_t k_override, const std::function<void(at::Tensor&)>& sum_norms) {
   TORCH_CHECK(select_dim == -2 || select_dim == -1, "dion2: select_dim must be -2 or -1");
   RECORD_USER_SCOPE("dion::dion2_pre");
   Selection out;
@@ -60,7 +59,7 @@ Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float e
     for (int64_t i = 0; i < N; ++i) cpu::accumulate_l1_norms_(M[i], G[i], norms[i], select_dim);
   } else {
     for (size_t i = 0; i < M.size(); ++i) M[i].add_(G[i].to(M[i].scalar_type()));  // M += G
-    if (n_select == 0) {  // an empty shard: nothing to select
+    if (n_select == 0) {                                                           // an empty shard: nothing to select
       for (const at::Tensor& m : M) {
         out.U.push_back(m.to(comm_dtype));
         out.indices.push_back(at::empty({0}, m.options().dtype(at::kLong)));
@@ -97,7 +96,7 @@ std::vector<at::Tensor> dion2_take_selected(at::TensorList M, at::TensorList ind
                                             int64_t select_dim) {
   std::vector<at::Tensor> U;
   for (size_t i = 0; i < M.size(); ++i) {
-    at::Tensor sel = M[i].index_select(select_dim, indices[i]);       // [c, n] or [m, c]
+    at::Tensor sel = M[i].index_select(select_dim, indices[i]);     // [c, n] or [m, c]
     M[i].index_copy_(select_dim, indices[i], sel * f32(ef_decay));  // error feedback
     U.push_back(sel);
   }
@@ -109,8 +108,8 @@ void dion2_post(at::TensorList X, at::TensorList U, at::TensorList indices, cons
   const at::Tensor decay = r.decay_t();
   const at::Tensor neg_lr = r.neg_adjusted_lr_t();
   for (size_t i = 0; i < X.size(); ++i) {
-    if (!r.on_device() && X[i].dim() == 2 && U[i].dim() == 2 && indices[i].dim() == 1 &&
-        cpu::cpu_fusable(X[i], X[i]) && cpu::cpu_fusable(U[i], U[i]) && indices[i].device().is_cpu()) {
+    if (!r.on_device() && X[i].dim() == 2 && U[i].dim() == 2 && indices[i].dim() == 1 && cpu::cpu_fusable(X[i], X[i]) &&
+        cpu::cpu_fusable(U[i], U[i]) && indices[i].device().is_cpu()) {
       // One pass, bit-identical to the decay and scatter_add_ below (dion/math/elementwise.h).
       cpu::decay_and_update_selected_(X[i], U[i], indices[i], r.decay(), -r.adjusted_lr, select_dim);
       continue;
@@ -134,10 +133,9 @@ std::vector<at::Tensor> dion2_accumulate(at::TensorList G, at::TensorList M, at:
   return U;
 }
 
-OrthoFn dion2_select_then(OrthoFn orthogonalize, double fraction, int64_t select_dim,
-                          int64_t global_select_size) {
-  return [orthogonalize = std::move(orthogonalize), fraction, select_dim, global_select_size](
-             const at::Tensor& X, double epsilon) {
+OrthoFn dion2_select_then(OrthoFn orthogonalize, double fraction, int64_t select_dim, int64_t global_select_size) {
+  return [orthogonalize = std::move(orthogonalize), fraction, select_dim, global_select_size](const at::Tensor& X,
+                                                                                              double epsilon) {
     const int64_t n_select = global_select_size > 0 ? global_select_size : X.size(select_dim);
     const int64_t norm_dim = select_dim == -2 ? -1 : -2;
     const int64_t k = std::min(dion2_num_selected(fraction, n_select), X.size(select_dim));
@@ -158,8 +156,8 @@ void dion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList U, con
   for (size_t i = 0; i < X.size(); ++i) {
     // On the GPU, decay and update in one kernel, bit-identical to the two ops below — except
     // for bf16 X with float32 U, where the ops round the product to bf16 before the add.
-    const bool fused = cuda::fusable(X[i], U[i]) &&
-                       !(X[i].scalar_type() == at::kBFloat16 && U[i].scalar_type() == at::kFloat);
+    const bool fused =
+        cuda::fusable(X[i], U[i]) && !(X[i].scalar_type() == at::kBFloat16 && U[i].scalar_type() == at::kFloat);
     if (!fused) scale_(X[i], decay);
     at::Tensor sel = U[i].to(at::kFloat).abs().sum(norm_dim, /*keepdim=*/true) > 0;
     at::Tensor ef = f32(ef_decay).to(M[i].scalar_type());

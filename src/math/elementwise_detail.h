@@ -45,8 +45,10 @@ struct BF16 {
 
 template <typename F>
 void with_type(at::ScalarType t, F&& f) {
-  if (t == at::kFloat) f(F32{});
-  else f(BF16{});
+  if (t == at::kFloat)
+    f(F32{});
+  else
+    f(BF16{});
 }
 
 // with_type over two or three dtypes: f(tag_a, tag_b[, tag_c]).

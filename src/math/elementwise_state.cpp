@@ -68,10 +68,10 @@ void accumulate_l1_norms_(const at::Tensor& M, const at::Tensor& G, const at::Te
   TORCH_CHECK(cpu_fusable(M, G), who, ": G must be a contiguous float32 / bfloat16 CPU tensor like M ", M.sizes());
   const int64_t rows = M.size(0), cols = M.size(1);
   const int64_t n_select = select_dim == -2 ? rows : cols;
-  TORCH_CHECK(norms.dim() == 1 && norms.size(0) == n_select && norms.is_contiguous() &&
-                  norms.scalar_type() == M.scalar_type(),
-              who, ": norms must be a contiguous [", n_select, "] tensor of M's dtype, got ", norms.sizes(), " ",
-              norms.scalar_type());
+  TORCH_CHECK(
+      norms.dim() == 1 && norms.size(0) == n_select && norms.is_contiguous() && norms.scalar_type() == M.scalar_type(),
+      who, ": norms must be a contiguous [", n_select, "] tensor of M's dtype, got ", norms.sizes(), " ",
+      norms.scalar_type());
   with_types(M.scalar_type(), G.scalar_type(), [&](auto tm, auto tg) {
     using TM = decltype(tm);
     using TG = decltype(tg);
@@ -129,8 +129,8 @@ void take_selected_(const at::Tensor& M, const at::Tensor& idx, const at::Tensor
     auto* u = ptr<TU>(U);
     auto take = [&](typename TM::storage& src, typename TU::storage& dst) {
       const float v = TM::load(src);
-      dst = TU::store(v);                    // selected.to(comm dtype)
-      src = TM::store(v * ef_decay);         // scatter_(selected * ef_decay)
+      dst = TU::store(v);             // selected.to(comm dtype)
+      src = TM::store(v * ef_decay);  // scatter_(selected * ef_decay)
     };
     if (select_dim == -2) {
       for (int64_t j = 0; j < k; ++j) {

@@ -92,7 +92,7 @@ DION_INLINE void sign_step_range(typename TX::storage* x, const typename TG::sto
     const float m_old = TM::load(m[i]);
     const float s = sign(TM::round(lerp<kFma>(m_old, g, w1)));  // U = lerp(M, g, 1 - b1).sign_()
     m[i] = TM::store(lerp<kFma>(m_old, g, w2));                 // M.lerp_(g, 1 - b2)
-    const float step = TM::round(s * lr);                      // U.mul_(lr), in M's dtype
+    const float step = TM::round(s * lr);                       // U.mul_(lr), in M's dtype
     x[i] = TX::store(TX::round(TX::load(x[i]) * decay) - step);
   }
 }
@@ -127,16 +127,18 @@ void lion_(const at::Tensor& X, const at::Tensor& G, const at::Tensor& M, float 
     // lerp's 0-d float32 weight is cast to the common dtype (M's), unlike mul's scalar.
     const float w1 = TM::round(1.0f - beta1), w2 = TM::round(1.0f - beta2);
     at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-      if (fma) sign_step_range_fma<TX, TG, TM>(x, g, m, begin, end, lr, w1, w2, decay);
-      else sign_step_range<TX, TG, TM, false>(x, g, m, begin, end, lr, w1, w2, decay);
+      if (fma)
+        sign_step_range_fma<TX, TG, TM>(x, g, m, begin, end, lr, w1, w2, decay);
+      else
+        sign_step_range<TX, TG, TM, false>(x, g, m, begin, end, lr, w1, w2, decay);
     });
   });
 }
 
 // ---------------------------------------------------------------------------- variance-normalized update (FAST)
 
-void normuon_update_(const at::Tensor& X, const at::Tensor& U, const at::Tensor& V, const at::Tensor& idx,
-                     float beta2, float decay, float neg_lr) {
+void normuon_update_(const at::Tensor& X, const at::Tensor& U, const at::Tensor& V, const at::Tensor& idx, float beta2,
+                     float decay, float neg_lr) {
   constexpr const char* who = "normuon_update_";
   check_matrix(X, who, "X");
   check_matrix(U, who, "U");

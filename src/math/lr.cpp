@@ -17,9 +17,12 @@ AdjustLR adjust_lr_from_string(const std::string& name) {
 
 std::string to_string(AdjustLR mode) {
   switch (mode) {
-    case AdjustLR::SPECTRAL_NORM: return "spectral_norm";
-    case AdjustLR::RMS_NORM: return "rms_norm";
-    case AdjustLR::NONE: return "none";
+    case AdjustLR::SPECTRAL_NORM:
+      return "spectral_norm";
+    case AdjustLR::RMS_NORM:
+      return "rms_norm";
+    case AdjustLR::NONE:
+      return "none";
   }
   return "none";
 }
@@ -57,8 +60,7 @@ float adjusted_lr_factor(AdjustLR mode, c10::IntArrayRef shape, bool flatten) {
   return mode == AdjustLR::NONE ? 1.0f : static_cast<float>(adjust_factor(mode, shape, flatten));
 }
 
-std::vector<double> split_lr_scales(const std::vector<int64_t>& split_sizes,
-                                    c10::IntArrayRef shape, AdjustLR mode) {
+std::vector<double> split_lr_scales(const std::vector<int64_t>& split_sizes, c10::IntArrayRef shape, AdjustLR mode) {
   if (mode == AdjustLR::NONE) return {};
   const double full = adjust_factor(mode, shape, false);
   std::vector<double> out;

@@ -44,7 +44,7 @@ std::vector<at::Tensor> muon_pre(at::TensorList G, at::TensorList M, float mu, b
       continue;
     }
     at::Tensor g = G[i].to(M[i].scalar_type());
-    M[i].mul_(f32(mu)).add_(g);                  // M = mu M + G
+    M[i].mul_(f32(mu)).add_(g);  // M = mu M + G
     at::Tensor r = nesterov ? M[i] * f32(mu) + g : M[i];
     if (u.defined()) {
       u.copy_(r);  // the same rounding as r.to(comm_dtype)

@@ -18,9 +18,8 @@ at::Tensor frobenius(const at::Tensor& T, const ShardSum& sum_over_shards) {
   return sq.sqrt();
 }
 
-std::pair<at::Tensor, at::Tensor> normalize_core(const at::Tensor& U_in, const at::Tensor& V,
-                                                 float beta2, const ShardSum& sum_over_shards,
-                                                 const ColumnShards& cols) {
+std::pair<at::Tensor, at::Tensor> normalize_core(const at::Tensor& U_in, const at::Tensor& V, float beta2,
+                                                 const ShardSum& sum_over_shards, const ColumnShards& cols) {
   at::Tensor U = U_in.to(V.scalar_type());
   at::Tensor norm_U = frobenius(U, sum_over_shards);
   at::Tensor neuron;  // [.., m, 1]: mean over the whole row of U^2
@@ -40,8 +39,7 @@ std::pair<at::Tensor, at::Tensor> normalize_core(const at::Tensor& U_in, const a
 }
 }  // namespace
 
-std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const at::Tensor& V,
-                                                    float beta2,
+std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const at::Tensor& V, float beta2,
                                                     const std::vector<int64_t>& split_sizes,
                                                     const ShardSum& sum_over_shards,
                                                     const ColumnShards& column_shards) {
@@ -58,8 +56,8 @@ std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const a
   return {at::cat(out_u, -2), at::cat(out_v, -2)};
 }
 
-bool normuon_update_fast(at::TensorList X, const at::Tensor& O, at::TensorList V, at::TensorList indices,
-                         float beta2, float lr, float adjusted_lr, float weight_decay) {
+bool normuon_update_fast(at::TensorList X, const at::Tensor& O, at::TensorList V, at::TensorList indices, float beta2,
+                         float lr, float adjusted_lr, float weight_decay) {
   RECORD_USER_SCOPE("dion::normuon_update_fast");
   const int64_t N = static_cast<int64_t>(X.size());
   if (N == 0 || O.dim() != X[0].dim() + 1 || O.size(0) != N || !cpu::cpu_fusable(O, O) || V.size() != X.size() ||

@@ -22,8 +22,7 @@ using detail::kNewtonSchulz;
 using detail::kPolarExpress;
 
 void check_matrix(const at::Tensor& G, const char* who) {
-  TORCH_CHECK(G.dim() >= 2, who, ": expected a matrix or a batch of matrices [..., m, n], got shape ",
-              G.sizes());
+  TORCH_CHECK(G.dim() >= 2, who, ": expected a matrix or a batch of matrices [..., m, n], got shape ", G.sizes());
 }
 
 at::Tensor frobenius(const at::Tensor& X) {
@@ -50,9 +49,9 @@ at::Tensor newton_schulz(const at::Tensor& G, double epsilon, at::ScalarType dty
   if (tall) X = X.mT();
   X = X / (frobenius(X) + epsilon);  // spectral norm <= Frobenius norm <= 1
   for (const Coeffs& k : kNewtonSchulz) {
-    at::Tensor A = at::matmul(X, X.mT());               // [.., m, m], m = min(rows, cols)
-    at::Tensor B = A * k.b + at::matmul(A, A) * k.c;   // b A + c A^2
-    X = X * k.a + at::matmul(B, X);                     // a X + B X
+    at::Tensor A = at::matmul(X, X.mT());             // [.., m, m], m = min(rows, cols)
+    at::Tensor B = A * k.b + at::matmul(A, A) * k.c;  // b A + c A^2
+    X = X * k.a + at::matmul(B, X);                   // a X + B X
   }
   if (tall) X = X.mT();
   return X;
@@ -82,8 +81,7 @@ at::Tensor polar_express(const at::Tensor& G, double epsilon, at::ScalarType dty
 OrthoPath ortho_path_from_string(const std::string& name) {
   if (name == "exact") return OrthoPath::EXACT;
   if (name == "fast") return OrthoPath::FAST;
-  throw std::invalid_argument("unknown orthogonalizer path '" + name +
-                              "': valid values are 'exact' and 'fast'");
+  throw std::invalid_argument("unknown orthogonalizer path '" + name + "': valid values are 'exact' and 'fast'");
 }
 
 std::string to_string(OrthoPath path) { return path == OrthoPath::EXACT ? "exact" : "fast"; }
@@ -146,9 +144,8 @@ at::Tensor stack_megabatch(const std::vector<at::Tensor>& U) {
   return first.as_strided(sizes, strides, first.storage_offset());  // [N, *shape], no copy
 }
 
-at::Tensor orthogonalize_megabatch(const at::Tensor& X, const OrthoFn& fn, bool flatten,
-                                   double epsilon, const std::vector<int64_t>& split_sizes,
-                                   const std::vector<double>& split_scales) {
+at::Tensor orthogonalize_megabatch(const at::Tensor& X, const OrthoFn& fn, bool flatten, double epsilon,
+                                   const std::vector<int64_t>& split_sizes, const std::vector<double>& split_scales) {
   RECORD_USER_SCOPE("dion::orthogonalize");
   // X: [N, *param_shape]
   TORCH_CHECK(X.dim() >= 3, "orthogonalize_megabatch: expected [N, m, n] or more, got ", X.sizes());

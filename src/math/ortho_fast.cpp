@@ -34,8 +34,8 @@ using detail::Coeffs;
 // key on this thread (the optimizer calls from one thread; on CUDA every call of a thread uses
 // its current stream, so a buffer is never in use by two streams at once).
 struct Workspace {
-  at::Tensor X[2];   // [B, m, n]
-  at::Tensor S[5];   // [B, r, r]: A, B (Newton-Schulz); R, Z, RZ, Q, Q' (Gram)
+  at::Tensor X[2];  // [B, m, n]
+  at::Tensor S[5];  // [B, r, r]: A, B (Newton-Schulz); R, Z, RZ, Q, Q' (Gram)
 };
 
 using WorkspaceKey = std::tuple<int64_t, int64_t, int64_t, at::ScalarType, at::DeviceType, at::DeviceIndex>;
@@ -67,8 +67,7 @@ struct Prepared {
 };
 
 Prepared prepare(const at::Tensor& G, at::ScalarType dtype, const char* who) {
-  TORCH_CHECK(G.dim() >= 2, who, ": expected a matrix or a batch of matrices [..., m, n], got shape ",
-              G.sizes());
+  TORCH_CHECK(G.dim() >= 2, who, ": expected a matrix or a batch of matrices [..., m, n], got shape ", G.sizes());
   Prepared p;
   p.G3 = G.dim() == 2 ? G.unsqueeze(0) : G.reshape({-1, G.size(-2), G.size(-1)});
   p.tall = G.size(-2) > G.size(-1);
@@ -101,18 +100,18 @@ void apply(at::Tensor out, const at::Tensor& Q, const at::Tensor& X, bool tall) 
 }
 
 // One polynomial step X' = a X + (b A + c A^2) X with A the small Gram matrix, into `next`.
-void newton_schulz_step(const at::Tensor& X, const at::Tensor& next, Workspace& ws,
-                        const Coeffs& k, bool tall, bool tiled) {
+void newton_schulz_step(const at::Tensor& X, const at::Tensor& next, Workspace& ws, const Coeffs& k, bool tall,
+                        bool tiled) {
   const at::Tensor& A = ws.S[0];
   const at::Tensor& B = ws.S[1];
-  small_gram(A, X, tall, tiled);                          // A [B, r, r]
-  symmetric_product_out(B, A, A, A, k.b, k.c, tiled);    // B = b A + c A A
-  apply_add(next, X, B, k.a, tall);                       // X' = a X + B X   [B, m, n]
+  small_gram(A, X, tall, tiled);                       // A [B, r, r]
+  symmetric_product_out(B, A, A, A, k.b, k.c, tiled);  // B = b A + c A A
+  apply_add(next, X, B, k.a, tall);                    // X' = a X + B X   [B, m, n]
 }
 
 template <size_t N>
-at::Tensor iterate(const at::Tensor& G, const std::array<Coeffs, N>& coeffs, double scale,
-                   double epsilon, at::ScalarType dtype, bool tiled, const char* who) {
+at::Tensor iterate(const at::Tensor& G, const std::array<Coeffs, N>& coeffs, double scale, double epsilon,
+                   at::ScalarType dtype, bool tiled, const char* who) {
   Prepared p = prepare(G, dtype, who);
   Workspace& ws = *p.ws;
   at::Tensor X = ws.X[0];
@@ -135,15 +134,14 @@ at::Tensor iterate(const at::Tensor& G, const std::array<Coeffs, N>& coeffs, dou
 
 // ---------------------------------------------------------------------------- public
 
-at::Tensor orthogonalize_fast(const at::Tensor& G, OrthoMethod method, double epsilon,
-                              at::ScalarType dtype, bool tiled) {
+at::Tensor orthogonalize_fast(const at::Tensor& G, OrthoMethod method, double epsilon, at::ScalarType dtype,
+                              bool tiled) {
   if (method == OrthoMethod::NEWTON_SCHULZ)
     return iterate(G, detail::kNewtonSchulz, 1.0, epsilon, dtype, tiled, "newton_schulz");
   return iterate(G, detail::kPolarExpress, 1.02, epsilon, dtype, tiled, "polar_express");
 }
 
-at::Tensor gram_newton_schulz(const at::Tensor& G, double epsilon, std::optional<at::ScalarType> compute,
-                              bool tiled) {
+at::Tensor gram_newton_schulz(const at::Tensor& G, double epsilon, std::optional<at::ScalarType> compute, bool tiled) {
   const at::ScalarType dtype = compute ? *compute : G.is_cpu() ? cpu_compute_dtype(at::kHalf).dtype : at::kHalf;
   const auto& coeffs = detail::kGramPolarExpress;
   if (G.dim() >= 2 && G.size(-2) == G.size(-1)) {
@@ -155,8 +153,7 @@ at::Tensor gram_newton_schulz(const at::Tensor& G, double epsilon, std::optional
   Workspace& ws = *p.ws;
   const bool tall = p.tall;
   // X = (G / (||G||_F + epsilon)).to(dtype), the norm and the division in fp32 (the package's).
-  const at::Tensor norm =
-      at::linalg_vector_norm(p.G3, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true, at::kFloat);
+  const at::Tensor norm = at::linalg_vector_norm(p.G3, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true, at::kFloat);
   int cur = 0;
   ws.X[cur].copy_(p.G3.to(at::kFloat).div(norm.add(epsilon)));
 

@@ -36,8 +36,8 @@ void adamw_unfused(const at::Tensor& X, const at::Tensor& G, const at::Tensor& M
 
 }  // namespace
 
-void adamw_update(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList V,
-                  at::TensorList steps, const AdamWHyper& h) {
+void adamw_update(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList V, at::TensorList steps,
+                  const AdamWHyper& h) {
   RECORD_USER_SCOPE("dion::adamw");
   if (X.empty()) return;
   bool one_dtype = true;
@@ -56,12 +56,12 @@ void adamw_update(at::TensorList X, at::TensorList G, at::TensorList M, at::Tens
   at::_foreach_add_(steps, 1);
   if (h.lr_dev.defined()) {  // lr read on the device (the kernel widens the float32 value to double)
     at::_fused_adamw_(X, G, M, V, /*max_exp_avg_sqs=*/{}, steps, h.lr_dev, static_cast<double>(h.beta1),
-                      static_cast<double>(h.beta2), static_cast<double>(h.weight_decay),
-                      static_cast<double>(h.epsilon), /*amsgrad=*/false, /*maximize=*/false);
+                      static_cast<double>(h.beta2), static_cast<double>(h.weight_decay), static_cast<double>(h.epsilon),
+                      /*amsgrad=*/false, /*maximize=*/false);
   } else {
     at::_fused_adamw_(X, G, M, V, /*max_exp_avg_sqs=*/{}, steps, static_cast<double>(h.lr),
-                      static_cast<double>(h.beta1), static_cast<double>(h.beta2),
-                      static_cast<double>(h.weight_decay), static_cast<double>(h.epsilon),
+                      static_cast<double>(h.beta1), static_cast<double>(h.beta2), static_cast<double>(h.weight_decay),
+                      static_cast<double>(h.epsilon),
                       /*amsgrad=*/false, /*maximize=*/false);
   }
   if (cwd) {

@@ -14,18 +14,14 @@ namespace dion::math {
 
 namespace {
 
-void check_product(const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2,
-                   const at::Tensor& S) {
+void check_product(const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2, const at::Tensor& S) {
   TORCH_CHECK(P.dim() == 3 && P.size(1) == P.size(2) && P.is_contiguous(),
-              "symmetric_product_out: P must be a contiguous batch of square matrices [B, m, m], got ",
+              "symmetric_product_out: P must be a contiguous batch of square matrices [B, m, m], got ", P.sizes());
+  TORCH_CHECK(M1.dim() == 3 && M2.dim() == 3 && M1.size(0) == P.size(0) && M2.size(0) == P.size(0) &&
+                  M1.size(1) == P.size(1) && M2.size(2) == P.size(2) && M1.size(2) == M2.size(1),
+              "symmetric_product_out: shapes do not chain: P ", P.sizes(), " = M1 ", M1.sizes(), " @ M2 ", M2.sizes());
+  TORCH_CHECK(!S.defined() || S.sizes() == P.sizes(), "symmetric_product_out: S ", S.sizes(), " must have P's shape ",
               P.sizes());
-  TORCH_CHECK(M1.dim() == 3 && M2.dim() == 3 && M1.size(0) == P.size(0) &&
-                  M2.size(0) == P.size(0) && M1.size(1) == P.size(1) &&
-                  M2.size(2) == P.size(2) && M1.size(2) == M2.size(1),
-              "symmetric_product_out: shapes do not chain: P ", P.sizes(), " = M1 ", M1.sizes(),
-              " @ M2 ", M2.sizes());
-  TORCH_CHECK(!S.defined() || S.sizes() == P.sizes(), "symmetric_product_out: S ", S.sizes(),
-              " must have P's shape ", P.sizes());
   TORCH_CHECK(M1.scalar_type() == P.scalar_type() && M2.scalar_type() == P.scalar_type(),
               "symmetric_product_out: M1, M2 and P must share a dtype");
 }
@@ -80,8 +76,8 @@ void for_each_block_row(int64_t m, int64_t rows, Fn&& fn) {
 }
 
 // P = beta * S + alpha * M1 @ M2 as one batched product (the reference's operation).
-void full_product(const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2, const at::Tensor& S,
-                  double beta, double alpha) {
+void full_product(const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2, const at::Tensor& S, double beta,
+                  double alpha) {
   at::Tensor out = P;  // the _out functions take a non-const handle
   if (S.defined() && beta != 0.0) {
     at::baddbmm_out(out, S, M1, M2, beta, alpha);
@@ -94,8 +90,8 @@ void full_product(const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M
 // CPU: block rows of the lower triangle, one 2-D product per block row and matrix: a 3-D slice
 // of P as the output of bmm takes a slow path in ATen on CPU (measured 3-5x), the 2-D addmm_out
 // writes in place.
-void cpu_block_rows(const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2, const at::Tensor& S,
-                    double beta, double alpha) {
+void cpu_block_rows(const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2, const at::Tensor& S, double beta,
+                    double alpha) {
   const int64_t batch = P.size(0), m = P.size(1);
   for (int64_t b = 0; b < batch; ++b) {
     const at::Tensor p = P[b], m1 = M1[b], m2 = M2[b];
@@ -139,7 +135,7 @@ int64_t cuda_symmetric_block_rows(int64_t batch, int64_t m, int64_t multiprocess
   const int64_t tile = kCudaSymmetricTile;
   const int64_t min_rows = (m + kCudaSymmetricMaxBlocks - 1) / kCudaSymmetricMaxBlocks;
   int64_t tiles = std::max<int64_t>(1, (min_rows + tile - 1) / tile);  // block height in tiles
-  while (batch * tiles * tiles < multiprocessors) ++tiles;  // the first block row fills one wave
+  while (batch * tiles * tiles < multiprocessors) ++tiles;             // the first block row fills one wave
   const int64_t rows = tiles * tile;
   // At least two block rows once a short last block (< rows / 2) is merged.
   return m - rows >= rows / 2 ? rows : 0;
@@ -154,15 +150,22 @@ void mirror_lower_to_upper(const at::Tensor& P, int64_t from_row) {
               "mirror_lower_to_upper: expected a contiguous CPU or CUDA batch [B, m, m], got ", P.sizes(), " on ",
               P.device());
   switch (P.element_size()) {  // a copy of bits: only the element size matters
-    case 2: mirror_batch<uint16_t>(P, from_row); break;
-    case 4: mirror_batch<uint32_t>(P, from_row); break;
-    case 8: mirror_batch<uint64_t>(P, from_row); break;
-    default: TORCH_CHECK(false, "mirror_lower_to_upper: unsupported dtype ", P.scalar_type());
+    case 2:
+      mirror_batch<uint16_t>(P, from_row);
+      break;
+    case 4:
+      mirror_batch<uint32_t>(P, from_row);
+      break;
+    case 8:
+      mirror_batch<uint64_t>(P, from_row);
+      break;
+    default:
+      TORCH_CHECK(false, "mirror_lower_to_upper: unsupported dtype ", P.scalar_type());
   }
 }
 
-void symmetric_product_out(const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2,
-                           const at::Tensor& S, double beta, double alpha, bool tiled) {
+void symmetric_product_out(const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2, const at::Tensor& S,
+                           double beta, double alpha, bool tiled) {
   check_product(P, M1, M2, S);
   const int64_t batch = P.size(0), m = P.size(1);
   const int64_t k = M1.size(2);

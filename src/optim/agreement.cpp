@@ -26,8 +26,8 @@ enum class Kind { INT, REAL, ALGORITHM, DTYPE, CHOICE, BOOL, SHAPE, SPLITS };
 struct Field {
   std::string name;
   Kind kind = Kind::INT;
-  int start = 0;                          // the field's first column (multi-slot fields)
-  const rule::Choice* choice = nullptr;   // CHOICE: the two names
+  int start = 0;                         // the field's first column (multi-slot fields)
+  const rule::Choice* choice = nullptr;  // CHOICE: the two names
 };
 constexpr int kMaxDims = 8;    // global shape dims described one by one (the rest folded into the last)
 constexpr int kMaxSplits = 8;  // split_sizes entries described one by one (the rest summed into the last)
@@ -140,10 +140,10 @@ const std::vector<Field>& fields() {
 int row_width() { return static_cast<int>(fields().size()); }
 const Field& field(int col) { return fields().at(static_cast<size_t>(col)); }
 
-std::vector<int64_t> describe(const at::Tensor& p, const Options& o, const Layout& L) {
+// `algorithm`: the group's algorithm as its position in the registry (the same on every rank).
+std::vector<int64_t> describe(const at::Tensor& p, const Options& o, int64_t algorithm, const Layout& L) {
   std::vector<int64_t> row(static_cast<size_t>(row_width()), 0);
-  const std::vector<Algorithm> algos = algorithms();  // the same registry on every rank
-  row[F_ALGORITHM] = std::find(algos.begin(), algos.end(), o.algo()) - algos.begin();
+  row[F_ALGORITHM] = algorithm;
   row[F_DTYPE] = static_cast<int64_t>(p.scalar_type());
   const int64_t nd = static_cast<int64_t>(L.global_shape.size());
   row[F_NDIM] = nd;
@@ -162,7 +162,7 @@ std::vector<int64_t> describe(const at::Tensor& p, const Options& o, const Layou
 // The header (one row: the group count and the axis sizes), the per-group parameter counts,
 // and one row per parameter, in group order.
 struct Description {
-  std::vector<int64_t> header, counts, rows;  // rows: [P * row_width()]
+  std::vector<int64_t> header, counts, rows;     // rows: [P * row_width()]
   std::vector<std::pair<size_t, size_t>> where;  // row -> (group, position)
   std::vector<int64_t> flat() const {
     std::vector<int64_t> all = header;
@@ -179,12 +179,14 @@ Description describe_all(const Distribution& dist, const std::vector<torch::opti
   Description d;
   d.header = {static_cast<int64_t>(groups.size()), row_width()};
   for (Axis a : kAxes) d.header.push_back(dist.axis_size(a));
+  const std::vector<Algorithm> algos = algorithms();
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& o = static_cast<const Options&>(groups[g].options());
+    const int64_t algorithm = std::find(algos.begin(), algos.end(), o.algo()) - algos.begin();
     const auto& params = groups[g].params();
     d.counts.push_back(static_cast<int64_t>(params.size()));
     for (size_t i = 0; i < params.size(); ++i) {
-      const std::vector<int64_t> row = describe(params[i], o, dist.layout(params[i]));
+      const std::vector<int64_t> row = describe(params[i], o, algorithm, dist.layout(params[i]));
       d.rows.insert(d.rows.end(), row.begin(), row.end());
       d.where.emplace_back(g, i);
     }
@@ -198,7 +200,16 @@ Description describe_all(const Distribution& dist, const std::vector<torch::opti
 //   [found, phase, row, column, axis, my coordinates (3), other's coordinates (3),
 //    my row (width), other's row (width)]
 // phase 0: header, 1: per-group counts, 2: parameters. Coordinates: rank along each axis.
-enum : int { R_FOUND, R_PHASE, R_ROW, R_COL, R_AXIS, R_MINE_AT, R_THEIRS_AT = R_MINE_AT + 3, R_VALUES = R_THEIRS_AT + 3 };
+enum : int {
+  R_FOUND,
+  R_PHASE,
+  R_ROW,
+  R_COL,
+  R_AXIS,
+  R_MINE_AT,
+  R_THEIRS_AT = R_MINE_AT + 3,
+  R_VALUES = R_THEIRS_AT + 3
+};
 
 struct Phase {
   int id;
@@ -275,16 +286,26 @@ std::string value_str(const int64_t* row, int col) {
   const Field& f = field(col);
   const int64_t v = row[col];
   switch (f.kind) {
-    case Kind::INT: os << v; break;
-    case Kind::REAL: os << real(v); break;
-    case Kind::BOOL: os << (v ? "true" : "false"); break;
-    case Kind::CHOICE: os << "'" << (v == 0 ? f.choice->a : v == 1 ? f.choice->b : "?") << "'"; break;
+    case Kind::INT:
+      os << v;
+      break;
+    case Kind::REAL:
+      os << real(v);
+      break;
+    case Kind::BOOL:
+      os << (v ? "true" : "false");
+      break;
+    case Kind::CHOICE:
+      os << "'" << (v == 0 ? f.choice->a : v == 1 ? f.choice->b : "?") << "'";
+      break;
     case Kind::ALGORITHM: {
       const std::vector<std::string> algos = known_algorithms();
       os << "'" << (v >= 0 && v < static_cast<int64_t>(algos.size()) ? algos[static_cast<size_t>(v)] : "?") << "'";
       break;
     }
-    case Kind::DTYPE: os << (v < 0 ? std::string("(parameter dtype)") : c10::toString(static_cast<at::ScalarType>(v))); break;
+    case Kind::DTYPE:
+      os << (v < 0 ? std::string("(parameter dtype)") : c10::toString(static_cast<at::ScalarType>(v)));
+      break;
     case Kind::SHAPE: {
       os << "[";
       const int64_t nd = row[F_NDIM];
@@ -324,9 +345,8 @@ std::string value_str(const int64_t* row, int col) {
     }
     case 1: {
       const int64_t lo = std::min(mine[col], theirs[col]), hi = std::max(mine[col], theirs[col]);
-      os << "param group " << col << " has " << mine[col] << " parameters on " << a << " but " << theirs[col]
-         << " on " << b << " (parameters " << lo << ".." << hi - 1 << " of group " << col
-         << " exist on one rank only)";
+      os << "param group " << col << " has " << mine[col] << " parameters on " << a << " but " << theirs[col] << " on "
+         << b << " (parameters " << lo << ".." << hi - 1 << " of group " << col << " exist on one rank only)";
       break;
     }
     default: {
@@ -334,9 +354,8 @@ std::string value_str(const int64_t* row, int col) {
       // same group counts (phase 1 passed), so the row maps to the same (group, position).
       const auto [g, i] = where.at(static_cast<size_t>(row));
       os << "param group " << g << ", parameter " << i << " (global shape " << value_str(mine, F_NDIM)
-         << "): " << field(static_cast<int>(col)).name << " is "
-         << value_str(mine, static_cast<int>(col)) << " on " << a << " but " << value_str(theirs, static_cast<int>(col))
-         << " on " << b;
+         << "): " << field(static_cast<int>(col)).name << " is " << value_str(mine, static_cast<int>(col)) << " on "
+         << a << " but " << value_str(theirs, static_cast<int>(col)) << " on " << b;
     }
   }
   os << " (every rank must build the same param groups, parameters, layouts and communication options; "

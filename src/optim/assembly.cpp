@@ -39,13 +39,13 @@ at::Tensor orthogonalize_sharded(AxisGroup& group, std::vector<at::Tensor> U, co
   while (U.size() < per_rank * W) U.push_back(at::zeros_like(U[0]));
   for (auto& u : U) u = comm::pad_to(u, dim, padded_local);
 
-  at::Tensor send = at::stack(U, 0);                       // [W * per_rank, ..local..]: chunk j -> rank j
-  at::Tensor recv = group.all_to_all(send);                 // chunk i: rank i's shards of my matrices
+  at::Tensor send = at::stack(U, 0);         // [W * per_rank, ..local..]: chunk j -> rank j
+  at::Tensor recv = group.all_to_all(send);  // chunk i: rank i's shards of my matrices
   std::vector<at::Tensor> from = recv.unflatten(0, {W, static_cast<int64_t>(per_rank)}).unbind(0);
-  at::Tensor whole = at::cat(from, dim);                    // [per_rank, ..W * local..]
+  at::Tensor whole = at::cat(from, dim);  // [per_rank, ..W * local..]
   at::Tensor ortho = request.apply(whole);
   std::vector<at::Tensor> parts = at::split(ortho, padded_local, dim);  // W chunks, chunk j -> rank j
-  at::Tensor back = group.all_to_all(at::cat(parts, 0));    // [W * per_rank, ..local..], owner-major
+  at::Tensor back = group.all_to_all(at::cat(parts, 0));                // [W * per_rank, ..local..], owner-major
   return back.narrow(dim, 0, original_local).narrow(0, 0, static_cast<int64_t>(N));
 }
 

@@ -127,8 +127,8 @@ void Optimizer::load(std::vector<torch::serialize::InputArchive>& archives) {
   std::vector<torch::serialize::InputArchive> roots(archives.size());
   for (size_t a = 0; a < archives.size(); ++a)
     if (!archives[a].try_read(kRoot, roots[a]))
-      throw ValueError("loading optimizer state: archive " + std::to_string(a) +
-                       " has no '" + kRoot + "' entry (saved by an older version: load it alone, at its own layout)");
+      throw ValueError("loading optimizer state: archive " + std::to_string(a) + " has no '" + kRoot +
+                       "' entry (saved by an older version: load it alone, at its own layout)");
   load_checked(roots);
 }
 
@@ -172,8 +172,8 @@ void Optimizer::load_checked(std::vector<torch::serialize::InputArchive>& roots)
     for (size_t i = 0; i < params.size(); ++i) {
       const at::Tensor& p = params[i];
       const Layout L = dist_ ? dist_->layout(p) : Layout{p.sizes().vec(), -1, false};
-      const std::string what = where + ", parameter " + std::to_string(i) + " (global shape " +
-                               shape_str(L.global_shape) + ")";
+      const std::string what =
+          where + ", parameter " + std::to_string(i) + " (global shape " + shape_str(L.global_shape) + ")";
       std::vector<torch::serialize::InputArchive> entries(roots.size());
       for (size_t a = 0; a < roots.size(); ++a) {
         roots[a].read(param_key(g, i), entries[a]);
@@ -239,8 +239,10 @@ void Optimizer::load_checked(std::vector<torch::serialize::InputArchive>& roots)
     options(g) = new_options[g];
     for (const at::Tensor& p : param_groups_[g].params()) {
       auto it = new_state.find(p.unsafeGetTensorImpl());
-      if (it == new_state.end()) state_.erase(p.unsafeGetTensorImpl());
-      else state_[p.unsafeGetTensorImpl()] = std::move(it->second);
+      if (it == new_state.end())
+        state_.erase(p.unsafeGetTensorImpl());
+      else
+        state_[p.unsafeGetTensorImpl()] = std::move(it->second);
     }
   }
 }

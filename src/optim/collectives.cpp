@@ -1,5 +1,5 @@
 // The algorithms' communication patterns (see collectives.h).
-#include "collectives.h"
+#include "dion/optim/collectives.h"
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>

@@ -36,10 +36,10 @@ std::string where(size_t g, size_t i, const at::Tensor& p) {
 // What the graph was captured with; a replay checks that nothing of it changed.
 struct Snapshot {
   std::vector<const c10::TensorImpl*> params;
-  std::vector<const void*> grads;                  // data pointers of the gradients
-  std::vector<std::optional<Options>> options;     // per group (dion::Options), else only lr
+  std::vector<const void*> grads;               // data pointers of the gradients
+  std::vector<std::optional<Options>> options;  // per group (dion::Options), else only lr
   std::vector<double> lrs;
-  std::vector<const void*> states;                 // the state entries, per parameter
+  std::vector<const void*> states;  // the state entries, per parameter
 };
 
 struct CudaGraphStep::Impl {
@@ -113,24 +113,27 @@ struct CudaGraphStep::Impl {
         throw ValueError("param group " + std::to_string(g) + ": lr changed from " + std::to_string(snap.lrs[g]) +
                          " to " + std::to_string(now.lrs[g]) +
                          " since the step was captured; this optimizer reads lr on the host, so a replay would use "
-                         "the old value" + redo);
+                         "the old value" +
+                         redo);
       if (now.options[g] && snap.options[g]) {
         Options then = *snap.options[g];
         then.step(now.options[g]->step());  // the counter advances with every step
         if (dion_opt) {
           then.lr(now.options[g]->lr());
           if (then.spec().weight_decay_on_host && then.weight_decay() != now.options[g]->weight_decay())
-            throw ValueError("param group " + std::to_string(g) + " (" + then.algorithm() + "): weight_decay changed from " +
-                             std::to_string(then.weight_decay()) + " to " +
+            throw ValueError("param group " + std::to_string(g) + " (" + then.algorithm() +
+                             "): weight_decay changed from " + std::to_string(then.weight_decay()) + " to " +
                              std::to_string(now.options[g]->weight_decay()) +
                              " since the step was captured; torch's fused AdamW reads weight decay on the host, so "
-                             "a replay would use the old value" + redo);
+                             "a replay would use the old value" +
+                             redo);
           then.weight_decay(now.options[g]->weight_decay());
         }
         if (!(then == *now.options[g]))
           throw ValueError("param group " + std::to_string(g) +
                            ": a hyperparameter changed since the step was captured; a replay would use the captured "
-                           "values" + redo);
+                           "values" +
+                           redo);
       }
     }
   }
@@ -143,7 +146,8 @@ struct CudaGraphStep::Impl {
 
 CudaGraphStep::CudaGraphStep(torch::optim::Optimizer& optimizer, int warmup_steps)
     : impl_(std::make_unique<Impl>(optimizer, warmup_steps)) {
-  if (warmup_steps < 0) throw ValueError("CudaGraphStep: warmup_steps must be >= 0, got " + std::to_string(warmup_steps));
+  if (warmup_steps < 0)
+    throw ValueError("CudaGraphStep: warmup_steps must be >= 0, got " + std::to_string(warmup_steps));
   std::optional<at::Device> device;
   const auto& groups = optimizer.param_groups();
   for (size_t g = 0; g < groups.size(); ++g)
@@ -207,7 +211,8 @@ void CudaGraphStep::step() {
         } catch (...) {
         }
         throw ValueError(std::string("the optimizer step could not be captured in a CUDA graph (does it synchronize "
-                                     "with the host, e.g. a .item()?): ") + e.what());
+                                     "with the host, e.g. a .item()?): ") +
+                         e.what());
       }
       graph->capture_end();
     }

@@ -52,8 +52,8 @@ void Distribution::shard(const at::Tensor& local, std::vector<int64_t> global_sh
   } else if (inner_dim >= nd) {
     err << "inner shard dim " << inner_dim << " is out of range for global shape " << shape_str(global_shape);
   } else if (inner_dim >= 0 && (std::min(dim, inner_dim) != nd - 2 || std::max(dim, inner_dim) != nd - 1)) {
-    err << "2-D sharding of global shape " << shape_str(global_shape) << " must shard the two matrix dims (got "
-        << dim << " and " << inner_dim << ")";
+    err << "2-D sharding of global shape " << shape_str(global_shape) << " must shard the two matrix dims (got " << dim
+        << " and " << inner_dim << ")";
   } else if (local.dim() != nd) {
     err << "local shard of shape " << shape_str(local.sizes()) << " does not have the rank of global shape "
         << shape_str(global_shape);
@@ -65,9 +65,8 @@ void Distribution::shard(const at::Tensor& local, std::vector<int64_t> global_sh
       const int64_t want = d == dim ? c.length : d == inner_dim ? ci.length : global_shape[d];
       if (local.size(d) != want) {
         err << "local shard of shape " << shape_str(local.sizes()) << " on rank " << outer_->rank() << " of "
-            << outer_->size() << " does not match global shape " << shape_str(global_shape)
-            << " sharded on dim " << dim << " (expected " << want << " along dim " << d
-            << "; FSDP2 chunks of ceil(size / world))";
+            << outer_->size() << " does not match global shape " << shape_str(global_shape) << " sharded on dim " << dim
+            << " (expected " << want << " along dim " << d << "; FSDP2 chunks of ceil(size / world))";
         break;
       }
     }
@@ -104,9 +103,12 @@ void Distribution::verify() const {
 
 AxisGroup* Distribution::axis(Axis axis) const {
   switch (axis) {
-    case Axis::OUTER: return outer_.get();
-    case Axis::INNER: return inner_.get();
-    case Axis::REPLICA: return replicate_.get();
+    case Axis::OUTER:
+      return outer_.get();
+    case Axis::INNER:
+      return inner_.get();
+    case Axis::REPLICA:
+      return replicate_.get();
   }
   return nullptr;
 }

@@ -1,7 +1,7 @@
 // The optimizer: grouping, state, megabatching, task scheduling and dispatch to the algorithms'
 // updates, all through their specs (dion/optim/algorithm.h). See include/dion/optim/optimizer.h.
-// Not here: the algorithms (src/optim/drivers/: their specs and updates), the megabatch plans (plan.h), the
-// communication patterns (collectives.h), checkpoints (checkpoint.cpp), the math (src/math/).
+// Not here: the algorithms (src/optim/drivers/: their specs and updates), the megabatch plans (dion/optim/plan.h), the
+// communication patterns (dion/optim/collectives.h), checkpoints (checkpoint.cpp), the math (src/math/).
 #include "dion/optim/optimizer.h"
 
 #include <ATen/ATen.h>
@@ -20,9 +20,9 @@
 
 #include "dion/comm/tasks.h"
 #include "agreement.h"
-#include "collectives.h"
-#include "drivers/driver.h"
-#include "plan.h"
+#include "dion/optim/collectives.h"
+#include "dion/optim/driver.h"
+#include "dion/optim/plan.h"
 #include "state_layout.h"
 
 namespace dion {
@@ -73,8 +73,7 @@ std::vector<std::vector<at::Tensor>> megabatches(const std::vector<at::Tensor>& 
 
 Optimizer::Optimizer(math::OrthoConfig ortho, const Options& defaults, std::optional<Algorithm> only_algorithm,
                      std::shared_ptr<Distribution> distribution)
-    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
-                              std::make_unique<Options>(defaults)),
+    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{}, std::make_unique<Options>(defaults)),
       ortho_(std::move(ortho)),
       ortho_fn_(ortho_.function()),
       only_algorithm_(only_algorithm),
@@ -82,8 +81,8 @@ Optimizer::Optimizer(math::OrthoConfig ortho, const Options& defaults, std::opti
   defaults.validate(0);
 }
 
-Optimizer::Optimizer(const std::vector<ParamGroup>& groups, const Options& defaults,
-                     math::OrthoConfig ortho, std::shared_ptr<Distribution> distribution)
+Optimizer::Optimizer(const std::vector<ParamGroup>& groups, const Options& defaults, math::OrthoConfig ortho,
+                     std::shared_ptr<Distribution> distribution)
     : Optimizer(std::move(ortho), defaults, std::nullopt, std::move(distribution)) {
   for (const ParamGroup& g : groups) add_param_group(g);
 }
@@ -127,24 +126,23 @@ void Optimizer::check_group(size_t g, const std::vector<at::Tensor>& params, con
       std::string scalars;
       for (Algorithm a : algorithms())
         if (!a.matrix()) scalars += (scalars.empty() ? "an '" : "' or '") + a.name();
-      throw ValueError(what + ": '" + o.algorithm() + "' needs matrix parameters (ndim >= 2); put vectors and scalars in " +
-                       scalars + "' group");
+      throw ValueError(what + ": '" + o.algorithm() +
+                       "' needs matrix parameters (ndim >= 2); put vectors and scalars in " + scalars + "' group");
     }
     if (spec.check_param) spec.check_param(ParamView{p, shape, dist_.get()}, o, what);
     if (o.num_heads() > 1 && spec.matrix) {
-      if (p.dim() != 2)
-        throw ValueError(what + ": num_heads is only supported for 2-D parameters");
+      if (p.dim() != 2) throw ValueError(what + ": num_heads is only supported for 2-D parameters");
       if (shape[0] % o.num_heads() != 0)
-        throw ValueError(what + ": num_heads (" + std::to_string(o.num_heads()) +
-                         ") must divide dim 0 (" + std::to_string(shape[0]) + ")");
+        throw ValueError(what + ": num_heads (" + std::to_string(o.num_heads()) + ") must divide dim 0 (" +
+                         std::to_string(shape[0]) + ")");
     }
     if (!o.split_sizes().empty() && spec.matrix) {
       if (p.dim() != 2) throw ValueError(what + ": split_sizes is only supported for 2-D parameters");
       int64_t total = 0;
       for (int64_t s : o.split_sizes()) total += s;
       if (total != shape[0])
-        throw ValueError(what + ": split_sizes sum to " + std::to_string(total) +
-                         " but must sum to dim 0 (" + std::to_string(shape[0]) + ")");
+        throw ValueError(what + ": split_sizes sum to " + std::to_string(total) + " but must sum to dim 0 (" +
+                         std::to_string(shape[0]) + ")");
     }
   }
 }
@@ -283,12 +281,13 @@ at::Tensor Optimizer::step(LossClosure closure) {
     if (!under_capture) {
       refresh_device_scalars();
     } else if (device_scalars_.size() != param_groups_.size()) {
-      throw ValueError("device scalars were not filled before the CUDA-graph capture of step(); call "
-                       "refresh_device_scalars() first");
+      throw ValueError(
+          "device scalars were not filled before the CUDA-graph capture of step(); call "
+          "refresh_device_scalars() first");
     }
   }
   if (dist_) {
-    dist_->prepare();                                // collective, on every rank, before any task runs
+    dist_->prepare();                                   // collective, on every rank, before any task runs
     check_ranks_agree(*dist_, param_groups_, agreed_);  // src/optim/agreement.h
   }
   // A parameter with no elements (a [16, 0] matrix; not an empty shard of a non-empty one,

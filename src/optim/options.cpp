@@ -49,8 +49,7 @@ std::string Options::algorithm() const {
 }
 
 namespace {
-[[noreturn]] void invalid(size_t group, const std::string& option, const std::string& value,
-                          const std::string& valid) {
+[[noreturn]] void invalid(size_t group, const std::string& option, const std::string& value, const std::string& valid) {
   std::ostringstream os;
   os << "param group " << group << ": invalid " << option << " = " << value << " (" << valid << ")";
   throw ValueError(os.str());
@@ -91,7 +90,7 @@ std::string Options::value_string(const std::string& option) const {
 void Options::validate(size_t g) const {
   if (!unknown_algorithm_.empty())
     invalid(g, "algorithm", "'" + unknown_algorithm_ + "'", "valid: " + algorithm_names());
-  // Each hyperparameter's own rule (hyperparameters.h), then the algorithm's rules for values.
+    // Each hyperparameter's own rule (hyperparameters.h), then the algorithm's rules for values.
 #define DION_VALIDATE(T, name, default_value, rule_object, doc) \
   if (!(rule_object).ok(name())) invalid(g, #name, str(name()), (rule_object).text);
   DION_HYPERPARAMETERS(DION_VALIDATE)

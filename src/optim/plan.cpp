@@ -1,5 +1,5 @@
 // Megabatch plans: layout and communication of one megabatch (see plan.h).
-#include "plan.h"
+#include "dion/optim/plan.h"
 
 #include <sstream>
 #include <string>
@@ -25,12 +25,13 @@ Plan plan_for(const Distribution* dist, const std::vector<at::Tensor>& batch, co
   const std::string where = "param group " + std::to_string(g) + " (" + o.algorithm() + "), shape " + shape.str();
   if (plan.heads) {
     // Whole heads on every rank: orthogonalize locally (the reference does the same).
-    if (L.two_d())
-      throw NotImplementedError(where + ": num_heads with 2-D (FSDP x TP) sharding is not supported");
+    if (L.two_d()) throw NotImplementedError(where + ": num_heads with 2-D (FSDP x TP) sharding is not supported");
     if (L.sharded()) {
       if (L.shard_dim != 0)
-        throw NotImplementedError(where + ": num_heads needs sharding on dim 0 (the heads dim) or none; "
-                                  "sharded on dim " + std::to_string(L.shard_dim));
+        throw NotImplementedError(where +
+                                  ": num_heads needs sharding on dim 0 (the heads dim) or none; "
+                                  "sharded on dim " +
+                                  std::to_string(L.shard_dim));
       if (plan.heads % plan.world != 0)
         throw ValueError(where + ": num_heads (" + std::to_string(plan.heads) +
                          ") must be divisible by the sharding world size (" + std::to_string(plan.world) +
@@ -47,8 +48,7 @@ Plan plan_for(const Distribution* dist, const std::vector<at::Tensor>& batch, co
     plan.comm_dim = L.shard_dim - ndim;
     if (!o.split_sizes().empty()) {
       if (plan.comm_dim == -2 && L.global_shape[ndim - 2] % plan.world != 0)
-        throw NotImplementedError(where + ": split_sizes requires dim 0 (" +
-                                  std::to_string(L.global_shape[ndim - 2]) +
+        throw NotImplementedError(where + ": split_sizes requires dim 0 (" + std::to_string(L.global_shape[ndim - 2]) +
                                   ") to be divisible by the sharding world size (" + std::to_string(plan.world) +
                                   ") so the assembled matrices have no interspersed padding rows");
     }

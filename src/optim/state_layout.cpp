@@ -24,8 +24,8 @@ AxisPlace axis_place(const Distribution* dist) {
 
 QRows q_rows_of(const Layout& L, const AxisPlace& at) {
   const int64_t m = L.global_shape[0], n = L.global_shape[1];
-  const bool t = L.sharded() ? math::dion_is_transposed_sharded(m, n, L.shard_dim, L.inner_dim)
-                             : math::dion_is_transposed(m, n);
+  const bool t =
+      L.sharded() ? math::dion_is_transposed_sharded(m, n, L.shard_dim, L.inner_dim) : math::dion_is_transposed(m, n);
   QRows q;
   q.rows = t ? m : n;
   q.length = q.rows;
@@ -45,8 +45,10 @@ Box state_box(StateLayout kind, const Layout& L, const AxisPlace& at, int64_t q_
   b.offset.assign(nd, 0);
   b.size = b.global;
   for (size_t d = 0; d < nd; ++d) {
-    if (static_cast<int64_t>(d) == L.shard_dim) std::tie(b.offset[d], b.size[d]) = chunk(b.global[d], at.outer_size, at.outer_rank);
-    if (static_cast<int64_t>(d) == L.inner_dim) std::tie(b.offset[d], b.size[d]) = chunk(b.global[d], at.inner_size, at.inner_rank);
+    if (static_cast<int64_t>(d) == L.shard_dim)
+      std::tie(b.offset[d], b.size[d]) = chunk(b.global[d], at.outer_size, at.outer_rank);
+    if (static_cast<int64_t>(d) == L.inner_dim)
+      std::tie(b.offset[d], b.size[d]) = chunk(b.global[d], at.inner_size, at.inner_rank);
   }
   if (kind == StateLayout::NEURON && nd > 0) {  // [.., m, 1]: the last dim is whole on every rank
     b.global.back() = 1;

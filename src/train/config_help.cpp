@@ -25,6 +25,9 @@ std::string config_help() {
                                    value_text(defaults, k.field).empty() ? "\"\"" : value_text(defaults, k.field));
     os << line << "\n      " << k.help;
     if (k.check == Check::CHOICE) os << " {" << join_choices(choices_of(k)) << "}";
+    if (!k.hyperparameters.empty())  // its rules are the optimizer library's (hyperparameters.h)
+      os << " [optimizer hyperparameter " << join_choices(k.hyperparameters)
+         << (k.scalar ? ", scalar_opt's groups" : "") << "]";
     os << "\n";
   }
   return os.str();

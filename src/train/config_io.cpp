@@ -23,8 +23,10 @@ using namespace config_detail;
 void set_from_node(Config& c, const std::string& key, const YAML::Node& node, const std::string& where) {
   const Key* k = find_key(key);
   if (!k)
-    throw ConfigError(fmt::format("{}: unknown key '{}'{}. Valid keys: {} (dion-train --help lists them with "
-                                  "defaults)", where, key, did_you_mean(key, all_key_names()), key_names()));
+    throw ConfigError(
+        fmt::format("{}: unknown key '{}'{}. Valid keys: {} (dion-train --help lists them with "
+                    "defaults)",
+                    where, key, did_you_mean(key, all_key_names()), key_names()));
   if (!node.IsDefined() || node.IsNull()) return;  // null: not set, the default applies
   c.keys_set.push_back(key);
   const std::string text = node.IsScalar() ? node.Scalar() : std::string("<a YAML list or map>");
@@ -49,10 +51,14 @@ void set_from_node(Config& c, const std::string& key, const YAML::Node& node, co
             v = node.as<std::string>();
           }
         } catch (const YAML::BadConversion&) {
-          if constexpr (std::is_same_v<T, bool>) throw bad("a boolean (true or false)");
-          else if constexpr (std::is_same_v<T, int64_t>) throw bad("an integer");
-          else if constexpr (std::is_same_v<T, double>) throw bad("a number");
-          else throw bad("a string");
+          if constexpr (std::is_same_v<T, bool>)
+            throw bad("a boolean (true or false)");
+          else if constexpr (std::is_same_v<T, int64_t>)
+            throw bad("an integer");
+          else if constexpr (std::is_same_v<T, double>)
+            throw bad("a number");
+          else
+            throw bad("a string");
         }
       },
       k->field);
@@ -87,8 +93,10 @@ void config_set(Config& config, const std::string& key, const std::string& value
 void config_load_yaml(Config& config, const std::filesystem::path& file) {
   std::error_code ec;
   if (std::filesystem::is_directory(file, ec))  // (libstdc++ opens a folder, then fails to read it)
-    throw ConfigError(fmt::format("config file '{}': is a folder; give a YAML file (e.g. "
-                                  "configs/shakespeare_dion2.yaml)", file.string()));
+    throw ConfigError(
+        fmt::format("config file '{}': is a folder; give a YAML file (e.g. "
+                    "configs/shakespeare_dion2.yaml)",
+                    file.string()));
   YAML::Node root;
   try {
     root = YAML::LoadFile(file.string());
@@ -110,8 +118,10 @@ void config_load_yaml(Config& config, const std::filesystem::path& file) {
                                     file.string(), line));
     const auto [first, fresh] = seen.emplace(kv.first.Scalar(), line);
     if (!fresh)
-      throw ConfigError(fmt::format("config file '{}': line {}: key '{}' is given again (first on line {}); give "
-                                    "each key once", file.string(), line, kv.first.Scalar(), first->second));
+      throw ConfigError(
+          fmt::format("config file '{}': line {}: key '{}' is given again (first on line {}); give "
+                      "each key once",
+                      file.string(), line, kv.first.Scalar(), first->second));
     set_from_node(config, kv.first.Scalar(), kv.second, file.string());
   }
 }
@@ -148,8 +158,10 @@ Config config_parse(int argc, const char* const* argv, int64_t world_size) {
   std::string config_file;
   bool help = false;
   std::vector<std::string> config_files;
-  app.add_option("--config", config_files)->expected(1)->allow_extra_args(false)->multi_option_policy(
-      CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--config", config_files)
+      ->expected(1)
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("-h,--help", help);
   std::map<std::string, std::vector<std::string>> given;
   for (const Key& k : keys()) {
@@ -172,24 +184,29 @@ Config config_parse(int argc, const char* const* argv, int64_t world_size) {
     std::string key = extra;
     if (key.rfind("--", 0) == 0) {
       key = key.substr(2, key.find('=') == std::string::npos ? std::string::npos : key.find('=') - 2);
-      throw ConfigError(fmt::format("command line: unknown key '{}'{}. Valid keys: {} (dion-train --help lists "
-                                    "them with defaults)", key, did_you_mean(key, all_key_names()), key_names()));
+      throw ConfigError(
+          fmt::format("command line: unknown key '{}'{}. Valid keys: {} (dion-train --help lists "
+                      "them with defaults)",
+                      key, did_you_mean(key, all_key_names()), key_names()));
     }
     throw ConfigError(fmt::format("command line: unexpected argument '{}' (keys are given as --key value)", extra));
   }
 
   if (config_files.size() > 1)
-    throw ConfigError(fmt::format("command line: --config given more than once ('{}', '{}'); give one YAML file "
-                                  "(keys on the command line override it)", config_files[0], config_files[1]));
+    throw ConfigError(
+        fmt::format("command line: --config given more than once ('{}', '{}'); give one YAML file "
+                    "(keys on the command line override it)",
+                    config_files[0], config_files[1]));
   config_file = config_files.empty() ? std::string() : config_files[0];
   for (const Key& k : keys()) {
     const size_t times = app.count(std::string("--") + k.name);
     if (times > 1) {
       std::string values;
       for (const std::string& v : given[k.name]) values += (values.empty() ? "'" : ", '") + v + "'";
-      throw ConfigError(fmt::format("command line: key '{}' given {} times{}; give it once (a value on the command "
-                                    "line overrides the --config file's)",
-                                    k.name, times, values.empty() ? "" : " (values " + values + ")"));
+      throw ConfigError(
+          fmt::format("command line: key '{}' given {} times{}; give it once (a value on the command "
+                      "line overrides the --config file's)",
+                      k.name, times, values.empty() ? "" : " (values " + values + ")"));
     }
   }
 
@@ -226,9 +243,12 @@ std::string config_to_yaml(const Config& c) {
         [&](auto member) {
           const auto& v = c.*member;
           using T = std::decay_t<decltype(v)>;
-          if constexpr (std::is_same_v<T, double>) out << format_double(v);  // exact, shortest
-          else if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << v;
-          else out << v;
+          if constexpr (std::is_same_v<T, double>)
+            out << format_double(v);  // exact, shortest
+          else if constexpr (std::is_same_v<T, std::string>)
+            out << YAML::DoubleQuoted << v;
+          else
+            out << v;
         },
         k.field);
   }

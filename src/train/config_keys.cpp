@@ -24,80 +24,115 @@ const std::vector<Key>& keys() {
       {"sequence_length", &Config::sequence_length, "tokens per sequence", Check::POSITIVE},
       {"num_iterations", &Config::num_iterations, "optimizer steps", Check::POSITIVE},
       {"warmup_ratio", &Config::warmup_ratio, "fraction of num_iterations with linear lr warmup", Check::RATIO},
-      {"warmdown_ratio", &Config::warmdown_ratio,
-       "fraction of num_iterations with linear lr decay to 0", Check::RATIO},
+      {"warmdown_ratio", &Config::warmdown_ratio, "fraction of num_iterations with linear lr decay to 0", Check::RATIO},
       // model
       {"model_dim", &Config::model_dim, "model width (divisible by n_head)", Check::POSITIVE},
       {"n_layer", &Config::n_layer, "transformer blocks", Check::POSITIVE},
       {"n_head", &Config::n_head, "attention heads", Check::POSITIVE},
       {"vocab_size", &Config::vocab_size,
-       "embedding / lm_head rows: at least the data's vocabulary (GPT-2 shards 50257, byte shards 257); the "
-       "reference pads 50257 to 50304", Check::POSITIVE},
+       "embedding / lm_head rows: at least the data's vocabulary (GPT-2 shards 50257, byte shards 257); the reference "
+       "pads 50257 to 50304",
+       Check::POSITIVE},
       // evaluation, checkpoints, logging
-      {"val_loss_every", &Config::val_loss_every,
-       "validation every N steps (0: only at the end)", Check::NON_NEGATIVE},
-      {"val_tokens", &Config::val_tokens,
-       "tokens per validation (a multiple of device_batch_size * sequence_length)", Check::POSITIVE},
-      {"checkpoint_freq", &Config::checkpoint_freq,
-       "checkpoint every N steps and at the end (0: never)", Check::NON_NEGATIVE},
+      {"val_loss_every", &Config::val_loss_every, "validation every N steps (0: only at the end)", Check::NON_NEGATIVE},
+      {"val_tokens", &Config::val_tokens, "tokens per validation (a multiple of device_batch_size * sequence_length)",
+       Check::POSITIVE},
+      {"checkpoint_freq", &Config::checkpoint_freq, "checkpoint every N steps and at the end (0: never)",
+       Check::NON_NEGATIVE},
       {"checkpoint_dir", &Config::checkpoint_dir, "folder for checkpoints; a run resumes from it (\"\": none)"},
       {"wandb_project_name", &Config::wandb_project_name,
        "accepted for the reference's configs; no effect (metrics go to run_dir)"},
       {"wandb_job_name", &Config::wandb_job_name, "accepted for the reference's configs; no effect"},
       {"no_wandb", &Config::no_wandb, "accepted for the reference's configs; no effect"},
       // optimizer
-      {"optimizer", &Config::optimizer, "matrix optimizer (a scalar one: every group runs it)", Check::CHOICE, {}, {},
-       Key::Catalog::ALL},
-      {"scalar_opt", &Config::scalar_opt, "optimizer of the embedding and lm_head", Check::CHOICE, {}, {},
-       Key::Catalog::SCALAR},
-      {"lr", &Config::lr, "base learning rate", Check::NON_NEGATIVE},
-      {"mu", &Config::mu, "momentum (or the error-feedback decay, where the optimizer has one)", Check::NON_NEGATIVE},
-      {"weight_decay", &Config::weight_decay, "weight decay of the matrix parameters", Check::NON_NEGATIVE},
-      {"ortho_fraction", &Config::ortho_fraction,
-       "selected fraction (selecting optimizers); rank fraction (low-rank ones)", Check::FRACTION},
-      {"qr_method", &Config::qr_method,
-       "Dion's orthonormalization (only rcqr is implemented)", Check::CHOICE, {"rcqr"},
-       {{"qr", "rcqr"}, {"cqr", "rcqr"}}},
+      {.name = "optimizer",
+       .field = &Config::optimizer,
+       .help = "matrix optimizer (a scalar one: every group runs it)",
+       .check = Check::CHOICE,
+       .catalog = Key::Catalog::ALL},
+      {.name = "scalar_opt",
+       .field = &Config::scalar_opt,
+       .help = "optimizer of the embedding and lm_head",
+       .check = Check::CHOICE,
+       .catalog = Key::Catalog::SCALAR},
+      {.name = "lr",
+       .field = &Config::lr,
+       .help = "base learning rate",
+       .check = Check::OPTIMIZER,
+       .hyperparameters = {"lr"}},
+      {.name = "mu",
+       .field = &Config::mu,
+       .help = "momentum (or the error-feedback decay, where the optimizer has one)",
+       .check = Check::OPTIMIZER,
+       .hyperparameters = {"mu"}},
+      {.name = "weight_decay",
+       .field = &Config::weight_decay,
+       .help = "weight decay of the matrix parameters",
+       .check = Check::OPTIMIZER,
+       .hyperparameters = {"weight_decay"}},
+      {.name = "ortho_fraction",
+       .field = &Config::ortho_fraction,
+       .help = "selected fraction (selecting optimizers); rank fraction (low-rank ones)",
+       .check = Check::OPTIMIZER,
+       .hyperparameters = {"fraction", "rank_fraction"}},
+      {.name = "qr_method",
+       .field = &Config::qr_method,
+       .help = "Dion's orthonormalization (only rcqr is implemented)",
+       .check = Check::CHOICE,
+       .choices = {"rcqr"},
+       .reference_only = {{"qr", "rcqr"}, {"cqr", "rcqr"}}},
       {"cqr_warmup", &Config::cqr_warmup, "Dion cqr warmup (cqr is not implemented; no effect)", Check::RATIO},
-      {"rcqr_oversample", &Config::rcqr_oversample, "Dion randomized-QR sketch oversampling", Check::POSITIVE},
+      {.name = "rcqr_oversample",
+       .field = &Config::rcqr_oversample,
+       .help = "Dion randomized-QR sketch oversampling",
+       .check = Check::OPTIMIZER,
+       .hyperparameters = {"oversample"}},
       {"replicate_mesh_grad_sync", &Config::replicate_mesh_grad_sync,
        "data-parallel gradient sync inside the optimizer (optimizers that support it)"},
       {"mixed_precision", &Config::mixed_precision, "Dion: bf16 momentum and Q"},
-      {"adjust_lr", &Config::adjust_lr, "learning-rate scaling of the orthogonalized update", Check::CHOICE,
-       {"spectral_norm", "rms_norm", "none"}},
+      {.name = "adjust_lr",
+       .field = &Config::adjust_lr,
+       .help = "learning-rate scaling of the orthogonalized update",
+       .check = Check::CHOICE,
+       .choices = {"spectral_norm", "rms_norm", "none"}},
       {"verbose", &Config::verbose, "accepted for the reference's configs; no effect"},
       {"time_optimizer", &Config::time_optimizer, "print forward/backward and optimizer time separately"},
       {"use_polar_express", &Config::use_polar_express,
        "orthogonalize with Polar Express (default: Newton-Schulz, as train.py)"},
       {"use_gram_newton_schulz", &Config::use_gram_newton_schulz,
        "orthogonalize with Gram Newton-Schulz (the optimizers train.py passes it to; others ignore it)"},
-      {"ortho_path", &Config::ortho_path,
-       "orthogonalizer path of the orthogonalizing optimizers: fast (fewer, fused products; differs from "
-       "exact by bf16 rounding, docs/train.md) or exact (the reference's operation order and bits)", Check::CHOICE,
-       {"exact", "fast"}},
+      {.name = "ortho_path",
+       .field = &Config::ortho_path,
+       .help = "orthogonalizer path of the orthogonalizing optimizers: fast (fewer, fused products; differs from exact "
+               "by bf16 rounding, docs/train.md) or exact (the reference's operation order and bits)",
+       .check = Check::CHOICE,
+       .choices = {"exact", "fast"}},
       // distribution
       {"dp_size", &Config::dp_size,
-       "data-parallel (replicated) size; dp_size x fs_size x tp_size = WORLD_SIZE (none of the three given: "
-       "dp_size = WORLD_SIZE, DDP over every process, as train.py)", Check::POSITIVE},
+       "data-parallel (replicated) size; dp_size x fs_size x tp_size = WORLD_SIZE (none of the three given: dp_size = "
+       "WORLD_SIZE, DDP over every process, as train.py)",
+       Check::POSITIVE},
       {"fs_size", &Config::fs_size, "FSDP (sharded data-parallel) size", Check::POSITIVE},
       {"tp_size", &Config::tp_size, "tensor-parallel size (divides n_head)", Check::POSITIVE},
       {"reshard_after_forward", &Config::reshard_after_forward,
        "FSDP: gather the blocks' weights again in backward instead of keeping them from forward (the reference's "
        "default)"},
       {"fast_fsdp", &Config::fast_fsdp,
-       "the reference's --fast_fsdp: reshard_after_forward false, and with gradient accumulation the gathered "
-       "weights are kept across the step and their gradients reduce-scattered once per step (costs the whole model "
-       "and its gradient per rank)"},
+       "the reference's --fast_fsdp: reshard_after_forward false, and with gradient accumulation the gathered weights "
+       "are kept across the step and their gradients reduce-scattered once per step (costs the whole model and its "
+       "gradient per rank)"},
       {"comm_timeout_s", &Config::comm_timeout_s,
        "seconds any collective may wait for the other ranks before the run fails", Check::POSITIVE},
       {"rendezvous_timeout_s", &Config::rendezvous_timeout_s,
-       "seconds the start waits for all WORLD_SIZE ranks to arrive at MASTER_ADDR:MASTER_PORT before every rank "
-       "there fails, saying how many came", Check::POSITIVE},
+       "seconds the start waits for all WORLD_SIZE ranks to arrive at MASTER_ADDR:MASTER_PORT before every rank there "
+       "fails, saying how many came",
+       Check::POSITIVE},
       {"ddp_bucket_mb", &Config::ddp_bucket_mb,
        "DDP gradient all-reduce bucket size, MB (launched as their gradients become ready)", Check::POSITIVE},
       {"replica_check_every", &Config::replica_check_every,
-       "compare the data-parallel replicas' parameters bit for bit every N steps and before each checkpoint (0: "
-       "never; one all_gather of 8 bytes a parameter)", Check::NON_NEGATIVE},
+       "compare the data-parallel replicas' parameters bit for bit every N steps and before each checkpoint (0: never; "
+       "one all_gather of 8 bytes a parameter)",
+       Check::NON_NEGATIVE},
       // debugging
       {"debug", &Config::debug,
        "the reference's debug mode (batch 2, device batch 1, 20 steps, <= 2 val batches) on synthetic tokens"},
@@ -106,47 +141,68 @@ const std::vector<Key>& keys() {
       {"no_triton", &Config::no_triton, "accepted for the reference's configs; no effect (no Triton)"},
       // ours
       {"run_dir", &Config::run_dir, "where metrics.jsonl and config.yaml go (\"\": runs/<config file stem>)"},
-      {"device", &Config::device,
-       "where to train: auto (cuda when a CUDA device is present, else cpu; the first line says which)",
-       Check::CHOICE, {"auto", "cpu", "cuda"}},
-      {"dtype", &Config::dtype,
-       "compute dtype: auto (cuda: bf16 autocast; cpu: the faster, docs/train.md), fp32, bf16 (autocast)",
-       Check::CHOICE, {"auto", "fp32", "bf16"}},
-      {"model_kernels", &Config::model_kernels,
-       "fast: oneDNN GEMMs on CPU and the lm_head + cross entropy fused (docs/train.md); exact: ATen in the "
-       "reference's order",
-       Check::CHOICE, {"fast", "exact"}},
+      {.name = "device",
+       .field = &Config::device,
+       .help = "where to train: auto (cuda when a CUDA device is present, else cpu; the first line says which)",
+       .check = Check::CHOICE,
+       .choices = {"auto", "cpu", "cuda"}},
+      {.name = "dtype",
+       .field = &Config::dtype,
+       .help = "compute dtype: auto (cuda: bf16 autocast; cpu: the faster, docs/train.md), fp32, bf16 (autocast)",
+       .check = Check::CHOICE,
+       .choices = {"auto", "fp32", "bf16"}},
+      {.name = "model_kernels",
+       .field = &Config::model_kernels,
+       .help = "fast: oneDNN GEMMs on CPU and the lm_head + cross entropy fused (docs/train.md); exact: ATen in the "
+               "reference's order",
+       .check = Check::CHOICE,
+       .choices = {"fast", "exact"}},
       {"seed", &Config::seed, "seed of the initialization and of debug mode's tokens", Check::NON_NEGATIVE},
       {"resume", &Config::resume, "resume from checkpoint_dir when it holds a checkpoint (false: start over)"},
       {"resume_fallback", &Config::resume_fallback,
-       "when checkpoint_dir's newest step_* folder is not a complete good checkpoint: resume from the newest good "
-       "one, naming the bad ones (false: stop with an error)"},
+       "when checkpoint_dir's newest step_* folder is not a complete good checkpoint: resume from the newest good one, "
+       "naming the bad ones (false: stop with an error)"},
       {"stop_after", &Config::stop_after,
        "stop after this many steps of this invocation, checkpointing first (0: run to num_iterations)",
        Check::NON_NEGATIVE},
-      {"log_every", &Config::log_every,
-       "print a step line every N steps (metrics.jsonl gets every step)", Check::POSITIVE},
+      {"log_every", &Config::log_every, "print a step line every N steps (metrics.jsonl gets every step)",
+       Check::POSITIVE},
       {"cuda_graphs", &Config::cuda_graphs,
        "capture the training step (forward + backward of a micro-batch, the optimizer step) in CUDA graphs once and "
        "replay them (device cuda, one process)"},
       {"peak_tflops", &Config::peak_tflops,
-       "the peak TFLOP/s the MFU of the step lines is measured against (0: a matmul in the run's dtype, timed once "
-       "at the start)", Check::NON_NEGATIVE},
+       "the peak TFLOP/s the MFU of the step lines is measured against (0: a matmul in the run's dtype, timed once at "
+       "the start)",
+       Check::NON_NEGATIVE},
       // numerics keys (docs/train.md "Gradient norm, clipping, non-finite steps", "Parameter groups")
       {"grad_clip", &Config::grad_clip,
-       "clip the global gradient norm to this before each optimizer step, as torch.nn.utils.clip_grad_norm_ (0: "
-       "off; the norm is logged either way)", Check::NON_NEGATIVE},
+       "clip the global gradient norm to this before each optimizer step, as torch.nn.utils.clip_grad_norm_ (0: off; "
+       "the norm is logged either way)",
+       Check::NON_NEGATIVE},
       {"max_nonfinite_steps", &Config::max_nonfinite_steps,
-       "a step whose loss or gradient is not finite is skipped (weights and optimizer state untouched); this many "
-       "in a row are skipped, one more stops the run (0: the first stops it)", Check::NON_NEGATIVE},
-      {"scalar_beta1", &Config::scalar_beta1,
-       "beta1 of the embedding and lm_head groups (scalar_opt); the default (0.9, 0.95) is what train.py runs (its "
-       "betas=(0.95, 0.98) never reach its optimizers)", Check::RATIO},
-      {"scalar_beta2", &Config::scalar_beta2, "beta2 of the embedding and lm_head groups (scalar_opt)", Check::RATIO},
-      {"fsdp_param_dtype", &Config::fsdp_param_dtype,
-       "FSDP weight gathers: fp32, or bf16 as the reference's MixedPrecisionPolicy (param_dtype bf16: half the "
-       "gather bytes, weights rounded to bf16 for compute; gradients reduce-scattered in fp32); no effect without "
-       "fs_size > 1", Check::CHOICE, {"fp32", "bf16"}},
+       "a step whose loss or gradient is not finite is skipped (weights and optimizer state untouched); this many in a "
+       "row are skipped, one more stops the run (0: the first stops it)",
+       Check::NON_NEGATIVE},
+      {.name = "scalar_beta1",
+       .field = &Config::scalar_beta1,
+       .help = "beta1 of the embedding and lm_head groups (scalar_opt); the default (0.9, 0.95) is what train.py runs "
+               "(its betas=(0.95, 0.98) never reach its optimizers)",
+       .check = Check::RATIO,
+       .hyperparameters = {"betas"},
+       .scalar = true},
+      {.name = "scalar_beta2",
+       .field = &Config::scalar_beta2,
+       .help = "beta2 of the embedding and lm_head groups (scalar_opt)",
+       .check = Check::RATIO,
+       .hyperparameters = {"betas"},
+       .scalar = true},
+      {.name = "fsdp_param_dtype",
+       .field = &Config::fsdp_param_dtype,
+       .help = "FSDP weight gathers: fp32, or bf16 as the reference's MixedPrecisionPolicy (param_dtype bf16: half the "
+               "gather bytes, weights rounded to bf16 for compute; gradients reduce-scattered in fp32); no effect "
+               "without fs_size > 1",
+       .check = Check::CHOICE,
+       .choices = {"fp32", "bf16"}},
   };
   return table;
 }
@@ -210,10 +266,14 @@ std::string key_names() {
 
 const char* type_name(const Field& f) {
   switch (f.index()) {
-    case 0: return "int";
-    case 1: return "float";
-    case 2: return "string";
-    default: return "bool";
+    case 0:
+      return "int";
+    case 1:
+      return "float";
+    case 2:
+      return "string";
+    default:
+      return "bool";
   }
 }
 
@@ -228,10 +288,14 @@ std::string value_text(const Config& c, const Field& f) {
       [&](auto member) -> std::string {
         const auto& v = c.*member;
         using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
-        else if constexpr (std::is_same_v<T, double>) return format_double(v);
-        else if constexpr (std::is_same_v<T, std::string>) return v;
-        else return std::to_string(v);
+        if constexpr (std::is_same_v<T, bool>)
+          return v ? "true" : "false";
+        else if constexpr (std::is_same_v<T, double>)
+          return format_double(v);
+        else if constexpr (std::is_same_v<T, std::string>)
+          return v;
+        else
+          return std::to_string(v);
       },
       f);
 }

@@ -22,7 +22,9 @@ namespace dion::train::config_detail {
 using Field = std::variant<int64_t Config::*, double Config::*, std::string Config::*, bool Config::*>;
 
 // What values a key accepts beyond its type.
-enum class Check { ANY, POSITIVE, NON_NEGATIVE, RATIO, FRACTION, CHOICE };
+// OPTIMIZER: none of the trainer's own; the optimizer library's rules for the hyperparameters the
+// key sets (`hyperparameters`), checked by optimizer_error().
+enum class Check { ANY, POSITIVE, NON_NEGATIVE, RATIO, FRACTION, CHOICE, OPTIMIZER };
 
 struct Key {
   const char* name;
@@ -35,6 +37,10 @@ struct Key {
   // Choices and reference_only from the optimizer catalog instead (the `optimizer` and
   // `scalar_opt` keys): every algorithm, or the scalar ones.
   enum class Catalog { NONE, ALL, SCALAR } catalog = Catalog::NONE;
+  // The optimizer hyperparameters (dion/optim/hyperparameters.h) the key's value becomes, in the
+  // matrix group or, for `scalar`, in the embedding and lm_head groups (scalar_opt).
+  std::vector<std::string> hyperparameters = {};
+  bool scalar = false;
 };
 
 // What dion-train can run (optimizer_catalog.cpp: the optimizer library's registry). The config
@@ -48,6 +54,11 @@ struct OptimizerChoice {
 };
 const std::vector<OptimizerChoice>& optimizer_catalog();
 const OptimizerChoice* find_optimizer(const std::string& name);  // by name or alias; nullptr: none
+// The optimizer library's verdict on the values dion-train would give its hyperparameters (the
+// rules of dion/optim/hyperparameters.h for every key that sets one, then the chosen algorithms'
+// own, AlgorithmSpec::check_options): "" when it accepts them, else the error, naming the key,
+// its value and what is valid. optimizer_catalog.cpp; the config fuzzer's stub checks nothing.
+std::string optimizer_error(const Config& c);
 // k.choices, or the catalog's names (with aliases) for a catalog key.
 std::vector<std::string> choices_of(const Key& k);
 std::vector<std::pair<std::string, std::string>> reference_only_of(const Key& k);

@@ -20,11 +20,17 @@ std::string key_valid(const Config& c, const Key& k) {
     return 0;
   };
   switch (k.check) {
-    case Check::ANY: return "";
-    case Check::POSITIVE: return num() > 0 ? "" : "a value > 0";
-    case Check::NON_NEGATIVE: return num() >= 0 ? "" : "a value >= 0";
-    case Check::RATIO: return num() >= 0 && num() <= 1 ? "" : "a value in [0, 1]";
-    case Check::FRACTION: return num() > 0 && num() <= 1 ? "" : "a value in (0, 1]";
+    case Check::ANY:
+    case Check::OPTIMIZER:  // optimizer_error(), after every key's own check
+      return "";
+    case Check::POSITIVE:
+      return num() > 0 ? "" : "a value > 0";
+    case Check::NON_NEGATIVE:
+      return num() >= 0 ? "" : "a value >= 0";
+    case Check::RATIO:
+      return num() >= 0 && num() <= 1 ? "" : "a value in [0, 1]";
+    case Check::FRACTION:
+      return num() > 0 && num() <= 1 ? "" : "a value in (0, 1]";
     case Check::CHOICE: {
       const std::string v = value_text(c, k.field);
       const std::vector<std::string> choices = choices_of(k);
@@ -42,9 +48,10 @@ std::string key_error(const Config& c, const Key& k) {
   const std::string v = value_text(c, k.field);
   for (const auto& [ref, nearest] : reference_only_of(k))
     if (v == ref)
-      return fmt::format("key '{}': value '{}' is not implemented in dion-train (the reference train.py accepts it); "
-                         "the nearest supported choice is '{}' (supported: {})",
-                         k.name, v, nearest, join_choices(choices_of(k)));
+      return fmt::format(
+          "key '{}': value '{}' is not implemented in dion-train (the reference train.py accepts it); "
+          "the nearest supported choice is '{}' (supported: {})",
+          k.name, v, nearest, join_choices(choices_of(k)));
   const std::string valid = key_valid(c, k);
   return valid.empty() ? "" : fmt::format("key '{}': value '{}' is invalid; valid: {}", k.name, v, valid);
 }
@@ -66,17 +73,21 @@ void config_validate(const Config& c) {
   for (const Key& k : keys())
     if (const std::string error = key_error(c, k); !error.empty()) throw ConfigError(error);
   auto fail = [](const std::string& msg) { throw ConfigError(msg); };
+  if (const std::string error = optimizer_error(c); !error.empty()) fail(error);
   // The products below must fit in int64 (sequence_length 2^62 x device_batch_size 4 overflowed:
   // found with tests/fuzz/fuzz_config.cpp).
   int64_t product = 1;
   for (int64_t factor : {c.device_batch_size, c.sequence_length, c.dp_size, c.fs_size, c.tp_size})
     if (__builtin_mul_overflow(product, factor, &product))
-      fail(fmt::format("device_batch_size {} x sequence_length {} x dp_size {} x fs_size {} x tp_size {} is larger "
-                       "than 2^63: one of them is far too large",
-                       c.device_batch_size, c.sequence_length, c.dp_size, c.fs_size, c.tp_size));
+      fail(
+          fmt::format("device_batch_size {} x sequence_length {} x dp_size {} x fs_size {} x tp_size {} is larger "
+                      "than 2^63: one of them is far too large",
+                      c.device_batch_size, c.sequence_length, c.dp_size, c.fs_size, c.tp_size));
   if (c.n_head % c.tp_size != 0)
-    fail(fmt::format("key 'tp_size': value {} does not divide n_head {} (tensor parallelism splits the heads); "
-                     "valid: a divisor of n_head", c.tp_size, c.n_head));
+    fail(
+        fmt::format("key 'tp_size': value {} does not divide n_head {} (tensor parallelism splits the heads); "
+                    "valid: a divisor of n_head",
+                    c.tp_size, c.n_head));
   if (c.model_dim % c.n_head != 0)
     fail(fmt::format("key 'model_dim': value {} is not divisible by n_head {}; valid: a multiple of n_head",
                      c.model_dim, c.n_head));
@@ -84,19 +95,23 @@ void config_validate(const Config& c) {
     fail(fmt::format("model_dim {} / n_head {} = head size {} is odd; rotary embeddings need an even head size",
                      c.model_dim, c.n_head, c.model_dim / c.n_head));
   if (c.warmup_ratio + c.warmdown_ratio > 1 + 1e-12)  // (0.3 + 0.7 may round above 1)
-    fail(fmt::format("keys 'warmup_ratio' {} + 'warmdown_ratio' {} = {} > 1: the warmup and the warmdown would "
-                     "overlap; valid: a sum <= 1", format_double(c.warmup_ratio), format_double(c.warmdown_ratio),
-                     format_double(c.warmup_ratio + c.warmdown_ratio)));
+    fail(
+        fmt::format("keys 'warmup_ratio' {} + 'warmdown_ratio' {} = {} > 1: the warmup and the warmdown would "
+                    "overlap; valid: a sum <= 1",
+                    format_double(c.warmup_ratio), format_double(c.warmdown_ratio),
+                    format_double(c.warmup_ratio + c.warmdown_ratio)));
   const int64_t dp = c.dp_size * c.fs_size;
   if (c.batch_size % (c.device_batch_size * dp) != 0)
-    fail(fmt::format("key 'batch_size': value {} is not divisible by device_batch_size {} x data-parallel ranks {}; "
-                     "valid: a multiple of {}",
-                     c.batch_size, c.device_batch_size, dp, c.device_batch_size * dp));
+    fail(
+        fmt::format("key 'batch_size': value {} is not divisible by device_batch_size {} x data-parallel ranks {}; "
+                    "valid: a multiple of {}",
+                    c.batch_size, c.device_batch_size, dp, c.device_batch_size * dp));
   const int64_t val_batch = c.device_batch_size * c.sequence_length * dp;
   if (c.val_tokens % val_batch != 0)
-    fail(fmt::format("key 'val_tokens': value {} is not a multiple of device_batch_size x sequence_length x "
-                     "data-parallel ranks = {}; valid: e.g. {}",
-                     c.val_tokens, val_batch, std::max<int64_t>(1, c.val_tokens / val_batch) * val_batch));
+    fail(
+        fmt::format("key 'val_tokens': value {} is not a multiple of device_batch_size x sequence_length x "
+                    "data-parallel ranks = {}; valid: e.g. {}",
+                    c.val_tokens, val_batch, std::max<int64_t>(1, c.val_tokens / val_batch) * val_batch));
   if (c.checkpoint_freq > 0 && c.checkpoint_dir.empty())
     fail(fmt::format("key 'checkpoint_freq': value {} needs checkpoint_dir (it is empty)", c.checkpoint_freq));
   if (c.stop_after > 0 && c.checkpoint_dir.empty())
@@ -113,23 +128,23 @@ void config_validate(const Config& c) {
   }
   // numerics keys
   if (c.grad_clip > 0 && c.replicate_mesh_grad_sync && c.dp_size > 1)
-    fail(fmt::format("key 'grad_clip': value {} needs the gradient summed over the dp replicas, which legacy Dion "
-                     "with replicate_mesh_grad_sync never forms (dp_size {}); valid: grad_clip 0, or "
-                     "replicate_mesh_grad_sync false", format_double(c.grad_clip), c.dp_size));
-  const OptimizerChoice* matrix_opt = find_optimizer(c.optimizer);
-  if (c.scalar_opt == "adamw" && matrix_opt && matrix_opt->matrix &&
-      (c.scalar_beta1 >= 1 || c.scalar_beta2 >= 1))
-    fail(fmt::format("keys 'scalar_beta1' {} / 'scalar_beta2' {}: AdamW (scalar_opt adamw) needs each beta < 1 (its "
-                     "bias correction divides by 1 - beta^t); valid: betas in [0, 1)",
-                     format_double(c.scalar_beta1), format_double(c.scalar_beta2)));
+    fail(
+        fmt::format("key 'grad_clip': value {} needs the gradient summed over the dp replicas, which legacy Dion "
+                    "with replicate_mesh_grad_sync never forms (dp_size {}); valid: grad_clip 0, or "
+                    "replicate_mesh_grad_sync false",
+                    format_double(c.grad_clip), c.dp_size));
   if (c.cuda_graphs && c.device == "cpu")  // (device auto: checked once resolved, train.cpp)
-    fail(fmt::format("key 'cuda_graphs': true needs device cuda (a CUDA graph captures GPU work; device is '{}'); "
-                     "valid: false, or device cuda", c.device));
+    fail(
+        fmt::format("key 'cuda_graphs': true needs device cuda (a CUDA graph captures GPU work; device is '{}'); "
+                    "valid: false, or device cuda",
+                    c.device));
   if (c.cuda_graphs && c.dp_size * c.fs_size * c.tp_size > 1)
-    fail(fmt::format("key 'cuda_graphs': true is supported for one process only (dp_size {} x fs_size {} x "
-                     "tp_size {} = {} processes): the DDP bucket all-reduces, FSDP gathers and TP all-reduces of "
-                     "the step are issued from the host as the backward runs and cannot be captured; valid: false, "
-                     "or dp_size = fs_size = tp_size = 1", c.dp_size, c.fs_size, c.tp_size, c.dp_size * c.fs_size * c.tp_size));
+    fail(
+        fmt::format("key 'cuda_graphs': true is supported for one process only (dp_size {} x fs_size {} x "
+                    "tp_size {} = {} processes): the DDP bucket all-reduces, FSDP gathers and TP all-reduces of "
+                    "the step are issued from the host as the backward runs and cannot be captured; valid: false, "
+                    "or dp_size = fs_size = tp_size = 1",
+                    c.dp_size, c.fs_size, c.tp_size, c.dp_size * c.fs_size * c.tp_size));
 }
 
 }  // namespace dion::train

@@ -25,8 +25,8 @@ GradNorm grad_norm(const std::vector<at::Tensor>& params, Parallel& par, bool gr
     if (!g.defined() || g.numel() == 0) continue;
     const at::Tensor flat = g.detach().reshape({-1});
     for (int64_t start = 0; start < flat.numel(); start += kChunk)
-      sums.push_back(flat.narrow(0, start, std::min(kChunk, flat.numel() - start)).to(at::kDouble).square().sum()
-                         .reshape({1}));
+      sums.push_back(
+          flat.narrow(0, start, std::min(kChunk, flat.numel() - start)).to(at::kDouble).square().sum().reshape({1}));
   }
   const double local = sums.empty() ? 0.0 : at::cat(sums).sum().item<double>();
   const std::shared_ptr<comm::Group>& dp = par.dp_group();

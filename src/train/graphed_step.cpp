@@ -88,9 +88,10 @@ at::Tensor MicroStep::forward_backward(const at::Tensor& x, const at::Tensor& y)
   if (!s.graph) {
     for (const at::Tensor& p : s.model->parameters())
       if (p.requires_grad() && !p.grad().defined())
-        throw ValueError(fmt::format("cuda_graphs: a parameter of shape {} has no gradient after the warm-up step; "
-                                     "the captured backward would never write it",
-                                     c10::str(p.sizes())));
+        throw ValueError(
+            fmt::format("cuda_graphs: a parameter of shape {} has no gradient after the warm-up step; "
+                        "the captured backward would never write it",
+                        c10::str(p.sizes())));
     s.x_static = x.to(s.device).clone();
     s.y_static = y.to(s.device).clone();
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
@@ -104,7 +105,8 @@ at::Tensor MicroStep::forward_backward(const at::Tensor& x, const at::Tensor& y)
       }
       s.loss_static = at::Tensor();
       throw ValueError(std::string("cuda_graphs: the forward + backward of a micro-batch could not be captured in a "
-                                   "CUDA graph: ") + e.what());
+                                   "CUDA graph: ") +
+                       e.what());
     }
     graph->capture_end();
     s.graph = std::move(graph);

@@ -24,9 +24,10 @@ ShardLoader::ShardLoader(const fs::path& dir, const std::string& split, int64_t 
     : B_(B), T_(T), rank_(rank), world_(world) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    throw DataLoadError(fmt::format("data_dir '{}' is not a folder (does it exist?). Make shards with "
-                                    "`dion-data prepare TEXT -o {}` or fetch FineWeb with `dion-data download`",
-                                    dir.string(), dir.string()));
+    throw DataLoadError(
+        fmt::format("data_dir '{}' is not a folder (does it exist?). Make shards with "
+                    "`dion-data prepare TEXT -o {}` or fetch FineWeb with `dion-data download`",
+                    dir.string(), dir.string()));
   const std::string head = prefix + "_" + split + "_";
   data::ShardFolder folder;
   try {
@@ -42,10 +43,11 @@ ShardLoader::ShardLoader(const fs::path& dir, const std::string& split, int64_t 
   const int64_t need = B * T * world + 1;
   for (const data::ShardFolderEntry& s : shards) {
     if (s.header.token_count < need)
-      throw DataLoadError(fmt::format("shard '{}' holds {} tokens, fewer than one batch needs "
-                                      "(device_batch_size x sequence_length x ranks + 1 = {}); use a smaller "
-                                      "batch or bigger shards",
-                                      s.path.string(), s.header.token_count, need));
+      throw DataLoadError(
+          fmt::format("shard '{}' holds {} tokens, fewer than one batch needs "
+                      "(device_batch_size x sequence_length x ranks + 1 = {}); use a smaller "
+                      "batch or bigger shards",
+                      s.path.string(), s.header.token_count, need));
     files_.push_back(s.path);
     token_counts_.push_back(s.header.token_count);
   }
@@ -98,15 +100,18 @@ LoaderPosition ShardLoader::position() const {
 
 void ShardLoader::restore(const LoaderPosition& pos) {
   if (pos.shard < 0 || pos.shard >= int64_t(files_.size()) || files_[pos.shard].filename() != pos.shard_name)
-    throw DataLoadError(fmt::format("the checkpoint's loader position is shard #{} '{}', but the data folder's "
-                                    "shard #{} is '{}': the data changed since the checkpoint",
-                                    pos.shard, pos.shard_name, pos.shard,
-                                    pos.shard >= 0 && pos.shard < int64_t(files_.size())
-                                        ? files_[pos.shard].filename().string() : std::string("(none)")));
+    throw DataLoadError(
+        fmt::format("the checkpoint's loader position is shard #{} '{}', but the data folder's "
+                    "shard #{} is '{}': the data changed since the checkpoint",
+                    pos.shard, pos.shard_name, pos.shard,
+                    pos.shard >= 0 && pos.shard < int64_t(files_.size()) ? files_[pos.shard].filename().string()
+                                                                         : std::string("(none)")));
   const int64_t mine = pos.offset + rank_ * B_ * T_;
   if (pos.offset < 0 || mine + B_ * T_ + 1 > token_counts_[pos.shard])
-    throw DataLoadError(fmt::format("the checkpoint's loader offset {} (this rank's: {}) does not fit shard '{}' "
-                                    "({} tokens)", pos.offset, mine, pos.shard_name, token_counts_[pos.shard]));
+    throw DataLoadError(
+        fmt::format("the checkpoint's loader offset {} (this rank's: {}) does not fit shard '{}' "
+                    "({} tokens)",
+                    pos.offset, mine, pos.shard_name, token_counts_[pos.shard]));
   open_shard(pos.shard);
   offset_ = mine;
 }
@@ -133,9 +138,14 @@ void loader_check_vocab(const Loader& loader, int64_t vocab_size, const std::str
 
 // ---------------------------------------------------------------------------- synthetic
 
-SyntheticLoader::SyntheticLoader(int64_t B, int64_t T, uint64_t seed, int64_t rank, int64_t world,
-                                 int64_t vocab)
-    : B_(B), T_(T), vocab_(std::min<int64_t>(vocab, data::Gpt2Tokenizer::kVocabSize)), seed_(seed), rank_(rank), world_(world), gen_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
+SyntheticLoader::SyntheticLoader(int64_t B, int64_t T, uint64_t seed, int64_t rank, int64_t world, int64_t vocab)
+    : B_(B),
+      T_(T),
+      vocab_(std::min<int64_t>(vocab, data::Gpt2Tokenizer::kVocabSize)),
+      seed_(seed),
+      rank_(rank),
+      world_(world),
+      gen_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
 
 Batch SyntheticLoader::next() {
   at::Tensor mine;
@@ -156,8 +166,7 @@ LoaderPosition SyntheticLoader::position() const { return {0, drawn_, "synthetic
 
 void SyntheticLoader::restore(const LoaderPosition& pos) {
   reset();
-  for (int64_t i = 0; i < pos.offset; ++i)
-    (void)at::randint(0, vocab_, {B_ * T_ + 1}, gen_, at::kLong);
+  for (int64_t i = 0; i < pos.offset; ++i) (void)at::randint(0, vocab_, {B_ * T_ + 1}, gen_, at::kLong);
   drawn_ = pos.offset;
 }
 

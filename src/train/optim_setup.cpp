@@ -5,20 +5,42 @@
 
 namespace dion::train {
 
+namespace {
+// train.py writes betas=(0.95, 0.98) into the embedding and lm_head groups, but its Dion-family
+// optimizers read the group keys beta1 / beta2, filled from their constructor default (0.9,
+// 0.95): keys scalar_beta1 / scalar_beta2, default that effective pair (docs/train.md "Parameter
+// groups").
+Override scalar_group(const Config& c, double lr) {
+  return {.algorithm = c.scalar_opt, .lr = lr, .weight_decay = 0.0, .betas = Betas{c.scalar_beta1, c.scalar_beta2}};
+}
+
+// Group 0's hyperparameters: the class's defaults, then the knobs train.py's constructor call passes.
+Options matrix_defaults(const Config& c, const AlgorithmSpec& spec) {
+  const TrainKnobs knobs{
+      c.lr, c.mu, c.weight_decay, c.ortho_fraction, c.rcqr_oversample, c.adjust_lr, c.mixed_precision};
+  Options defaults = NamedOptimizer::defaults_of(spec.name).lr(c.lr).weight_decay(c.weight_decay);
+  if (spec.train_options) spec.train_options(defaults, knobs);
+  return defaults;
+}
+}  // namespace
+
+TrainGroupOptions train_group_options(const Config& c, const AlgorithmSpec& spec) {
+  TrainGroupOptions out{matrix_defaults(c, spec), std::nullopt};
+  if (spec.matrix) out.scalar = scalar_group(c, c.lr).apply(out.matrix);
+  return out;
+}
+
 TrainOptimizer build_optimizer(const Config& c, GPT& model) {
   const Algorithm algo = find_algorithm(c.optimizer, /*aliases=*/true);
-  if (!algo) throw ConfigError("key 'optimizer': value '" + c.optimizer + "' is invalid");  // config_validate catches it first
+  if (!algo)
+    throw ConfigError("key 'optimizer': value '" + c.optimizer + "' is invalid");  // config_validate catches it first
   const AlgorithmSpec& spec = algo.spec();
   math::OrthoConfig ortho;
   ortho.method = c.use_polar_express ? math::OrthoMethod::POLAR_EXPRESS : math::OrthoMethod::NEWTON_SCHULZ;
   ortho.path = math::ortho_path_from_string(c.ortho_path);  // config_validate has checked the value
   // train.py passes use_gram_newton_schulz to some classes only; the others ignore it there, and so here.
   ortho.use_gram_newton_schulz = c.use_gram_newton_schulz && spec.train_gram_newton_schulz;
-
-  const TrainKnobs knobs{c.lr, c.mu, c.weight_decay, c.ortho_fraction, c.rcqr_oversample, c.adjust_lr,
-                         c.mixed_precision};
-  Options defaults = NamedOptimizer::defaults_of(spec.name).lr(c.lr).weight_decay(c.weight_decay);
-  if (spec.train_options) spec.train_options(defaults, knobs);
+  const Options defaults = matrix_defaults(c, spec);
 
   std::vector<at::Tensor> matrices = model->block_params();
   std::vector<at::Tensor> embedding = {model->embedding_weight()};
@@ -35,15 +57,8 @@ TrainOptimizer build_optimizer(const Config& c, GPT& model) {
   }
 
   const double lm_head_lr = c.lr * lm_head_lr_scale(c.scalar_opt, c.model_dim);
-  // train.py writes betas=(0.95, 0.98) into these groups, but its Dion-family optimizers read
-  // the group keys beta1 / beta2, filled from their constructor default (0.9, 0.95): keys
-  // scalar_beta1 / scalar_beta2, default that effective pair (docs/train.md "Parameter groups").
-  const auto scalar_betas = std::make_tuple(c.scalar_beta1, c.scalar_beta2);
   std::vector<ParamGroup> groups = {
-      {matrices},
-      {embedding, {.algorithm = c.scalar_opt, .lr = c.lr, .weight_decay = 0.0, .betas = scalar_betas}},
-      {lm_head, {.algorithm = c.scalar_opt, .lr = lm_head_lr, .weight_decay = 0.0, .betas = scalar_betas}},
-  };
+      {matrices}, {embedding, scalar_group(c, c.lr)}, {lm_head, scalar_group(c, lm_head_lr)}};
   out.base_lrs = {c.lr, c.lr, lm_head_lr};
   out.optimizer = std::make_unique<NamedOptimizer>(spec.name, groups, defaults, ortho, nullptr);
   return out;

@@ -78,7 +78,9 @@ const std::map<std::string, Row>& table() {
       {"device", {P::LOGGED, ""}},
       {"dtype", {P::LOGGED, ""}},
       {"model_kernels", {P::LOGGED, ""}},
-      {"seed", {P::MUST_MATCH, "debug mode's synthetic tokens are drawn from it (the generators are restored from the checkpoint)"}},
+      {"seed",
+       {P::MUST_MATCH,
+        "debug mode's synthetic tokens are drawn from it (the generators are restored from the checkpoint)"}},
       {"resume", {P::FREE, ""}},
       {"resume_fallback", {P::FREE, ""}},
       {"stop_after", {P::FREE, ""}},
@@ -97,7 +99,9 @@ const std::map<std::string, Row>& table() {
 
 std::string config_items_value(double v) { return fmt::format("{}", v); }
 
-uint32_t crc(uint32_t c, const void* p, size_t n) { return uint32_t(::crc32(c, static_cast<const Bytef*>(p), uInt(n))); }
+uint32_t crc(uint32_t c, const void* p, size_t n) {
+  return uint32_t(::crc32(c, static_cast<const Bytef*>(p), uInt(n)));
+}
 
 }  // namespace
 
@@ -135,7 +139,8 @@ std::vector<std::string> resume_check(const Config& c, const CheckpointMeta& met
   try {
     saved = YAML::Load(meta.config_yaml);
   } catch (const YAML::Exception& e) {
-    throw CheckpointError(fmt::format("'{}': key 'config_yaml' is not valid YAML: {}", (ckpt / "meta.json").string(), e.what()));
+    throw CheckpointError(
+        fmt::format("'{}': key 'config_yaml' is not valid YAML: {}", (ckpt / "meta.json").string(), e.what()));
   }
   const std::string name = ckpt.filename().string();
   std::vector<std::string> changed;
@@ -166,11 +171,13 @@ std::vector<std::string> resume_check(const Config& c, const CheckpointMeta& met
   }
   // numerics keys: a checkpoint from before scalar_beta1/2 ran its embedding and lm_head with
   // (0.95, 0.98) (the default then); say so rather than change them silently.
-  if (!saved["scalar_beta1"].IsDefined() && config_detail::find_optimizer(c.optimizer) && config_detail::find_optimizer(c.optimizer)->matrix)
-    lines.push_back(fmt::format("  resuming {} with scalar betas ({}, {}); it was trained by a dion-train without the "
-                                "scalar_beta keys, which used (0.95, 0.98): pass --scalar_beta1 0.95 --scalar_beta2 "
-                                "0.98 to keep those",
-                                name, config_items_value(c.scalar_beta1), config_items_value(c.scalar_beta2)));
+  if (!saved["scalar_beta1"].IsDefined() && config_detail::find_optimizer(c.optimizer) &&
+      config_detail::find_optimizer(c.optimizer)->matrix)
+    lines.push_back(
+        fmt::format("  resuming {} with scalar betas ({}, {}); it was trained by a dion-train without the "
+                    "scalar_beta keys, which used (0.95, 0.98): pass --scalar_beta1 0.95 --scalar_beta2 "
+                    "0.98 to keep those",
+                    name, config_items_value(c.scalar_beta1), config_items_value(c.scalar_beta2)));
   if (!meta.data_fingerprint.empty() && meta.data_fingerprint != fingerprint)
     throw ConfigError(fmt::format(
         "the training data differs from the checkpoint's: '{}' holds {}, checkpoint '{}' was trained on {}; the "
@@ -178,8 +185,9 @@ std::vector<std::string> resume_check(const Config& c, const CheckpointMeta& met
         "new run (another checkpoint_dir, or --resume false)",
         c.data_dir, fingerprint, ckpt.string(), meta.data_fingerprint));
   if (meta.dp_size != c.dp_size || meta.fs_size != c.fs_size || meta.tp_size != c.tp_size)
-    lines.push_back(fmt::format("  resuming at another layout: dp {} x fs {} x tp {} -> dp {} x fs {} x tp {} (resharded)",
-                                meta.dp_size, meta.fs_size, meta.tp_size, c.dp_size, c.fs_size, c.tp_size));
+    lines.push_back(
+        fmt::format("  resuming at another layout: dp {} x fs {} x tp {} -> dp {} x fs {} x tp {} (resharded)",
+                    meta.dp_size, meta.fs_size, meta.tp_size, c.dp_size, c.fs_size, c.tp_size));
   if (!changed.empty()) {
     std::string text;
     for (const std::string& s : changed) text += (text.empty() ? "" : ", ") + s;

@@ -90,9 +90,10 @@ void check_config_agrees(comm::Group& world, const Config& c) {
   for (int r = 1; r < world.size(); ++r)
     for (size_t i = 0; i < items.size(); ++i)
       if (!at::equal(all[r][int64_t(i)], all[0][int64_t(i)]))
-        throw ConfigError(fmt::format("key '{}' differs between rank 0 and rank {} (this rank {} has '{}'): every rank "
-                                      "must run the same configuration",
-                                      items[i].first, r, world.rank(), items[i].second));
+        throw ConfigError(
+            fmt::format("key '{}' differs between rank 0 and rank {} (this rank {} has '{}'): every rank "
+                        "must run the same configuration",
+                        items[i].first, r, world.rank(), items[i].second));
 }
 
 double peak_rss_mb() {
@@ -117,14 +118,16 @@ RunSummary train_run(const Config& config) {
   // ---------------------------------------------------------------- checks before any write
   Config c = config;  // device auto resolved (what config.yaml and the checkpoints record)
   c.device = resolve_device(config);
-  const std::string device_why =
-      config.device != "auto" ? ""
-      : c.device == "cuda"    ? "device auto: a CUDA device is present; --device cpu trains on the CPU"
-                              : "device auto: no CUDA device here";
+  const std::string device_why = config.device != "auto" ? ""
+                                 : c.device == "cuda"
+                                     ? "device auto: a CUDA device is present; --device cpu trains on the CPU"
+                                     : "device auto: no CUDA device here";
   const std::string device_note = device_why.empty() ? "" : " (" + device_why + ")";
   if (c.cuda_graphs && c.device != "cuda")
-    throw ConfigError(fmt::format("key 'cuda_graphs': true needs device cuda (device is '{}'{}); valid: false, or "
-                                  "device cuda", c.device, device_why.empty() ? "" : "; " + device_why));
+    throw ConfigError(
+        fmt::format("key 'cuda_graphs': true needs device cuda (device is '{}'{}); valid: false, or "
+                    "device cuda",
+                    c.device, device_why.empty() ? "" : "; " + device_why));
   if (c.device == "cuda" && !at::globalContext().hasCUDA())
     throw ConfigError("key 'device': value 'cuda' but this machine (or this LibTorch) has no CUDA device; valid: cpu");
   comm::GroupOptions gopt;
@@ -136,31 +139,36 @@ RunSummary train_run(const Config& config) {
   // sub-group rendezvous until comm_timeout_s instead of naming the key.
   check_config_agrees(world, c);
   Parallel par(std::move(world), MeshShape{c.dp_size, c.fs_size, c.tp_size});
-  const at::Device device = c.device == "cuda" ? at::Device(at::kCUDA, int8_t(par.world().local_rank())) : at::Device(at::kCPU);
+  const at::Device device =
+      c.device == "cuda" ? at::Device(at::kCUDA, int8_t(par.world().local_rank())) : at::Device(at::kCPU);
   const std::string dtype = resolve_dtype(c);
   const bool autocast = dtype == "bf16";
 
   std::unique_ptr<Loader> train_loader, val_loader;
   const int64_t drank = par.data_rank(), dsize = par.data_size();
   if (c.debug) {
-    train_loader = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed), drank, dsize, c.vocab_size);
-    val_loader = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed) + 1, drank, dsize, c.vocab_size);
+    train_loader = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed), drank,
+                                                     dsize, c.vocab_size);
+    val_loader = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed) + 1, drank,
+                                                   dsize, c.vocab_size);
   } else {
-    train_loader = std::make_unique<ShardLoader>(c.data_dir, "train", c.device_batch_size, c.sequence_length, drank, dsize);
+    train_loader =
+        std::make_unique<ShardLoader>(c.data_dir, "train", c.device_batch_size, c.sequence_length, drank, dsize);
     val_loader = std::make_unique<ShardLoader>(c.data_dir, "val", c.device_batch_size, c.sequence_length, drank, dsize);
   }
   loader_check_vocab(*train_loader, c.vocab_size, c.data_dir);  // key vocab_size vs the shards' tokenizer
   // Sizes against the data: a validation that reads more than the val split re-reads it, a step
   // larger than the train split reads it more than once (--val_tokens 1.28e12 ran for days).
   if (val_loader->tokens() >= 0 && c.val_tokens > val_loader->tokens())
-    throw ConfigError(fmt::format("key 'val_tokens': value {} is more than the {} tokens of the val shards in '{}'; "
-                                  "valid: at most {} (a validation reads each val token once)",
-                                  c.val_tokens, val_loader->tokens(), c.data_dir, val_loader->tokens()));
+    throw ConfigError(
+        fmt::format("key 'val_tokens': value {} is more than the {} tokens of the val shards in '{}'; "
+                    "valid: at most {} (a validation reads each val token once)",
+                    c.val_tokens, val_loader->tokens(), c.data_dir, val_loader->tokens()));
   if (train_loader->tokens() >= 0 && c.batch_size * c.sequence_length > train_loader->tokens())
-    throw ConfigError(fmt::format("keys 'batch_size' {} x 'sequence_length' {} = {} tokens per step, more than the {} "
-                                  "tokens of the train shards in '{}'; valid: a step of at most the whole train split",
-                                  c.batch_size, c.sequence_length, c.batch_size * c.sequence_length,
-                                  train_loader->tokens(), c.data_dir));
+    throw ConfigError(fmt::format(
+        "keys 'batch_size' {} x 'sequence_length' {} = {} tokens per step, more than the {} "
+        "tokens of the train shards in '{}'; valid: a step of at most the whole train split",
+        c.batch_size, c.sequence_length, c.batch_size * c.sequence_length, train_loader->tokens(), c.data_dir));
   // A write past `ulimit -f` must fail with EFBIG (a clear CheckpointError) instead of the
   // default SIGXFSZ killing the process.
   std::signal(SIGXFSZ, SIG_IGN);
@@ -188,27 +196,34 @@ RunSummary train_run(const Config& config) {
       resume_lines.push_back("  resume_fallback: no good checkpoint left: starting over at step 0");
     ckpt = choice.chosen;
     meta = choice.meta;
-    if (par.world_size() > 1) {  // every rank must resume the same checkpoint (a shared file system)
+    if (par.world_size() > 1) {     // every rank must resume the same checkpoint (a shared file system)
       constexpr int64_t kBad = -2;  // this rank's verification failed
-      at::Tensor all = par.world().all_gather(
-          at::tensor({bad ? kBad : ckpt ? meta->state.step : int64_t(-1)}, at::kLong)).reshape({-1});
+      at::Tensor all = par.world()
+                           .all_gather(at::tensor({bad    ? kBad
+                                                   : ckpt ? meta->state.step
+                                                          : int64_t(-1)},
+                                                  at::kLong))
+                           .reshape({-1});
       if (bad) throw *bad;
       for (int r = 0; r < par.world_size(); ++r)
         if (all[r].item<int64_t>() == kBad)
-          throw CheckpointError(fmt::format("rank {} found checkpoint_dir '{}' not resumable (its message is in that "
-                                            "rank's log); every rank stops", r, c.checkpoint_dir));
+          throw CheckpointError(
+              fmt::format("rank {} found checkpoint_dir '{}' not resumable (its message is in that "
+                          "rank's log); every rank stops",
+                          r, c.checkpoint_dir));
       for (int r = 1; r < par.world_size(); ++r)
         if (all[r].item<int64_t>() != all[0].item<int64_t>())
-          throw CheckpointError(fmt::format("rank 0 resumes checkpoint_dir '{}' at step {} but rank {} at step {}: the "
-                                            "ranks must see the same checkpoint_dir (a shared file system)",
-                                            c.checkpoint_dir, all[0].item<int64_t>(), r, all[r].item<int64_t>()));
+          throw CheckpointError(
+              fmt::format("rank 0 resumes checkpoint_dir '{}' at step {} but rank {} at step {}: the "
+                          "ranks must see the same checkpoint_dir (a shared file system)",
+                          c.checkpoint_dir, all[0].item<int64_t>(), r, all[r].item<int64_t>()));
     }
     if (ckpt) {
       if (meta->state.step >= c.num_iterations)
-        throw CheckpointError(fmt::format("checkpoint '{}' is at step {}, past num_iterations {} (steps 0..{}): nothing "
-                                          "to do; raise --num_iterations above {} to continue training it",
-                                          ckpt->string(), meta->state.step, c.num_iterations, c.num_iterations - 1,
-                                          meta->state.step + 1));
+        throw CheckpointError(fmt::format(
+            "checkpoint '{}' is at step {}, past num_iterations {} (steps 0..{}): nothing "
+            "to do; raise --num_iterations above {} to continue training it",
+            ckpt->string(), meta->state.step, c.num_iterations, c.num_iterations - 1, meta->state.step + 1));
       for (std::string& line : resume_check(c, *meta, *ckpt, data_fp)) resume_lines.push_back(std::move(line));
     }
   }
@@ -220,7 +235,7 @@ RunSummary train_run(const Config& config) {
   placeholder.placeholder_weights = true;  // never the whole model: init_model draws one weight at a time
   GPT model(placeholder);
   at::manual_seed(uint64_t(c.seed));  // after construction, as the reference (built on meta) draws
-  par.init_model(model);  // the weights of one process; each rank keeps its parts
+  par.init_model(model);              // the weights of one process; each rank keeps its parts
   par.set_reshard_after_forward(c.reshard_after_forward && !c.fast_fsdp);
   par.set_gather_dtype(c.fsdp_param_dtype == "bf16" ? at::kBFloat16 : at::kFloat);  // FSDP gathers
   model->to(device);
@@ -259,7 +274,8 @@ RunSummary train_run(const Config& config) {
   const int64_t tokens_per_step = c.batch_size * c.sequence_length;
   say(fmt::format("dion-train: GPT {} layers x {} dim x {} heads, {} parameters; {} on {} ({}){}", c.n_layer,
                   c.model_dim, c.n_head, gpt_param_count(gcfg), c.optimizer, c.device, dtype, device_note));
-  say(fmt::format("  batch {} x {} tokens (device batch {}, {} accumulation steps), {} steps, lr {} "
+  say(
+      fmt::format("  batch {} x {} tokens (device batch {}, {} accumulation steps), {} steps, lr {} "
                   "(warmup {}, warmdown {}), scalar_opt {}",
                   c.batch_size, c.sequence_length, c.device_batch_size, accum, N, c.lr, c.warmup_ratio,
                   c.warmdown_ratio, !find_algorithm(c.optimizer, true).matrix() ? c.optimizer : c.scalar_opt));
@@ -269,26 +285,27 @@ RunSummary train_run(const Config& config) {
                   c.checkpoint_dir.empty() ? std::string("none")
                                            : fmt::format("{} every {} steps", c.checkpoint_dir, c.checkpoint_freq)));
   if (par.world_size() > 1)
-    say(fmt::format("  layout: {} processes = dp {} x fs {} x tp {}{}; {} data-parallel ranks; DDP buckets: {}",
-                    par.world_size(), c.dp_size, c.fs_size, c.tp_size,
-                    c.mesh_from_world ? " (DDP over every process: no dp_size, fs_size or tp_size given, as train.py)"
-                                      : "",
-                    dsize, ddp ? fmt::format("{} of <= {} MB", ddp->buckets(), c.ddp_bucket_mb)
-                               : std::string(c.replicate_mesh_grad_sync ? "none (the optimizer syncs)" : "none")));
-  if (ckpt) say(fmt::format("  resumed from {} (step {} done{})", ckpt->string(), st.step,
-                            st.step == N - 1 ? ": every training step is done" : ""));
+    say(fmt::format(
+        "  layout: {} processes = dp {} x fs {} x tp {}{}; {} data-parallel ranks; DDP buckets: {}", par.world_size(),
+        c.dp_size, c.fs_size, c.tp_size,
+        c.mesh_from_world ? " (DDP over every process: no dp_size, fs_size or tp_size given, as train.py)" : "", dsize,
+        ddp ? fmt::format("{} of <= {} MB", ddp->buckets(), c.ddp_bucket_mb)
+            : std::string(c.replicate_mesh_grad_sync ? "none (the optimizer syncs)" : "none")));
+  if (ckpt)
+    say(fmt::format("  resumed from {} (step {} done{})", ckpt->string(), st.step,
+                    st.step == N - 1 ? ": every training step is done" : ""));
   for (const std::string& line : resume_lines) say(line);
   // MFU (dion/train/mfu.h): the model's FLOPs per token against the peak_tflops key or a matmul
   // in the compute dtype timed once here.
   const double model_flops = flops_per_token(gcfg);
-  const double peak_flops = c.peak_tflops > 0 ? c.peak_tflops * 1e12
-                                              : measure_peak_flops(device, autocast ? at::kBFloat16 : at::kFloat,
-                                                                   gcfg.kernels);
+  const double peak_flops = c.peak_tflops > 0
+                                ? c.peak_tflops * 1e12
+                                : measure_peak_flops(device, autocast ? at::kBFloat16 : at::kFloat, gcfg.kernels);
   say(fmt::format("  MFU: {:.3g} GFLOP per token (6 N + 12 L T C) against {:.3g} TFLOP/s ({}); CUDA graphs: {}",
                   model_flops / 1e9, peak_flops / 1e12,
                   c.peak_tflops > 0 ? std::string("peak_tflops")
                                     : fmt::format("measured: {} matmul on {}, {} kernels", autocast ? "bf16" : "fp32",
-                                                device.str(), c.model_kernels),
+                                                  device.str(), c.model_kernels),
                   c.cuda_graphs ? "on (forward + backward and the optimizer step replayed after step 1)" : "off"));
   MicroStep micro(model, opt, device, autocast, 1.0 / double(accum * dsize), c.cuda_graphs);
   const std::vector<at::Tensor> params = model->parameters();
@@ -368,7 +385,8 @@ RunSummary train_run(const Config& config) {
       micro.discard_gradients();
       ++nonfinite_in_a_row;
       ++sum.steps_skipped;
-      say(fmt::format("step {}/{}: {} is not finite (loss {}, grad_norm {}): step skipped, the weights and the "
+      say(
+          fmt::format("step {}/{}: {} is not finite (loss {}, grad_norm {}): step skipped, the weights and the "
                       "optimizer state unchanged ({} in a row; max_nonfinite_steps {})",
                       step, N, std::isfinite(train_loss) ? "the gradient" : "the loss", train_loss, gnorm.norm,
                       nonfinite_in_a_row, c.max_nonfinite_steps));
@@ -408,11 +426,12 @@ RunSummary train_run(const Config& config) {
     // train line is the update that the validation line "step s+1" comes after.
     if (step % c.log_every == 0 || step == N - 1) {
       const double tok_s = double(tokens_per_step) / step_s;
-      std::string line =
-          fmt::format("step {}/{} | loss {:.4f} | grad_norm {:.4f} | lr {:.3e} | {:.0f} tok/s | MFU {:.1f}% | {:.0f} "
-                      "ms/step | ETA {}",
-                      step, N, train_loss, gnorm.norm, lr, tok_s, 100.0 * mfu(model_flops, tok_s / double(par.world_size()), peak_flops),
-                      step_s * 1000, format_duration(ms_avg / 1000 * double(N - step - 1)));
+      std::string line = fmt::format(
+          "step {}/{} | loss {:.4f} | grad_norm {:.4f} | lr {:.3e} | {:.0f} tok/s | MFU {:.1f}% | {:.0f} "
+          "ms/step | ETA {}",
+          step, N, train_loss, gnorm.norm, lr, tok_s,
+          100.0 * mfu(model_flops, tok_s / double(par.world_size()), peak_flops), step_s * 1000,
+          format_duration(ms_avg / 1000 * double(N - step - 1)));
       if (c.time_optimizer)
         line += fmt::format(" (fwd+bwd {:.0f} ms, optimizer {:.0f} ms)", t_fwd_bwd * 1000, (step_s - t_fwd_bwd) * 1000);
       say(line);
@@ -431,7 +450,8 @@ RunSummary train_run(const Config& config) {
     at::Tensor mine = at::tensor({peak_rss_mb()}, at::kDouble);
     at::Tensor all = par.world().all_gather(mine).reshape({-1});
     std::string per_rank;
-    for (int r = 0; r < par.world_size(); ++r) per_rank += fmt::format("{}{:.0f}", r ? ", " : "", all[r].item<double>());
+    for (int r = 0; r < par.world_size(); ++r)
+      per_rank += fmt::format("{}{:.0f}", r ? ", " : "", all[r].item<double>());
     const double steps = double(std::max<int64_t>(sum.steps_done, 1));
     say(fmt::format("memory: peak RSS per rank (MB): {}; sent per step by rank 0: model {:.0f} KB, optimizer {:.0f} KB",
                     per_rank, double(model_bytes) / steps / 1024, double(optimizer_bytes) / steps / 1024));
@@ -439,7 +459,8 @@ RunSummary train_run(const Config& config) {
       say(fmt::format("DDP: {} of {} gradient buckets launched during backward (the last step)",
                       ddp->launched_during_backward(), ddp->buckets()));
     if (par.shape().fs > 1)
-      say(fmt::format("FSDP: {} of {} forward weight gathers prefetched, {} of {} backward re-gathers, {} gradient "
+      say(
+          fmt::format("FSDP: {} of {} forward weight gathers prefetched, {} of {} backward re-gathers, {} gradient "
                       "reduce-scatters; reshard_after_forward {}, gradient sync {}, weights gathered in {}",
                       par.prefetched(), par.gathers(), par.regathers_prefetched(), par.regathers(),
                       par.reduce_scatters(), par.reshard_after_forward(),
@@ -449,7 +470,8 @@ RunSummary train_run(const Config& config) {
   sum.best_val_loss = st.best_val_loss;
   sum.best_val_step = st.best_val_step;
   if (!sum.stopped_early)
-    say(fmt::format("done: {} steps, best val_loss {:.4f} @ step {}, {} training tokens, {} total ({} this run); "
+    say(
+        fmt::format("done: {} steps, best val_loss {:.4f} @ step {}, {} training tokens, {} total ({} this run); "
                     "metrics in {}{}",
                     N, st.best_val_loss, st.best_val_step, st.tokens, format_duration(elapsed()),
                     format_duration(seconds_since(t_start)), (run_dir / "metrics.jsonl").string(),

@@ -14,12 +14,10 @@ int main() {
   torch::manual_seed(0);
   const int steps = 20;
   // A small MLP on y = tanh(x W*), as examples/train_mlp.cpp.
-  torch::Tensor x = torch::randn({64, 16});                                // [B, 16]
-  torch::Tensor y = torch::tanh(x.matmul(torch::randn({16, 8})) / 4);      // [B, 8]
+  torch::Tensor x = torch::randn({64, 16});                            // [B, 16]
+  torch::Tensor y = torch::tanh(x.matmul(torch::randn({16, 8})) / 4);  // [B, 8]
   torch::nn::Linear fc1(16, 32), fc2(32, 32), fc3(32, 8);
-  auto model = [&](const torch::Tensor& in) {
-    return fc3(torch::relu(fc2(torch::relu(fc1(in)))));
-  };
+  auto model = [&](const torch::Tensor& in) { return fc3(torch::relu(fc2(torch::relu(fc1(in))))); };
   torch::Tensor first_loss = torch::mse_loss(model(x), y).detach();
 
   // ---- README "A worked example", verbatim
@@ -27,7 +25,7 @@ int main() {
   std::vector<torch::Tensor> vectors = {fc1->bias, fc2->bias, fc3->bias};
   dion::Optimizer opt(
       {
-          {matrices},                                                           // the defaults
+          {matrices},                                                          // the defaults
           {vectors, {.algorithm = "adamw", .lr = 1e-2, .weight_decay = 0.0}},  // overrides
       },
       dion::Options(0.02).algorithm("dion2").fraction(0.25).weight_decay(0.0));

@@ -19,8 +19,7 @@ int check_other_targets() {
   at::Tensor x = at::arange(4, at::kFloat);  // [4]
   world.all_reduce_(x);                      // one process: x unchanged
   if (world.size() != 1 || world.rank() != 0 || x[3].item<float>() != 3.0f) {
-    std::printf("consumer: FAILED: dion::comm one-process group (size %d, rank %d)\n",
-                world.size(), world.rank());
+    std::printf("consumer: FAILED: dion::comm one-process group (size %d, rank %d)\n", world.size(), world.rank());
     return 1;
   }
 

@@ -21,8 +21,7 @@ TestHttpServer::TestHttpServer(double lifetime_s) : lifetime_s_(lifetime_s) {
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);  // 127.0.0.1 only
   addr.sin_port = 0;                              // ephemeral
-  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::listen(listen_fd_, 16) != 0) {
+  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(listen_fd_, 16) != 0) {
     ::close(listen_fd_);
     throw std::runtime_error("test server: bind/listen on 127.0.0.1 failed");
   }
@@ -56,8 +55,7 @@ std::vector<TestHttpServer::Request> TestHttpServer::requests() const {
 }
 
 void TestHttpServer::serve() {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(lifetime_s_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(lifetime_s_);
   while (!stop_ && std::chrono::steady_clock::now() < deadline) {
     pollfd p{listen_fd_, POLLIN, 0};
     if (::poll(&p, 1, 50) <= 0) continue;
@@ -140,8 +138,7 @@ void TestHttpServer::handle(int fd) {
       trickle_ms = rules.trickle_ms;
       int64_t range = r.range_start;  // what is served (the log keeps what was asked)
       // If-Range: the range only if the validator still matches the file.
-      if (!r.if_range.empty() && r.if_range != rules.etag && r.if_range != rules.last_modified)
-        range = -1;
+      if (!r.if_range.empty() && r.if_range != rules.etag && r.if_range != rules.last_modified) range = -1;
       if (rules.fail_times > 0) {
         --rules.fail_times;
         r.status = rules.fail_status;
@@ -149,15 +146,14 @@ void TestHttpServer::handle(int fd) {
         head = "HTTP/1.1 " + std::to_string(r.status) + " Failing On Purpose\r\n";
       } else if (range >= 0 && !rules.ignore_range && range >= size) {
         r.status = 416;
-        head = "HTTP/1.1 416 Range Not Satisfiable\r\nContent-Range: bytes */" +
-               std::to_string(size) + "\r\n";
+        head = "HTTP/1.1 416 Range Not Satisfiable\r\nContent-Range: bytes */" + std::to_string(size) + "\r\n";
       } else {
         int64_t start = range >= 0 && !rules.ignore_range ? range : 0;
         if (start > 0 && rules.wrong_range) start = 0;
         if (range >= 0 && !rules.ignore_range) {
           r.status = 206;
-          head = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes " + std::to_string(start) +
-                 "-" + std::to_string(size - 1) + "/" + std::to_string(size) + "\r\n";
+          head = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes " + std::to_string(start) + "-" +
+                 std::to_string(size - 1) + "/" + std::to_string(size) + "\r\n";
         } else {
           r.status = 200;
           head = "HTTP/1.1 200 OK\r\n";

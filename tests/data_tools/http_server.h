@@ -21,16 +21,16 @@ namespace dion::test {
 class TestHttpServer {
  public:
   struct Rules {
-    int64_t cut_after = -1;     // send only this many body bytes, then close ...
-    int cut_times = 0;          // ... for this many requests
-    int fail_status = 0;        // answer this status (e.g. 503) ...
-    int fail_times = 0;         // ... for this many requests
-    bool ignore_range = false;  // always 200 + the whole file
-    bool wrong_range = false;   // answer a Range request with 206 for bytes 0-
-    std::string etag{};         // sent as ETag; an If-Range that differs gets 200 + everything
-    std::string last_modified{};  // sent as Last-Modified (also matched by If-Range)
-    int trickle_ms = 0;         // > 0: send the body one byte per this many milliseconds
-    size_t header_padding = 0;  // extra header bytes, in lines of 1000 ...
+    int64_t cut_after = -1;        // send only this many body bytes, then close ...
+    int cut_times = 0;             // ... for this many requests
+    int fail_status = 0;           // answer this status (e.g. 503) ...
+    int fail_times = 0;            // ... for this many requests
+    bool ignore_range = false;     // always 200 + the whole file
+    bool wrong_range = false;      // answer a Range request with 206 for bytes 0-
+    std::string etag{};            // sent as ETag; an If-Range that differs gets 200 + everything
+    std::string last_modified{};   // sent as Last-Modified (also matched by If-Range)
+    int trickle_ms = 0;            // > 0: send the body one byte per this many milliseconds
+    size_t header_padding = 0;     // extra header bytes, in lines of 1000 ...
     bool one_header_line = false;  // ... or as one line
   };
   struct Request {
@@ -47,9 +47,7 @@ class TestHttpServer {
 
   std::string base_url() const;  // "http://127.0.0.1:<port>"
   void add_file(const std::string& path, std::string content, Rules rules);
-  void add_file(const std::string& path, std::string content) {
-    add_file(path, std::move(content), Rules());
-  }
+  void add_file(const std::string& path, std::string content) { add_file(path, std::move(content), Rules()); }
   void add_redirect(const std::string& from, const std::string& to);  // 302
   std::vector<Request> requests() const;
 

@@ -23,8 +23,7 @@ using data::DataError;
 using data::ShardTokenizer;
 
 void expect_contains(const std::string& text, const std::vector<std::string>& parts) {
-  for (const auto& p : parts)
-    EXPECT_NE(text.find(p), std::string::npos) << "\"" << p << "\" not in:\n" << text;
+  for (const auto& p : parts) EXPECT_NE(text.find(p), std::string::npos) << "\"" << p << "\" not in:\n" << text;
 }
 
 // A hand-made shard (test_util's shard_bytes) with header slot [3] set to `slot3`.
@@ -118,34 +117,31 @@ TEST(ByteShards, HeaderSlotOldShardsAreGpt2UnknownIsRefused) {
 
 TEST(ByteShards, ASetMixingTokenizersIsRefused) {
   TempDir d;
-  data::shard_write(d / data::shard_name("fineweb", "val", 0), std::vector<uint16_t>{256, 'a'},
-                    ShardTokenizer::BYTES);
+  data::shard_write(d / data::shard_name("fineweb", "val", 0), std::vector<uint16_t>{256, 'a'}, ShardTokenizer::BYTES);
   data::shard_write(d / data::shard_name("fineweb", "train", 1), std::vector<uint16_t>{50256, 1});
   try {
     data::shard_folder_read(d.path(), "fineweb");
     FAIL() << "a byte val shard beside a GPT-2 train shard was read as one set";
   } catch (const DataError& e) {
-    expect_contains(e.what(), {"fineweb_val_000000.bin", "bytes", "fineweb_train_000001.bin",
-                               "gpt2", "two sets"});
+    expect_contains(e.what(), {"fineweb_val_000000.bin", "bytes", "fineweb_train_000001.bin", "gpt2", "two sets"});
   }
 }
 
 TEST(ByteShards, PrepareCliAndInspect) {
   TempDir d;
   write_file(d / "in.txt", "First Citizen:\nBefore we proceed any further, hear me speak.\n");
-  const RunResult p = run_dion_data({"prepare", (d / "in.txt").string(), "-o",
-                                     (d / "out").string(), "--tokenizer", "byte",
-                                     "--val-fraction", "0", "-q"},
+  const RunResult p = run_dion_data({"prepare", (d / "in.txt").string(), "-o", (d / "out").string(), "--tokenizer",
+                                     "byte", "--val-fraction", "0", "-q"},
                                     RunOptions{"", {"DION_GPT2_DIR="}, ""});
   ASSERT_EQ(p.exit_code, 0) << p.err;  // no GPT-2 files needed
   const fs::path shard = d / "out" / data::shard_name("fineweb", "train", 0);
   ASSERT_TRUE(fs::exists(shard)) << p.err;
   // inspect reads the tokenizer from the header: vocabulary 257, text decoded without GPT-2 files.
-  const RunResult i = run_dion_data({"inspect", shard.string(), "--head", "15"},
-                                    RunOptions{"", {"DION_GPT2_DIR="}, ""});
+  const RunResult i =
+      run_dion_data({"inspect", shard.string(), "--head", "15"}, RunOptions{"", {"DION_GPT2_DIR="}, ""});
   ASSERT_EQ(i.exit_code, 0) << i.err;
-  expect_contains(i.out, {"tokenizer  bytes (vocabulary 257; tokens checked < 257)",
-                          "documents (<|endoftext|>) 1", "decoded    \"<|endoftext|>First Citizen:\""});
+  expect_contains(i.out, {"tokenizer  bytes (vocabulary 257; tokens checked < 257)", "documents (<|endoftext|>) 1",
+                          "decoded    \"<|endoftext|>First Citizen:\""});
   // A byte shard's id 300 is out of its vocabulary (a GPT-2 reader would take it).
   write_file(d / "bad.bin", shard_with_slot3({256, 'a', 300}, 1));
   const RunResult bad = run_dion_data({"inspect", (d / "bad.bin").string()});

@@ -14,8 +14,7 @@ namespace fs = std::filesystem;
 std::string gpt2_dir() { return data_file("gpt2").string(); }
 
 void expect_contains(const std::string& text, const std::vector<std::string>& parts) {
-  for (const auto& p : parts)
-    EXPECT_NE(text.find(p), std::string::npos) << "\"" << p << "\" not in:\n" << text;
+  for (const auto& p : parts) EXPECT_NE(text.find(p), std::string::npos) << "\"" << p << "\" not in:\n" << text;
 }
 
 TEST(Cli, HelpForEverySubcommand) {
@@ -41,12 +40,10 @@ TEST(Cli, PrepareThenInspect) {
   (void)gpt2_tokenizer();  // data/gpt2 must be there: a missing file fails, naming it
   TempDir dir;
   std::string text;
-  for (int i = 0; i < 50; ++i)
-    text += "Paragraph " + std::to_string(i) + ": the quick brown fox.\n\n";
+  for (int i = 0; i < 50; ++i) text += "Paragraph " + std::to_string(i) + ": the quick brown fox.\n\n";
   write_file(dir / "in.txt", text);
-  const RunResult p = run_dion_data(
-      {"prepare", (dir / "in.txt").string(), "-o", (dir / "out").string(), "--tokenizer",
-       gpt2_dir(), "--shard-size", "200", "--delimiter", "\\n\\n", "--threads", "2"});
+  const RunResult p = run_dion_data({"prepare", (dir / "in.txt").string(), "-o", (dir / "out").string(), "--tokenizer",
+                                     gpt2_dir(), "--shard-size", "200", "--delimiter", "\\n\\n", "--threads", "2"});
   ASSERT_EQ(p.exit_code, 0) << p.err;
   expect_contains(p.err, {"from 50 documents", "MB/s", "tokens/s", "fineweb_val_000000.bin"});
   const auto names = list_dir(dir / "out");
@@ -54,21 +51,19 @@ TEST(Cli, PrepareThenInspect) {
   EXPECT_EQ(names[0], "fineweb_train_000001.bin");
   EXPECT_EQ(names.back(), "fineweb_val_000000.bin");
 
-  const RunResult i = run_dion_data({"inspect", (dir / "out/fineweb_val_000000.bin").string(),
-                                     "--tokenizer", gpt2_dir(), "--head", "6"});
+  const RunResult i = run_dion_data(
+      {"inspect", (dir / "out/fineweb_val_000000.bin").string(), "--tokenizer", gpt2_dir(), "--head", "6"});
   ASSERT_EQ(i.exit_code, 0) << i.err;
-  expect_contains(
-      i.out, {"magic 20240520, version 1, 200 tokens", "= 1024 + 2 x count: ok", "unique",
-              "documents (<|endoftext|>)", "top", "first 6", "\"<|endoftext|>Paragraph 0: the\""});
+  expect_contains(i.out, {"magic 20240520, version 1, 200 tokens", "= 1024 + 2 x count: ok", "unique",
+                          "documents (<|endoftext|>)", "top", "first 6", "\"<|endoftext|>Paragraph 0: the\""});
 
   // Preparing into the same folder again is refused; --overwrite replaces.
-  const RunResult again = run_dion_data({"prepare", (dir / "in.txt").string(), "-o",
-                                         (dir / "out").string(), "--tokenizer", gpt2_dir()});
+  const RunResult again =
+      run_dion_data({"prepare", (dir / "in.txt").string(), "-o", (dir / "out").string(), "--tokenizer", gpt2_dir()});
   EXPECT_EQ(again.exit_code, 1);
   expect_contains(again.err, {"already has", "--overwrite"});
-  const RunResult over =
-      run_dion_data({"prepare", (dir / "in.txt").string(), "-o", (dir / "out").string(),
-                     "--tokenizer", gpt2_dir(), "--overwrite", "-q"});
+  const RunResult over = run_dion_data({"prepare", (dir / "in.txt").string(), "-o", (dir / "out").string(),
+                                        "--tokenizer", gpt2_dir(), "--overwrite", "-q"});
   EXPECT_EQ(over.exit_code, 0) << over.err;
   expect_contains(over.err, {"no train shards"});  // one 50-document file in one val shard
   EXPECT_EQ(list_dir(dir / "out"), std::vector<std::string>{"fineweb_val_000000.bin"});
@@ -77,10 +72,9 @@ TEST(Cli, PrepareThenInspect) {
 TEST(Cli, PrepareFromStdinAndEncode) {
   (void)gpt2_tokenizer();  // data/gpt2 must be there: a missing file fails, naming it
   TempDir dir;
-  const RunResult p =
-      run_dion_data({"prepare", "-", "-o", dir.path().string(), "--tokenizer", gpt2_dir(),
-                     "--prefix", "tiny", "--val-fraction", "0.5", "--delimiter", "|"},
-                    "one|two|three|four");
+  const RunResult p = run_dion_data({"prepare", "-", "-o", dir.path().string(), "--tokenizer", gpt2_dir(), "--prefix",
+                                     "tiny", "--val-fraction", "0.5", "--delimiter", "|"},
+                                    "one|two|three|four");
   ASSERT_EQ(p.exit_code, 0) << p.err;
   const auto names = list_dir(dir.path());
   ASSERT_EQ(names.size(), 2u);
@@ -90,8 +84,7 @@ TEST(Cli, PrepareFromStdinAndEncode) {
   const RunResult e = run_dion_data({"encode", "--tokenizer", gpt2_dir()}, "Hello world");
   EXPECT_EQ(e.exit_code, 0) << e.err;
   EXPECT_EQ(e.out, "15496 995\n");
-  const RunResult s =
-      run_dion_data({"encode", "--special", "--tokenizer", gpt2_dir()}, "<|endoftext|>");
+  const RunResult s = run_dion_data({"encode", "--special", "--tokenizer", gpt2_dir()}, "<|endoftext|>");
   EXPECT_EQ(s.out, "50256\n");
 }
 
@@ -106,12 +99,9 @@ TEST(Cli, InspectReportsEachKindOfCorruption) {
   write_file(dir / "vocab.bin", shard_bytes({1, 2, 60000}));
   fs::create_directories(dir / "folder.bin");
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
-      {"magic.bin", {"bad magic 42", "expected 20240520"}},
-      {"version.bin", {"unsupported version 3"}},
-      {"truncated.bin", {"truncated", "3 tokens"}},
-      {"vocab.bin", {"token 60000 at index 2", "< 50257"}},
-      {"missing.bin", {"cannot open", "No such file"}},
-      {"folder.bin", {"not a regular file"}},
+      {"magic.bin", {"bad magic 42", "expected 20240520"}}, {"version.bin", {"unsupported version 3"}},
+      {"truncated.bin", {"truncated", "3 tokens"}},         {"vocab.bin", {"token 60000 at index 2", "< 50257"}},
+      {"missing.bin", {"cannot open", "No such file"}},     {"folder.bin", {"not a regular file"}},
   };
   for (const auto& [name, expect] : cases) {
     const RunResult r = run_dion_data({"inspect", (dir / name).string()});
@@ -120,13 +110,11 @@ TEST(Cli, InspectReportsEachKindOfCorruption) {
     expect_contains(r.err, {(dir / name).string(), "dion-data: error:"});
   }
   // A good file among bad ones is still inspected; the exit code reports the bad one.
-  const RunResult mixed =
-      run_dion_data({"inspect", (dir / "good.bin").string(), (dir / "magic.bin").string()});
+  const RunResult mixed = run_dion_data({"inspect", (dir / "good.bin").string(), (dir / "magic.bin").string()});
   EXPECT_EQ(mixed.exit_code, 1);
   expect_contains(mixed.out, {"good.bin", "3 tokens"});
   expect_contains(mixed.err, {"1 of 2 files failed"});
-  const RunResult wide =
-      run_dion_data({"inspect", (dir / "vocab.bin").string(), "--vocab-size", "65536"});
+  const RunResult wide = run_dion_data({"inspect", (dir / "vocab.bin").string(), "--vocab-size", "65536"});
   EXPECT_EQ(wide.exit_code, 0) << wide.err;
 }
 
@@ -135,20 +123,18 @@ TEST(Cli, PrepareErrorsLeaveNoShards) {
   const RunResult no_tok = run_dion_data({"prepare", "-", "-o", (dir / "out").string()}, "text");
   EXPECT_EQ(no_tok.exit_code, 1);
   expect_contains(no_tok.err, {"--tokenizer", "DION_GPT2_DIR", "encoder.json"});
-  const RunResult bad_tok = run_dion_data(
-      {"prepare", "-", "-o", (dir / "out").string(), "--tokenizer", (dir / "nope").string()},
-      "text");
+  const RunResult bad_tok =
+      run_dion_data({"prepare", "-", "-o", (dir / "out").string(), "--tokenizer", (dir / "nope").string()}, "text");
   EXPECT_EQ(bad_tok.exit_code, 1);
   expect_contains(bad_tok.err, {(dir / "nope/encoder.json").string(), "cannot open"});
   {
-    const RunResult missing = run_dion_data({"prepare", (dir / "missing.txt").string(), "-o",
-                                             (dir / "out").string(), "--tokenizer", gpt2_dir()});
+    const RunResult missing = run_dion_data(
+        {"prepare", (dir / "missing.txt").string(), "-o", (dir / "out").string(), "--tokenizer", gpt2_dir()});
     EXPECT_EQ(missing.exit_code, 1);
     expect_contains(missing.err, {"input", (dir / "missing.txt").string(), "No such file"});
   }
   EXPECT_FALSE(fs::exists(dir / "out") && !list_dir(dir / "out").empty());
-  const RunResult range =
-      run_dion_data({"prepare", "-", "-o", (dir / "out").string(), "--shard-size", "0"});
+  const RunResult range = run_dion_data({"prepare", "-", "-o", (dir / "out").string(), "--shard-size", "0"});
   EXPECT_NE(range.exit_code, 0);
   expect_contains(range.err, {"--shard-size"});
 }
@@ -156,20 +142,13 @@ TEST(Cli, PrepareErrorsLeaveNoShards) {
 TEST(Cli, DownloadFromLocalServer) {
   TestHttpServer server;
   TempDir dir;
-  const std::string val = shard_bytes({50256, 1, 2}), t1 = shard_bytes({50256, 3}),
-                    t2 = shard_bytes({50256, 4, 5, 6});
+  const std::string val = shard_bytes({50256, 1, 2}), t1 = shard_bytes({50256, 3}), t2 = shard_bytes({50256, 4, 5, 6});
   server.add_file("/repo/fineweb_val_000000.bin", val);
   server.add_file("/repo/fineweb_train_000001.bin", t1, {.cut_after = 1000, .cut_times = 1});
   server.add_file("/repo/fineweb_train_000002.bin", t2);
-  const std::vector<std::string> args = {"download",
-                                         "--chunks",
-                                         "2",
-                                         "-o",
-                                         dir.path().string(),
-                                         "--base-url",
-                                         server.base_url() + "/repo",
-                                         "--backoff",
-                                         "0.01"};
+  const std::vector<std::string> args = {
+      "download",  "--chunks", "2", "-o", dir.path().string(), "--base-url", server.base_url() + "/repo",
+      "--backoff", "0.01"};
   const RunResult r = run_dion_data(args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   expect_contains(r.err, {"3 downloaded, 0 already present"});
@@ -179,9 +158,8 @@ TEST(Cli, DownloadFromLocalServer) {
   EXPECT_EQ(again.exit_code, 0) << again.err;
   expect_contains(again.err, {"0 downloaded, 3 already present"});
 
-  const RunResult missing =
-      run_dion_data({"download", "--chunks", "3", "-o", dir.path().string(), "--base-url",
-                     server.base_url() + "/repo", "--backoff", "0.01"});
+  const RunResult missing = run_dion_data({"download", "--chunks", "3", "-o", dir.path().string(), "--base-url",
+                                           server.base_url() + "/repo", "--backoff", "0.01"});
   EXPECT_EQ(missing.exit_code, 1);
   expect_contains(missing.err, {"fineweb_train_000003.bin", "HTTP 404"});
   const RunResult unknown = run_dion_data({"download", "--dataset", "nope"});
@@ -193,8 +171,7 @@ TEST(Cli, DownloadFromLocalServer) {
 // flag dion-data has (the README once said --gpt2-dir, which dion-data rejects).
 TEST(Cli, DocsNameOnlyRealFlags) {
   std::string help;
-  for (const char* cmd : {"prepare", "inspect", "download", "encode"})
-    help += run_dion_data({cmd, "--help"}).out;
+  for (const char* cmd : {"prepare", "inspect", "download", "encode"}) help += run_dion_data({cmd, "--help"}).out;
   auto section = [](const std::string& text, const std::string& start, const std::string& end) {
     std::string out;
     for (size_t pos = text.find(start); pos != std::string::npos; pos = text.find(start, pos + 1)) {
@@ -203,15 +180,13 @@ TEST(Cli, DocsNameOnlyRealFlags) {
     }
     return out;
   };
-  const std::string docs =
-      section(read_file(source_dir() / "README.md"), "### Data", "\n## ") +
-      section(read_file(source_dir() / "docs/data.md"), "\n## `dion-data", "\n## ");
+  const std::string docs = section(read_file(source_dir() / "README.md"), "### Data", "\n## ") +
+                           section(read_file(source_dir() / "docs/data.md"), "\n## `dion-data", "\n## ");
   ASSERT_NE(docs.find("dion-data prepare"), std::string::npos);
   size_t checked = 0;
   for (size_t pos = docs.find("--"); pos != std::string::npos; pos = docs.find("--", pos + 2)) {
     size_t end = pos + 2;
-    while (end < docs.size() && (std::isalnum(static_cast<unsigned char>(docs[end])) || docs[end] == '-'))
-      ++end;
+    while (end < docs.size() && (std::isalnum(static_cast<unsigned char>(docs[end])) || docs[end] == '-')) ++end;
     const std::string flag = docs.substr(pos, end - pos);
     if (flag.size() < 4 || !std::isalpha(static_cast<unsigned char>(flag[2]))) continue;
     EXPECT_NE(help.find(flag), std::string::npos) << flag << " is in the docs but not a dion-data flag";

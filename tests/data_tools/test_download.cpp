@@ -35,8 +35,7 @@ data::DownloadOptions options_for(const TestHttpServer& server, const fs::path& 
 
 void expect_contains(const std::string& msg, const std::vector<std::string>& parts) {
   EXPECT_FALSE(msg.empty()) << "expected an error";
-  for (const auto& p : parts)
-    EXPECT_NE(msg.find(p), std::string::npos) << "\"" << p << "\" not in: " << msg;
+  for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "\"" << p << "\" not in: " << msg;
 }
 
 std::string download_error(const std::string& name, const data::DownloadOptions& o) {
@@ -58,8 +57,7 @@ TEST(Download, DatasetsMirrorTheReferenceScripts) {
   EXPECT_EQ(data::download_file_names(edu, 2),
             (std::vector<std::string>{"finewebedu_val_000000.bin", "finewebedu_train_000001.bin",
                                       "finewebedu_train_000002.bin"}));
-  EXPECT_EQ(data::download_default_base_url(d),
-            "https://huggingface.co/datasets/kjj0/fineweb10B-gpt2/resolve/main");
+  EXPECT_EQ(data::download_default_base_url(d), "https://huggingface.co/datasets/kjj0/fineweb10B-gpt2/resolve/main");
   EXPECT_THROW(data::download_dataset("fineweb1T"), DataError);
   EXPECT_THROW(data::download_file_names(d, 104), DataError);
 }
@@ -79,8 +77,7 @@ TEST(Download, WholeFilesThenSkipsThem) {
   EXPECT_EQ(read_file(r.path), a);
   EXPECT_GT(progress_calls, 0);
   EXPECT_EQ(read_file(data::download_file("fineweb_train_000001.bin", o).path), b);
-  EXPECT_EQ(list_dir(dir.path()),
-            (std::vector<std::string>{"fineweb_train_000001.bin", "fineweb_val_000000.bin"}));
+  EXPECT_EQ(list_dir(dir.path()), (std::vector<std::string>{"fineweb_train_000001.bin", "fineweb_val_000000.bin"}));
   // Again: already complete, no request.
   const size_t before = server.requests().size();
   EXPECT_TRUE(data::download_file("fineweb_val_000000.bin", o).already_present);
@@ -190,10 +187,8 @@ TEST(Download, BadContentIsRemovedAndReported) {
   server.add_file("/files/wrongcount.bin", wrong_count);
   server.add_file("/files/page.bin", "<html>not a shard</html>");
   const auto o = options_for(server, dir.path());
-  for (const auto& [name, expect] :
-       std::vector<std::pair<std::string, std::string>>{{"badmagic.bin", "bad magic 777"},
-                                                        {"wrongcount.bin", "101 tokens"},
-                                                        {"page.bin", "truncated"}}) {
+  for (const auto& [name, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"badmagic.bin", "bad magic 777"}, {"wrongcount.bin", "101 tokens"}, {"page.bin", "truncated"}}) {
     const std::string msg = download_error(name, o);
     EXPECT_NE(msg.find("not a valid shard"), std::string::npos) << msg;
     EXPECT_NE(msg.find(expect), std::string::npos) << msg;
@@ -300,16 +295,14 @@ TEST(Download, StalePartOfAnotherVersionIsNotResumed) {
     server.add_file("/files/x.bin", new_file, {.last_modified = "Tue, 02 Jan 2024 00:00:00 GMT"});
     write_file(dir / "x.bin.part", old_file.substr(0, 4000));
     write_file(dir / "x.bin.part.validator", "last-modified Mon, 01 Jan 2024 00:00:00 GMT\n");
-    EXPECT_EQ(read_file(data::download_file("x.bin", options_for(server, dir.path())).path),
-              new_file);
+    EXPECT_EQ(read_file(data::download_file("x.bin", options_for(server, dir.path())).path), new_file);
   }
   {  // A .part with no record of its version is not trusted: no Range at all.
     TestHttpServer server;
     TempDir dir;
     server.add_file("/files/x.bin", new_file);
     write_file(dir / "x.bin.part", old_file.substr(0, 4000));
-    EXPECT_EQ(read_file(data::download_file("x.bin", options_for(server, dir.path())).path),
-              new_file);
+    EXPECT_EQ(read_file(data::download_file("x.bin", options_for(server, dir.path())).path), new_file);
     EXPECT_EQ(server.requests().at(0).range_start, -1);
   }
   {  // The same version resumes: the cut transfer continues with If-Range = its ETag.
@@ -339,8 +332,7 @@ TEST(Download, HugeResponseHeadersAreAClearError) {
   TestHttpServer server;
   TempDir dir;
   server.add_file("/files/many.bin", make_shard(10, 1), {.header_padding = 200000});
-  server.add_file("/files/long.bin", make_shard(10, 1),
-                  {.header_padding = 200000, .one_header_line = true});
+  server.add_file("/files/long.bin", make_shard(10, 1), {.header_padding = 200000, .one_header_line = true});
   const auto o = options_for(server, dir.path());
   expect_contains(download_error("many.bin", o), {"response headers", "larger than 64 kB"});
   expect_contains(download_error("long.bin", o), {"header line longer than libcurl's 100 kB"});

@@ -20,8 +20,7 @@ using data::DataError;
 using data::Gpt2Tokenizer;
 
 // All tokens of the shards in `result`, in shard order, and per split.
-std::vector<uint16_t> read_tokens(const std::vector<data::ShardInfo>& shards,
-                                  const std::string& split = "") {
+std::vector<uint16_t> read_tokens(const std::vector<data::ShardInfo>& shards, const std::string& split = "") {
   std::vector<uint16_t> all;
   for (const auto& s : shards) {
     if (!split.empty() && s.split != split) continue;
@@ -45,8 +44,7 @@ std::vector<std::string> documents_text(int n) {
   std::vector<std::string> docs;
   for (int i = 0; i < n; ++i) {
     std::string d = "Document " + std::to_string(i) + ":";
-    for (int j = 0; j <= i % 7; ++j)
-      d += " naïve café 🙂 it's line " + std::to_string(j) + "\n";
+    for (int j = 0; j <= i % 7; ++j) d += " naïve café 🙂 it's line " + std::to_string(j) + "\n";
     docs.push_back(d);
   }
   return docs;
@@ -73,8 +71,7 @@ TEST(Prepare, ReferenceLayoutFirstShardIsVal) {
   for (size_t i = 0; i < r.shards.size(); ++i) {
     EXPECT_EQ(r.shards[i].path.filename(),
               data::shard_name("fineweb", i == 0 ? "val" : "train", static_cast<int64_t>(i)));
-    EXPECT_EQ(r.shards[i].tokens,
-              i + 1 < r.shards.size() ? 10 : static_cast<int64_t>(want.size() - 10 * i));
+    EXPECT_EQ(r.shards[i].tokens, i + 1 < r.shards.size() ? 10 : static_cast<int64_t>(want.size() - 10 * i));
   }
   EXPECT_EQ(r.documents, 1u);
   EXPECT_EQ(r.tokens, want.size());
@@ -111,8 +108,7 @@ TEST(Prepare, DelimiterSplitsAcrossReadBlocks) {
   std::string text;
   const std::string delim = "\n\n<DOC>\n\n";
   for (int i = 0; text.size() < (5u << 19); ++i) {
-    std::string d =
-        "doc " + std::to_string(i) + " " + std::string(static_cast<size_t>(i * 37 % 3001), 'x');
+    std::string d = "doc " + std::to_string(i) + " " + std::string(static_cast<size_t>(i * 37 % 3001), 'x');
     docs.push_back(d);
     text += d + delim;
     if (i % 50 == 0) text += delim;  // an empty document: skipped
@@ -197,8 +193,7 @@ TEST(Prepare, ExistingShardsNeedOverwrite) {
     EXPECT_NE(msg.find("already has 1"), std::string::npos) << msg;
     EXPECT_NE(msg.find("--overwrite"), std::string::npos) << msg;
   }
-  EXPECT_EQ(list_dir(out.path()),
-            (std::vector<std::string>{"fineweb_train_000009.bin", "notes.txt"}));
+  EXPECT_EQ(list_dir(out.path()), (std::vector<std::string>{"fineweb_train_000009.bin", "notes.txt"}));
   o.overwrite = true;
   const auto r = prepare(tok, {(in / "a.txt").string()}, o);
   auto names = list_dir(out.path());
@@ -291,8 +286,7 @@ TEST(Prepare, BadInputsAndOptionsAreRefusedUpFront) {
 TEST(Prepare, TinyShakespeareShardsHoldTiktokensIds) {
   DION_REQUIRE_TOKENIZER(tok);
   const fs::path input = data_file("tinyshakespeare/input.txt");
-  const auto want =
-      nlohmann::json::parse(read_file(source_dir() / "tests/data/tokenizer/tinyshakespeare.json"));
+  const auto want = nlohmann::json::parse(read_file(source_dir() / "tests/data/tokenizer/tinyshakespeare.json"));
   TempDir out;
   data::PrepareOptions o;
   o.output_dir = out.path();

@@ -31,8 +31,7 @@ using data::DataError;
 std::string gpt2_dir() { return data_file("gpt2").string(); }
 
 void expect_contains(const std::string& text, const std::vector<std::string>& parts) {
-  for (const auto& p : parts)
-    EXPECT_NE(text.find(p), std::string::npos) << "\"" << p << "\" not in:\n" << text;
+  for (const auto& p : parts) EXPECT_NE(text.find(p), std::string::npos) << "\"" << p << "\" not in:\n" << text;
 }
 
 // The GPT-2 files must be there (data/gpt2): a missing one fails the test, naming it.
@@ -60,8 +59,8 @@ std::map<std::string, std::string> snapshot(const fs::path& dir) {
 
 std::vector<std::string> prepare_args(const fs::path& input, const fs::path& out,
                                       const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> a = {"prepare", input.string(), "-o", out.string(), "--tokenizer",
-                                gpt2_dir(), "--shard-size", "50", "--delimiter", "@@", "-q"};
+  std::vector<std::string> a = {"prepare",      input.string(), "-o",          out.string(), "--tokenizer", gpt2_dir(),
+                                "--shard-size", "50",           "--delimiter", "@@",         "-q"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }
@@ -89,8 +88,7 @@ TEST(PrepareSafety, KillDuringStagingLeavesTheOldSetAndTheRerunCleansUp) {
   // kill -9 after the 3rd new shard is staged.
   RunOptions crash;
   crash.env = {"DION_FAILPOINT=prepare-stage:3"};
-  const RunResult killed =
-      run_dion_data(prepare_args(in / "b.txt", out.path(), {"--overwrite"}), crash);
+  const RunResult killed = run_dion_data(prepare_args(in / "b.txt", out.path(), {"--overwrite"}), crash);
   ASSERT_EQ(killed.exit_code, 128 + SIGKILL) << killed.err;
   auto after = snapshot(out.path());
   EXPECT_TRUE(after.contains(".fineweb.dion-prepare.staging"));
@@ -113,8 +111,7 @@ TEST(PrepareSafety, KillDuringTheSwapIsFinishedByTheNextRun) {
 
   RunOptions crash;
   crash.env = {"DION_FAILPOINT=prepare-swap:2"};  // after 2 of the renames
-  const RunResult killed =
-      run_dion_data(prepare_args(in / "b.txt", out.path(), {"--overwrite"}), crash);
+  const RunResult killed = run_dion_data(prepare_args(in / "b.txt", out.path(), {"--overwrite"}), crash);
   ASSERT_EQ(killed.exit_code, 128 + SIGKILL) << killed.err;
   // The complete new set is on disk: in place or still staged, and the journal says so.
   const auto mid = snapshot(out.path());
@@ -168,8 +165,7 @@ TEST(PrepareSafety, SecondRunOnTheSameFolderIsRefusedNamingTheFirst) {
   auto source = data::document_source_open({(in / "a.txt").string()}, "@@");
   const auto r = data::prepare_shards(tok, *source, o);
   EXPECT_EQ(second.exit_code, 1);
-  expect_contains(second.err, {"being written by another dion-data prepare",
-                               "pid " + std::to_string(::getpid())});
+  expect_contains(second.err, {"being written by another dion-data prepare", "pid " + std::to_string(::getpid())});
   // Only the first run's shards, and the lock is gone.
   EXPECT_EQ(snapshot(out.path()), expected_set(corpus(20, 1)));
   EXPECT_EQ(r.documents, 20u);
@@ -225,8 +221,8 @@ TEST(PrepareSafety, InconsistentShardFoldersAreRefusedNamingTheFiles) {
     write_file(d / "fineweb_val_000000.bin", shard_bytes(full));
     write_file(d / "fineweb_val_000001.bin", shard_bytes(full));
     write_file(d / "fineweb_train_000001.bin", shard_bytes(full));
-    expect_refused(d.path(), {"fineweb_train_000001.bin", "fineweb_val_000001.bin",
-                              "the same shard number 1", "two sets are mixed"});
+    expect_refused(d.path(), {"fineweb_train_000001.bin", "fineweb_val_000001.bin", "the same shard number 1",
+                              "two sets are mixed"});
   }
   {  // The same number written with more digits.
     TempDir d;
@@ -240,8 +236,8 @@ TEST(PrepareSafety, InconsistentShardFoldersAreRefusedNamingTheFiles) {
     write_file(d / "fineweb_val_000000.bin", shard_bytes(full));
     write_file(d / "fineweb_train_000001.bin", shard_bytes(full));
     write_file(d / "fineweb_train_000003.bin", shard_bytes(full));
-    expect_refused(d.path(), {"no shard number 2", "fineweb_*_000002.bin",
-                              "after fineweb_train_000001.bin", "jumps to fineweb_train_000003.bin"});
+    expect_refused(d.path(), {"no shard number 2", "fineweb_*_000002.bin", "after fineweb_train_000001.bin",
+                              "jumps to fineweb_train_000003.bin"});
   }
   {  // No shard 0.
     TempDir d;
@@ -254,16 +250,15 @@ TEST(PrepareSafety, InconsistentShardFoldersAreRefusedNamingTheFiles) {
     write_file(d / "fineweb_train_000001.bin", shard_bytes(full));
     write_file(d / "fineweb_train_000002.bin", shard_bytes(shorter));
     write_file(d / "fineweb_train_000003.bin", shard_bytes(full));
-    expect_refused(d.path(), {"fineweb_train_000001.bin holds 50 tokens",
-                              "fineweb_train_000002.bin holds 20", "from two sets"});
+    expect_refused(d.path(),
+                   {"fineweb_train_000001.bin holds 50 tokens", "fineweb_train_000002.bin holds 20", "from two sets"});
   }
   {  // The last shard longer than the others.
     TempDir d;
     write_file(d / "fineweb_val_000000.bin", shard_bytes(full));
     write_file(d / "fineweb_train_000001.bin", shard_bytes(shorter));
     write_file(d / "fineweb_train_000002.bin", shard_bytes(full));
-    expect_refused(d.path(), {"fineweb_train_000001.bin holds 20 tokens",
-                              "fineweb_train_000002.bin holds 50"});
+    expect_refused(d.path(), {"fineweb_train_000001.bin holds 20 tokens", "fineweb_train_000002.bin holds 50"});
   }
   {  // A stray copy that the old glob fineweb_train_*.bin would have read as part of the set.
     TempDir d;
@@ -317,15 +312,13 @@ TEST(PrepareSafety, OwnShardsAmongTheInputsAreNotReadAsText) {
   ASSERT_EQ(first.exit_code, 0) << first.err;
   const auto first_set = snapshot(d.path());
   // prepare D -o D --overwrite: the same text, the same shards (not the shards as text).
-  const RunResult again = run_dion_data(
-      {"prepare", d.path().string(), "-o", d.path().string(), "--tokenizer", gpt2_dir(),
-       "--shard-size", "50", "--delimiter", "@@", "--overwrite"});
+  const RunResult again = run_dion_data({"prepare", d.path().string(), "-o", d.path().string(), "--tokenizer",
+                                         gpt2_dir(), "--shard-size", "50", "--delimiter", "@@", "--overwrite"});
   ASSERT_EQ(again.exit_code, 0) << again.err;
   expect_contains(again.err, {"this run's own output shards", "not read"});
   EXPECT_EQ(snapshot(d.path()), first_set);
   // Named explicitly: refused.
-  const RunResult named = run_dion_data(
-      prepare_args(d / "fineweb_val_000000.bin", d.path(), {"--overwrite"}));
+  const RunResult named = run_dion_data(prepare_args(d / "fineweb_val_000000.bin", d.path(), {"--overwrite"}));
   EXPECT_EQ(named.exit_code, 1);
   expect_contains(named.err, {"fineweb_val_000000.bin", "its own output as text"});
 }
@@ -341,8 +334,7 @@ TEST(PrepareSafety, FifoAsShardOrTokenizerFileFailsAtOnce) {
 
   fs::create_directories(dir / "gpt2");
   ASSERT_EQ(::mkfifo((dir / "gpt2/encoder.json").c_str(), 0600), 0);
-  const RunResult tok =
-      run_dion_data({"encode", "--tokenizer", (dir / "gpt2").string()}, "hello");
+  const RunResult tok = run_dion_data({"encode", "--tokenizer", (dir / "gpt2").string()}, "hello");
   EXPECT_EQ(tok.exit_code, 1);
   expect_contains(tok.err, {"encoder.json", "FIFO"});
 }
@@ -374,8 +366,7 @@ TEST(PrepareSafety, FileSizeLimitIsAnErrorNotASignal) {
   RunOptions limited;
   limited.shell_prefix = "ulimit -f 40;";  // 20-40 kB, below the ~80 kB shard
   const RunResult r = run_dion_data(
-      {"prepare", (in / "a.txt").string(), "-o", out.path().string(), "--tokenizer", gpt2_dir()},
-      limited);
+      {"prepare", (in / "a.txt").string(), "-o", out.path().string(), "--tokenizer", gpt2_dir()}, limited);
   EXPECT_EQ(r.exit_code, 1) << r.err;  // 128 + SIGXFSZ (153) without the fix
   expect_contains(r.err, {"File too large", "ulimit -f"});
   EXPECT_TRUE(list_dir(out.path()).empty());  // no temporary, no staging, no lock
@@ -387,16 +378,14 @@ TEST(PrepareSafety, SigtermInsideALongDocumentStopsAndWritesNothing) {
   {
     std::string doc;
     doc.reserve(48 << 20);
-    for (int i = 0; doc.size() < (48u << 20); ++i)
-      doc += "word" + std::to_string(i % 100003) + " and text, ";
+    for (int i = 0; doc.size() < (48u << 20); ++i) doc += "word" + std::to_string(i % 100003) + " and text, ";
     write_file(in / "big.txt", doc);  // one 48 MB document: seconds to tokenize
   }
-  Background run({"prepare", (in / "big.txt").string(), "-o", out.path().string(), "--tokenizer",
-                  gpt2_dir(), "--threads", "1"});
+  Background run(
+      {"prepare", (in / "big.txt").string(), "-o", out.path().string(), "--tokenizer", gpt2_dir(), "--threads", "1"});
   // The lock file appears when prepare_shards starts, before the document is tokenized.
   const fs::path lock = out / ".fineweb.dion-prepare.lock";
-  for (int i = 0; i < 6000 && !fs::exists(lock); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 6000 && !fs::exists(lock); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_TRUE(fs::exists(lock));
   run.signal(SIGTERM);
   const RunResult r = run.wait();
@@ -458,8 +447,7 @@ TEST(PrepareSafety, StopIsSeenInsideADocumentAndAfterTheLastBatch) {
 }
 
 TEST(PrepareSafety, DevicesAndEndlessDocumentsAreRefused) {
-  const RunResult zero = run_dion_data({"prepare", "/dev/zero", "-o", "/tmp/unused",
-                                        "--tokenizer", gpt2_dir()});
+  const RunResult zero = run_dion_data({"prepare", "/dev/zero", "-o", "/tmp/unused", "--tokenizer", gpt2_dir()});
   EXPECT_EQ(zero.exit_code, 1);
   expect_contains(zero.err, {"/dev/zero", "character device", "not text"});
 
@@ -509,8 +497,8 @@ TEST(PrepareSafety, InspectWithAWiderVocabularyPrintsWholeLines) {
   DION_REQUIRE_GPT2();
   TempDir dir;
   write_file(dir / "s.bin", shard_bytes({50256, 60000, 15496}));
-  const RunResult r = run_dion_data(
-      {"inspect", (dir / "s.bin").string(), "--vocab-size", "65536", "--tokenizer", gpt2_dir()});
+  const RunResult r =
+      run_dion_data({"inspect", (dir / "s.bin").string(), "--vocab-size", "65536", "--tokenizer", gpt2_dir()});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   expect_contains(r.out, {"60000 (not a GPT-2 token)", "<60000: not a GPT-2 token>", "Hello"});
 }
@@ -519,9 +507,8 @@ TEST(PrepareSafety, ProgressLineAgreesWithTheSummary) {
   DION_REQUIRE_GPT2();
   TempDir in, out;
   write_file(in / "a.txt", corpus(40, 3));
-  const RunResult r = run_dion_data({"prepare", (in / "a.txt").string(), "-o",
-                                     out.path().string(), "--tokenizer", gpt2_dir(),
-                                     "--shard-size", "100"});
+  const RunResult r = run_dion_data({"prepare", (in / "a.txt").string(), "-o", out.path().string(), "--tokenizer",
+                                     gpt2_dir(), "--shard-size", "100"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const size_t shards = list_dir(out.path()).size();
   // stderr is a file: progress lines are plain; the last one is the final count.

@@ -26,8 +26,7 @@ std::string error_of(Fn&& fn) {
 
 void expect_contains(const std::string& msg, const std::vector<std::string>& parts) {
   EXPECT_FALSE(msg.empty()) << "expected an error";
-  for (const auto& p : parts)
-    EXPECT_NE(msg.find(p), std::string::npos) << "\"" << p << "\" not in: " << msg;
+  for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "\"" << p << "\" not in: " << msg;
 }
 
 TEST(Shard, WriteMatchesTheReferenceLayoutAndReadsBack) {

@@ -41,8 +41,7 @@ std::string first_difference(const std::vector<uint32_t>& got, const std::vector
   if (i < got.size() && i < want.size()) {
     s += ": got " + std::to_string(got[i]) + ", want " + std::to_string(want[i]);
   }
-  return s + " (got " + std::to_string(got.size()) + " ids, want " + std::to_string(want.size()) +
-         ")";
+  return s + " (got " + std::to_string(got.size()) + " ids, want " + std::to_string(want.size()) + ")";
 }
 
 // ---------------------------------------------------------------------------- tiktoken vectors
@@ -69,8 +68,7 @@ TEST(Tokenizer, TinyShakespeareMatchesTiktoken) {
   const fs::path input = data_file("tinyshakespeare/input.txt");
   const auto want = load_json(source_dir() / "tests/data/tokenizer/tinyshakespeare.json");
   const std::string text = read_file(input);
-  ASSERT_EQ(text.size(), want["input_bytes"].get<size_t>())
-      << input << " is not the file the vectors were made from";
+  ASSERT_EQ(text.size(), want["input_bytes"].get<size_t>()) << input << " is not the file the vectors were made from";
   ASSERT_EQ(fmt_hex(fnv1a64(text)), want["input_fnv1a64"].get<std::string>())
       << input << " is not the file the vectors were made from";
 
@@ -78,11 +76,8 @@ TEST(Tokenizer, TinyShakespeareMatchesTiktoken) {
   const auto head = want["head"].get<std::vector<uint32_t>>();
   const auto tail = want["tail"].get<std::vector<uint32_t>>();
   ASSERT_GE(ids.size(), head.size());
-  EXPECT_EQ(first_difference(std::vector<uint32_t>(ids.begin(), ids.begin() + head.size()), head),
-            "")
-      << "first ids";
-  EXPECT_EQ(first_difference(std::vector<uint32_t>(ids.end() - tail.size(), ids.end()), tail), "")
-      << "last ids";
+  EXPECT_EQ(first_difference(std::vector<uint32_t>(ids.begin(), ids.begin() + head.size()), head), "") << "first ids";
+  EXPECT_EQ(first_difference(std::vector<uint32_t>(ids.end() - tail.size(), ids.end()), tail), "") << "last ids";
   EXPECT_EQ(ids.size(), want["tokens"].get<size_t>());
   EXPECT_EQ(fmt_hex(fnv1a64_ids(ids)), want["ids_fnv1a64"].get<std::string>())
       << "the ids differ from tiktoken's somewhere in the middle";
@@ -227,10 +222,9 @@ TEST(TokenizerLoad, MalformedOrMismatchedFilesAreRefused) {
   }
   {
     GptFiles f;  // swap merges 1 and 2: the merges no longer build encoder.json's tokens
-    const size_t l1 = f.merges.find('\n') + 1, l2 = f.merges.find('\n', l1) + 1,
-                 l3 = f.merges.find('\n', l2) + 1;
-    f.merges = f.merges.substr(0, l1) + f.merges.substr(l2, l3 - l2) +
-               f.merges.substr(l1, l2 - l1) + f.merges.substr(l3);
+    const size_t l1 = f.merges.find('\n') + 1, l2 = f.merges.find('\n', l1) + 1, l3 = f.merges.find('\n', l2) + 1;
+    f.merges =
+        f.merges.substr(0, l1) + f.merges.substr(l2, l3 - l2) + f.merges.substr(l1, l2 - l1) + f.merges.substr(l3);
     const std::string msg = f.load_error();
     EXPECT_NE(msg.find("vocab.bpe"), std::string::npos) << msg;
     EXPECT_NE(msg.find(":2:"), std::string::npos) << msg;

@@ -46,8 +46,7 @@ const data::Gpt2Tokenizer& gpt2_tokenizer() {
 
 TempDir::TempDir() {
   const char* base = std::getenv("TMPDIR");
-  std::string templ =
-      std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/dion-data-test-XXXXXX";
+  std::string templ = std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/dion-data-test-XXXXXX";
   if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed: " + templ);
   path_ = templ;
 }
@@ -78,12 +77,10 @@ std::vector<std::string> list_dir(const fs::path& dir) {
   return names;
 }
 
-std::string shard_bytes(const std::vector<uint16_t>& tokens, int32_t magic, int32_t version,
-                        int64_t count) {
+std::string shard_bytes(const std::vector<uint16_t>& tokens, int32_t magic, int32_t version, int64_t count) {
   std::string out(1024, '\0');
   auto put = [&](size_t i, int32_t v) {
-    for (int b = 0; b < 4; ++b)
-      out[i * 4 + b] = static_cast<char>((static_cast<uint32_t>(v) >> (8 * b)) & 0xFF);
+    for (int b = 0; b < 4; ++b) out[i * 4 + b] = static_cast<char>((static_cast<uint32_t>(v) >> (8 * b)) & 0xFF);
   };
   put(0, magic);
   put(1, version);
@@ -140,8 +137,8 @@ RunResult run_dion_data(const std::vector<std::string>& args, const RunOptions& 
   for (const std::string& e : options.env) cmd += " " + shell_quote(e);
   cmd += " " + shell_quote(DION_DATA_EXE);
   for (const std::string& a : args) cmd += " " + shell_quote(a);
-  cmd += " < " + shell_quote((io / "stdin").string()) + " > " +
-         shell_quote((io / "stdout").string()) + " 2> " + shell_quote((io / "stderr").string());
+  cmd += " < " + shell_quote((io / "stdin").string()) + " > " + shell_quote((io / "stdout").string()) + " 2> " +
+         shell_quote((io / "stderr").string());
   const int status = std::system(cmd.c_str());
   RunResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

@@ -45,8 +45,7 @@ std::vector<std::string> list_dir(const std::filesystem::path& dir);
 
 // Shard bytes built by hand (not by the library under test): the header ints given, then the
 // tokens. Defaults make a valid shard.
-std::string shard_bytes(const std::vector<uint16_t>& tokens, int32_t magic = 20240520,
-                        int32_t version = 1,
+std::string shard_bytes(const std::vector<uint16_t>& tokens, int32_t magic = 20240520, int32_t version = 1,
                         int64_t count = INT64_MIN);  // INT64_MIN: tokens.size()
 
 // FNV-1a 64 of the ids as uint32 little-endian (the hash in tinyshakespeare.json).

@@ -29,8 +29,7 @@ void check(bool ok, const char* what) {
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   const char* env = std::getenv("DION_GPT2_DIR");
   const std::filesystem::path dir =
-      env != nullptr && *env != '\0' ? std::filesystem::path(env)
-                                     : std::filesystem::path(DION_DATA_DIR) / "gpt2";
+      env != nullptr && *env != '\0' ? std::filesystem::path(env) : std::filesystem::path(DION_DATA_DIR) / "gpt2";
   g_tok = std::make_unique<dion::data::Gpt2Tokenizer>(dion::data::Gpt2Tokenizer::from_dir(dir));
   return 0;
 }

@@ -38,4 +38,22 @@ grep "sign_descent" "$WORK/bench.log"
 # An unknown name still fails with the registry's list, and the plugin's is in it.
 if "$BUILD/dion-bench" step --algos sgd --sets 64x1 > "$WORK/bad.log" 2>&1; then echo "FAIL: --algos sgd accepted"; exit 1; fi
 grep -q "sign_descent" "$WORK/bad.log" || { cat "$WORK/bad.log"; echo "FAIL: the error does not list sign_descent"; exit 1; }
+# dion-bench dist takes any registered matrix algorithm, ALGORITHM@F for those with a size_option
+# (AlgorithmSpec): the plugin's, a builtin's alias, legacy Dion with the optimizer's own
+# gradient sync over 2 ranks.
+"$BUILD/dion-bench" dist --ranks 1,2 --sets 64x1 --layouts ddp --reps 1 \
+  --variants sign_descent,dion3@1/2,dion@0.5 > "$WORK/dist.log" 2>&1 ||
+  { cat "$WORK/dist.log"; echo "FAIL: dion-bench dist --variants sign_descent,dion3@1/2,dion@0.5"; exit 1; }
+for v in sign_descent dion3@1/2 dion@0.5; do
+  grep -q -- "$v" "$WORK/dist.log" || { cat "$WORK/dist.log"; echo "FAIL: no dist row of $v"; exit 1; }
+done
+bad_variant() {  # VARIANT EXPECTED-TEXT
+  if "$BUILD/dion-bench" dist --ranks 1 --sets 64x1 --reps 1 --variants "$1" > "$WORK/bad.log" 2>&1; then
+    echo "FAIL: --variants $1 accepted"; exit 1; fi
+  grep -qF -- "$2" "$WORK/bad.log" || { cat "$WORK/bad.log"; echo "FAIL: --variants $1: no '$2'"; exit 1; }
+}
+bad_variant muon@0.5 "muon orthogonalizes whole matrices and takes no '@' value"
+bad_variant dion2 "dion2 needs '@' and its fraction"
+bad_variant adamw "valid values are a matrix algorithm (muon, normuon, dion2, nordion2, dion, sign_descent)"
+bad_variant dion2@2 "the value after '@' must be a number in (0, 1]"
 echo "registry proof: ok"

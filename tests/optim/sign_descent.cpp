@@ -10,8 +10,7 @@
 
 #include "dion/optim/algorithm.h"
 #include "dion/optim/options.h"
-#include "../../src/optim/collectives.h"
-#include "../../src/optim/drivers/driver.h"
+#include "dion/optim/driver.h"  // Batch, Env (and its collectives), the helpers of the specs
 
 namespace {
 

@@ -102,8 +102,7 @@ inline std::string exact_environment_differs(const nlohmann::json& recorded) {
   for (const auto& [key, value] : here.items()) {
     if (!recorded.contains(key)) return key + " is " + value.dump() + " here, not recorded";
     nlohmann::json want = recorded.at(key);
-    if (key == "torch" && want.is_string())
-      want = want.get<std::string>().substr(0, value.get<std::string>().size());
+    if (key == "torch" && want.is_string()) want = want.get<std::string>().substr(0, value.get<std::string>().size());
     if (want != value) return key + " is " + value.dump() + " here, " + recorded.at(key).dump() + " when recorded";
   }
   return "";

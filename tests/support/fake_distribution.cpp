@@ -21,9 +21,7 @@ FakeWorld::FakeWorld(int outer, int inner) : outer_(outer), inner_(inner) {
   for (int r = 0; r < size(); ++r) dists_.push_back(std::make_shared<FakeDistribution>(*this, r));
 }
 
-int FakeWorld::axis_size(Axis axis) const {
-  return axis == Axis::OUTER ? outer_ : axis == Axis::INNER ? inner_ : 1;
-}
+int FakeWorld::axis_size(Axis axis) const { return axis == Axis::OUTER ? outer_ : axis == Axis::INNER ? inner_ : 1; }
 
 int FakeWorld::axis_rank(Axis axis, int rank) const {
   return axis == Axis::OUTER ? rank / inner_ : axis == Axis::INNER ? rank % inner_ : 0;

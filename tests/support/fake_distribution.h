@@ -1,5 +1,5 @@
 // fake_distribution.h — W simulated ranks in ONE process, for testing the optimizer's
-// communication patterns (src/optim/collectives.h) without processes.
+// communication patterns (dion/optim/collectives.h) without processes.
 //
 //   dion::testing::FakeWorld world(/*outer=*/2, /*inner=*/2);    // a 2 x 2 mesh, 4 ranks
 //   world.run([&](int r) {                                      // every rank's code, on one thread

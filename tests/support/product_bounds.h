@@ -23,10 +23,14 @@ namespace dion::testing {
 
 inline double significand_bits(at::ScalarType dtype) {
   switch (dtype) {
-    case at::kBFloat16: return 8;
-    case at::kHalf: return 11;
-    case at::kDouble: return 53;
-    default: return 24;
+    case at::kBFloat16:
+      return 8;
+    case at::kHalf:
+      return 11;
+    case at::kDouble:
+      return 53;
+    default:
+      return 24;
   }
 }
 

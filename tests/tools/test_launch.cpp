@@ -57,7 +57,8 @@ std::string read_file(const fs::path& p) {
 // Output files for the launcher's two streams.
 struct Outputs {
   explicit Outputs(const TempDir& dir)
-      : out_path(dir.path() / "out.txt"), err_path(dir.path() / "err.txt"),
+      : out_path(dir.path() / "out.txt"),
+        err_path(dir.path() / "err.txt"),
         out(::open(out_path.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644)),
         err(::open(err_path.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644)) {}
   ~Outputs() {
@@ -139,10 +140,10 @@ TEST(Launch, EveryRankGetsTorchrunsEnvironmentAndPrefixedOutput) {
   std::set<std::string> ports;
   for (int r = 0; r < 3; ++r) {
     const std::string p = "[rank " + std::to_string(r) + "] ";
-    for (const std::string& line : {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r),
-                                    std::string("WORLD_SIZE=3"), std::string("LOCAL_WORLD_SIZE=3"),
-                                    std::string("GROUP_RANK=0"), std::string("GROUP_WORLD_SIZE=1"),
-                                    std::string("MASTER_ADDR=127.0.0.1"), std::string("no newline")})
+    for (const std::string& line :
+         {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r), std::string("WORLD_SIZE=3"),
+          std::string("LOCAL_WORLD_SIZE=3"), std::string("GROUP_RANK=0"), std::string("GROUP_WORLD_SIZE=1"),
+          std::string("MASTER_ADDR=127.0.0.1"), std::string("no newline")})
       EXPECT_NE(out.find(p + line + "\n"), std::string::npos) << p + line << " missing in:\n" << out;
     EXPECT_NE(err.find(p + "to stderr\n"), std::string::npos) << err;
     const size_t at = out.find(p + "MASTER_PORT=");
@@ -305,8 +306,9 @@ TEST(Launch, NodeKOfMGetsGlobalRanksAndTheNodesEnvironment) {
 }
 
 TEST(Launch, NodeFlagsAreTakenOutAndBadCombinationsRefused) {
-  std::vector<std::string> a = {"dion-train", "--nnodes", "2", "--node_rank=1", "--master_addr", "h0",
-                                "--master_port", "29600", "--max_restarts", "2", "--lr", "0.1", "--nproc_per_node", "4"};
+  std::vector<std::string> a = {
+      "dion-train",     "--nnodes", "2",    "--node_rank=1", "--master_addr",    "h0", "--master_port", "29600",
+      "--max_restarts", "2",        "--lr", "0.1",           "--nproc_per_node", "4"};
   EXPECT_EQ(take_nproc_flag(a), 4);
   const NodeFlags f = take_node_flags(a);
   EXPECT_EQ(a, std::vector<std::string>({"dion-train", "--lr", "0.1"}));

@@ -137,19 +137,25 @@ TEST(TrainConfig, OneValuePerKey) {
 // implemented here say so and name the nearest choice (they were just "invalid").
 TEST(TrainConfig, NearMissesSuggestAndReferenceOnlyValuesSaySo) {
   EXPECT_NE(error_of({"--modle_dim", "64"}).find("unknown key 'modle_dim' (did you mean 'model_dim'?)"),
-            std::string::npos) << error_of({"--modle_dim", "64"});
+            std::string::npos)
+      << error_of({"--modle_dim", "64"});
   EXPECT_NE(error_of({"--num_iteration", "5"}).find("(did you mean 'num_iterations'?)"), std::string::npos);
   EXPECT_EQ(error_of({"--zzzzzz", "5"}).find("did you mean"), std::string::npos);
   EXPECT_NE(error_of({"--optimizer", "dion22"}).find("(did you mean 'dion2'?)"), std::string::npos);
   // Every value train.py accepts that dion-train does not (its optimizer if-chain, its qr_method
   // choices): "not implemented in dion-train", never "invalid", and the nearest supported choice.
-  for (const auto& [key, value, nearest] : std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"optimizer", "dion_simple", "dion"}, {"optimizer", "dion_reference", "dion"},
-           {"optimizer", "muon_reference", "muon"}, {"qr_method", "qr", "rcqr"}, {"qr_method", "cqr", "rcqr"}}) {
+  for (const auto& [key, value, nearest] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{{"optimizer", "dion_simple", "dion"},
+                                                                      {"optimizer", "dion_reference", "dion"},
+                                                                      {"optimizer", "muon_reference", "muon"},
+                                                                      {"qr_method", "qr", "rcqr"},
+                                                                      {"qr_method", "cqr", "rcqr"}}) {
     const std::string e = error_of({"--" + key, value});
     EXPECT_NE(e.find(fmt::format("key '{}': value '{}' is not implemented in dion-train (the reference train.py "
-                                 "accepts it); the nearest supported choice is '{}'", key, value, nearest)),
-              std::string::npos) << e;
+                                 "accepts it); the nearest supported choice is '{}'",
+                                 key, value, nearest)),
+              std::string::npos)
+        << e;
     EXPECT_EQ(e.find("invalid"), std::string::npos) << e;
   }
   // The same from a YAML file, keys and values (the file's name in the message).
@@ -169,7 +175,8 @@ TEST(TrainConfig, NearMissesSuggestAndReferenceOnlyValuesSaySo) {
 // The test helpers' override rule (train_test_util.h): the last of each key, where it stands.
 TEST(TrainConfig, TestHelpersKeepTheLastOfEachKey) {
   using V = std::vector<std::string>;
-  EXPECT_EQ(test::later_wins({"--lr", "1", "--debug", "--lr=2", "--n_layer", "3"}), (V{"--debug", "--lr=2", "--n_layer", "3"}));
+  EXPECT_EQ(test::later_wins({"--lr", "1", "--debug", "--lr=2", "--n_layer", "3"}),
+            (V{"--debug", "--lr=2", "--n_layer", "3"}));
   EXPECT_EQ(test::later_wins({"--lr", "1", "stray", "--lr", "2"}), (V{"stray", "--lr", "2"}));
   EXPECT_EQ(test::later_wins({"--debug", "--debug", "false"}), (V{"--debug", "false"}));
 }
@@ -196,7 +203,8 @@ TEST(TrainConfig, BadValuesNameTheKeyTheValueAndWhatIsValid) {
   EXPECT_NE(error_of({"--lr", "fast"}).find("key 'lr': value 'fast' is not a number"), std::string::npos);
   EXPECT_NE(error_of({"--n_layer", "2.5"}).find("key 'n_layer': value '2.5' is not an integer"), std::string::npos);
   EXPECT_NE(error_of({"--debug", "maybe"}).find("key 'debug': value 'maybe' is not a boolean"), std::string::npos);
-  EXPECT_NE(error_of({"--optimizer", "sgd"}).find("one of: muon, normuon, dion2, nordion2, dion3, dion, adamw, lion"), std::string::npos);
+  EXPECT_NE(error_of({"--optimizer", "sgd"}).find("one of: muon, normuon, dion2, nordion2, dion3, dion, adamw, lion"),
+            std::string::npos);
   EXPECT_NE(error_of({"--learning_rate", "0.1"}).find("unknown key 'learning_rate'"), std::string::npos);
   EXPECT_NE(error_of({"--batch_size", "100", "--device_batch_size", "64"}).find("key 'batch_size': value 100"),
             std::string::npos);
@@ -214,13 +222,58 @@ TEST(TrainConfig, BadValuesNameTheKeyTheValueAndWhatIsValid) {
   EXPECT_NE(error_of({"--grad_clip", "-1"}).find("key 'grad_clip': value '-1.0' is invalid; valid: a value >= 0"),
             std::string::npos);
   EXPECT_NE(error_of({"--max_nonfinite_steps", "-1"}).find("key 'max_nonfinite_steps'"), std::string::npos);
-  EXPECT_NE(error_of({"--scalar_beta1", "1.5"}).find("key 'scalar_beta1': value '1.5' is invalid; valid: a value in [0, 1]"),
-            std::string::npos);
-  EXPECT_NE(error_of({"--scalar_opt", "adamw", "--scalar_beta2", "1"}).find("AdamW (scalar_opt adamw) needs each beta < 1"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of({"--scalar_beta1", "1.5"}).find("key 'scalar_beta1': value '1.5' is invalid; valid: a value in [0, 1]"),
+      std::string::npos);
+  // the keys that set an optimizer hyperparameter follow the optimizer library's rules: its table's
+  // (dion/optim/hyperparameters.h), whatever the algorithm, then the chosen algorithm's own
+  EXPECT_NE(error_of({"--scalar_opt", "adamw", "--scalar_beta2", "1"})
+                .find("key 'scalar_beta1' / 'scalar_beta2': value 0.9, 1.0 is invalid for scalar_opt 'adamw' (its "
+                      "hyperparameter betas); valid: each must be finite and >= 0; for adamw beta1 != 1 and beta2 < 1"),
+            std::string::npos)
+      << error_of({"--scalar_opt", "adamw", "--scalar_beta2", "1"});
   EXPECT_NE(error_of({"--optimizer", "dion", "--replicate_mesh_grad_sync", "--dp_size", "2", "--batch_size", "128",
-                      "--grad_clip", "1"}).find("key 'grad_clip': value 1.0 needs the gradient summed over the dp replicas"),
+                      "--grad_clip", "1"})
+                .find("key 'grad_clip': value 1.0 needs the gradient summed over the dp replicas"),
             std::string::npos);
+}
+
+// The keys that become optimizer hyperparameters (lr, mu, weight_decay, ortho_fraction,
+// rcqr_oversample, scalar_beta1/2) have no rule of their own: the optimizer library's table gives
+// each one, the chosen algorithm adds its own, and what the library accepts the trainer accepts.
+TEST(TrainConfig, OptimizerKeysFollowTheOptimizersRules) {
+  EXPECT_NE(error_of({"--mu", "-1"})
+                .find("key 'mu': value '-1.0' is invalid; valid: must be finite and >= 0 (the "
+                      "optimizer's rule for mu)"),
+            std::string::npos)
+      << error_of({"--mu", "-1"});
+  // (NaN and infinity do not get that far: the parser refuses a number that is not finite)
+  EXPECT_NE(error_of({"--lr", ".inf"}).find("key 'lr': value '.inf' is not a finite number"), std::string::npos);
+  // ortho_fraction feeds fraction or rank_fraction: refused by their rule with any optimizer
+  for (const char* optimizer : {"dion", "dion2", "muon"})
+    EXPECT_NE(error_of({"--optimizer", optimizer, "--ortho_fraction", "2"})
+                  .find("key 'ortho_fraction': value '2.0' is invalid; valid: must be in (0, 1] (the optimizer's "
+                        "rule for fraction)"),
+              std::string::npos)
+        << optimizer;
+  EXPECT_NE(error_of({"--rcqr_oversample", "0"})
+                .find("key 'rcqr_oversample': value '0.0' is invalid; valid: must be "
+                      "finite and > 0 (the optimizer's rule for oversample)"),
+            std::string::npos)
+      << error_of({"--rcqr_oversample", "0"});
+  // weight_decay: the table says finite; legacy Dion's spec adds >= 0 (as its reference class)
+  EXPECT_NE(error_of({"--optimizer", "dion", "--weight_decay", "-0.1"})
+                .find("key 'weight_decay': value -0.1 is invalid for optimizer 'dion' (its hyperparameter "
+                      "weight_decay); valid: must be finite, and >= 0 for dion"),
+            std::string::npos)
+      << error_of({"--optimizer", "dion", "--weight_decay", "-0.1"});
+  EXPECT_EQ(parse({"--optimizer", "muon", "--weight_decay", "-0.1", "--debug"}).weight_decay, -0.1);
+  // mu = 1 is accepted by the library (the reference checks mu >= 0 only), and so here
+  EXPECT_EQ(parse({"--mu", "1", "--debug"}).mu, 1.0);
+  // the help line says where the rule comes from
+  const std::string help = config_help();
+  EXPECT_NE(help.find("[optimizer hyperparameter fraction, rank_fraction]"), std::string::npos);
+  EXPECT_NE(help.find("[optimizer hyperparameter betas, scalar_opt's groups]"), std::string::npos);
 }
 
 // Three inputs tests/fuzz/fuzz_config.cpp found: a YAML key that is a list or map (was: yaml-cpp's
@@ -235,12 +288,13 @@ TEST(TrainConfig, FuzzFindingsAreConfigErrors) {
       f << text;
     }
     EXPECT_NE(error_of({"--config", (tmp / "key.yaml").string()}).find("line 1: a key must be a plain name"),
-              std::string::npos) << text;
+              std::string::npos)
+        << text;
   }
   EXPECT_NE(error_of({"--config", tmp.path().string()}).find("is a folder; give a YAML file"), std::string::npos);
-  EXPECT_NE(error_of({"--sequence_length", "4611686018427387904", "--device_batch_size", "4"})
-                .find("is larger than 2^63"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of({"--sequence_length", "4611686018427387904", "--device_batch_size", "4"}).find("is larger than 2^63"),
+      std::string::npos);
 }
 
 TEST(TrainConfig, YamlDumpReadsBackToTheSameConfig) {
@@ -281,8 +335,8 @@ TEST(TrainConfig, NoMeshSizeMeansDdpOverTheWorldAsTrainPy) {
     for (const std::string& a : args) argv.push_back(a.c_str());
     return config_parse(int(argv.size()), argv.data(), world);
   };
-  const std::vector<std::string> small = {"--batch_size", "8", "--device_batch_size", "1", "--val_tokens", "8192",
-                                          "--sequence_length", "1024"};
+  const std::vector<std::string> small = {"--batch_size", "8",    "--device_batch_size", "1",
+                                          "--val_tokens", "8192", "--sequence_length",   "1024"};
   Config c = parse_at(small, 4);
   EXPECT_EQ(c.dp_size, 4);
   EXPECT_EQ(c.fs_size, 1);
@@ -392,7 +446,7 @@ std::vector<double> train_steps(GPT& model, dion::Optimizer& opt, const at::Tens
 // (final matrix weights, losses of 4 steps) of a run of `name` on a 1-layer, 32-wide GPT at lr
 // 0.02 from seed 0, after `tweak` sets the key under test.
 std::pair<std::vector<at::Tensor>, std::vector<double>> tiny_run(const std::string& name, const at::Tensor& idx,
-                                                                  const std::function<void(Config&)>& tweak) {
+                                                                 const std::function<void(Config&)>& tweak) {
   const GPTConfig g{16, kVocabSize, 1, 2, 32};
   Config c;
   c.optimizer = name;
@@ -439,8 +493,9 @@ TEST(TrainOptimizer, GramNewtonSchulzWhereTrainPyPassesIt) {
 TEST(TrainOptimizer, OrthoPathReachesTheMatrixOptimizers) {
   EXPECT_EQ(Config{}.ortho_path, "fast");
   EXPECT_EQ(parse({"--ortho_path", "fast"}).ortho_path, "fast");
-  EXPECT_NE(error_of({"--ortho_path", "fastest"}).find("key 'ortho_path': value 'fastest' is invalid; valid: one of: "
-                                                      "exact, fast"),
+  EXPECT_NE(error_of({"--ortho_path", "fastest"})
+                .find("key 'ortho_path': value 'fastest' is invalid; valid: one of: "
+                      "exact, fast"),
             std::string::npos);
   at::manual_seed(7);
   const at::Tensor idx = at::randint(0, 50257, {2, 16}, at::kLong);

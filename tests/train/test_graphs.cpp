@@ -56,7 +56,8 @@ TEST(CudaGraphsConfig, RefusedOnCpuAndWithMoreThanOneProcess) {
 // The program: exit 2 naming the key, nothing written.
 TEST(CudaGraphsConfig, TheProgramRefusesItOnCpuBeforeWritingAnything) {
   TempDir tmp("graphs_cpu");
-  ProcResult r = run_train({"--debug", "--device", "cpu", "--cuda_graphs", "true", "--run_dir", (tmp / "run").string()});
+  ProcResult r =
+      run_train({"--debug", "--device", "cpu", "--cuda_graphs", "true", "--run_dir", (tmp / "run").string()});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("key 'cuda_graphs': true needs device cuda"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(tmp / "run"));
@@ -119,10 +120,31 @@ TEST(CudaGraphsRun, ReplayedStepsEqualEagerSteps) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: GPU check skipped";
   TempDir tmp("graphs_gpu");
   auto args = [&](const std::string& name, bool graphs) {
-    return std::vector<std::string>{"--debug", "--device", "cuda", "--dtype", "fp32", "--model_dim", "128",
-                                    "--n_layer", "2", "--n_head", "4", "--sequence_length", "64", "--num_iterations",
-                                    "20", "--warmup_ratio", "0.1", "--optimizer", "muon", "--scalar_opt", "adamw",
-                                    "--cuda_graphs", graphs ? "true" : "false", "--run_dir", (tmp / name).string()};
+    return std::vector<std::string>{"--debug",
+                                    "--device",
+                                    "cuda",
+                                    "--dtype",
+                                    "fp32",
+                                    "--model_dim",
+                                    "128",
+                                    "--n_layer",
+                                    "2",
+                                    "--n_head",
+                                    "4",
+                                    "--sequence_length",
+                                    "64",
+                                    "--num_iterations",
+                                    "20",
+                                    "--warmup_ratio",
+                                    "0.1",
+                                    "--optimizer",
+                                    "muon",
+                                    "--scalar_opt",
+                                    "adamw",
+                                    "--cuda_graphs",
+                                    graphs ? "true" : "false",
+                                    "--run_dir",
+                                    (tmp / name).string()};
   };
   const ProcResult eager = run_train(args("eager", false)), graphed = run_train(args("graphed", true));
   ASSERT_EQ(eager.exit_code, 0) << eager.output;

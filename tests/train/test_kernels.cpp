@@ -267,8 +267,9 @@ TEST(TrainKernels, FastGptEqualsExactGptAndTheReferencesLoss) {
     at::manual_seed(ref.at("seed").get<uint64_t>());
     model->init_weights();
     const int64_t B = ref.at("batch").at("B"), T = ref.at("batch").at("T");
-    at::Tensor tok = (at::arange(B, at::kLong).view({B, 1}) * 7919 + at::arange(T + 1, at::kLong).view({1, T + 1}) * 104729)
-                         .remainder(50257);
+    at::Tensor tok =
+        (at::arange(B, at::kLong).view({B, 1}) * 7919 + at::arange(T + 1, at::kLong).view({1, T + 1}) * 104729)
+            .remainder(50257);
     at::Tensor l = model->loss(tok.slice(1, 0, T).contiguous(), tok.slice(1, 1).contiguous());
     l.backward();
     *loss = l.item<double>();

@@ -115,7 +115,8 @@ TEST_F(Numerics, ReplaysTrainPysTrajectoryLossesAndGradNorms) {
       if (line.rfind("flags", 0) == 0) return line.find(" avx512f") != std::string::npos;
     return false;
   }();
-  const std::string file = avx512 ? "tests/data/train/train_reference.json" : "tests/data/train/train_reference_avx2.json";
+  const std::string file =
+      avx512 ? "tests/data/train/train_reference.json" : "tests/data/train/train_reference_avx2.json";
   std::ifstream f(test::source_dir() / file);
   ASSERT_TRUE(f) << file << " is missing (tests/train/make_train_reference.py writes it on such a CPU)";
   const nlohmann::json ref = nlohmann::json::parse(f);
@@ -130,9 +131,14 @@ TEST_F(Numerics, ReplaysTrainPysTrajectoryLossesAndGradNorms) {
     // ortho_path exact: the reference's orthogonalizer, operation for operation.
     std::vector<std::string> args = run.at("train_py_flags").get<std::vector<std::string>>();
     TempDir dir(name);
-    args = std::vector<std::string>{"--data_dir", data().string(), "--run_dir", (dir / "run").string(), "--dtype",
-                                    "fp32", "--val_tokens", "1024", "--val_loss_every", "0", "--log_every", "100",
-                                    "--model_kernels", "exact", "--ortho_path", "exact"} +
+    args = std::vector<std::string>{"--data_dir",       data().string(),
+                                    "--run_dir",        (dir / "run").string(),
+                                    "--dtype",          "fp32",
+                                    "--val_tokens",     "1024",
+                                    "--val_loss_every", "0",
+                                    "--log_every",      "100",
+                                    "--model_kernels",  "exact",
+                                    "--ortho_path",     "exact"} +
            args;
     const ProcResult r = test::run_train(args);
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -151,15 +157,16 @@ TEST_F(Numerics, ReplaysTrainPysTrajectoryLossesAndGradNorms) {
     }
     EXPECT_EQ(got.back().kind, "val");
     EXPECT_LE(rel(got.back().loss, run.at("val_loss").get<double>()), 1e-6) << name;
-    std::printf("%s: train.py vs dion-train over %zu steps: losses %.2g, grad norms %.2g (vs float64 torch; max "
-                "relative)\n",
-                name.c_str(), loss.size(), worst_loss, worst_norm);
+    std::printf(
+        "%s: train.py vs dion-train over %zu steps: losses %.2g, grad norms %.2g (vs float64 torch; max "
+        "relative)\n",
+        name.c_str(), loss.size(), worst_loss, worst_norm);
     if (name != "muon_adamw") continue;
     // The betas train.py writes into the groups, (0.95, 0.98), are not what it runs: set here,
     // the trajectory leaves train.py's (measured: 4e-3 by step 10).
     TempDir written("written_betas");
-    args = args + std::vector<std::string>{"--run_dir", (written / "run").string(), "--scalar_beta1", "0.95",
-                                           "--scalar_beta2", "0.98"};
+    args = args + std::vector<std::string>{"--run_dir", (written / "run").string(), "--scalar_beta1",
+                                           "0.95",      "--scalar_beta2",           "0.98"};
     const ProcResult w = test::run_train(args);
     ASSERT_EQ(w.exit_code, 0) << w.output;
     const auto other = test::read_metrics(written / "run" / "metrics.jsonl");
@@ -228,12 +235,16 @@ TEST_F(Numerics, GradClipAboveEveryNormChangesNothingAndATinyOneStopsAdamW) {
   const std::vector<std::string> adamw = {"--optimizer", "adamw", "--weight_decay", "0", "--lr", "0.003"};
   TempDir none("none"), big("big"), tiny_clip("tiny"), frozen("frozen");
   ASSERT_EQ(test::run_train(tiny(data(), none / "run") + adamw).exit_code, 0);
-  ASSERT_EQ(test::run_train(tiny(data(), big / "run") + adamw + std::vector<std::string>{"--grad_clip", "1000"}).exit_code, 0);
-  const ProcResult t = test::run_train(tiny(data(), tiny_clip / "run") + adamw + std::vector<std::string>{"--grad_clip", "1e-14"});
+  ASSERT_EQ(
+      test::run_train(tiny(data(), big / "run") + adamw + std::vector<std::string>{"--grad_clip", "1000"}).exit_code,
+      0);
+  const ProcResult t =
+      test::run_train(tiny(data(), tiny_clip / "run") + adamw + std::vector<std::string>{"--grad_clip", "1e-14"});
   ASSERT_EQ(t.exit_code, 0) << t.output;
   ASSERT_EQ(test::run_train(tiny(data(), frozen / "run") + adamw + std::vector<std::string>{"--lr", "0"}).exit_code, 0);
   const auto n = train_records(none / "run" / "metrics.jsonl"), b = train_records(big / "run" / "metrics.jsonl"),
-             c = train_records(tiny_clip / "run" / "metrics.jsonl"), z = train_records(frozen / "run" / "metrics.jsonl");
+             c = train_records(tiny_clip / "run" / "metrics.jsonl"),
+             z = train_records(frozen / "run" / "metrics.jsonl");
   ASSERT_EQ(n.size(), 5u);
   ASSERT_EQ(b.size(), 5u);
   ASSERT_EQ(c.size(), 5u);
@@ -243,7 +254,7 @@ TEST_F(Numerics, GradClipAboveEveryNormChangesNothingAndATinyOneStopsAdamW) {
     EXPECT_EQ(b[i].grad_norm, n[i].grad_norm) << "step " << i;
     EXPECT_LE(rel(c[i].loss, z[i].loss), 1e-6) << "step " << i;  // the tiny clip: no step
   }
-  EXPECT_EQ(c[0].grad_norm, n[0].grad_norm);  // the logged norm is the one before clipping
+  EXPECT_EQ(c[0].grad_norm, n[0].grad_norm);   // the logged norm is the one before clipping
   EXPECT_GT(rel(n[4].loss, z[4].loss), 1e-2);  // unclipped, training moved
 }
 
@@ -252,15 +263,17 @@ TEST_F(Numerics, GradClipAboveEveryNormChangesNothingAndATinyOneStopsAdamW) {
 // for bit, with the data position and token count advanced; the next step trains again.
 TEST_F(Numerics, ANonFiniteStepIsSkippedOnEveryRankLeavingTheStateBitIdentical) {
   TempDir tmp("skip");
-  const std::vector<std::string> args = tiny(data(), tmp / "run", 8) + layout(1, 2, 1) +
+  const std::vector<std::string> args =
+      tiny(data(), tmp / "run", 8) + layout(1, 2, 1) +
       std::vector<std::string>{"--checkpoint_dir", (tmp / "ck").string(), "--checkpoint_freq", "1"};
   auto ok = [](const std::vector<ProcResult>& rs) {
     for (size_t r = 0; r < rs.size(); ++r) EXPECT_EQ(rs[r].exit_code, 0) << "rank " << r << ":\n" << rs[r].output;
   };
   ok(test::run_train_ranks(2, args + std::vector<std::string>{"--stop_after", "2"}));  // steps 0, 1
-  const fs::path ck1 = tmp / "ck" / "step_00000001", ck2 = tmp / "ck" / "step_00000002", ck3 = tmp / "ck" / "step_00000003";
-  const std::vector<std::string> files = {"rank_00000.model.pt", "rank_00001.model.pt", "rank_00000.optimizer.pt",
-                                          "rank_00001.optimizer.pt", "rank_00000.rng.pt", "rank_00001.rng.pt"};
+  const fs::path ck1 = tmp / "ck" / "step_00000001", ck2 = tmp / "ck" / "step_00000002",
+                 ck3 = tmp / "ck" / "step_00000003";
+  const std::vector<std::string> files = {"rank_00000.model.pt",     "rank_00001.model.pt", "rank_00000.optimizer.pt",
+                                          "rank_00001.optimizer.pt", "rank_00000.rng.pt",   "rank_00001.rng.pt"};
   std::vector<std::string> before;
   for (const std::string& f : files) before.push_back(crc_of(ck1, f));
   std::ifstream m1(ck1 / "meta.json");
@@ -271,7 +284,9 @@ TEST_F(Numerics, ANonFiniteStepIsSkippedOnEveryRankLeavingTheStateBitIdentical) 
   ok(rs);
   EXPECT_NE(rs[0].output.find("step 2/8: the gradient is not finite"), std::string::npos) << rs[0].output;
   EXPECT_NE(rs[0].output.find("step skipped, the weights and the optimizer state unchanged (1 in a row; "
-                              "max_nonfinite_steps 3)"), std::string::npos) << rs[0].output;
+                              "max_nonfinite_steps 3)"),
+            std::string::npos)
+      << rs[0].output;
   for (size_t i = 0; i < files.size(); ++i) EXPECT_EQ(crc_of(ck2, files[i]), before[i]) << files[i];
   std::ifstream m2(ck2 / "meta.json");
   const nlohmann::json meta2 = nlohmann::json::parse(m2);
@@ -295,8 +310,8 @@ TEST_F(Numerics, ANonFiniteStepIsSkippedOnEveryRankLeavingTheStateBitIdentical) 
 TEST_F(Numerics, TooManyNonFiniteStepsInARowStopTheRun) {
   TempDir tmp("stop");
   ::setenv("DION_TEST_NONFINITE", "1:1,3,4", 1);
-  const auto rs = test::run_train_ranks(2, tiny(data(), tmp / "two", 6) + layout(2, 1, 1) +
-                                               std::vector<std::string>{"--max_nonfinite_steps", "1"});
+  const auto rs = test::run_train_ranks(
+      2, tiny(data(), tmp / "two", 6) + layout(2, 1, 1) + std::vector<std::string>{"--max_nonfinite_steps", "1"});
   ::unsetenv("DION_TEST_NONFINITE");
   for (size_t r = 0; r < rs.size(); ++r) {
     EXPECT_EQ(rs[r].exit_code, 1) << "rank " << r << ":\n" << rs[r].output;
@@ -313,7 +328,8 @@ TEST_F(Numerics, TooManyNonFiniteStepsInARowStopTheRun) {
   EXPECT_NE(some.output.find("; 2 non-finite step(s) skipped in this run"), std::string::npos) << some.output;
   EXPECT_EQ(rs[0].output.find("step 1/6: 1 non-finite"), std::string::npos);  // the first (step 1) did not stop it
   ::setenv("DION_TEST_NONFINITE", "0:0", 1);
-  const ProcResult first = test::run_train(tiny(data(), tmp / "zero") + std::vector<std::string>{"--max_nonfinite_steps", "0"});
+  const ProcResult first =
+      test::run_train(tiny(data(), tmp / "zero") + std::vector<std::string>{"--max_nonfinite_steps", "0"});
   ::unsetenv("DION_TEST_NONFINITE");
   EXPECT_EQ(first.exit_code, 1) << first.output;
   EXPECT_NE(first.output.find("step 0/5: 1 non-finite step in a row (loss "), std::string::npos) << first.output;
@@ -347,7 +363,7 @@ double first_batch_loss(const fs::path& data, bool round) {
 TEST_F(Numerics, UnderReplicateMeshGradSyncTheNormIsRankZerosOwnGradient) {
   TempDir tmp("rmgs");
   std::vector<std::string> args = tiny(data(), tmp / "run", 2) + layout(2, 1, 1) +
-      std::vector<std::string>{"--optimizer", "dion", "--replicate_mesh_grad_sync", "true"};
+                                  std::vector<std::string>{"--optimizer", "dion", "--replicate_mesh_grad_sync", "true"};
   const auto rs = test::run_train_ranks(2, args);
   for (size_t r = 0; r < rs.size(); ++r) ASSERT_EQ(rs[r].exit_code, 0) << rs[r].output;
   const auto got = train_records(tmp / "run" / "metrics.jsonl");
@@ -393,8 +409,10 @@ TEST_F(Numerics, Bf16FsdpGathersComputeWithBf16RoundedWeights) {
     EXPECT_LE(rel(b[i].loss, a[i].loss), 1e-3) << "step " << i;
     worst = std::max(worst, rel(b[i].loss, a[i].loss));
   }
-  std::printf("bf16 gathers: step 0 vs bf16-rounded weights %.2g; the rounding's effect on the loss %.2g; steps 1-4 "
-              "vs fp32 gathers up to %.2g\n", rel(b[0].loss, rounded), rel(rounded, exact), worst);
+  std::printf(
+      "bf16 gathers: step 0 vs bf16-rounded weights %.2g; the rounding's effect on the loss %.2g; steps 1-4 "
+      "vs fp32 gathers up to %.2g\n",
+      rel(b[0].loss, rounded), rel(rounded, exact), worst);
   const double kb32 = model_kb_per_step(fp32[0].output), kb16 = model_kb_per_step(bf16[0].output);
   std::printf("model bytes per step: fp32 gathers %.0f KB, bf16 gathers %.0f KB\n", kb32, kb16);
   EXPECT_LT(kb16, 0.9 * kb32);
@@ -422,13 +440,15 @@ TEST(ScalarBetas, ResumingACheckpointFromBeforeTheKeysSaysSo) {
   const std::string said = joined(resume_check(c, meta, "ck/step_00000002", data_fingerprint(c)));
   EXPECT_NE(said.find("resuming step_00000002 with scalar betas (0.9, 0.95); it was trained by a dion-train without "
                       "the scalar_beta keys, which used (0.95, 0.98): pass --scalar_beta1 0.95 --scalar_beta2 0.98"),
-            std::string::npos) << said;
+            std::string::npos)
+      << said;
   meta.config_yaml = yaml;
   EXPECT_EQ(joined(resume_check(c, meta, "ck/step_00000002", data_fingerprint(c))), "");
   Config changed = c;
   changed.scalar_beta2 = 0.98;
-  EXPECT_NE(joined(resume_check(changed, meta, "ck/step_00000002", data_fingerprint(c))).find("scalar_beta2 0.95 -> 0.98"),
-            std::string::npos);
+  EXPECT_NE(
+      joined(resume_check(changed, meta, "ck/step_00000002", data_fingerprint(c))).find("scalar_beta2 0.95 -> 0.98"),
+      std::string::npos);
 }
 
 }  // namespace

@@ -76,7 +76,9 @@ void expect_close(const std::vector<Record>& ref, const std::vector<Record>& got
       if (r.kind == g.kind && r.step == g.step) e = &r;
     ASSERT_NE(e, nullptr) << what << ": no reference " << g.kind << " record at step " << g.step;
     const double rel = std::abs(g.loss - e->loss) / std::abs(e->loss);
-    const double tol = g.kind == "train" && g.step == 0 ? kStep0Tol : g.kind == "train" && g.step == 1 ? kStep1Tol : kTol;
+    const double tol = g.kind == "train" && g.step == 0   ? kStep0Tol
+                       : g.kind == "train" && g.step == 1 ? kStep1Tol
+                                                          : kTol;
     EXPECT_LE(rel, tol) << what << ": " << g.kind << " step " << g.step << " loss " << g.loss << " vs " << e->loss;
     worst = std::max(worst, rel);
   }
@@ -134,11 +136,12 @@ TEST_F(ParallelRun, EveryLayoutEqualsOneProcess) {
     const char* name;
     int dp, fs, tp;
   };
-  for (const Case& c : {Case{"ddp2", 2, 1, 1}, Case{"fsdp2", 1, 2, 1}, Case{"tp2", 1, 1, 2}, Case{"fsdp2xtp2", 1, 2, 2}}) {
+  for (const Case& c :
+       {Case{"ddp2", 2, 1, 1}, Case{"fsdp2", 1, 2, 1}, Case{"tp2", 1, 1, 2}, Case{"fsdp2xtp2", 1, 2, 2}}) {
     TempDir run(c.name);
     // DDP with 1 MB buckets: lm_head, the blocks and wte in separate buckets (25 MB would be one).
-    const std::vector<std::string> buckets = c.dp > 1 ? std::vector<std::string>{"--ddp_bucket_mb", "1"}
-                                                       : std::vector<std::string>{};
+    const std::vector<std::string> buckets =
+        c.dp > 1 ? std::vector<std::string>{"--ddp_bucket_mb", "1"} : std::vector<std::string>{};
     const auto rs =
         test::run_train_ranks(c.dp * c.fs * c.tp, tiny(data(), run / "run") + layout(c.dp, c.fs, c.tp) + buckets);
     expect_all_ok(rs);
@@ -180,8 +183,8 @@ TEST_F(ParallelRun, EveryLayoutEqualsOneProcess) {
       // other rank): another order of the same fp32 sum, so the file's tolerances hold (step 0,
       // before any update, is bit-identical).
       TempDir fast("fsdp2_fast");
-      const auto fr = test::run_train_ranks(2, tiny(data(), fast / "run") + layout(1, 2, 1) +
-                                                   std::vector<std::string>{"--fast_fsdp", "true"});
+      const auto fr = test::run_train_ranks(
+          2, tiny(data(), fast / "run") + layout(1, 2, 1) + std::vector<std::string>{"--fast_fsdp", "true"});
       expect_all_ok(fr);
       const auto fast_losses = test::read_metrics(fast / "run" / "metrics.jsonl");
       expect_close(resharded, fast_losses, "fsdp2 fast_fsdp vs default");
@@ -218,7 +221,8 @@ TEST_F(ParallelRun, CheckpointsMoveBetweenLayouts) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("resuming at another layout: dp 1 x fs 2 x tp 1 -> dp 1 x fs 1 x tp 1 (resharded)"),
-              std::string::npos) << r.output;
+              std::string::npos)
+        << r.output;
     expect_close(ref(), test::read_metrics(tmp / "one" / "metrics.jsonl"), "fsdp2 -> 1");
   }
   {
@@ -257,8 +261,9 @@ TEST_F(ParallelRun, NorDion2UnderFsdpTimesTpEqualsOneProcessAndResumesAtOne) {
   const std::vector<Record> ref = test::read_metrics(tmp / "one" / "metrics.jsonl");
   ASSERT_EQ(ref.size(), size_t(kSteps + 1));
   const fs::path ck = tmp / "ck";
-  expect_all_ok(test::run_train_ranks(4, tiny(data(), tmp / "tp") + layout(1, 2, 2) + nordion2 +
-                                             std::vector<std::string>{"--checkpoint_dir", ck.string(), "--stop_after", "2"}));
+  expect_all_ok(
+      test::run_train_ranks(4, tiny(data(), tmp / "tp") + layout(1, 2, 2) + nordion2 +
+                                   std::vector<std::string>{"--checkpoint_dir", ck.string(), "--stop_after", "2"}));
   const std::vector<Record> tp = test::read_metrics(tmp / "tp" / "metrics.jsonl");
   EXPECT_EQ(tp.size(), 2u);
   expect_close(ref, tp, "nordion2 fsdp2 x tp2, steps 0-1");
@@ -286,14 +291,16 @@ TEST_F(ParallelRun, KillDashNineDuringSavesLeavesACheckpointThatResumes) {
     if (!first_save && out0.find("checkpoint ") != std::string::npos) first_save = std::chrono::steady_clock::now();
     return first_save && std::chrono::steady_clock::now() - *first_save >= delay;
   };
-  const auto rs = test::run_train_ranks(
-      2, tiny(data(), tmp / "run") + layout(1, 2, 1) + std::vector<std::string>{"--checkpoint_dir", ck.string(),
-                                                                                "--checkpoint_freq", "1"},
-      o);
+  const auto rs =
+      test::run_train_ranks(2,
+                            tiny(data(), tmp / "run") + layout(1, 2, 1) +
+                                std::vector<std::string>{"--checkpoint_dir", ck.string(), "--checkpoint_freq", "1"},
+                            o);
   std::printf("killed rank %d %lld ms after the first checkpoint; exit codes %d, %d\n", victim,
               static_cast<long long>(delay.count()), rs[0].exit_code, rs[1].exit_code);
   EXPECT_EQ(rs[victim].exit_code, 128 + SIGKILL);
-  ProcResult r = test::run_train(tiny(data(), tmp / "resumed") + std::vector<std::string>{"--checkpoint_dir", ck.string()});
+  ProcResult r =
+      test::run_train(tiny(data(), tmp / "resumed") + std::vector<std::string>{"--checkpoint_dir", ck.string()});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   if (r.output.find("resumed from") != std::string::npos)
     expect_close(ref(), test::read_metrics(tmp / "resumed" / "metrics.jsonl"), "killed fsdp2 -> 1");
@@ -309,9 +316,11 @@ TEST_F(ParallelRun, ARankFailingToWriteItsCheckpointFailsEveryRankCleanly) {
   o.fsize_limit_rank = 1;
   o.fsize_limit = 1 << 20;  // its model part is about 13 MB
   o.deadline_s = 200;
-  const auto rs = test::run_train_ranks(
-      2, tiny(data(), tmp / "run") + layout(1, 2, 1) +
-             std::vector<std::string>{"--checkpoint_dir", ck.string(), "--checkpoint_freq", "1"}, o);
+  const auto rs =
+      test::run_train_ranks(2,
+                            tiny(data(), tmp / "run") + layout(1, 2, 1) +
+                                std::vector<std::string>{"--checkpoint_dir", ck.string(), "--checkpoint_freq", "1"},
+                            o);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(rs[r].exit_code, 1) << "rank " << r << ":\n" << rs[r].output;
     EXPECT_EQ(rs[r].output.find("terminate called"), std::string::npos) << rs[r].output;
@@ -329,9 +338,9 @@ TEST_F(ParallelRun, ARankFailingToWriteItsCheckpointFailsEveryRankCleanly) {
 TEST_F(ParallelRun, ADamagedRankFileOfACheckpointIsNamedBeforeAnythingIsLoaded) {
   TempDir tmp("rankfile");
   const fs::path ck = tmp / "ck";
-  expect_all_ok(test::run_train_ranks(
-      2, tiny(data(), tmp / "save") + layout(1, 2, 1) +
-             std::vector<std::string>{"--checkpoint_dir", ck.string(), "--stop_after", "2"}));
+  expect_all_ok(
+      test::run_train_ranks(2, tiny(data(), tmp / "save") + layout(1, 2, 1) +
+                                   std::vector<std::string>{"--checkpoint_dir", ck.string(), "--stop_after", "2"}));
   const fs::path step = ck / "step_00000001";
   const fs::path victim = step / "rank_00001.optimizer.pt";
   ASSERT_TRUE(fs::exists(victim));
@@ -387,7 +396,8 @@ TEST_F(ParallelRun, NoMeshFlagRunsDdpOverEveryProcessAsTrainPy) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("layout: 2 processes = dp 2 x fs 1 x tp 1 (DDP over every process: no dp_size, fs_size or "
                           "tp_size given, as train.py)"),
-            std::string::npos) << r.output;
+            std::string::npos)
+      << r.output;
   expect_close(ref(), test::read_metrics(tmp / "run" / "metrics.jsonl"), "--nproc 2, no mesh flag");
   ProcResult one = test::run_train(std::vector<std::string>{"--nproc", "2"} + tiny(data(), tmp / "run2") +
                                    std::vector<std::string>{"--fs_size", "2"});
@@ -421,8 +431,8 @@ TEST_F(ParallelRun, BadLayoutsAndDifferentConfigsFailOnEveryRank) {
     RankOptions o;
     o.rank0_extra = {"--dp_size", "1", "--fs_size", "2"};
     o.deadline_s = 60;
-    const auto rs = test::run_train_ranks(2, tiny(data(), tmp / "run") + layout(2, 1, 1) +
-                                                 std::vector<std::string>{"--comm_timeout_s", "300"}, o);
+    const auto rs = test::run_train_ranks(
+        2, tiny(data(), tmp / "run") + layout(2, 1, 1) + std::vector<std::string>{"--comm_timeout_s", "300"}, o);
     for (const ProcResult& r : rs) {
       EXPECT_EQ(r.exit_code, 2) << r.output;
       EXPECT_NE(r.output.find("key 'dp_size' differs between rank 0 and rank 1"), std::string::npos) << r.output;
@@ -449,7 +459,8 @@ TEST_F(ParallelRun, DriftingReplicasAreCaughtOnEveryRank) {
       EXPECT_NE(p.output.find("after step 2: the data-parallel replicas"), std::string::npos) << p.output;
     }
   EXPECT_NE(ddp[0].output.find("parameter 'transformer.wte.weight' on dp rank 1 is not bit-identical"),
-            std::string::npos) << ddp[0].output;
+            std::string::npos)
+      << ddp[0].output;
   // HSDP: global rank 1 is (dp 0, fs 1); its dp partner (rank 3) names it, ranks 0 and 2 stop too.
   EXPECT_NE(hsdp[3].output.find("is not bit-identical"), std::string::npos) << hsdp[3].output;
   EXPECT_NE(hsdp[0].output.find("of another dp group differ"), std::string::npos) << hsdp[0].output;
@@ -480,7 +491,8 @@ TEST_F(ParallelRun, AMissingRankEndsTheStartWithinTheRendezvousTimeout) {
   const int port = dion::testing::free_port();
   const std::string env = "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port);
   std::string cmd = env + " " + std::string(DION_TRAIN_EXE);
-  for (const std::string& a : test::later_wins(tiny(data(), tmp / "run") + std::vector<std::string>{"--rendezvous_timeout_s", "2"}))
+  for (const std::string& a :
+       test::later_wins(tiny(data(), tmp / "run") + std::vector<std::string>{"--rendezvous_timeout_s", "2"}))
     cmd += " '" + a + "'";
   cmd += " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
@@ -490,8 +502,10 @@ TEST_F(ParallelRun, AMissingRankEndsTheStartWithinTheRendezvousTimeout) {
   while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
   const int status = ::pclose(p);
   EXPECT_EQ(WEXITSTATUS(status), 1) << out;
-  EXPECT_NE(out.find("only 1 of 2 ranks arrived at the rendezvous 127.0.0.1:" + std::to_string(port) + " within 2000 ms"),
-            std::string::npos) << out;
+  EXPECT_NE(
+      out.find("only 1 of 2 ranks arrived at the rendezvous 127.0.0.1:" + std::to_string(port) + " within 2000 ms"),
+      std::string::npos)
+      << out;
   EXPECT_EQ(out.find("Exception raised from"), std::string::npos) << out;
   EXPECT_EQ(out.find("frame #"), std::string::npos) << out;
 }

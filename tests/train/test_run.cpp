@@ -44,10 +44,38 @@ using test::TempDir;
 // The tiny model every run here trains: 2 layers, 64 wide, T 32, 4 sequences a step in 2
 // accumulation steps (the 50304 x 64 lm_head dominates the cost: ~0.8 GFLOP a step).
 std::vector<std::string> tiny_args(const fs::path& data, const fs::path& run_dir) {
-  return {"--data_dir", data.string(), "--run_dir", run_dir.string(), "--model_dim", "64", "--n_layer", "2",
-          "--n_head", "2", "--sequence_length", "32", "--batch_size", "4", "--device_batch_size", "2",
-          "--val_tokens", "256", "--warmup_ratio", "0", "--warmdown_ratio", "0.2", "--dtype", "fp32",
-          "--optimizer", "dion2", "--scalar_opt", "adamw", "--lr", "0.02", "--log_every", "10"};
+  return {"--data_dir",
+          data.string(),
+          "--run_dir",
+          run_dir.string(),
+          "--model_dim",
+          "64",
+          "--n_layer",
+          "2",
+          "--n_head",
+          "2",
+          "--sequence_length",
+          "32",
+          "--batch_size",
+          "4",
+          "--device_batch_size",
+          "2",
+          "--val_tokens",
+          "256",
+          "--warmup_ratio",
+          "0",
+          "--warmdown_ratio",
+          "0.2",
+          "--dtype",
+          "fp32",
+          "--optimizer",
+          "dion2",
+          "--scalar_opt",
+          "adamw",
+          "--lr",
+          "0.02",
+          "--log_every",
+          "10"};
 }
 
 class TrainRun : public ::testing::Test {
@@ -91,8 +119,8 @@ TEST_F(TrainRun, LossFallsBelowTheUnigramEntropy) {
   const double h = unigram_entropy(small / "fineweb_val_000000.bin");
   ProcResult r = run_train(tiny_args(small.path(), run.path()) +
                            std::vector<std::string>{"--num_iterations", "30", "--val_loss_every", "15", "--batch_size",
-                                                    "4", "--device_batch_size", "4", "--lr", "0.03",
-                                                    "--warmdown_ratio", "0.3", "--val_tokens", "1024"});
+                                                    "4", "--device_batch_size", "4", "--lr", "0.03", "--warmdown_ratio",
+                                                    "0.3", "--val_tokens", "1024"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto records = test::read_metrics(run / "metrics.jsonl");
   ASSERT_FALSE(records.empty());
@@ -100,8 +128,8 @@ TEST_F(TrainRun, LossFallsBelowTheUnigramEntropy) {
   ASSERT_EQ(last.kind, "val");
   ASSERT_EQ(last.step, 30);
   const double first_val = records.front().loss;
-  std::printf("unigram entropy of the tokens %.4f nats; val loss %.4f at step 0 -> %.4f at step 30\n", h,
-              first_val, last.loss);
+  std::printf("unigram entropy of the tokens %.4f nats; val loss %.4f at step 0 -> %.4f at step 30\n", h, first_val,
+              last.loss);
   EXPECT_GT(first_val, h);
   EXPECT_LT(last.loss, h);
   // The run folder: the resolved config and one train record per step.
@@ -136,12 +164,14 @@ TEST_F(TrainRun, StopAndResumeEqualsTheUninterruptedRunBitForBit) {
   for (const char* optimizer : {"dion2", "dion"}) {  // dion: random Q and sketches from the saved RNG
     SCOPED_TRACE(optimizer);
     TempDir a("full"), b("resumed");
-    const std::vector<std::string> common = {"--num_iterations", "10", "--val_loss_every", "4", "--checkpoint_freq",
-                                             "3", "--optimizer", optimizer};
-    ProcResult full = run_train(tiny_args(data(), a / "run") + common + std::vector<std::string>{"--checkpoint_dir", (a / "ck").string()});
+    const std::vector<std::string> common = {"--num_iterations",  "10", "--val_loss_every", "4",
+                                             "--checkpoint_freq", "3",  "--optimizer",      optimizer};
+    ProcResult full = run_train(tiny_args(data(), a / "run") + common +
+                                std::vector<std::string>{"--checkpoint_dir", (a / "ck").string()});
     ASSERT_EQ(full.exit_code, 0) << full.output;
-    const std::vector<std::string> part = tiny_args(data(), b / "run") + common +
-                                          std::vector<std::string>{"--checkpoint_dir", (b / "ck").string(), "--stop_after", "5"};
+    const std::vector<std::string> part =
+        tiny_args(data(), b / "run") + common +
+        std::vector<std::string>{"--checkpoint_dir", (b / "ck").string(), "--stop_after", "5"};
     ProcResult first = run_train(part);
     ASSERT_EQ(first.exit_code, 0) << first.output;
     EXPECT_NE(first.output.find("stopped after 5 steps"), std::string::npos) << first.output;
@@ -158,7 +188,8 @@ TEST_F(TrainRun, StopAndResumeEqualsTheUninterruptedRunBitForBit) {
 TEST_F(TrainRun, KillDashNineThenResumeEqualsTheUninterruptedRun) {
   TempDir a("full"), b("killed");
   const std::vector<std::string> common = {"--num_iterations", "16", "--val_loss_every", "5", "--checkpoint_freq", "2"};
-  ProcResult full = run_train(tiny_args(data(), a / "run") + common + std::vector<std::string>{"--checkpoint_dir", (a / "ck").string()});
+  ProcResult full = run_train(tiny_args(data(), a / "run") + common +
+                              std::vector<std::string>{"--checkpoint_dir", (a / "ck").string()});
   ASSERT_EQ(full.exit_code, 0) << full.output;
 
   const std::vector<std::string> args =
@@ -198,24 +229,31 @@ TEST_F(TrainRun, BadConfigsFailWithTheKeyAndWriteNothing) {
   const std::vector<Case> cases = {
       {{"--learning_rate", "0.1"}, "unknown key 'learning_rate'"},
       {{"--lr", "abc"}, "key 'lr': value 'abc' is not a number"},
-      {{"--batch_size", "10", "--device_batch_size", "4"}, "key 'batch_size': value 10 is not divisible by device_batch_size 4"},
+      {{"--batch_size", "10", "--device_batch_size", "4"},
+       "key 'batch_size': value 10 is not divisible by device_batch_size 4"},
       {{"--model_dim", "60", "--n_head", "8"}, "key 'model_dim': value 60 is not divisible by n_head 8"},
       {{"--dp_size", "2"}, "dp_size 2 x fs_size 1 x tp_size 1 = 2, but WORLD_SIZE is 1"},
-      {{"--optimizer", "sgd"}, "key 'optimizer': value 'sgd' is invalid; valid: one of: muon, normuon, dion2, nordion2, dion3, dion, adamw, lion"},
+      {{"--optimizer", "sgd"},
+       "key 'optimizer': value 'sgd' is invalid; valid: one of: muon, normuon, dion2, nordion2, dion3, dion, adamw, "
+       "lion"},
       {{"--ortho_path", "fastest"}, "key 'ortho_path': value 'fastest' is invalid; valid: one of: exact, fast"},
-      {{"--qr_method", "cqr"}, "key 'qr_method': value 'cqr' is not implemented in dion-train (the reference "
-                               "train.py accepts it); the nearest supported choice is 'rcqr'"},
+      {{"--qr_method", "cqr"},
+       "key 'qr_method': value 'cqr' is not implemented in dion-train (the reference "
+       "train.py accepts it); the nearest supported choice is 'rcqr'"},
       {{"--lr", "0.01", "0.7"}, "unexpected argument '0.7'"},
       {{"--run_dir", (tmp / "run2").string(), "stray"}, "unexpected argument 'stray'"},
       {{"--warmup_ratio", "0.7", "--warmdown_ratio", "0.7"}, "= 1.4 > 1: the warmup and the warmdown would overlap"},
       // Sizes against the data (the val shard holds 100000 tokens, the train shards ~238000):
       // --val_tokens 1.28e12 used to run a validation of 2e10 batches.
-      {{"--val_tokens", "1280000000000"}, "key 'val_tokens': value 1280000000000 is more than the 100000 tokens of the val shards"},
-      {{"--batch_size", "10000"}, "keys 'batch_size' 10000 x 'sequence_length' 32 = 320000 tokens per step, more than the"},
+      {{"--val_tokens", "1280000000000"},
+       "key 'val_tokens': value 1280000000000 is more than the 100000 tokens of the val shards"},
+      {{"--batch_size", "10000"},
+       "keys 'batch_size' 10000 x 'sequence_length' 32 = 320000 tokens per step, more than the"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
-    ProcResult r = run_train(tiny_args(data(), run) + std::vector<std::string>{"--checkpoint_dir", ck.string()} + c.args);
+    ProcResult r =
+        run_train(tiny_args(data(), run) + std::vector<std::string>{"--checkpoint_dir", ck.string()} + c.args);
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("dion-train: error:"), std::string::npos) << r.output;
@@ -320,7 +358,8 @@ TEST_F(TrainRun, DebugModeTrainsOnSyntheticTokensWithoutData) {
                               ? "muon on cuda (bf16) (device auto: a CUDA device is present; --device cpu trains on "
                                 "the CPU)"
                               : "muon on cpu (fp32) (device auto: no CUDA device here)"),
-            std::string::npos) << r.output;
+            std::string::npos)
+      << r.output;
   const auto records = test::read_metrics(tmp / "run/metrics.jsonl");
   int train = 0;
   for (const auto& rec : records) train += rec.kind == "train";
@@ -341,7 +380,8 @@ TEST_F(TrainRun, StepLinesCountFromZeroAsTheReference) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::map<std::pair<std::string, int64_t>, double> metrics;
   for (const auto& rec : test::read_metrics(tmp / "run/metrics.jsonl")) metrics[{rec.kind, rec.step}] = rec.loss;
-  const std::regex line(R"(^step (\d+)/20 \| (loss|val_loss) ([0-9.]+))", std::regex::ECMAScript | std::regex::multiline);
+  const std::regex line(R"(^step (\d+)/20 \| (loss|val_loss) ([0-9.]+))",
+                        std::regex::ECMAScript | std::regex::multiline);
   std::vector<std::string> order;
   for (std::sregex_iterator it(r.output.begin(), r.output.end(), line), end; it != end; ++it) {
     const int64_t step = std::stoll((*it)[1]);
@@ -361,11 +401,13 @@ TEST_F(TrainRun, StepLinesCountFromZeroAsTheReference) {
 
 TEST_F(TrainRun, SampleGeneratesFromACheckpoint) {
   TempDir tmp("sample");
-  ProcResult r = run_train(tiny_args(data(), tmp / "run") + std::vector<std::string>{"--num_iterations", "3",
-                                                                                       "--checkpoint_dir", (tmp / "ck").string()});
+  ProcResult r =
+      run_train(tiny_args(data(), tmp / "run") +
+                std::vector<std::string>{"--num_iterations", "3", "--checkpoint_dir", (tmp / "ck").string()});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::vector<std::string> args = {"sample", "--checkpoint", (tmp / "ck").string(), "--prompt", "ROMEO:",
-                                         "--max_tokens", "12", "--seed", "7", "--tokenizer", test::gpt2_dir().string()};
+  const std::vector<std::string> args = {
+      "sample", "--checkpoint", (tmp / "ck").string(),    "--prompt", "ROMEO:", "--max_tokens", "12", "--seed",
+      "7",      "--tokenizer",  test::gpt2_dir().string()};
   ProcResult s1 = run_train(args), s2 = run_train(args);
   ASSERT_EQ(s1.exit_code, 0) << s1.output;
   EXPECT_EQ(s1.output.rfind("ROMEO:", 0), 0u) << s1.output;
@@ -390,8 +432,9 @@ int64_t count_tfrecords(const fs::path& file) {
 
 TEST_F(TrainRun, ExportWritesTheCheckpointsWeightsAndTensorBoardHasEveryMetric) {
   TempDir tmp("export");
-  ProcResult r = run_train(tiny_args(data(), tmp / "run") + std::vector<std::string>{"--num_iterations", "3",
-                                                                                       "--checkpoint_dir", (tmp / "ck").string()});
+  ProcResult r =
+      run_train(tiny_args(data(), tmp / "run") +
+                std::vector<std::string>{"--num_iterations", "3", "--checkpoint_dir", (tmp / "ck").string()});
   ASSERT_EQ(r.exit_code, 0) << r.output;
 
   ProcResult e = run_train({"export", "--checkpoint", (tmp / "ck").string(), "-o", (tmp / "w.safetensors").string()});

@@ -43,18 +43,53 @@ using test::run_train;
 using test::TempDir;
 
 // EXPECT that `text` holds (or lacks) `part`, printing the text when not.
-#define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << "missing: " << (part) << "\nin:\n" << (text)
-#define EXPECT_LACKS(text, part) EXPECT_EQ(std::string(text).find(part), std::string::npos) << "unexpected: " << (part) << "\nin:\n" << (text)
+#define EXPECT_HAS(text, part) \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) << "missing: " << (part) << "\nin:\n" << (text)
+#define EXPECT_LACKS(text, part) \
+  EXPECT_EQ(std::string(text).find(part), std::string::npos) << "unexpected: " << (part) << "\nin:\n" << (text)
 
 constexpr int64_t kSteps = 6;
 
 // test_run.cpp's tiny model, 6 steps.
 std::vector<std::string> tiny(const fs::path& data, const fs::path& run_dir, const fs::path& ck) {
-  return {"--data_dir", data.string(), "--run_dir", run_dir.string(), "--checkpoint_dir", ck.string(),
-          "--model_dim", "64", "--n_layer", "2", "--n_head", "2", "--sequence_length", "32", "--batch_size", "4",
-          "--device_batch_size", "2", "--val_tokens", "256", "--val_loss_every", "3", "--warmup_ratio", "0",
-          "--warmdown_ratio", "0.2", "--dtype", "fp32", "--optimizer", "dion2", "--scalar_opt", "adamw", "--lr",
-          "0.02", "--log_every", "1", "--num_iterations", std::to_string(kSteps)};
+  return {"--data_dir",
+          data.string(),
+          "--run_dir",
+          run_dir.string(),
+          "--checkpoint_dir",
+          ck.string(),
+          "--model_dim",
+          "64",
+          "--n_layer",
+          "2",
+          "--n_head",
+          "2",
+          "--sequence_length",
+          "32",
+          "--batch_size",
+          "4",
+          "--device_batch_size",
+          "2",
+          "--val_tokens",
+          "256",
+          "--val_loss_every",
+          "3",
+          "--warmup_ratio",
+          "0",
+          "--warmdown_ratio",
+          "0.2",
+          "--dtype",
+          "fp32",
+          "--optimizer",
+          "dion2",
+          "--scalar_opt",
+          "adamw",
+          "--lr",
+          "0.02",
+          "--log_every",
+          "1",
+          "--num_iterations",
+          std::to_string(kSteps)};
 }
 
 std::string slurp(const fs::path& p) {
@@ -191,10 +226,14 @@ TEST_F(TrainCheckpoint, TruncatedMissingAndExtraFilesAreNamed) {
   };
   const std::vector<Case> cases = {
       {"truncated optimizer.pt",
-       [&] { const std::string b = slurp(good / "optimizer.pt"); spit(good / "optimizer.pt", b.substr(0, b.size() / 3)); },
+       [&] {
+         const std::string b = slurp(good / "optimizer.pt");
+         spit(good / "optimizer.pt", b.substr(0, b.size() / 3));
+       },
        {"optimizer.pt' has", "truncated"}},
       {"missing rng.pt", [&] { fs::remove(good / "rng.pt"); }, {"rng.pt' is missing"}},
-      {"extra truncated file", [&] { spit(good / "model.pt.1", slurp(good / "model.pt").substr(0, 1000)); },
+      {"extra truncated file",
+       [&] { spit(good / "model.pt.1", slurp(good / "model.pt").substr(0, 1000)); },
        {"model.pt.1' is not listed in", "manifest.json"}},
       {"missing manifest.json", [&] { fs::remove(good / "manifest.json"); }, {"no manifest.json"}},
       {"missing meta.json", [&] { fs::remove(good / "meta.json"); }, {"meta.json' is missing"}},
@@ -225,7 +264,8 @@ TEST_F(TrainCheckpoint, OnlyCheckpointWithoutMetaStopsTheRunAndIsNeverRemoved) {
   EXPECT_EQ(folder_bytes(bad), before);
   // resume_fallback: no good checkpoint, so it starts over; its saves (steps 3 and 5) are newer
   // than the bad step_2, which stays, named in a note.
-  ProcResult f = run_train(args("fallback") + std::vector<std::string>{"--resume_fallback", "true", "--checkpoint_freq", "3"});
+  ProcResult f =
+      run_train(args("fallback") + std::vector<std::string>{"--resume_fallback", "true", "--checkpoint_freq", "3"});
   EXPECT_EQ(f.exit_code, 0) << f.output;
   EXPECT_HAS(f.output, "resume_fallback: skipped " + bad.string());
   EXPECT_HAS(f.output, "starting over at step 0");
@@ -257,7 +297,8 @@ TEST_F(TrainCheckpoint, FallbackResumesTheNewestGoodCheckpointAndEqualsTheUninte
   EXPECT_HAS(yes.output, "note: moved " + four.string() + " aside");
   expect_same_losses(ref, *tmp_ / "run" / "metrics.jsonl");
   int aside = 0;
-  for (const auto& e : fs::directory_iterator(ck())) aside += e.path().filename().string().rfind("step_00000004.replaced-", 0) == 0;
+  for (const auto& e : fs::directory_iterator(ck()))
+    aside += e.path().filename().string().rfind("step_00000004.replaced-", 0) == 0;
   EXPECT_EQ(aside, 1) << "the bad step_4 is kept aside";
   EXPECT_FALSE(fs::exists(two)) << "the good older checkpoints are rotated away";
   EXPECT_FALSE(fs::exists(four));
@@ -352,7 +393,8 @@ TEST_F(TrainCheckpoint, DiskFullLeavesThePreviousCheckpointAndAClearError) {
   // A real full file system where this process may mount a tmpfs (root): room for one
   // checkpoint and a half, so the second save is refused by the free-space check before any
   // byte is written, and the first stays.
-  const int64_t size = int64_t(fs::file_size(step(kSteps - 1) / "model.pt") + fs::file_size(step(kSteps - 1) / "optimizer.pt"));
+  const int64_t size =
+      int64_t(fs::file_size(step(kSteps - 1) / "model.pt") + fs::file_size(step(kSteps - 1) / "optimizer.pt"));
   const fs::path mnt = *tmp_ / "tmpfs";
   fs::create_directories(mnt);
   const std::string opts = "size=" + std::to_string(size * 3 / 2);
@@ -380,7 +422,8 @@ TEST_F(TrainCheckpoint, KeysThatChangeTheSavedStateAreRefusedBeforeAnyStep) {
     std::vector<std::string> message;
   };
   const std::vector<Case> cases = {
-      {{"--sequence_length", "16"}, {"key 'sequence_length': this run has '16'", "written with '32'", "--sequence_length 32"}},
+      {{"--sequence_length", "16"},
+       {"key 'sequence_length': this run has '16'", "written with '32'", "--sequence_length 32"}},
       {{"--optimizer", "muon"}, {"key 'optimizer': this run has 'muon'", "written with 'dion2'"}},
       {{"--batch_size", "8"}, {"key 'batch_size': this run has '8'", "written with '4'"}},
       {{"--model_dim", "128"}, {"key 'model_dim'"}},
@@ -422,7 +465,8 @@ TEST_F(TrainCheckpoint, NewerFoldersAreNeverRemovedBySaves) {
 TEST(TrainCheckpointPolicy, EveryConfigKeyHasAResumePolicy) {
   const auto items = config_items(Config{});
   ASSERT_GT(items.size(), 40u);
-  for (const auto& [key, value] : items) EXPECT_TRUE(resume_policy(key).has_value()) << "key '" << key << "' has no row";
+  for (const auto& [key, value] : items)
+    EXPECT_TRUE(resume_policy(key).has_value()) << "key '" << key << "' has no row";
   EXPECT_EQ(resume_policy("sequence_length"), ResumePolicy::MUST_MATCH);
   EXPECT_EQ(resume_policy("num_iterations"), ResumePolicy::LOGGED);
   EXPECT_EQ(resume_policy("fs_size"), ResumePolicy::LAYOUT);

@@ -24,10 +24,38 @@ using test::run_train;
 using test::TempDir;
 
 std::vector<std::string> tiny(const fs::path& data, const fs::path& run_dir) {
-  return {"--data_dir", data.string(), "--run_dir", run_dir.string(), "--model_dim", "32", "--n_layer", "1",
-          "--n_head", "2", "--sequence_length", "16", "--batch_size", "2", "--device_batch_size", "2",
-          "--val_tokens", "64", "--num_iterations", "3", "--val_loss_every", "0", "--dtype", "fp32",
-          "--optimizer", "dion2", "--scalar_opt", "adamw", "--lr", "0.02", "--log_every", "1"};
+  return {"--data_dir",
+          data.string(),
+          "--run_dir",
+          run_dir.string(),
+          "--model_dim",
+          "32",
+          "--n_layer",
+          "1",
+          "--n_head",
+          "2",
+          "--sequence_length",
+          "16",
+          "--batch_size",
+          "2",
+          "--device_batch_size",
+          "2",
+          "--val_tokens",
+          "64",
+          "--num_iterations",
+          "3",
+          "--val_loss_every",
+          "0",
+          "--dtype",
+          "fp32",
+          "--optimizer",
+          "dion2",
+          "--scalar_opt",
+          "adamw",
+          "--lr",
+          "0.02",
+          "--log_every",
+          "1"};
 }
 
 // Byte shards of the first 20 kB of Tiny Shakespeare (prepare_shards_bytes, val fraction 0.2).
@@ -57,8 +85,8 @@ TEST(Vocab, ByteShardsTrainAndSampleDecodesBytes) {
   TempDir data("bytes"), run("run");
   byte_shards(data.path());
   const fs::path ck = run / "ck";
-  ProcResult r = run_train(tiny(data.path(), run / "r") + std::vector<std::string>{"--vocab_size", "320",
-                                                                                    "--checkpoint_dir", ck.string()});
+  ProcResult r = run_train(tiny(data.path(), run / "r") +
+                           std::vector<std::string>{"--vocab_size", "320", "--checkpoint_dir", ck.string()});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const CheckpointMeta meta = checkpoint_read_meta(checkpoint_resolve(ck));
   EXPECT_EQ(meta.model.vocab_size, 320);
@@ -88,8 +116,8 @@ TEST(Vocab, Gpt2ShardsWithASmallVocabAreRefused) {
   test::shakespeare_shards(data.path(), 100000);
   ProcResult r = run_train(tiny(data.path(), run / "r") + std::vector<std::string>{"--vocab_size", "320"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  for (const std::string& part : std::vector<std::string>{"key 'vocab_size': value 320", data.path().string(),
-                                                          "gpt2", "50257", "use 50304"})
+  for (const std::string& part :
+       std::vector<std::string>{"key 'vocab_size': value 320", data.path().string(), "gpt2", "50257", "use 50304"})
     EXPECT_NE(r.output.find(part), std::string::npos) << "'" << part << "' not in:\n" << r.output;
   EXPECT_TRUE(test::is_empty_or_missing(run / "r")) << "a refused run wrote its run_dir";
 }

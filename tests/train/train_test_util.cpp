@@ -42,9 +42,7 @@ TempDir::TempDir(const std::string& tag) {
   path_ = templ;
 }
 
-TempDir::~TempDir() {
-  remove_tree(path_);
-}
+TempDir::~TempDir() { remove_tree(path_); }
 
 std::vector<std::string> later_wins(const std::vector<std::string>& args) {
   // Entries: a "--key" (or "--key=value") with the value after it when that is not a key; any
@@ -63,12 +61,12 @@ std::vector<std::string> later_wins(const std::vector<std::string>& args) {
   for (size_t i = 0; i < entries.size(); ++i) {
     const std::string key = key_of(entries[i]);
     bool overridden = false;
-    for (size_t j = i + 1; j < entries.size() && !key.empty() && !overridden; ++j) overridden = key_of(entries[j]) == key;
+    for (size_t j = i + 1; j < entries.size() && !key.empty() && !overridden; ++j)
+      overridden = key_of(entries[j]) == key;
     if (!overridden) out.insert(out.end(), entries[i].begin(), entries[i].end());
   }
   return out;
 }
-
 
 namespace {
 // posix_spawn under a lowered soft RLIMIT_FSIZE: the child inherits the limit; the parent's is
@@ -108,8 +106,8 @@ int spawn_train(const std::vector<std::string>& given, const fs::path& output, i
 ProcResult run_train(const std::vector<std::string>& args) { return run_train_limited(args, 0); }
 
 ProcResult run_train_limited(const std::vector<std::string>& args, int64_t fsize_limit) {
-  const fs::path out_file = fs::temp_directory_path() / ("dion_train_out." + std::to_string(::getpid()) + "." +
-                                                          std::to_string(std::rand()));
+  const fs::path out_file =
+      fs::temp_directory_path() / ("dion_train_out." + std::to_string(::getpid()) + "." + std::to_string(std::rand()));
   ProcResult r;
   const pid_t pid = spawn_train(args, out_file, fsize_limit);
   if (pid < 0) {
@@ -146,14 +144,14 @@ std::vector<ProcResult> run_train_ranks(int world, const std::vector<std::string
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     outs.push_back(fs::temp_directory_path() / ("dion_train_rank" + std::to_string(r) + "." + tag));
-    std::vector<std::string> env_text = {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r),
+    std::vector<std::string> env_text = {"RANK=" + std::to_string(r),           "LOCAL_RANK=" + std::to_string(r),
                                          "WORLD_SIZE=" + std::to_string(world), "MASTER_ADDR=127.0.0.1",
                                          "MASTER_PORT=" + std::to_string(port), "OMP_NUM_THREADS=1"};
     for (char** e = environ; *e; ++e) {
       const std::string kv = *e;
       const std::string key = kv.substr(0, kv.find('='));
-      if (key != "RANK" && key != "LOCAL_RANK" && key != "WORLD_SIZE" && key != "MASTER_ADDR" &&
-          key != "MASTER_PORT" && key != "OMP_NUM_THREADS")
+      if (key != "RANK" && key != "LOCAL_RANK" && key != "WORLD_SIZE" && key != "MASTER_ADDR" && key != "MASTER_PORT" &&
+          key != "OMP_NUM_THREADS")
         env_text.push_back(kv);
     }
     std::vector<char*> envp;
@@ -170,8 +168,8 @@ std::vector<ProcResult> run_train_ranks(int world, const std::vector<std::string
     std::vector<char*> argv;
     for (std::string& a : all) argv.push_back(a.data());
     argv.push_back(nullptr);
-    const pid_t pid = spawn_limited(DION_TRAIN_EXE, &fa, argv.data(), envp.data(),
-                                    r == o.fsize_limit_rank ? o.fsize_limit : 0);
+    const pid_t pid =
+        spawn_limited(DION_TRAIN_EXE, &fa, argv.data(), envp.data(), r == o.fsize_limit_rank ? o.fsize_limit : 0);
     posix_spawn_file_actions_destroy(&fa);
     pids.push_back(pid);
   }
@@ -259,11 +257,42 @@ bool is_empty_or_missing(const fs::path& dir) {
 
 std::vector<std::string> tiny_parallel_run(const std::filesystem::path& data, const std::filesystem::path& run_dir,
                                            int steps) {
-  return {"--data_dir", data.string(), "--run_dir", run_dir.string(), "--model_dim", "64", "--n_layer", "2",
-          "--n_head", "2", "--sequence_length", "64", "--batch_size", "4", "--device_batch_size", "1",
-          "--val_tokens", "256", "--val_loss_every", "0", "--num_iterations", std::to_string(steps),
-          "--warmup_ratio", "0", "--dtype", "fp32", "--optimizer", "muon", "--scalar_opt", "adamw", "--lr", "0.02",
-          "--log_every", "1", "--comm_timeout_s", "60"};
+  return {"--data_dir",
+          data.string(),
+          "--run_dir",
+          run_dir.string(),
+          "--model_dim",
+          "64",
+          "--n_layer",
+          "2",
+          "--n_head",
+          "2",
+          "--sequence_length",
+          "64",
+          "--batch_size",
+          "4",
+          "--device_batch_size",
+          "1",
+          "--val_tokens",
+          "256",
+          "--val_loss_every",
+          "0",
+          "--num_iterations",
+          std::to_string(steps),
+          "--warmup_ratio",
+          "0",
+          "--dtype",
+          "fp32",
+          "--optimizer",
+          "muon",
+          "--scalar_opt",
+          "adamw",
+          "--lr",
+          "0.02",
+          "--log_every",
+          "1",
+          "--comm_timeout_s",
+          "60"};
 }
 
 std::vector<std::string> layout_flags(int dp, int fs, int tp) {

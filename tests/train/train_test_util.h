@@ -63,7 +63,8 @@ struct RankOptions {
   int fsize_limit_rank = -1;  // >= 0: this rank runs under RLIMIT_FSIZE fsize_limit bytes
   int64_t fsize_limit = 0;
 };
-std::vector<ProcResult> run_train_ranks(int world, const std::vector<std::string>& args, const RankOptions& options = {});
+std::vector<ProcResult> run_train_ranks(int world, const std::vector<std::string>& args,
+                                        const RankOptions& options = {});
 
 // Tokenizes the committed Tiny Shakespeare into `dir` with `shard_size`-token shards (the first
 // is val, the rest train), once per process per (dir); returns dir.

@@ -94,9 +94,15 @@ Event decode_event(const std::string& record) {
   while (!c.done()) {
     const uint64_t key = c.varint();
     switch (key) {
-      case (1 << 3) | 1: e.wall_time = c.fixed<double>(); break;
-      case (2 << 3) | 0: e.step = static_cast<int64_t>(c.varint()); break;
-      case (3 << 3) | 2: e.file_version = c.bytes(c.varint()); break;
+      case (1 << 3) | 1:
+        e.wall_time = c.fixed<double>();
+        break;
+      case (2 << 3) | 0:
+        e.step = static_cast<int64_t>(c.varint());
+        break;
+      case (3 << 3) | 2:
+        e.file_version = c.bytes(c.varint());
+        break;
       case (5 << 3) | 2: {
         const std::string summary = c.bytes(c.varint());
         Cursor s{summary};
@@ -106,7 +112,8 @@ Event decode_event(const std::string& record) {
         }
         break;
       }
-      default: throw std::runtime_error("Event: unexpected field key " + std::to_string(key));
+      default:
+        throw std::runtime_error("Event: unexpected field key " + std::to_string(key));
     }
   }
   return e;

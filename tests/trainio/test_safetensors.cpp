@@ -32,9 +32,7 @@ std::string read_bytes(const std::string& path) {
   return ss.str();
 }
 
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
+void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
 std::string tensor_bytes(const at::Tensor& t) {
   const at::Tensor c = t.contiguous();
@@ -66,8 +64,7 @@ std::string file_bytes(const std::string& header, const std::string& data) {
 std::string entry(const std::string& name, const std::string& dtype, const std::string& shape,
                   const std::string& offsets) {
   std::ostringstream s;
-  s << '"' << name << "\":{\"dtype\":\"" << dtype << "\",\"shape\":" << shape
-    << ",\"data_offsets\":" << offsets << '}';
+  s << '"' << name << "\":{\"dtype\":\"" << dtype << "\",\"shape\":" << shape << ",\"data_offsets\":" << offsets << '}';
   return s.str();
 }
 
@@ -93,11 +90,21 @@ void expect_load_error(const std::string& path, const std::vector<std::string>& 
 }
 
 const std::vector<std::pair<std::string, at::ScalarType>> kAllDtypes = {
-    {"BOOL", at::kBool},   {"U8", at::kByte},      {"I8", at::kChar},
-    {"I16", at::kShort},   {"U16", at::kUInt16},   {"I32", at::kInt},
-    {"U32", at::kUInt32},  {"I64", at::kLong},     {"U64", at::kUInt64},
-    {"F16", at::kHalf},    {"BF16", at::kBFloat16}, {"F32", at::kFloat},
-    {"F64", at::kDouble},  {"F8_E4M3", at::kFloat8_e4m3fn}, {"F8_E5M2", at::kFloat8_e5m2},
+    {"BOOL", at::kBool},
+    {"U8", at::kByte},
+    {"I8", at::kChar},
+    {"I16", at::kShort},
+    {"U16", at::kUInt16},
+    {"I32", at::kInt},
+    {"U32", at::kUInt32},
+    {"I64", at::kLong},
+    {"U64", at::kUInt64},
+    {"F16", at::kHalf},
+    {"BF16", at::kBFloat16},
+    {"F32", at::kFloat},
+    {"F64", at::kDouble},
+    {"F8_E4M3", at::kFloat8_e4m3fn},
+    {"F8_E5M2", at::kFloat8_e5m2},
     {"C64", at::kComplexFloat},
 };
 
@@ -261,11 +268,10 @@ TEST(SafeTensors, HandMadeFileWithZeroSizeTensorsAndPadding) {
   const std::string p = dir / "h.safetensors";
   const float v[3] = {1.5f, -2.0f, 3.0f};
   const std::string data(reinterpret_cast<const char*>(v), sizeof v);
-  write_bytes(p, file_bytes(
-                     "{\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]},"
-                     "\"e\":{\"dtype\":\"I64\",\"shape\":[0],\"data_offsets\":[4,4]},"
-                     "\"a\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}}     ",
-                     data));
+  write_bytes(p, file_bytes("{\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]},"
+                            "\"e\":{\"dtype\":\"I64\",\"shape\":[0],\"data_offsets\":[4,4]},"
+                            "\"a\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}}     ",
+                            data));
   const auto st = load_safetensors(p);
   ASSERT_EQ(st.tensors.size(), 3u);
   EXPECT_EQ(st.tensors[0].first, "a");

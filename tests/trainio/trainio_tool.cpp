@@ -27,13 +27,22 @@ int usage() {
 // One 2x3x4 tensor per dtype, arange(24) converted from float64 (test_formats.py: same
 // conversion, same torch), plus a transposed (non-contiguous) matrix, a scalar and an empty one.
 void safetensors_write(const std::string& out) {
-  const std::pair<const char*, at::ScalarType> types[] = {
-      {"bool", at::kBool},       {"uint8", at::kByte},    {"int8", at::kChar},
-      {"int16", at::kShort},     {"uint16", at::kUInt16}, {"int32", at::kInt},
-      {"uint32", at::kUInt32},   {"int64", at::kLong},    {"uint64", at::kUInt64},
-      {"float16", at::kHalf},    {"bfloat16", at::kBFloat16}, {"float32", at::kFloat},
-      {"float64", at::kDouble},  {"float8_e4m3fn", at::kFloat8_e4m3fn},
-      {"float8_e5m2", at::kFloat8_e5m2}, {"complex64", at::kComplexFloat}};
+  const std::pair<const char*, at::ScalarType> types[] = {{"bool", at::kBool},
+                                                          {"uint8", at::kByte},
+                                                          {"int8", at::kChar},
+                                                          {"int16", at::kShort},
+                                                          {"uint16", at::kUInt16},
+                                                          {"int32", at::kInt},
+                                                          {"uint32", at::kUInt32},
+                                                          {"int64", at::kLong},
+                                                          {"uint64", at::kUInt64},
+                                                          {"float16", at::kHalf},
+                                                          {"bfloat16", at::kBFloat16},
+                                                          {"float32", at::kFloat},
+                                                          {"float64", at::kDouble},
+                                                          {"float8_e4m3fn", at::kFloat8_e4m3fn},
+                                                          {"float8_e5m2", at::kFloat8_e5m2},
+                                                          {"complex64", at::kComplexFloat}};
   dion::train::NamedTensors t;
   for (const auto& [name, type] : types) {
     t.emplace_back(name, at::arange(24, at::kDouble).reshape({2, 3, 4}).to(type));

@@ -14,10 +14,12 @@
 #include <fstream>
 #include <memory>
 #include <stdexcept>
+#include <type_traits>
 
 #include "dion/comm/chunks.h"
 #include "dion/launch/launch.h"
 #include "dion/math/ortho.h"
+#include "dion/optim/algorithm.h"
 #include "dion/optim/distributed.h"
 #include "dion/optim/optimizer.h"
 #include "gpt_params.h"
@@ -35,7 +37,7 @@ using nlohmann::json;
 double parse_fraction(const std::string& text, const std::string& whole) {
   const auto bad = [&] {
     return std::invalid_argument("'" + whole + "': the value after '@' must be a number in (0, 1], " +
-                                 "a decimal or a/b (e.g. dion2@0.25, dion@1/16)");
+                                 "a decimal or a/b (e.g. 0.25, 1/16)");
   };
   double v = 0;
   try {
@@ -57,11 +59,28 @@ double parse_fraction(const std::string& text, const std::string& whole) {
   return v;
 }
 
+// Sets the real hyperparameter `option` (a name of the table, dion/optim/hyperparameters.h).
+template <typename T, typename Setter>
+void set_if_real(const std::string& option, Setter&& setter, double v) {
+  if constexpr (std::is_same_v<T, double>)
+    setter(v);
+  else
+    throw std::invalid_argument("hyperparameter '" + option + "' is not a real number");
+}
+void set_real(dion::Options& o, const std::string& option, double v) {
+#define DION_SET_REAL(T, name, default_value, rule, doc) \
+  if (option == #name)                                   \
+    return set_if_real<T>(                               \
+        option, [&](auto value) { o.name(value); }, v);
+  DION_HYPERPARAMETERS(DION_SET_REAL)
+#undef DION_SET_REAL
+  throw std::invalid_argument("no hyperparameter '" + option + "'");
+}
+
 dion::Options options_of(const DistVariant& v) {
   dion::Options o(0.02);
   o.algorithm(v.algorithm).weight_decay(0.01);
-  if (v.algorithm == "dion2") o.fraction(v.fraction);
-  if (v.algorithm == "dion") o.rank_fraction(v.rank_fraction);
+  if (!v.size_option.empty()) set_real(o, v.size_option, v.size);
   return o;
 }
 
@@ -74,8 +93,8 @@ struct Instance {
   json row;
 };
 
-std::unique_ptr<Instance> build(const std::vector<at::Tensor>& full, const std::string& layout,
-                                const DistVariant& v, const std::shared_ptr<Group>& group) {
+std::unique_ptr<Instance> build(const std::vector<at::Tensor>& full, const std::string& layout, const DistVariant& v,
+                                const std::shared_ptr<Group>& group) {
   auto inst = std::make_unique<Instance>();
   inst->layout = layout;
   inst->variant = v;
@@ -92,7 +111,8 @@ std::unique_ptr<Instance> build(const std::vector<at::Tensor>& full, const std::
     inst->params = clone_params(full);
     // DDP: legacy Dion synchronizes over the replicas itself (compressed P and R below rank
     // fraction 1); Muon and Dion2 take the gradients as synchronized and split the megabatches.
-    if (layout == "ddp") dist = std::make_shared<dion::Distributed>(group, v.algorithm == "dion");
+    if (layout == "ddp")
+      dist = std::make_shared<dion::Distributed>(group, dion::find_algorithm(v.algorithm).spec().optimizer_grad_sync);
   }
   at::manual_seed(1234);  // the same initial Q (legacy Dion) on every rank
   inst->opt = std::make_unique<dion::Optimizer>(inst->params, options_of(v), math::OrthoConfig{}, dist);
@@ -100,8 +120,8 @@ std::unique_ptr<Instance> build(const std::vector<at::Tensor>& full, const std::
   inst->row = {{"layout", layout},
                {"variant", v.name},
                {"algo", v.algorithm},
-               {"fraction", v.fraction},
-               {"rank_fraction", v.rank_fraction}};
+               {"fraction", v.size_option == "fraction" ? v.size : 1.0},
+               {"rank_fraction", v.size_option == "rank_fraction" ? v.size : 1.0}};
   return inst;
 }
 
@@ -172,9 +192,12 @@ std::vector<Probe> make_probes(const std::shared_ptr<Group>& g, int64_t d, int64
       at::Tensor x = at::ones({bytes / 4 / W * W}, at::TensorOptions().dtype(at::kFloat));
       const std::string k = kind;
       probes.push_back({"link", k, double(x.numel() * 4), [g, x, k]() mutable {
-                          if (k == "all_to_all") (void)g->all_to_all(x);
-                          else if (k == "all_reduce") g->all_reduce_(x);
-                          else (void)g->all_gather(x);
+                          if (k == "all_to_all")
+                            (void)g->all_to_all(x);
+                          else if (k == "all_reduce")
+                            g->all_reduce_(x);
+                          else
+                            (void)g->all_gather(x);
                         }});
     }
   return probes;
@@ -289,18 +312,24 @@ DistVariant parse_dist_variant(const std::string& text) {
   DistVariant v;
   v.name = text;
   const auto at_sign = text.find('@');
-  v.algorithm = text.substr(0, at_sign);
-  if (v.algorithm != "muon" && v.algorithm != "dion2" && v.algorithm != "dion")
-    throw std::invalid_argument("'" + text + "': valid values are muon, dion2@FRACTION, dion@RANK_FRACTION");
+  const std::string name = text.substr(0, at_sign);
+  const dion::Algorithm algo = dion::find_algorithm(name, /*aliases=*/true);
+  if (!algo || !algo.spec().matrix)
+    throw std::invalid_argument("'" + text + "': valid values are a matrix algorithm (" +
+                                dion::algorithm_names(/*matrix_only=*/true) +
+                                "), with '@' and a fraction in (0, 1] for those that orthogonalize a part of "
+                                "each matrix (e.g. dion2@0.25, dion@1/16)");
+  v.algorithm = algo.name();
+  v.size_option = algo.spec().size_option;
   if (at_sign == std::string::npos) {
-    if (v.algorithm != "muon")
-      throw std::invalid_argument("'" + text + "': " + v.algorithm + " needs '@' and a fraction (e.g. dion2@0.25, "
-                                  "dion@1/16)");
+    if (!v.size_option.empty())
+      throw std::invalid_argument("'" + text + "': " + name + " needs '@' and its " + v.size_option + " (e.g. " + name +
+                                  "@0.25, " + name + "@1/16)");
     return v;
   }
-  if (v.algorithm == "muon") throw std::invalid_argument("'" + text + "': muon takes no '@' value");
-  const double f = parse_fraction(text.substr(at_sign + 1), text);
-  (v.algorithm == "dion2" ? v.fraction : v.rank_fraction) = f;
+  if (v.size_option.empty())
+    throw std::invalid_argument("'" + text + "': " + name + " orthogonalizes whole matrices and takes no '@' value");
+  v.size = parse_fraction(text.substr(at_sign + 1), text);
   return v;
 }
 
@@ -324,8 +353,8 @@ json run_dist(const DistArgs& args) {
       if (res.exit_code != 0) {
         std::remove(path);
         throw std::runtime_error("dist: the " + std::to_string(W) + "-rank run failed (rank " +
-                                 std::to_string(res.first_failed_rank) + " exited " +
-                                 std::to_string(res.exit_code) + "; its output is above)");
+                                 std::to_string(res.first_failed_rank) + " exited " + std::to_string(res.exit_code) +
+                                 "; its output is above)");
       }
       std::ifstream in(path);
       try {

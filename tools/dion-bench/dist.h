@@ -32,23 +32,24 @@
 namespace dion::bench {
 
 struct DistVariant {
-  std::string name;          // as given: "muon", "dion2@0.25", "dion@1/16"
-  std::string algorithm;     // muon, dion2, dion
-  double fraction = 1.0;     // Dion2's selected fraction
-  double rank_fraction = 1;  // Dion's rank / min(m, n)
+  std::string name;         // as given: "muon", "dion2@0.25", "dion@1/16"
+  std::string algorithm;    // a registered matrix algorithm (its name, not an alias)
+  std::string size_option;  // its AlgorithmSpec::size_option ("" : whole matrices)
+  double size = 1.0;        // that hyperparameter's value (the F of ALGORITHM@F)
 };
 
-// "muon" | "dion2@F" | "dion@F" (F a decimal or a/b in (0, 1]); throws std::invalid_argument
-// naming what is valid.
+// "ALGORITHM" for one that orthogonalizes whole matrices (muon), "ALGORITHM@F" for one with a
+// size_option (dion2@0.25, dion@1/16; F a decimal or a/b in (0, 1]); throws
+// std::invalid_argument naming what is valid.
 DistVariant parse_dist_variant(const std::string& text);
 
 struct DistArgs {
-  std::vector<int> ranks;                 // world sizes, e.g. {1, 2, 4}
-  int64_t d = 256, layers = 4;            // the parameter set
+  std::vector<int> ranks;       // world sizes, e.g. {1, 2, 4}
+  int64_t d = 256, layers = 4;  // the parameter set
   std::vector<DistVariant> variants;
-  std::vector<std::string> layouts;       // fsdp, ddp
+  std::vector<std::string> layouts;  // fsdp, ddp
   int reps = 5;
-  int threads = 1;                        // intra-op threads per rank
+  int threads = 1;                          // intra-op threads per rank
   std::vector<std::string> argv_for_ranks;  // this program's command line for the ranks
 };
 

@@ -58,8 +58,8 @@ using namespace dion::bench;  // args.h, step.h, measure.h, gpt_params.h
 using dion::bench::clone_params;
 using dion::bench::interleave;
 using dion::bench::make_params;
-using dion::bench::ParamSet;
 using dion::bench::median;
+using dion::bench::ParamSet;
 using nlohmann::json;
 
 // The shared argument helpers: args.h. The step table: step.h.
@@ -84,8 +84,8 @@ void run_ortho(const Common& common, const OrthoArgs& a) {
   // Gram NS without a dtype: fp16 where this CPU multiplies fp16 natively, else fp32 (ortho.h).
   const dion::math::CpuComputeDtype gram = dion::math::cpu_compute_dtype(at::kHalf);
   std::printf("gram: %s\n", gram.reason.c_str());
-  std::printf("%-6s %-16s %9s %9s %9s %9s  %s\n", "dtype", "m x n x B", "matmul", "exact",
-              "fast", "gram", "(ms; rate / matmul rate)");
+  std::printf("%-6s %-16s %9s %9s %9s %9s  %s\n", "dtype", "m x n x B", "matmul", "exact", "fast", "gram",
+              "(ms; rate / matmul rate)");
   for (const std::string& dt_name : split(a.dtypes)) {
     const at::ScalarType dt = parse_dtype(dt_name);
     for (const std::string& shape : split(a.shapes)) {
@@ -106,7 +106,10 @@ void run_ortho(const Common& common, const OrthoArgs& a) {
       const auto times = interleave(fns, a.reps, /*warmup=*/1);
       const double mm_flops = 2.0 * B * r * r * c;
       const double ref_flops = 5.0 * B * (4.0 * r * r * c + 2.0 * r * r * r);
-      json row = {{"dtype", dt_name}, {"m", m}, {"n", n}, {"batch", B},
+      json row = {{"dtype", dt_name},
+                  {"m", m},
+                  {"n", n},
+                  {"batch", B},
                   {"gram_dtype", dion::math::dtype_short_name(gram.dtype)}};
       const char* names[] = {"matmul", "exact", "fast", "gram"};
       double ms[4];
@@ -131,11 +134,9 @@ void run_ortho(const Common& common, const OrthoArgs& a) {
           row[names[i]]["max_abs_diff_to_exact"] = (U - ex).abs().max().item<double>();
         }
       }
-      std::printf("%-6s %-16s %9.2f %9.2f %9.2f %9.2f  exact %.2fx fast %.2fx gram %.2fx\n",
-                  dt_name.c_str(), shape.c_str(), ms[0], ms[1], ms[2], ms[3],
-                  row["exact"]["x_matmul_rate"].get<double>(),
-                  row["fast"]["x_matmul_rate"].get<double>(),
-                  row["gram"]["x_matmul_rate"].get<double>());
+      std::printf("%-6s %-16s %9.2f %9.2f %9.2f %9.2f  exact %.2fx fast %.2fx gram %.2fx\n", dt_name.c_str(),
+                  shape.c_str(), ms[0], ms[1], ms[2], ms[3], row["exact"]["x_matmul_rate"].get<double>(),
+                  row["fast"]["x_matmul_rate"].get<double>(), row["gram"]["x_matmul_rate"].get<double>());
       std::fflush(stdout);
       rows.push_back(row);
     }
@@ -180,9 +181,8 @@ void run_micro(const Common& common, const MicroArgs& a) {
     const auto times = interleave(fns, a.reps, 1);
     json row = {{"size", s}};
     for (size_t i = 0; i < variants.size(); ++i) row[variants[i].name] = median(times[i]) * 1e3;
-    std::printf("%-6lld %12.2f %12.2f %12.2f\n", static_cast<long long>(s),
-                row["muon"].get<double>(), row["dion_r4"].get<double>(),
-                row["dion_r16"].get<double>());
+    std::printf("%-6lld %12.2f %12.2f %12.2f\n", static_cast<long long>(s), row["muon"].get<double>(),
+                row["dion_r4"].get<double>(), row["dion_r16"].get<double>());
     std::fflush(stdout);
     rows.push_back(row);
   }
@@ -230,9 +230,9 @@ dion::bench::DistArgs dist_args(const DistCli& c, int threads, const std::string
   a.layouts = split(c.layouts);
   a.reps = c.reps;
   a.threads = threads;
-  a.argv_for_ranks = {argv0,         "--threads", std::to_string(threads), "dist",      "--sets",
-                      c.sets,        "--variants", c.variants,             "--layouts", c.layouts,
-                      "--reps",      std::to_string(c.reps)};
+  a.argv_for_ranks = {
+      argv0,     "--threads", std::to_string(threads), "dist", "--sets", c.sets, "--variants", c.variants, "--layouts",
+      c.layouts, "--reps",    std::to_string(c.reps)};
   return a;
 }
 
@@ -254,8 +254,9 @@ void check_args(const OrthoArgs& o, const StepArgs& s, const MicroArgs& m) {
 // ---------------------------------------------------------------------------- main
 
 int main(int argc, char** argv) {
-  CLI::App app{"dion-bench: orthogonalizers vs matmul, optimizer steps, Dion's microbenchmark, the "
-               "distributed step (CPU; interleaved repetitions, process CPU time, medians)"};
+  CLI::App app{
+      "dion-bench: orthogonalizers vs matmul, optimizer steps, Dion's microbenchmark, the "
+      "distributed step (CPU; interleaved repetitions, process CPU time, medians)"};
   app.require_subcommand(1);
   Common common;
   app.add_option("--threads", common.threads, "intra-op threads (1: CPU time is the work's own)")
@@ -273,8 +274,7 @@ int main(int argc, char** argv) {
   CLI::App* c_step = app.add_subcommand("step", "optimizer step per algorithm and orthogonalizer path");
   c_step->add_option("--sets", step.sets, "d x layers list of GPT parameter sets")->capture_default_str();
   c_step->add_option("--algos", step.algos, "matrix algorithms (default: every registered one)")->capture_default_str();
-  c_step->add_option("--paths", step.paths, "exact,fast,gram (the first is the diff baseline)")
-      ->capture_default_str();
+  c_step->add_option("--paths", step.paths, "exact,fast,gram (the first is the diff baseline)")->capture_default_str();
   c_step->add_option("--reps", step.reps, "timed steps")->check(CLI::Range(1, 1 << 30));
   c_step->add_option("--vocab", step.vocab, "embedding / lm_head rows")->check(CLI::Range(1, 1 << 30));
   c_step->add_flag("--phases", step.phases, "one more step per variant: CPU ms per library phase (dion::* scopes)");
@@ -285,13 +285,17 @@ int main(int argc, char** argv) {
   c_micro->add_option("--reps", micro.reps, "timed steps")->check(CLI::Range(1, 1 << 30));
 
   DistCli dist;
-  CLI::App* c_dist = app.add_subcommand(
-      "dist", "distributed step at 1, 2, 4 ranks (Gloo over loopback, this program as the ranks): time and "
-              "bytes per step per rank, and the cost model's calibration (matmul and link rates)");
+  CLI::App* c_dist =
+      app.add_subcommand("dist",
+                         "distributed step at 1, 2, 4 ranks (Gloo over loopback, this program as the ranks): time and "
+                         "bytes per step per rank, and the cost model's calibration (matmul and link rates)");
   c_dist->add_option("--ranks", dist.ranks, "world sizes (1: one process, no Distribution)")->capture_default_str();
   c_dist->add_option("--sets", dist.sets, "one d x layers GPT parameter set (its block matrices)")
       ->capture_default_str();
-  c_dist->add_option("--variants", dist.variants, "muon, dion2@FRACTION, dion@RANK_FRACTION (a/b or decimal)")
+  c_dist
+      ->add_option("--variants", dist.variants,
+                   "matrix algorithms: NAME (whole matrices, e.g. muon), NAME@F for one that orthogonalizes a part "
+                   "of each matrix (F its fraction, a/b or decimal: dion2@0.25, dion@1/16)")
       ->capture_default_str();
   c_dist->add_option("--layouts", dist.layouts, "fsdp (rows sharded), ddp (replicated)")->capture_default_str();
   c_dist->add_option("--reps", dist.reps, "timed steps per variant")->check(CLI::Range(1, 1 << 30));
@@ -317,8 +321,7 @@ int main(int argc, char** argv) {
     if (c_dist->parsed() && !dist.rank_result.empty()) return dion::bench::run_dist_rank(dargs, dist.rank_result);
     dion::bench::AllocCounter::install();
     if (step.phases) dion::bench::PhaseTimer::install();  // a global callback: only when asked
-    std::printf("load average %s; %d thread(s)\n",
-                dion::bench::machine_info()["loadavg"].get<std::string>().c_str(),
+    std::printf("load average %s; %d thread(s)\n", dion::bench::machine_info()["loadavg"].get<std::string>().c_str(),
                 at::get_num_threads());
     if (c_ortho->parsed() || c_all->parsed()) run_ortho(common, ortho);
     if (c_step->parsed() || c_all->parsed()) run_step(common, step);

@@ -43,9 +43,7 @@ class CountingAllocator final : public c10::Allocator {
     return inner_->allocate(n);
   }
   c10::DeleterFnPtr raw_deleter() const override { return inner_->raw_deleter(); }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
  private:
   c10::Allocator* inner_;
@@ -102,8 +100,7 @@ std::string cpuinfo_field(const std::string& key) {
 double cpu_seconds() { return clock_of(CLOCK_PROCESS_CPUTIME_ID); }
 double wall_seconds() { return clock_of(CLOCK_MONOTONIC); }
 
-std::vector<std::vector<double>> interleave(const std::vector<std::function<void()>>& fns,
-                                            int reps, int warmup) {
+std::vector<std::vector<double>> interleave(const std::vector<std::function<void()>>& fns, int reps, int warmup) {
   std::vector<std::vector<double>> times(fns.size());
   const int n = static_cast<int>(fns.size());
   for (int round = 0; round < warmup + reps; ++round) {
@@ -168,8 +165,7 @@ nlohmann::json machine_info() {
   j["hardware_threads"] = std::thread::hardware_concurrency();
   j["cpu"] = cpuinfo_field("model name");
   std::istringstream flags(cpuinfo_field("flags"));
-  std::vector<std::string> have, wanted = {"avx2",        "avx512f",  "avx512_bf16",
-                                           "avx512_fp16", "amx_bf16", "amx_fp16"};
+  std::vector<std::string> have, wanted = {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16"};
   for (std::string f; flags >> f;)
     if (std::find(wanted.begin(), wanted.end(), f) != wanted.end()) have.push_back(f);
   j["cpu_flags"] = have;

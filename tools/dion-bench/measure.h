@@ -22,8 +22,7 @@ double wall_seconds();
 // Runs every callable `reps` times, interleaved (round r runs 0, 1, ..., k-1 for even r and the
 // reverse for odd r, so that a drift in machine load hits all alike); returns per callable the
 // CPU seconds of each repetition. `warmup` untimed rounds first.
-std::vector<std::vector<double>> interleave(const std::vector<std::function<void()>>& fns,
-                                            int reps, int warmup);
+std::vector<std::vector<double>> interleave(const std::vector<std::function<void()>>& fns, int reps, int warmup);
 
 double median(std::vector<double> v);
 

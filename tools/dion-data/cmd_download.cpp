@@ -34,8 +34,7 @@ void run_download(const DownloadArgs& args) {
   const std::vector<std::string> names = data::download_file_names(dataset, chunks);
 
   data::DownloadOptions options;
-  options.base_url =
-      args.base_url.empty() ? data::download_default_base_url(dataset) : args.base_url;
+  options.base_url = args.base_url.empty() ? data::download_default_base_url(dataset) : args.base_url;
   options.dir = args.dir.empty() ? "data/" + dataset.name : args.dir;
   options.max_attempts = args.attempts;
   options.backoff_initial_s = args.backoff;
@@ -49,23 +48,19 @@ void run_download(const DownloadArgs& args) {
   const auto start = std::chrono::steady_clock::now();
   auto file_start = start;
   options.on_progress = [&](const data::DownloadProgress& p) {
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - file_start).count();
-    std::string text = fmt::format("{}/{} {}: {}", index + 1, names.size(), p.name,
-                                   human_bytes(static_cast<double>(p.bytes_done)));
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - file_start).count();
+    std::string text =
+        fmt::format("{}/{} {}: {}", index + 1, names.size(), p.name, human_bytes(static_cast<double>(p.bytes_done)));
     if (p.bytes_total > 0) text += " of " + human_bytes(static_cast<double>(p.bytes_total));
-    if (secs > 0.5)
-      text += fmt::format(", {}/s", human_bytes(static_cast<double>(p.bytes_done) / secs));
+    if (secs > 0.5) text += fmt::format(", {}/s", human_bytes(static_cast<double>(p.bytes_done) / secs));
     if (p.attempt > 1) text += fmt::format(" (attempt {})", p.attempt);
-    progress.update(p.bytes_total > 0
-                        ? static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total)
-                        : -1,
+    progress.update(p.bytes_total > 0 ? static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total) : -1,
                     text);
   };
 
   if (!args.quiet) {
-    std::fprintf(stderr, "dion-data download: %s (%zu files) from %s to %s\n", dataset.name.c_str(),
-                 names.size(), options.base_url.c_str(), options.dir.c_str());
+    std::fprintf(stderr, "dion-data download: %s (%zu files) from %s to %s\n", dataset.name.c_str(), names.size(),
+                 options.base_url.c_str(), options.dir.c_str());
   }
   int64_t fetched = 0, present = 0;
   for (index = 0; index < names.size(); ++index) {
@@ -85,8 +80,7 @@ void run_download(const DownloadArgs& args) {
       }
     }
   }
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr, "dion-data download: %lld downloaded, %lld already present, in %.1f s\n",
                static_cast<long long>(fetched), static_cast<long long>(present), secs);
 }
@@ -97,22 +91,19 @@ void register_download(CLI::App& app) {
   auto args = std::make_shared<DownloadArgs>();
   std::string names;
   for (const auto& d : data::download_datasets()) {
-    names += fmt::format("{}{} ({}, {} train chunks)", names.empty() ? "" : ", ", d.name, d.repo_id,
-                         d.train_chunks);
+    names += fmt::format("{}{} ({}, {} train chunks)", names.empty() ? "" : ", ", d.name, d.repo_id, d.train_chunks);
   }
-  CLI::App* cmd = app.add_subcommand(
-      "download",
-      "Download the pre-tokenized FineWeb shards the reference's data/cached_*.py fetch: the val "
-      "shard 000000 and train chunks 1..N (100M tokens each). Resumes NAME.part files with HTTP "
-      "Range + If-Range, retries with backoff (slow transfers too) within a per-file deadline, "
-      "verifies each file's size, header and tokens, skips complete files.");
+  CLI::App* cmd =
+      app.add_subcommand("download",
+                         "Download the pre-tokenized FineWeb shards the reference's data/cached_*.py fetch: the val "
+                         "shard 000000 and train chunks 1..N (100M tokens each). Resumes NAME.part files with HTTP "
+                         "Range + If-Range, retries with backoff (slow transfers too) within a per-file deadline, "
+                         "verifies each file's size, header and tokens, skips complete files.");
   cmd->add_option("--dataset", args->dataset, "One of: " + names)->capture_default_str();
-  cmd->add_option("--chunks", args->chunks, "Train chunks to fetch (default: all)")
-      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--chunks", args->chunks, "Train chunks to fetch (default: all)")->check(CLI::NonNegativeNumber);
   cmd->add_option("-o,--dir", args->dir, "Destination folder (default: data/<dataset>)");
-  cmd->add_option(
-      "--base-url", args->base_url,
-      "Where the files are (default: https://huggingface.co/datasets/<repo>/resolve/main)");
+  cmd->add_option("--base-url", args->base_url,
+                  "Where the files are (default: https://huggingface.co/datasets/<repo>/resolve/main)");
   cmd->add_option("--attempts", args->attempts, "Attempts per file before giving up")
       ->capture_default_str()
       ->check(CLI::Range(1, 100));

@@ -34,9 +34,8 @@ void run_encode(const EncodeArgs& args) {
   if (!bytes) tokenizer = data::Gpt2Tokenizer::from_dir(tokenizer_dir(args.tokenizer, true));
   const std::string text = read_input(args.input);
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<uint32_t> ids =
-      bytes ? data::ByteTokenizer::encode_ordinary(text)
-            : (args.special ? tokenizer->encode(text) : tokenizer->encode_ordinary(text));
+  const std::vector<uint32_t> ids = bytes ? data::ByteTokenizer::encode_ordinary(text)
+                                          : (args.special ? tokenizer->encode(text) : tokenizer->encode_ordinary(text));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (args.count_only) {
     std::printf("%zu\n", ids.size());
@@ -48,20 +47,18 @@ void run_encode(const EncodeArgs& args) {
     }
     std::fwrite(out.data(), 1, out.size(), stdout);
   }
-  std::fprintf(stderr, "dion-data encode: %zu bytes -> %zu tokens in %.3f s (%.2f MB/s)\n",
-               text.size(), ids.size(), secs,
-               secs > 0 ? static_cast<double>(text.size()) / secs / 1e6 : 0);
+  std::fprintf(stderr, "dion-data encode: %zu bytes -> %zu tokens in %.3f s (%.2f MB/s)\n", text.size(), ids.size(),
+               secs, secs > 0 ? static_cast<double>(text.size()) / secs / 1e6 : 0);
 }
 
 }  // namespace
 
 void register_encode(CLI::App& app) {
   auto args = std::make_shared<EncodeArgs>();
-  CLI::App* cmd = app.add_subcommand(
-      "encode",
-      "Print the GPT-2 token ids of a text (space-separated, one line), as tiktoken's "
-      "gpt2 encode_ordinary gives them. Invalid UTF-8 is encoded as after Python's "
-      "errors=\"replace\".");
+  CLI::App* cmd = app.add_subcommand("encode",
+                                     "Print the GPT-2 token ids of a text (space-separated, one line), as tiktoken's "
+                                     "gpt2 encode_ordinary gives them. Invalid UTF-8 is encoded as after Python's "
+                                     "errors=\"replace\".");
   cmd->add_option("input", args->input, "Text file, or - for stdin")->capture_default_str();
   add_tokenizer_flag(cmd, args->tokenizer);
   cmd->add_flag("--special", args->special,

@@ -35,8 +35,7 @@ struct InspectArgs {
 
 // The bytes of `id`, or nullopt for an id outside the vocabulary (possible with --vocab-size
 // above it) or a GPT-2 shard without the GPT-2 files.
-std::optional<std::string> token_bytes(data::ShardTokenizer kind, const data::Gpt2Tokenizer* tok,
-                                       uint32_t id) {
+std::optional<std::string> token_bytes(data::ShardTokenizer kind, const data::Gpt2Tokenizer* tok, uint32_t id) {
   if (kind == data::ShardTokenizer::BYTES) {
     if (id >= data::ByteTokenizer::kVocabSize) return std::nullopt;
     const uint32_t one[1] = {id};
@@ -47,9 +46,7 @@ std::optional<std::string> token_bytes(data::ShardTokenizer kind, const data::Gp
 }
 
 // "GPT-2" / "byte", for "(not a GPT-2 token)".
-const char* kind_label(data::ShardTokenizer kind) {
-  return kind == data::ShardTokenizer::BYTES ? "byte" : "GPT-2";
-}
+const char* kind_label(data::ShardTokenizer kind) { return kind == data::ShardTokenizer::BYTES ? "byte" : "GPT-2"; }
 
 // The text of `id` in quotes, "(not a T token)" for an id outside the vocabulary, "" for a
 // GPT-2 shard without the GPT-2 files.
@@ -62,22 +59,21 @@ std::string token_text(data::ShardTokenizer kind, const data::Gpt2Tokenizer* tok
 
 // The report of one file, built whole before anything is printed: an error half-way leaves no
 // half line on stdout.
-std::string inspect_one(const std::string& file, const InspectArgs& args,
-                        const data::Gpt2Tokenizer* tok) {
+std::string inspect_one(const std::string& file, const InspectArgs& args, const data::Gpt2Tokenizer* tok) {
   const data::ShardFile shard = data::ShardFile::open(file);
   const data::ShardHeader& h = shard.header();
   const data::ShardTokenizer kind = h.tokenizer;
   const uint32_t vocab = args.vocab_size > 0 ? args.vocab_size : data::shard_tokenizer_vocab(kind);
   data::shard_check_tokens(shard, vocab);
   const auto tokens = shard.tokens();
-  const uint32_t eot = kind == data::ShardTokenizer::BYTES ? data::ByteTokenizer::kEndOfText
-                                                           : data::Gpt2Tokenizer::kEndOfText;
+  const uint32_t eot =
+      kind == data::ShardTokenizer::BYTES ? data::ByteTokenizer::kEndOfText : data::Gpt2Tokenizer::kEndOfText;
   std::string out = file + "\n";
-  out += fmt::format("  header     magic {}, version {}, {} tokens; {} bytes = 1024 + 2 x count: ok\n",
-                     h.magic, h.version, group_digits(static_cast<uint64_t>(h.token_count)),
+  out += fmt::format("  header     magic {}, version {}, {} tokens; {} bytes = 1024 + 2 x count: ok\n", h.magic,
+                     h.version, group_digits(static_cast<uint64_t>(h.token_count)),
                      group_digits(static_cast<uint64_t>(h.file_bytes)));
-  out += fmt::format("  tokenizer  {} (vocabulary {}; tokens checked < {})\n",
-                     data::shard_tokenizer_name(kind), data::shard_tokenizer_vocab(kind), vocab);
+  out += fmt::format("  tokenizer  {} (vocabulary {}; tokens checked < {})\n", data::shard_tokenizer_name(kind),
+                     data::shard_tokenizer_vocab(kind), vocab);
   if (tokens.empty()) return out;
 
   std::vector<uint64_t> counts(65536, 0);
@@ -85,19 +81,16 @@ std::string inspect_one(const std::string& file, const InspectArgs& args,
   uint32_t lo = 0, hi = 65535;
   while (counts[lo] == 0) ++lo;
   while (counts[hi] == 0) --hi;
-  const auto unique = static_cast<uint64_t>(
-      std::count_if(counts.begin(), counts.end(), [](uint64_t c) { return c > 0; }));
-  out += fmt::format("  tokens     min {}, max {}, unique {}, documents (<|endoftext|>) {}\n", lo,
-                     hi, group_digits(unique),
-                     group_digits(counts[eot]));
+  const auto unique =
+      static_cast<uint64_t>(std::count_if(counts.begin(), counts.end(), [](uint64_t c) { return c > 0; }));
+  out += fmt::format("  tokens     min {}, max {}, unique {}, documents (<|endoftext|>) {}\n", lo, hi,
+                     group_digits(unique), group_digits(counts[eot]));
 
   std::vector<uint32_t> order(65536);
   std::iota(order.begin(), order.end(), 0u);
   const size_t k = std::min<size_t>(args.top, unique);
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                    [&](uint32_t a, uint32_t b) {
-                      return counts[a] != counts[b] ? counts[a] > counts[b] : a < b;
-                    });
+                    [&](uint32_t a, uint32_t b) { return counts[a] != counts[b] ? counts[a] > counts[b] : a < b; });
   out += fmt::format("  top {:<6}", k);
   for (size_t i = 0; i < k; ++i) {
     const uint32_t id = order[i];
@@ -114,8 +107,7 @@ std::string inspect_one(const std::string& file, const InspectArgs& args,
     std::string text;
     for (uint16_t t : head) {
       const auto b = token_bytes(kind, tok, t);
-      text += b ? escape_bytes(*b)
-                : fmt::format("<{}: not a {} token>", t, kind_label(kind));
+      text += b ? escape_bytes(*b) : fmt::format("<{}: not a {} token>", t, kind_label(kind));
     }
     out += "  decoded    \"" + text + "\"\n";
   }
@@ -124,8 +116,7 @@ std::string inspect_one(const std::string& file, const InspectArgs& args,
 
 void run_inspect(const InspectArgs& args) {
   std::optional<data::Gpt2Tokenizer> tok;
-  const auto dir = tokenizer_is_bytes(args.tokenizer) ? std::filesystem::path()
-                                                      : tokenizer_dir(args.tokenizer, false);
+  const auto dir = tokenizer_is_bytes(args.tokenizer) ? std::filesystem::path() : tokenizer_dir(args.tokenizer, false);
   if (!dir.empty()) tok = data::Gpt2Tokenizer::from_dir(dir);
   int bad = 0;
   for (const std::string& file : args.files) {
@@ -140,8 +131,7 @@ void run_inspect(const InspectArgs& args) {
   }
   std::fflush(stdout);
   if (bad > 0) {
-    throw data::DataError(
-        fmt::format("inspect: {} of {} files failed the checks", bad, args.files.size()));
+    throw data::DataError(fmt::format("inspect: {} of {} files failed the checks", bad, args.files.size()));
   }
 }
 
@@ -149,11 +139,10 @@ void run_inspect(const InspectArgs& args) {
 
 void register_inspect(CLI::App& app) {
   auto args = std::make_shared<InspectArgs>();
-  CLI::App* cmd = app.add_subcommand(
-      "inspect",
-      "Check FineWeb shards (magic, version, size = 1024 + 2 x count, tokens < vocab "
-      "size) and summarize them: token histogram (min/max/unique/top) and the first "
-      "tokens decoded. Exits 1 if any file is bad.");
+  CLI::App* cmd = app.add_subcommand("inspect",
+                                     "Check FineWeb shards (magic, version, size = 1024 + 2 x count, tokens < vocab "
+                                     "size) and summarize them: token histogram (min/max/unique/top) and the first "
+                                     "tokens decoded. Exits 1 if any file is bad.");
   cmd->add_option("files", args->files, "Shard files")->required();
   add_tokenizer_flag(cmd, args->tokenizer);
   cmd->add_option("--head", args->head, "How many leading tokens to show")

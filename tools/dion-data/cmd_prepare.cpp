@@ -62,20 +62,19 @@ void run_prepare(const PrepareArgs& args) {
     std::string text = fmt::format(
         "{} read, {} docs, {} tokens, {} shards | {:.1f} MB/s, "
         "{:.0f}k tokens/s",
-        human_bytes(static_cast<double>(p.bytes_read)), group_digits(p.documents),
-        group_digits(p.tokens), p.shards, mbps, ktps);
+        human_bytes(static_cast<double>(p.bytes_read)), group_digits(p.documents), group_digits(p.tokens), p.shards,
+        mbps, ktps);
     double fraction = -1;
     if (p.bytes_total > 0) {
       fraction = static_cast<double>(p.bytes_read) / static_cast<double>(p.bytes_total);
       if (mbps > 0 && p.bytes_read < p.bytes_total) {
-        text += fmt::format(", ETA {:.0f} s",
-                            static_cast<double>(p.bytes_total - p.bytes_read) / 1e6 / mbps);
+        text += fmt::format(", ETA {:.0f} s", static_cast<double>(p.bytes_total - p.bytes_read) / 1e6 / mbps);
       }
     }
     progress.update(fraction, text, p.final);
   };
-  const data::PrepareResult r = bytes ? data::prepare_shards_bytes(*source, options)
-                                      : data::prepare_shards(*tokenizer, *source, options);
+  const data::PrepareResult r =
+      bytes ? data::prepare_shards_bytes(*source, options) : data::prepare_shards(*tokenizer, *source, options);
   progress.finish();
   if (!r.recovered.empty()) {
     std::fprintf(stderr, "dion-data prepare: note: %s\n", r.recovered.c_str());
@@ -91,9 +90,8 @@ void run_prepare(const PrepareArgs& args) {
   std::fprintf(stderr,
                "dion-data prepare: %zu shards (%s val + %s train tokens) from %s documents, %s "
                "in %.2f s: %.2f MB/s, %s tokens/s\n",
-               r.shards.size(), group_digits(r.val_tokens).c_str(),
-               group_digits(r.train_tokens).c_str(), group_digits(r.documents).c_str(),
-               human_bytes(static_cast<double>(r.bytes)).c_str(), r.seconds,
+               r.shards.size(), group_digits(r.val_tokens).c_str(), group_digits(r.train_tokens).c_str(),
+               group_digits(r.documents).c_str(), human_bytes(static_cast<double>(r.bytes)).c_str(), r.seconds,
                static_cast<double>(r.bytes) / secs / 1e6,
                group_digits(static_cast<uint64_t>(static_cast<double>(r.tokens) / secs)).c_str());
   if (r.train_tokens == 0) {
@@ -114,19 +112,16 @@ void run_prepare(const PrepareArgs& args) {
 
 void register_prepare(CLI::App& app) {
   auto args = std::make_shared<PrepareArgs>();
-  CLI::App* cmd = app.add_subcommand(
-      "prepare",
-      "Tokenize text into FineWeb shards PREFIX_{val,train}_NNNNNN.bin. Each document (one input "
-      "file, all of stdin, or one --delimiter-separated piece) becomes <|endoftext|> + its GPT-2 "
-      "tokens (with --tokenizer byte: end-of-text 256 + one id per byte; the shard header "
-      "records which). By default the first shard is val and the rest train, as the reference's "
-      "data/fineweb.py does. Shards appear only when everything succeeded.");
-  cmd->add_option("inputs", args->inputs, "Text files, folders (read recursively), or - for stdin")
-      ->required();
-  cmd->add_option("-o,--output-dir", args->output_dir, "Folder for the shards (created if missing)")
-      ->required();
-  cmd->add_option("--prefix", args->prefix, "Shard name prefix (the trainer reads fineweb_*)")
-      ->capture_default_str();
+  CLI::App* cmd =
+      app.add_subcommand("prepare",
+                         "Tokenize text into FineWeb shards PREFIX_{val,train}_NNNNNN.bin. Each document (one input "
+                         "file, all of stdin, or one --delimiter-separated piece) becomes <|endoftext|> + its GPT-2 "
+                         "tokens (with --tokenizer byte: end-of-text 256 + one id per byte; the shard header "
+                         "records which). By default the first shard is val and the rest train, as the reference's "
+                         "data/fineweb.py does. Shards appear only when everything succeeded.");
+  cmd->add_option("inputs", args->inputs, "Text files, folders (read recursively), or - for stdin")->required();
+  cmd->add_option("-o,--output-dir", args->output_dir, "Folder for the shards (created if missing)")->required();
+  cmd->add_option("--prefix", args->prefix, "Shard name prefix (the trainer reads fineweb_*)")->capture_default_str();
   cmd->add_option("--shard-size", args->shard_size, "Tokens per shard (the last holds the rest)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{2147483647}));
@@ -144,9 +139,7 @@ void register_prepare(CLI::App& app) {
                   "Split each input into documents on this string (\\n, \\t, \\r, \\\\ are "
                   "understood), e.g. '\\n\\n'");
   add_tokenizer_flag(cmd, args->tokenizer);
-  cmd->add_option("--threads", args->threads, "Tokenizer threads")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--threads", args->threads, "Tokenizer threads")->capture_default_str()->check(CLI::Range(1, 1024));
   cmd->add_flag("--overwrite", args->overwrite,
                 "Replace existing PREFIX_{val,train}_*.bin shards in the output folder");
   cmd->add_flag("-q,--quiet", args->quiet, "No progress line or shard list");

@@ -29,8 +29,7 @@ bool stop_requested() { return g_stop.load(); }
 }  // namespace dion::cli
 
 int main(int argc, char** argv) {
-  CLI::App app{"dion-data: GPT-2 tokenizer and FineWeb token shards for dion-cpp (docs/data.md)",
-               "dion-data"};
+  CLI::App app{"dion-data: GPT-2 tokenizer and FineWeb token shards for dion-cpp (docs/data.md)", "dion-data"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "dion-data 0.1.0");
   dion::cli::register_prepare(app);

@@ -23,8 +23,8 @@ void ProgressLine::update(double fraction, const std::string& text, bool force) 
     const double f = std::clamp(fraction, 0.0, 1.0);
     const int filled = static_cast<int>(f * kWidth);
     char bar[64];
-    std::snprintf(bar, sizeof(bar), "[%.*s%.*s] %3d%%  ", filled, "########################",
-                  kWidth - filled, "........................", static_cast<int>(f * 100));
+    std::snprintf(bar, sizeof(bar), "[%.*s%.*s] %3d%%  ", filled, "########################", kWidth - filled,
+                  "........................", static_cast<int>(f * 100));
     line = bar;
   }
   line += text;

@@ -29,7 +29,8 @@ namespace fs = std::filesystem;
 int run_export(int argc, char** argv) {
   CLI::App app{"dion-train export: a checkpoint's model weights as a safetensors file", "dion-train export"};
   std::string checkpoint, output;
-  app.add_option("--checkpoint", checkpoint, "a checkpoint folder (step_*) or a checkpoint_dir (its newest)")->required();
+  app.add_option("--checkpoint", checkpoint, "a checkpoint folder (step_*) or a checkpoint_dir (its newest)")
+      ->required();
   app.add_option("-o,--output", output, "the .safetensors file to write (default: CHECKPOINT/model.safetensors)");
   if (const std::optional<int> code = parse_args(app, argc, argv)) return *code;
 

@@ -108,8 +108,9 @@ int main(int argc, char** argv) {
       return fail(2, e.what());
     }
     if (nodes.any() && !nproc)
-      return fail(2, "--nnodes, --node_rank, --master_addr, --master_port and --max_restarts are the launcher's: "
-                     "they need --nproc N (the processes on this node)");
+      return fail(2,
+                  "--nnodes, --node_rank, --master_addr, --master_port and --max_restarts are the launcher's: "
+                  "they need --nproc N (the processes on this node)");
     if (nproc) return run_launcher(*nproc, nodes, args);
     const dion::train::Config config = dion::train::config_parse(argc, argv);
     dion::train::train_run(config);

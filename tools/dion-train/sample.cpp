@@ -62,15 +62,23 @@ int run_sample(int argc, char** argv) {
   std::string checkpoint, prompt = "\n", tokenizer;
   GenerateOptions o;
   uint64_t seed = 1337;
-  app.add_option("--checkpoint", checkpoint, "a checkpoint folder (step_*) or a checkpoint_dir (its newest)")->required();
+  app.add_option("--checkpoint", checkpoint, "a checkpoint folder (step_*) or a checkpoint_dir (its newest)")
+      ->required();
   app.add_option("--prompt", prompt, "text to continue");
-  app.add_option("--max_tokens", o.max_tokens, "tokens to generate")->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(100000)));
-  app.add_option("--temperature", o.temperature, "softmax temperature (0: greedy)")->capture_default_str()->check(CLI::Range(0.0, 100.0));
-  app.add_option("--top_k", o.top_k, "sample among the k most likely tokens (0: all; more than the vocabulary: all)")->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(INT32_MAX)));
+  app.add_option("--max_tokens", o.max_tokens, "tokens to generate")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(100000)));
+  app.add_option("--temperature", o.temperature, "softmax temperature (0: greedy)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 100.0));
+  app.add_option("--top_k", o.top_k, "sample among the k most likely tokens (0: all; more than the vocabulary: all)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(0), int64_t(INT32_MAX)));
   app.add_option("--seed", seed, "sampling seed")->capture_default_str();
-  app.add_option("--tokenizer", tokenizer, "'byte' (each byte one id), or a folder with encoder.json and vocab.bpe "
-                                           "(default: the run's data's tokenizer; for GPT-2 $DION_GPT2_DIR, else the "
-                                           "project's data/gpt2)");
+  app.add_option("--tokenizer", tokenizer,
+                 "'byte' (each byte one id), or a folder with encoder.json and vocab.bpe "
+                 "(default: the run's data's tokenizer; for GPT-2 $DION_GPT2_DIR, else the "
+                 "project's data/gpt2)");
   if (const std::optional<int> code = parse_args(app, argc, argv)) return *code;
 
   const fs::path ckpt = checkpoint_resolve(checkpoint);
@@ -93,7 +101,8 @@ int run_sample(int argc, char** argv) {
   }
   std::optional<data::Gpt2Tokenizer> tok;
   if (!bytes) tok = data::Gpt2Tokenizer::from_dir(tokenizer);
-  const int64_t data_vocab = bytes ? int64_t(data::ByteTokenizer::kVocabSize) : int64_t(data::Gpt2Tokenizer::kVocabSize);
+  const int64_t data_vocab =
+      bytes ? int64_t(data::ByteTokenizer::kVocabSize) : int64_t(data::Gpt2Tokenizer::kVocabSize);
 
   GPT model(meta.model);
   checkpoint_load_model(ckpt, model);

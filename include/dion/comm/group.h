@@ -98,10 +98,8 @@ class Group {
   // store (torch.distributed.distributed_c10d._get_default_store()), which subgroup() needs for
   // its rendezvous; without it subgroup() throws CommError. The name is "torch:" + the group's
   // name.
-  static Group from_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
-                                  std::vector<int> ranks = {},
-                                  const c10::intrusive_ptr<c10d::Store>& store = {},
-                                  GroupOptions options = {});
+  static Group from_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, std::vector<int> ranks = {},
+                                  const c10::intrusive_ptr<c10d::Store>& store = {}, GroupOptions options = {});
 
   int rank() const { return rank_; }
   int size() const { return size_; }

@@ -71,9 +71,9 @@ struct DownloadOptions {
   // Every attempt and backoff of one file ends by this many seconds after the file's first
   // attempt began; then download_file fails. 0 = no deadline.
   double deadline_s = 4 * 3600;
-  uint32_t vocab_size = 50257;  // tokens must be below this (GPT-2)
+  uint32_t vocab_size = 50257;                               // tokens must be below this (GPT-2)
   std::function<void(const DownloadProgress&)> on_progress;  // often, from the transfer
-  std::function<bool()> should_stop;  // true aborts (Ctrl-C); the .part is kept
+  std::function<bool()> should_stop;                         // true aborts (Ctrl-C); the .part is kept
 };
 
 struct DownloadResult {

@@ -90,10 +90,10 @@ struct PrepareProgress {
 struct PrepareOptions {
   std::filesystem::path output_dir;  // created if missing
   std::string prefix = "fineweb";
-  int64_t shard_size = 100'000'000;  // tokens per shard, 1 .. 2^31-1
-  double val_fraction = -1;          // < 0: first shard is val; else in [0, 1); NaN refused
-  int threads = 1;                   // tokenizer threads
-  bool overwrite = false;            // replace existing PREFIX_{val,train}_*.bin
+  int64_t shard_size = 100'000'000;                         // tokens per shard, 1 .. 2^31-1
+  double val_fraction = -1;                                 // < 0: first shard is val; else in [0, 1); NaN refused
+  int threads = 1;                                          // tokenizer threads
+  bool overwrite = false;                                   // replace existing PREFIX_{val,train}_*.bin
   std::function<void(const PrepareProgress&)> on_progress;  // after each batch, and at the end
   // Polled between batches and about every MiB of a document being tokenized, also from the
   // tokenizer threads (so it must be thread-safe); true cancels (Ctrl-C, SIGTERM).
@@ -120,8 +120,7 @@ struct PrepareResult {
 // Tokenizes every document of `source` and writes the shards (see the top of this file).
 // `tokenizer` is copied per thread. Throws DataError on bad options, bad input, a failed write,
 // no documents at all, or cancellation; the output folder is then left as it was.
-PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& source,
-                             const PrepareOptions& options);
+PrepareResult prepare_shards(const Gpt2Tokenizer& tokenizer, DocumentSource& source, const PrepareOptions& options);
 // The same with the byte tokenizer (ByteTokenizer: one id per byte, end-of-text 256); the
 // shards' header says ShardTokenizer::BYTES.
 PrepareResult prepare_shards_bytes(DocumentSource& source, const PrepareOptions& options);

@@ -34,7 +34,7 @@ inline constexpr int32_t kShardMagic = 20240520;
 inline constexpr int32_t kShardVersion = 1;
 inline constexpr size_t kShardHeaderInts = 256;
 inline constexpr size_t kShardHeaderBytes = kShardHeaderInts * sizeof(int32_t);  // 1024
-inline constexpr int64_t kShardMaxTokens = INT32_MAX;  // the count is an int32
+inline constexpr int64_t kShardMaxTokens = INT32_MAX;                            // the count is an int32
 
 // Header slot [3]: which tokenizer wrote the tokens (see the top of this file).
 enum class ShardTokenizer : int32_t { GPT2 = 0, BYTES = 1 };
@@ -52,7 +52,7 @@ struct ShardHeader {
   int32_t version = kShardVersion;
   int64_t token_count = 0;
   ShardTokenizer tokenizer = ShardTokenizer::GPT2;  // header slot [3]
-  int64_t file_bytes = 0;  // the size on disk, checked == 1024 + 2 * token_count
+  int64_t file_bytes = 0;                           // the size on disk, checked == 1024 + 2 * token_count
 };
 
 // The size of a shard of `token_count` tokens: 1024 + 2 * token_count.
@@ -64,8 +64,7 @@ inline constexpr int64_t kShardMaxFileBytes = shard_file_bytes(kShardMaxTokens);
 // Parses and checks the first 1024 bytes of a shard (`bytes`, at least that long): magic,
 // version, count >= 0, a known tokenizer, and — when file_bytes >= 0 — that the file has exactly
 // 1024 + 2*count bytes. `path` is for the message. Throws DataError as shard_read_header does.
-ShardHeader shard_parse_header(std::string_view bytes, int64_t file_bytes,
-                               const std::filesystem::path& path);
+ShardHeader shard_parse_header(std::string_view bytes, int64_t file_bytes, const std::filesystem::path& path);
 
 // Reads and checks the header of `path` and its size. Throws DataError naming the file and what
 // is wrong: unreadable, shorter than the header, bad magic, unsupported version, negative count,
@@ -105,8 +104,7 @@ void shard_check_tokens(const ShardFile& shard, uint32_t vocab_size);
 // fsyncs it and returns the temporary path; the caller renames it into place (or removes it).
 // `tokenizer` goes into header slot [3]. Throws DataError (and removes the temporary) if the
 // write fails or there are too many tokens.
-std::filesystem::path shard_write_temp(const std::filesystem::path& path,
-                                       std::span<const uint16_t> tokens,
+std::filesystem::path shard_write_temp(const std::filesystem::path& path, std::span<const uint16_t> tokens,
                                        ShardTokenizer tokenizer = ShardTokenizer::GPT2);
 
 // shard_write_temp + rename: `path` either appears complete or not at all.

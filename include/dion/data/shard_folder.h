@@ -33,7 +33,7 @@ struct ShardFolderEntry {
 };
 
 struct ShardFolder {
-  std::vector<ShardFolderEntry> val, train;  // each sorted by shard number
+  std::vector<ShardFolderEntry> val, train;         // each sorted by shard number
   ShardTokenizer tokenizer = ShardTokenizer::GPT2;  // of every shard (GPT2 when there are none)
 };
 

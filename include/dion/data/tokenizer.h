@@ -47,8 +47,7 @@ class Gpt2Tokenizer {
   // Loads <dir>/encoder.json and <dir>/vocab.bpe. Throws DataError naming the file on any
   // problem (missing, unreadable, malformed, the two files disagree).
   static Gpt2Tokenizer from_dir(const std::filesystem::path& dir);
-  static Gpt2Tokenizer from_files(const std::filesystem::path& encoder_json,
-                                  const std::filesystem::path& vocab_bpe);
+  static Gpt2Tokenizer from_files(const std::filesystem::path& encoder_json, const std::filesystem::path& vocab_bpe);
 
   Gpt2Tokenizer(const Gpt2Tokenizer& other);  // shares the vocabulary, fresh cache
   Gpt2Tokenizer& operator=(const Gpt2Tokenizer& other);
@@ -61,8 +60,7 @@ class Gpt2Tokenizer {
   // The same, calling `should_stop` after about every 1 MiB of text; when it returns true the
   // encoding stops there and this returns false (`out` then holds the ids so far). For
   // cancelling a long document (Ctrl-C, SIGTERM) without waiting for its end.
-  bool encode_ordinary(std::string_view text, std::vector<uint32_t>& out,
-                       const std::function<bool()>& should_stop);
+  bool encode_ordinary(std::string_view text, std::vector<uint32_t>& out, const std::function<bool()>& should_stop);
   std::vector<uint32_t> encode_ordinary(std::string_view text);
   // As encode_ordinary, but each literal "<|endoftext|>" becomes kEndOfText.
   std::vector<uint32_t> encode(std::string_view text);

@@ -30,27 +30,27 @@
 namespace dion::launch {
 
 struct LaunchOptions {
-  int nproc = 1;                        // N >= 1: processes on this node
-  int nnodes = 1;                       // M >= 1
-  int node_rank = 0;                    // K in [0, M)
-  std::string master_addr;              // "": $MASTER_ADDR, else 127.0.0.1
-  int master_port = 0;                  // 0: $MASTER_PORT, else a free local port
-  int restart_count = 0;                // TORCHELASTIC_RESTART_COUNT
-  int max_restarts = 0;                 // TORCHELASTIC_MAX_RESTARTS
-  std::string exe = "/proc/self/exe";   // the program the children run
-  std::vector<std::string> argv;        // their command line, argv[0] included
+  int nproc = 1;                          // N >= 1: processes on this node
+  int nnodes = 1;                         // M >= 1
+  int node_rank = 0;                      // K in [0, M)
+  std::string master_addr;                // "": $MASTER_ADDR, else 127.0.0.1
+  int master_port = 0;                    // 0: $MASTER_PORT, else a free local port
+  int restart_count = 0;                  // TORCHELASTIC_RESTART_COUNT
+  int max_restarts = 0;                   // TORCHELASTIC_MAX_RESTARTS
+  std::string exe = "/proc/self/exe";     // the program the children run
+  std::vector<std::string> argv;          // their command line, argv[0] included
   std::chrono::milliseconds grace{5000};  // SIGTERM -> SIGKILL
-  int out_fd = 1;                       // where the children's prefixed stdout goes
-  int err_fd = 2;                       // ... their stderr, and the launcher's own messages
-  std::string name = "dion-train";      // the launcher's messages start with "<name> --nproc: " (node K: "<name> node K: ")
+  int out_fd = 1;                         // where the children's prefixed stdout goes
+  int err_fd = 2;                         // ... their stderr, and the launcher's own messages
+  std::string name = "dion-train";  // the launcher's messages start with "<name> --nproc: " (node K: "<name> node K: ")
 };
 
 struct LaunchResult {
-  int exit_code = 0;              // 0 when every child exited 0; see the top of this file
-  std::vector<pid_t> pids;        // pid of each rank (all reaped when launch() returns)
-  std::vector<int> rank_codes;    // exit code of each rank; 128 + signal when killed by one
-  int first_failed_rank = -1;     // -1: none failed
-  int signal = 0;                 // the signal the launcher received and forwarded, 0: none
+  int exit_code = 0;            // 0 when every child exited 0; see the top of this file
+  std::vector<pid_t> pids;      // pid of each rank (all reaped when launch() returns)
+  std::vector<int> rank_codes;  // exit code of each rank; 128 + signal when killed by one
+  int first_failed_rank = -1;   // -1: none failed
+  int signal = 0;               // the signal the launcher received and forwarded, 0: none
 };
 
 // Starts the children and waits for them (see the top of this file). Throws std::runtime_error

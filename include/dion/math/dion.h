@@ -62,14 +62,14 @@ at::Tensor dion_R(const DionBatch& b, const at::Tensor& P);
 // Zero/NaN guard, error feedback M -= (1 - mu) P R^T, Q = column-normalized R, the weight update.
 // `shape`: the parameter's global [m, n] (for the lr scale). When R's rows are sharded,
 // `sum_columns` sums the per-column squared norms over the shards (in place).
-void dion_finish(at::TensorList X, at::TensorList M, at::TensorList Q, const DionBatch& b, at::Tensor P,
-                 at::Tensor R, const Rates& r, float mu, float epsilon,
-                 c10::IntArrayRef shape = {}, const std::function<void(at::Tensor&)>& sum_columns = nullptr);
+void dion_finish(at::TensorList X, at::TensorList M, at::TensorList Q, const DionBatch& b, at::Tensor P, at::Tensor R,
+                 const Rates& r, float mu, float epsilon, c10::IntArrayRef shape = {},
+                 const std::function<void(at::Tensor&)>& sum_columns = nullptr);
 
 // One Dion step for a batch of same-shape matrices. X, G, M [m, n]; Q [n, r] ([m, r] when
 // transposed), updated in place.
 // `r`: lr and weight decay, host or device form (dion/math/rates.h).
-void dion_step(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList Q, const Rates& r,
-               float mu, float epsilon, float oversample);
+void dion_step(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList Q, const Rates& r, float mu,
+               float epsilon, float oversample);
 
 }  // namespace dion::math

@@ -40,8 +40,8 @@ int64_t dion2_select_dim(int64_t rows, int64_t cols);
 // along select_dim is split across ranks (a matrix sharded along the other dim), adds the other
 // ranks' partial L1 norms [N, .., n_select] in place; every rank must get the same sums, so that
 // all select the same slices (each keeps its part of them).
-Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float ef_decay,
-                    int64_t select_dim, at::ScalarType comm_dtype, int64_t k_override = 0,
+Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float ef_decay, int64_t select_dim,
+                    at::ScalarType comm_dtype, int64_t k_override = 0,
                     const std::function<void(at::Tensor&)>& sum_norms = nullptr);
 
 // The same selection when the slices were chosen elsewhere (the whole-matrix top-k of a matrix
@@ -74,8 +74,7 @@ std::vector<at::Tensor> dion2_accumulate(at::TensorList G, at::TensorList M, at:
 // Wrap an orthogonalizer: select the top-k slices of each assembled matrix X [.., m, n] by L1
 // norm along select_dim (k from `global_select_size`, the true unpadded size), orthogonalize the
 // submatrix, scatter it into an otherwise-zero tensor of X's shape.
-OrthoFn dion2_select_then(OrthoFn orthogonalize, double fraction, int64_t select_dim,
-                          int64_t global_select_size);
+OrthoFn dion2_select_then(OrthoFn orthogonalize, double fraction, int64_t select_dim, int64_t global_select_size);
 
 // The selected slices are the nonzero ones of U: EF-decay them in M, decay X, update X.
 void dion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList U, const Rates& r, float ef_decay,

@@ -94,7 +94,7 @@ void lion_(const at::Tensor& X, const at::Tensor& G, const at::Tensor& M, float 
 // k = m). Row sums in 16 float lanes, totals in double; the result differs from the
 // composition by float32 rounding (tests/test_elementwise).
 // X [m, n] float32 / bf16; U [k, n] float32 / bf16; V [m, 1] float32 / bf16; idx [k] int64.
-void normuon_update_(const at::Tensor& X, const at::Tensor& U, const at::Tensor& V, const at::Tensor& idx,
-                     float beta2, float decay, float neg_lr);
+void normuon_update_(const at::Tensor& X, const at::Tensor& U, const at::Tensor& V, const at::Tensor& idx, float beta2,
+                     float decay, float neg_lr);
 
 }  // namespace dion::math::cpu

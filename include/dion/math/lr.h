@@ -31,7 +31,6 @@ double adjust_factor(AdjustLR mode, c10::IntArrayRef shape, bool flatten);
 
 // Per-row-block corrections for split_sizes: adjust(block) / adjust(full) for each block, so
 // that a fused weight's blocks step as separate parameters would. Empty for AdjustLR::NONE.
-std::vector<double> split_lr_scales(const std::vector<int64_t>& split_sizes,
-                                    c10::IntArrayRef shape, AdjustLR mode);
+std::vector<double> split_lr_scales(const std::vector<int64_t>& split_sizes, c10::IntArrayRef shape, AdjustLR mode);
 
 }  // namespace dion::math

@@ -23,15 +23,13 @@ namespace dion::math {
 // U [N, .., k, n] orthogonalized selected rows; V [N, .., m, 1] full variance buffer;
 // indices [N, .., k]. Returns (normalized U in fp32, updated V in V's dtype). Sharded U: the
 // sums over the shards and over the column blocks as normuon_normalize takes them.
-inline std::pair<at::Tensor, at::Tensor> nordion2_normalize_selected(const at::Tensor& U,
-                                                              const at::Tensor& V,
-                                                              const at::Tensor& indices,
-                                                              float beta2,
-                                                              const ShardSum& sum_over_shards = nullptr,
-                                                              const ColumnShards& column_shards = {}) {
+inline std::pair<at::Tensor, at::Tensor> nordion2_normalize_selected(const at::Tensor& U, const at::Tensor& V,
+                                                                     const at::Tensor& indices, float beta2,
+                                                                     const ShardSum& sum_over_shards = nullptr,
+                                                                     const ColumnShards& column_shards = {}) {
   RECORD_USER_SCOPE("dion::nordion2_normalize");
-  at::Tensor idx = indices.unsqueeze(-1);                              // [N, .., k, 1]
-  at::Tensor V_sel = at::gather(V, -2, idx).to(at::kFloat);            // [N, .., k, 1]
+  at::Tensor idx = indices.unsqueeze(-1);                    // [N, .., k, 1]
+  at::Tensor V_sel = at::gather(V, -2, idx).to(at::kFloat);  // [N, .., k, 1]
   auto [U_normed, V_sel_new] = normuon_normalize(U, V_sel, beta2, {}, sum_over_shards, column_shards);
   at::Tensor V_new = V.scatter(-2, idx, V_sel_new.to(V.scalar_type()));
   return {U_normed, V_new};
@@ -40,8 +38,8 @@ inline std::pair<at::Tensor, at::Tensor> nordion2_normalize_selected(const at::T
 // Global selection scope: U [.., m, n] is zero except on the selected rows. EF-decay those rows
 // of M, normalize U as NorMuon (V updated on selected rows only), decay and update X.
 // `r`: lr, weight decay and adjusted lr, host or device form (dion/math/rates.h).
-inline void nordion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList V, at::TensorList U,
-                          const Rates& r, float mu, float beta2, const ShardSum& sum_over_shards = nullptr) {
+inline void nordion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList V, at::TensorList U, const Rates& r,
+                                 float mu, float beta2, const ShardSum& sum_over_shards = nullptr) {
   const at::Tensor decay = r.decay_t();
   for (const at::Tensor& x : X) scale_(x, decay);
   const at::Tensor neg_lr = r.neg_adjusted_lr_t();

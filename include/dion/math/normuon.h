@@ -28,8 +28,7 @@ struct ColumnShards {
   int64_t columns = 0;
 };
 
-std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const at::Tensor& V,
-                                                    float beta2,
+std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const at::Tensor& V, float beta2,
                                                     const std::vector<int64_t>& split_sizes = {},
                                                     const ShardSum& sum_over_shards = nullptr,
                                                     const ColumnShards& column_shards = {});
@@ -42,7 +41,7 @@ std::pair<at::Tensor, at::Tensor> normuon_normalize(const at::Tensor& U, const a
 // Local matrices only (no shard sums, no split_sizes, no cautious weight decay: the caller
 // checks). Returns false, having changed nothing, when a tensor is not a contiguous float32 /
 // bf16 CPU tensor.
-bool normuon_update_fast(at::TensorList X, const at::Tensor& O, at::TensorList V, at::TensorList indices,
-                         float beta2, float lr, float adjusted_lr, float weight_decay);
+bool normuon_update_fast(at::TensorList X, const at::Tensor& O, at::TensorList V, at::TensorList indices, float beta2,
+                         float lr, float adjusted_lr, float weight_decay);
 
 }  // namespace dion::math

@@ -53,12 +53,10 @@ std::string to_string(OrthoMethod method);
 
 // Quintic Newton-Schulz, 5 steps with the reference's per-step coefficients.
 // Computes in `dtype` (the reference uses bf16).
-at::Tensor newton_schulz(const at::Tensor& G, double epsilon = 1e-7,
-                         at::ScalarType dtype = at::kBFloat16);
+at::Tensor newton_schulz(const at::Tensor& G, double epsilon = 1e-7, at::ScalarType dtype = at::kBFloat16);
 
 // Polar Express, 5 steps, safety factor 1.02 folded into the normalization.
-at::Tensor polar_express(const at::Tensor& G, double epsilon = 1e-6,
-                         at::ScalarType dtype = at::kBFloat16);
+at::Tensor polar_express(const at::Tensor& G, double epsilon = 1e-6, at::ScalarType dtype = at::kBFloat16);
 
 // EXACT: the reference's operation order (bit-identical on the same kernels); FAST: see above.
 enum class OrthoPath { EXACT, FAST };
@@ -150,7 +148,7 @@ struct OrthoConfig {
   // `dtype` (FAST) or of fp16 (Gram NS). Either returns what it did before (`dtype`; fp16).
   std::optional<at::ScalarType> cpu_dtype = std::nullopt;
 
-  OrthoFn function() const;               // the callable the optimizers use
+  OrthoFn function() const;  // the callable the optimizers use
   // What function() computes in on a CPU, and why (for logs): the EXACT path's `dtype`, or the
   // FAST / Gram choice above. Reads DION_FAST_CPU_DTYPE as function() does.
   CpuComputeDtype cpu_compute() const;
@@ -167,8 +165,7 @@ at::Tensor stack_megabatch(const std::vector<at::Tensor>& U);
 //   !flatten && param ndim >= 3: leading dims are a batch;
 //   split_sizes: row blocks of dim -2 orthogonalized independently, each rescaled by
 //   split_scales[i] (per-block learning-rate correction) when given.
-at::Tensor orthogonalize_megabatch(const at::Tensor& X, const OrthoFn& fn, bool flatten,
-                                   double epsilon,
+at::Tensor orthogonalize_megabatch(const at::Tensor& X, const OrthoFn& fn, bool flatten, double epsilon,
                                    const std::vector<int64_t>& split_sizes = {},
                                    const std::vector<double>& split_scales = {});
 

@@ -24,9 +24,9 @@ namespace dion::math {
 
 struct Rates {
   float lr = 0, weight_decay = 0;
-  float adjust_factor = 1;                // adjusted_lr = lr * adjust_factor, in float32
-  float adjusted_lr = 0;                  // its host value
-  at::Tensor lr_dev, weight_decay_dev;    // device form: 0-d float32 (undefined: host form)
+  float adjust_factor = 1;              // adjusted_lr = lr * adjust_factor, in float32
+  float adjusted_lr = 0;                // its host value
+  at::Tensor lr_dev, weight_decay_dev;  // device form: 0-d float32 (undefined: host form)
 
   // The host form, adjust_factor 1 (adjusted_lr = lr).
   static Rates host(float lr, float weight_decay);
@@ -35,7 +35,7 @@ struct Rates {
   static Rates device(at::Tensor lr_dev, at::Tensor weight_decay_dev, float lr, float weight_decay);
 
   bool on_device() const { return lr_dev.defined(); }
-  Rates adjusted(float factor) const;              // adjust_factor = factor, adjusted_lr = lr * factor
+  Rates adjusted(float factor) const;               // adjust_factor = factor, adjusted_lr = lr * factor
   Rates with_adjusted_lr(float adjusted_lr) const;  // host form only: an adjusted lr given as is
 
   float decay() const { return 1.0f - lr * weight_decay; }

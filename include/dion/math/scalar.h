@@ -27,8 +27,8 @@ struct AdamWHyper {
 };
 
 // X, G, M, V lists of same-length; steps: one 0-d fp32 tensor per parameter.
-void adamw_update(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList V,
-                  at::TensorList steps, const AdamWHyper& h);
+void adamw_update(at::TensorList X, at::TensorList G, at::TensorList M, at::TensorList V, at::TensorList steps,
+                  const AdamWHyper& h);
 
 struct LionHyper {
   float lr, beta1, beta2, weight_decay;

@@ -72,8 +72,8 @@ int64_t cuda_symmetric_block_rows(int64_t batch, int64_t m, int64_t multiprocess
 // P = beta * S + alpha * M1 @ M2, the result symmetric. S may be undefined (then beta is 0).
 // P must not alias M1, M2 or S (S may alias nothing but itself). tiled = false: one full
 // batched product (the reference's operation, for the exact path and for checking).
-void symmetric_product_out(const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2,
-                           const at::Tensor& S, double beta, double alpha, bool tiled = true);
+void symmetric_product_out(const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2, const at::Tensor& S,
+                           double beta, double alpha, bool tiled = true);
 
 // The batched block-row path (the CUDA path's code) with `block_rows` rows per block on any
 // device, a short last block (< block_rows / 2) merged into the one before; then the mirror.

@@ -42,7 +42,7 @@ class Options;
 class Distribution;
 class ParamState;
 struct AlgorithmSpec;
-struct Plan;  // a megabatch's layout (src/optim/plan.h)
+struct Plan;  // a megabatch's layout (dion/optim/plan.h)
 namespace driver {
 struct Batch;
 struct Env;
@@ -176,6 +176,9 @@ struct AlgorithmSpec {
   PythonClass python;
   // dion-bench step: settings its rows use beyond the defaults (null: none).
   std::function<void(Options& options)> benchmark_options;
+  // The hyperparameter that sets how much of each matrix it orthogonalizes and communicates
+  // ("fraction", "rank_fraction"; "": the whole matrix): dion-bench dist's ALGORITHM@F.
+  std::string size_option;
 };
 
 // The registry. Registration order is the listing order. register_algorithm throws

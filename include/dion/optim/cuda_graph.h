@@ -40,10 +40,10 @@ class CudaGraphStep {
   CudaGraphStep(const CudaGraphStep&) = delete;
   CudaGraphStep& operator=(const CudaGraphStep&) = delete;
 
-  void step();                 // eager (warm-up), capture + replay, or replay
-  void reset();                // drop the graph: the next step() captures again
+  void step();   // eager (warm-up), capture + replay, or replay
+  void reset();  // drop the graph: the next step() captures again
   bool captured() const;
-  int64_t replays() const;     // replays since the capture (the capture's own one included)
+  int64_t replays() const;  // replays since the capture (the capture's own one included)
 
  private:
   struct Impl;

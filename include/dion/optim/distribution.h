@@ -11,7 +11,7 @@
 //                    tasks may be in flight, whether the optimizer synchronizes the gradients.
 // The communication patterns built on these (the megabatch assembly, legacy Dion's P and R
 // traffic, Dion2's norm gathers) belong to the optimizer (src/optim/assembly.h,
-// src/optim/collectives.h). Without a Distribution every parameter is whole and local.
+// dion/optim/collectives.h). Without a Distribution every parameter is whole and local.
 //
 // API summary
 //   auto dist = std::make_shared<dion::Distribution>(outer, inner);   // AxisGroups; inner may be null
@@ -94,7 +94,7 @@ class Distribution {
   AxisGroup* axis(Axis axis) const;  // null when absent
   int axis_size(Axis axis) const;
   int axis_rank(Axis axis) const;
-  void all_reduce_(at::Tensor& x, Axis axis);            // sum, in place
+  void all_reduce_(at::Tensor& x, Axis axis);             // sum, in place
   at::Tensor all_gather(const at::Tensor& x, Axis axis);  // [size, ...]
   at::Tensor all_to_all(const at::Tensor& x, Axis axis);  // dim-0 chunks
   int rank() const { return axis_rank(Axis::OUTER); }

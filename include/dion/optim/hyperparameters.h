@@ -32,8 +32,8 @@
 
 namespace dion {
 
-using Betas = std::tuple<double, double>;         // (beta1, beta2)
-using SplitSizes = std::vector<int64_t>;          // row blocks of a fused weight
+using Betas = std::tuple<double, double>;             // (beta1, beta2)
+using SplitSizes = std::vector<int64_t>;              // row blocks of a fused weight
 using OptionalDtype = std::optional<at::ScalarType>;  // nullopt: the parameter's dtype
 
 // clang-format off
@@ -90,7 +90,9 @@ inline constexpr double kInf = std::numeric_limits<double>::infinity();
 struct Any {
   bool comm = false;
   template <typename T>
-  bool ok(const T&) const { return true; }
+  bool ok(const T&) const {
+    return true;
+  }
   const char* text = "";
 };
 struct Real {  // a finite number with lo <= v (lo < v when lo_open) and v <= hi
@@ -139,7 +141,9 @@ struct Choice {  // one of two strings
 };
 struct DtypeRule {
   template <typename T>
-  bool ok(const T&) const { return true; }
+  bool ok(const T&) const {
+    return true;
+  }
   const char* text = "";
   bool comm = true;
 };

@@ -69,8 +69,8 @@ class Optimizer : public torch::optim::Optimizer {
   // `distribution`: where the parameters live (dion/optim/distribution.h), if not all whole and
   // local. Given here, the shape checks (num_heads, split_sizes) see global shapes; it can also
   // be set later with set_distribution().
-  Optimizer(const std::vector<ParamGroup>& groups, const Options& defaults,
-            math::OrthoConfig ortho = {}, std::shared_ptr<Distribution> distribution = nullptr);
+  Optimizer(const std::vector<ParamGroup>& groups, const Options& defaults, math::OrthoConfig ortho = {},
+            std::shared_ptr<Distribution> distribution = nullptr);
   Optimizer(std::vector<at::Tensor> params, const Options& defaults, math::OrthoConfig ortho = {},
             std::shared_ptr<Distribution> distribution = nullptr);
 
@@ -150,7 +150,7 @@ class Optimizer : public torch::optim::Optimizer {
   void check_group(size_t index, const std::vector<at::Tensor>& params, const Options& group) const;
   void check_loaded_state() const;
   void load_checked(std::vector<torch::serialize::InputArchive>& roots);  // checkpoint.cpp
-  void load_legacy(torch::serialize::InputArchive& archive);  // archives without layout (earlier format)
+  void load_legacy(torch::serialize::InputArchive& archive);              // archives without layout (earlier format)
 
   math::OrthoConfig ortho_;
   math::OrthoFn ortho_fn_;

@@ -62,8 +62,8 @@ class Options : public torch::optim::OptimizerCloneableOptions<Options> {
   }
   Options& algorithm(const std::string& name);
   Options& algorithm(const char* name) { return algorithm(std::string(name)); }
-  std::string algorithm() const;                  // its name
-  Algorithm algo() const { return algorithm_; }   // the handle (valid once validate() passed)
+  std::string algorithm() const;                 // its name
+  Algorithm algo() const { return algorithm_; }  // the handle (valid once validate() passed)
   const AlgorithmSpec& spec() const { return algorithm_.spec(); }
 
   Options& adjust_lr(const std::string& name) {  // "spectral_norm" | "rms_norm" | "none"

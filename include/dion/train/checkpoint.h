@@ -71,10 +71,10 @@ class CheckpointError : public std::runtime_error {
 };
 
 struct TrainState {
-  int64_t step = -1;        // the last training step done (-1: none)
-  int64_t tokens = 0;       // training tokens so far
-  double elapsed_s = 0;     // wall time of the run so far (all invocations)
-  double best_val_loss = 0; // 0 with best_val_step == -1: no validation yet
+  int64_t step = -1;         // the last training step done (-1: none)
+  int64_t tokens = 0;        // training tokens so far
+  double elapsed_s = 0;      // wall time of the run so far (all invocations)
+  double best_val_loss = 0;  // 0 with best_val_step == -1: no validation yet
   int64_t best_val_step = -1;
   LoaderPosition loader;
 };

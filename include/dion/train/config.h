@@ -40,8 +40,8 @@ struct Config {
   // ---- data
   std::string data_dir = "data/fineweb10B";
   // ---- training
-  int64_t batch_size = 8 * 64;        // global batch, sequences
-  int64_t device_batch_size = 64;     // sequences per forward/backward
+  int64_t batch_size = 8 * 64;     // global batch, sequences
+  int64_t device_batch_size = 64;  // sequences per forward/backward
   int64_t sequence_length = 1024;
   int64_t num_iterations = 5000;
   double warmup_ratio = 0.01;
@@ -85,31 +85,31 @@ struct Config {
   int64_t tp_size = 1;
   bool reshard_after_forward = true;  // effective unless fast_fsdp (as train.py: not --fast_fsdp)
   bool fast_fsdp = false;
-  double comm_timeout_s = 300;  // every collective of the run waits at most this long
+  double comm_timeout_s = 300;        // every collective of the run waits at most this long
   double rendezvous_timeout_s = 120;  // the start waits at most this long for every rank to arrive
-  double ddp_bucket_mb = 25;    // DDP gradient all-reduce bucket size
+  double ddp_bucket_mb = 25;          // DDP gradient all-reduce bucket size
   int64_t replica_check_every = 100;  // dp replicas compared bit for bit every N steps (0: never)
   // ---- debugging / reference flags without an effect here
   bool debug = false;
   bool no_compile = false;
   bool no_triton = false;
   // ---- ours
-  std::string run_dir = "";      // "" -> runs/<config file stem> (runs/default without --config)
-  std::string device = "auto";   // auto (cuda when a CUDA device is present, else cpu) | cpu | cuda
-  std::string dtype = "auto";    // auto | fp32 | bf16 (autocast)
+  std::string run_dir = "";            // "" -> runs/<config file stem> (runs/default without --config)
+  std::string device = "auto";         // auto (cuda when a CUDA device is present, else cpu) | cpu | cuda
+  std::string dtype = "auto";          // auto | fp32 | bf16 (autocast)
   std::string model_kernels = "fast";  // fast | exact (dion/train/kernels.h)
   int64_t seed = 1337;
   bool resume = true;
   bool resume_fallback = false;  // resume from the newest GOOD checkpoint when the newest is bad
   int64_t stop_after = 0;
   int64_t log_every = 1;
-  bool cuda_graphs = false;      // capture the training step in CUDA graphs (train/graphed_step.h)
-  double peak_tflops = 0;        // the MFU's peak; 0: a matmul measured once at the start
+  bool cuda_graphs = false;  // capture the training step in CUDA graphs (train/graphed_step.h)
+  double peak_tflops = 0;    // the MFU's peak; 0: a matmul measured once at the start
   // ---- numerics keys (docs/train.md "Gradient norm, clipping, non-finite steps")
-  double grad_clip = 0;              // clip the global gradient norm to this (0: off)
-  int64_t max_nonfinite_steps = 3;   // non-finite steps in a row skipped; one more stops the run
-  double scalar_beta1 = 0.9;         // the embedding / lm_head groups' betas: train.py's effective
-  double scalar_beta2 = 0.95;        //   (0.9, 0.95) (docs/train.md "Parameter groups")
+  double grad_clip = 0;                   // clip the global gradient norm to this (0: off)
+  int64_t max_nonfinite_steps = 3;        // non-finite steps in a row skipped; one more stops the run
+  double scalar_beta1 = 0.9;              // the embedding / lm_head groups' betas: train.py's effective
+  double scalar_beta2 = 0.95;             //   (0.9, 0.95) (docs/train.md "Parameter groups")
   std::string fsdp_param_dtype = "fp32";  // FSDP weight gathers: fp32 | bf16 (the reference's policy)
 
   std::string config_file;  // the --config path ("" without one); not a key

@@ -36,8 +36,7 @@ class MicroStep {
  public:
   // loss_scale: what each micro-batch's loss is multiplied by before backward (1 / the global
   // micro-batch count). graphs: capture (throws ConfigError when not CUDA / built without CUDA).
-  MicroStep(GPT& model, dion::Optimizer& opt, const at::Device& device, bool autocast, double loss_scale,
-            bool graphs);
+  MicroStep(GPT& model, dion::Optimizer& opt, const at::Device& device, bool autocast, double loss_scale, bool graphs);
   ~MicroStep();
   MicroStep(const MicroStep&) = delete;
   MicroStep& operator=(const MicroStep&) = delete;
@@ -51,8 +50,8 @@ class MicroStep {
   void discard_gradients();
 
   bool graphs() const;
-  bool captured() const;       // the forward + backward graph exists
-  int64_t replays() const;     // forward + backward replays (the capture's own included)
+  bool captured() const;    // the forward + backward graph exists
+  int64_t replays() const;  // forward + backward replays (the capture's own included)
 
  private:
   struct Impl;

@@ -49,8 +49,8 @@ class DataLoadError : public std::runtime_error {
 };
 
 struct LoaderPosition {
-  int64_t shard = 0;   // index into the sorted shard list
-  int64_t offset = 0;  // token offset of the next batch in that shard
+  int64_t shard = 0;       // index into the sorted shard list
+  int64_t offset = 0;      // token offset of the next batch in that shard
   std::string shard_name;  // the file's name, for the checkpoint (checked on restore)
 };
 
@@ -65,7 +65,7 @@ class Loader {
   virtual void reset() = 0;  // back to the first batch (validation)
   virtual LoaderPosition position() const = 0;
   virtual void restore(const LoaderPosition& pos) = 0;
-  virtual std::string describe() const = 0;  // one line for the log
+  virtual std::string describe() const = 0;      // one line for the log
   virtual int64_t tokens() const { return -1; }  // tokens in the split (-1: endless)
   virtual int64_t vocab() const = 0;             // token ids are < this
   virtual std::string tokenizer() const = 0;     // "gpt2", "bytes" or "synthetic"
@@ -81,8 +81,8 @@ int64_t vocab_round_up(int64_t n);
 class ShardLoader : public Loader {
  public:
   // `split`: "train" or "val". Throws DataLoadError naming the folder / file.
-  ShardLoader(const std::filesystem::path& dir, const std::string& split, int64_t B, int64_t T,
-              int64_t rank = 0, int64_t world = 1, const std::string& prefix = "fineweb");
+  ShardLoader(const std::filesystem::path& dir, const std::string& split, int64_t B, int64_t T, int64_t rank = 0,
+              int64_t world = 1, const std::string& prefix = "fineweb");
   Batch next() override;
   void reset() override;
   LoaderPosition position() const override;
@@ -108,8 +108,7 @@ class ShardLoader : public Loader {
 class SyntheticLoader : public Loader {
  public:
   // `vocab`: tokens are drawn in [0, min(50257, vocab)) (the default keeps GPT-2's stream).
-  SyntheticLoader(int64_t B, int64_t T, uint64_t seed, int64_t rank = 0, int64_t world = 1,
-                  int64_t vocab = 50257);
+  SyntheticLoader(int64_t B, int64_t T, uint64_t seed, int64_t rank = 0, int64_t world = 1, int64_t vocab = 50257);
   Batch next() override;
   void reset() override;
   LoaderPosition position() const override;

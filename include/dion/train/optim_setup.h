@@ -20,6 +20,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "dion/optim/optimizer.h"
@@ -34,5 +35,15 @@ struct TrainOptimizer {
 };
 
 TrainOptimizer build_optimizer(const Config& config, GPT& model);
+
+// The hyperparameters build_optimizer gives the groups, without a model: `matrix`, group 0's
+// (the `optimizer`'s class defaults, as train.py constructs it); `scalar`, groups 1 and 2's
+// (scalar_opt's, with lr = config lr; set only when `optimizer` is a matrix algorithm). What
+// config_validate checks against the optimizer's rules (config_keys.h optimizer_error).
+struct TrainGroupOptions {
+  Options matrix;
+  std::optional<Options> scalar;
+};
+TrainGroupOptions train_group_options(const Config& config, const AlgorithmSpec& spec);
 
 }  // namespace dion::train

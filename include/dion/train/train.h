@@ -32,7 +32,7 @@ std::string resolve_dtype(const Config& config);
 inline constexpr const char* kCpuAutoDtype = "fp32";
 
 struct RunSummary {
-  int64_t steps_done = 0;    // in this invocation
+  int64_t steps_done = 0;  // in this invocation
   int64_t last_step = -1;
   double best_val_loss = 0;
   int64_t best_val_step = -1;

@@ -18,7 +18,7 @@
 #include "dion/math/dion.h"
 #include "dion/errors.h"
 #include "../state_layout.h"
-#include "driver.h"
+#include "dion/optim/driver.h"
 
 namespace dion::driver {
 
@@ -52,8 +52,8 @@ void dion_update_ddp(const Batch& batch, DionOperands ops, const Options& o, con
   math::dion_finish(batch.params, ops.M, ops.Q, b, P, R, rates, f32(o.mu()), f32(o.epsilon()));
 }
 
-void dion_update_fsdp(const Batch& batch, DionOperands ops, const Layout& L, const Options& o,
-                      const Collectives& comm, const math::Rates& rates) {
+void dion_update_fsdp(const Batch& batch, DionOperands ops, const Layout& L, const Options& o, const Collectives& comm,
+                      const math::Rates& rates) {
   const int64_t m = L.global_shape[0], n = L.global_shape[1];
   const bool transposed = math::dion_is_transposed_sharded(m, n, L.shard_dim, L.inner_dim);
   const int64_t r = ops.Q[0].size(1);
@@ -99,23 +99,26 @@ void dion_update(const Batch& batch, const Options& o, const Env& env) {
 AlgorithmSpec dion_spec() {
   AlgorithmSpec s;
   s.name = "dion";
+  s.size_option = "rank_fraction";
   s.train_reference_variants = {"dion_reference", "dion_simple"};
   s.optimizer_grad_sync = true;
   s.summary = "Dion (legacy): low-rank power iteration with a randomized-QR orthonormalization, 2-D only";
   s.class_name = "Dion";
-  s.serial = true;  // Q is drawn at random when the state is created
+  s.serial = true;                // Q is drawn at random when the state is created
   s.uses_orthogonalizer = false;  // randomized QR
   s.benchmark_options = [](Options& o) { o.rank_fraction(0.25); };
-  s.reads = {"lr", "weight_decay", "mu", "epsilon", "rank_fraction", "rank_multiple_of", "oversample",
-             "momentum_dtype", "Q_dtype"};
+  s.reads = {"lr",         "weight_decay",   "mu",     "epsilon", "rank_fraction", "rank_multiple_of",
+             "oversample", "momentum_dtype", "Q_dtype"};
   s.state = [](const ParamView& p, const Options& o) {
     // Q [n', r] for the whole matrix; a sharded parameter keeps the rows of its outer chunk.
     const Layout L = layout_of(p.dist, p.param);
     const QRows q = q_rows_of(L, axis_place(p.dist));  // src/optim/state_layout.h
     const int64_t r = math::dion_rank(L.global_shape[0], L.global_shape[1], o.rank_fraction(), o.rank_multiple_of());
-    return std::vector<StateSpec>{
-        momentum_like(p, o.momentum_dtype()),
-        {"Q", {L.sharded() ? q.length : q.rows, r}, o.Q_dtype().value_or(p.param.scalar_type()), StateLayout::OUTER_ROWS}};
+    return std::vector<StateSpec>{momentum_like(p, o.momentum_dtype()),
+                                  {"Q",
+                                   {L.sharded() ? q.length : q.rows, r},
+                                   o.Q_dtype().value_or(p.param.scalar_type()),
+                                   StateLayout::OUTER_ROWS}};
   };
   s.initial_state = [](const ParamView& p, const StateSpec& st) {
     if (st.key != "Q") return at::Tensor();

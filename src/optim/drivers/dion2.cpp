@@ -22,7 +22,7 @@
 #include "dion/math/nordion2.h"
 #include "dion/math/normuon.h"
 #include "dion/errors.h"
-#include "driver.h"
+#include "dion/optim/driver.h"
 
 namespace dion::driver {
 
@@ -32,8 +32,8 @@ namespace {
 // of V [.., m, 1] updated in place; returns the normalized rows. `frobenius` / `columns`: the
 // sums over the shards and over the column blocks (collectives.h; null / empty: local).
 at::Tensor normalize_selected(const at::Tensor& O, const std::vector<at::Tensor>& V,
-                              const std::vector<at::Tensor>& indices, const Options& o,
-                              const math::ShardSum& frobenius, const math::ColumnShards& columns) {
+                              const std::vector<at::Tensor>& indices, const Options& o, const math::ShardSum& frobenius,
+                              const math::ColumnShards& columns) {
   auto [normed, V_new] = math::nordion2_normalize_selected(O, at::stack(V, 0), at::stack(indices, 0),
                                                            f32(o.muon_beta2()), frobenius, columns);
   std::vector<at::Tensor> V_parts = V_new.unbind(0);
@@ -60,7 +60,7 @@ void exact_global(const Operands& ops, const Plan& plan, const Options& o, const
   const bool along_inner = plan.layout.two_d() && select_dim == plan.layout.inner_dim - 2;
   const Axis holder = along_inner ? Axis::INNER : Axis::OUTER, splitter = along_inner ? Axis::OUTER : Axis::INNER;
 
-  for (int64_t i = 0; i < N; ++i) M[i].add_(G[i].to(M[i].scalar_type()));  // M += G
+  for (int64_t i = 0; i < N; ++i) M[i].add_(G[i].to(M[i].scalar_type()));                           // M += G
   at::Tensor norms = at::linalg_vector_norm(at::stack(M, 0), 1, at::IntArrayRef{norm_dim}, false);  // [N, local]
   auto [idx, k_pad] = comm.top_k_over_shards(norms, k, global, holder, splitter);
   const float ef = f32(nor ? o.mu() : o.ef_decay());
@@ -112,11 +112,13 @@ void dion2_family_update(const Batch& batch, const Options& o, const Env& env, b
   const bool across_shards_ok = matrix_sharded && !two_d && (nd == 2 || !o.flatten());
   const bool as_one_process = across_shards_ok || (matrix_sharded && two_d);
   int64_t select_dim;
-  if (nor) select_dim = -2;
+  if (nor)
+    select_dim = -2;
   else if (matrix_sharded && (o.selection_dim() == "shard" || !as_one_process) &&
            (plan.comm_dim == -2 || plan.comm_dim == -1))
     select_dim = plan.comm_dim;
-  else select_dim = math::dion2_select_dim(adjust_shape[nd - 2], adjust_shape.back());
+  else
+    select_dim = math::dion2_select_dim(adjust_shape[nd - 2], adjust_shape.back());
   const float ef = f32(nor ? o.mu() : o.ef_decay());
   const math::Rates rates =
       rates_for(batch, o, env, math::adjusted_lr_factor(o.adjust_lr(), adjust_shape, o.flatten()));
@@ -128,8 +130,8 @@ void dion2_family_update(const Batch& batch, const Options& o, const Env& env, b
     // single-process top-k, each rank keeps its part of the selected slices [.., local, k],
     // and the submatrix is assembled along the sharded dim. Either selection scope: the
     // selection is whole-matrix and the traffic scales with `fraction`.
-    math::Selection sel = math::dion2_pre(G, M, o.fraction(), ef, select_dim, env.ortho->dtype, 0,
-                                          comm.sum_norms_over_shards());
+    math::Selection sel =
+        math::dion2_pre(G, M, o.fraction(), ef, select_dim, env.ortho->dtype, 0, comm.sum_norms_over_shards());
     at::Tensor O = comm.assemble_orthogonalize(std::move(sel.U), plan, o, *env.ortho_fn, {}, {});
     // NorDion2 (column-sharded): each selected row is split, its per-neuron sum crosses ranks.
     if (nor) O = normalize_selected(O, V, sel.indices, o, comm.shard_sum(plan), comm.column_shards(plan));
@@ -179,13 +181,15 @@ void nordion2_step(const Batch& b, const Options& o, const Env& e) { dion2_famil
 AlgorithmSpec dion2_spec() {
   AlgorithmSpec s;
   s.name = "dion2";
+  s.size_option = "fraction";
   s.summary = "Dion2: error feedback, then only a top fraction of rows or columns orthogonalized";
   s.class_name = "Dion2";
-  s.reads = {"lr", "weight_decay", "fraction", "ef_decay", "epsilon", "adjust_lr", "flatten", "num_heads",
-             "selection_scope", "selection_dim"};
+  s.reads = {"lr",        "weight_decay", "fraction",  "ef_decay",        "epsilon",
+             "adjust_lr", "flatten",      "num_heads", "selection_scope", "selection_dim"};
   s.state = [](const ParamView& p, const Options&) { return std::vector<StateSpec>{momentum_like(p)}; };
   s.update = dion2_step;
-  s.train_options = [](Options& d, const TrainKnobs& k) { d.fraction(k.ortho_fraction).ef_decay(k.mu).adjust_lr(k.adjust_lr);
+  s.train_options = [](Options& d, const TrainKnobs& k) {
+    d.fraction(k.ortho_fraction).ef_decay(k.mu).adjust_lr(k.adjust_lr);
   };
   s.train_gram_newton_schulz = true;
   s.python.doc =
@@ -193,10 +197,10 @@ AlgorithmSpec dion2_spec() {
       "columns are selected (as the reference). triton_post_ortho is accepted and ignored. selection_dim "
       "(dion_cpp's own): on a sharded matrix, select along the dim one process would (\"shorter\", the default: "
       "equal to one process) or along the sharded dim as the reference does (\"shard\"); docs/distributed.md.";
-  s.python.keywords = python_keywords({"distributed_mesh", "lr", "fraction", "ef_decay", "betas", "weight_decay",
-                                       "epsilon", "adjust_lr", "flatten", "use_triton", "use_polar_express",
-                                       "use_gram_newton_schulz", "newton_schulz_func", "verbose",
-                                       "triton_post_ortho", "selection_scope", "selection_dim"});
+  s.python.keywords =
+      python_keywords({"distributed_mesh", "lr", "fraction", "ef_decay", "betas", "weight_decay", "epsilon",
+                       "adjust_lr", "flatten", "use_triton", "use_polar_express", "use_gram_newton_schulz",
+                       "newton_schulz_func", "verbose", "triton_post_ortho", "selection_scope", "selection_dim"});
   s.python.behaviours = {"mesh", "selection_report"};
   return s;
 }
@@ -208,8 +212,8 @@ AlgorithmSpec nordion2_spec() {
   s.summary = "NorDion2 (Dion3): Dion2's row selection with NorMuon's per-neuron normalization";
   s.class_name = "NorDion2";
   s.class_aliases = {"Dion3"};
-  s.reads = {"lr", "weight_decay", "fraction", "mu", "muon_beta2", "epsilon", "adjust_lr", "flatten", "num_heads",
-             "selection_scope"};
+  s.reads = {"lr",      "weight_decay", "fraction", "mu",        "muon_beta2",
+             "epsilon", "adjust_lr",    "flatten",  "num_heads", "selection_scope"};
   s.state = [](const ParamView& p, const Options&) {
     return std::vector<StateSpec>{momentum_like(p), neuron_variance(p)};
   };
@@ -217,18 +221,21 @@ AlgorithmSpec nordion2_spec() {
     // A flattened 3-D+ parameter sharded along its last dim: the selection of rows of the
     // flattened matrix is not one process's (whole shards travel; rows stay split).
     if (plan.comm_dim == -1 && o.flatten() && plan.layout.global_shape.size() > 2)
-      throw NotImplementedError(where + ": nordion2 with flatten on a parameter sharded along its last dim is not "
+      throw NotImplementedError(where +
+                                ": nordion2 with flatten on a parameter sharded along its last dim is not "
                                 "supported (the row selection would not equal one process's); shard another dim");
   };
   s.update = nordion2_step;
-  s.train_options = [](Options& d, const TrainKnobs& k) { d.fraction(k.ortho_fraction).mu(k.mu).muon_beta2(0.95).adjust_lr(k.adjust_lr);
+  s.train_options = [](Options& d, const TrainKnobs& k) {
+    d.fraction(k.ortho_fraction).mu(k.mu).muon_beta2(0.95).adjust_lr(k.adjust_lr);
   };
-  s.python.doc = "NorDion2 (reference: dion/nordion2.py); also exported as Dion3. mu is the error-feedback decay "
-                 "here. triton_post_ortho is accepted and ignored.";
-  s.python.keywords = python_keywords({"distributed_mesh", "lr", "fraction", "mu", "muon_beta2", "betas",
-                                       "weight_decay", "epsilon", "adjust_lr", "flatten", "use_triton",
-                                       "use_polar_express", "use_gram_newton_schulz", "newton_schulz_func",
-                                       "triton_post_ortho", "selection_scope"});
+  s.python.doc =
+      "NorDion2 (reference: dion/nordion2.py); also exported as Dion3. mu is the error-feedback decay "
+      "here. triton_post_ortho is accepted and ignored.";
+  s.python.keywords =
+      python_keywords({"distributed_mesh", "lr", "fraction", "mu", "muon_beta2", "betas", "weight_decay", "epsilon",
+                       "adjust_lr", "flatten", "use_triton", "use_polar_express", "use_gram_newton_schulz",
+                       "newton_schulz_func", "triton_post_ortho", "selection_scope"});
   s.python.behaviours = {"mesh"};
   return s;
 }

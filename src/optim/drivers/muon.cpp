@@ -11,7 +11,7 @@
 #include "dion/math/muon.h"
 #include "dion/math/normuon.h"
 #include "dion/errors.h"
-#include "driver.h"
+#include "dion/optim/driver.h"
 
 namespace dion::driver {
 
@@ -62,8 +62,8 @@ AlgorithmSpec muon_spec() {
   s.summary = "Muon: momentum, then the orthogonalized update (Newton-Schulz / Polar Express)";
   s.class_name = "Muon";
   s.supports_split_sizes = true;
-  s.reads = {"lr", "weight_decay", "mu", "nesterov", "epsilon", "adjust_lr", "cautious_wd", "flatten", "num_heads",
-             "split_sizes"};
+  s.reads = {"lr",        "weight_decay", "mu",      "nesterov",  "epsilon",
+             "adjust_lr", "cautious_wd",  "flatten", "num_heads", "split_sizes"};
   s.state = [](const ParamView& p, const Options&) { return std::vector<StateSpec>{momentum_like(p)}; };
   s.update = muon_step;
   s.train_options = [](Options& d, const TrainKnobs& k) { d.mu(k.mu).nesterov(true).adjust_lr(k.adjust_lr); };
@@ -95,14 +95,14 @@ AlgorithmSpec normuon_spec() {
                                 ") is not supported; shard the last dim instead");
   };
   s.update = normuon_step;
-  s.train_options = [](Options& d, const TrainKnobs& k) { d.mu(k.mu).muon_beta2(0.95).nesterov(true).adjust_lr(k.adjust_lr);
+  s.train_options = [](Options& d, const TrainKnobs& k) {
+    d.mu(k.mu).muon_beta2(0.95).nesterov(true).adjust_lr(k.adjust_lr);
   };
   s.train_gram_newton_schulz = false;  // train.py does not pass it to NorMuon
   s.python.doc = "NorMuon (reference: dion/normuon.py).";
-  s.python.keywords = python_keywords({"distributed_mesh", "lr", "mu", "muon_beta2", "betas", "weight_decay",
-                                       "cautious_wd", "epsilon", "nesterov", "adjust_lr", "flatten",
-                                       "use_gram_newton_schulz", "use_triton", "use_polar_express",
-                                       "newton_schulz_func"});
+  s.python.keywords = python_keywords(
+      {"distributed_mesh", "lr", "mu", "muon_beta2", "betas", "weight_decay", "cautious_wd", "epsilon", "nesterov",
+       "adjust_lr", "flatten", "use_gram_newton_schulz", "use_triton", "use_polar_express", "newton_schulz_func"});
   return s;
 }
 
@@ -114,4 +114,3 @@ DION_BUILTIN_DRIVER(muon) {
   register_algorithm(driver::muon_spec());
   register_algorithm(driver::normuon_spec());
 }
-

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "driver.h"
+#include "dion/optim/driver.h"
 
 namespace dion::driver {
 

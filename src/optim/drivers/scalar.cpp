@@ -5,7 +5,7 @@
 
 #include "dion/math/scalar.h"
 #include "dion/errors.h"
-#include "driver.h"
+#include "dion/optim/driver.h"
 
 namespace dion::driver {
 
@@ -41,13 +41,14 @@ AlgorithmSpec adamw_spec() {
   s.summary = "AdamW: bias-corrected first and second moments, decoupled weight decay (any parameter)";
   s.matrix = false;
   s.uses_orthogonalizer = false;
-  s.phase = 2;  // after the matrix groups and lion, as the reference
+  s.phase = 2;                    // after the matrix groups and lion, as the reference
   s.weight_decay_on_host = true;  // torch's fused AdamW takes it as a double
   s.reads = {"lr", "weight_decay", "betas", "epsilon", "cautious_wd", "variance_dtype"};
   s.state = [](const ParamView& p, const Options& o) {
-    return std::vector<StateSpec>{momentum_like(p),
-                                  {"variance", p.param.sizes().vec(), o.variance_dtype().value_or(p.param.scalar_type())},
-                                  {"step_dev", {}, at::kFloat, StateLayout::SCALAR, /*from_step=*/true}};
+    return std::vector<StateSpec>{
+        momentum_like(p),
+        {"variance", p.param.sizes().vec(), o.variance_dtype().value_or(p.param.scalar_type())},
+        {"step_dev", {}, at::kFloat, StateLayout::SCALAR, /*from_step=*/true}};
   };
   s.check_options = [](const Options& o) -> std::optional<OptionError> {
     const auto [b1, b2] = o.betas();

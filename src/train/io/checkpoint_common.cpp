@@ -90,7 +90,8 @@ torch::serialize::InputArchive open_archive(const fs::path& ckpt, const std::str
     if (m) {
       auto it = m->files.find(name);
       if (it == m->files.end())
-        throw CheckpointError(fmt::format("'{}' is not listed in '{}'", file.string(), (ckpt / kManifestFile).string()));
+        throw CheckpointError(
+            fmt::format("'{}' is not listed in '{}'", file.string(), (ckpt / kManifestFile).string()));
       const std::string bytes = read_file_checked(file, it->second);
       ar.load_from(bytes.data(), bytes.size());
     } else {

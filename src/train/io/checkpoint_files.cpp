@@ -128,8 +128,10 @@ std::string read_file_checked(const fs::path& path, const FileDigest& want) {
                                       path.string(), bytes.size(), kManifestFile, want.size));
   const uint32_t crc = crc_update(crc_update(0, nullptr, 0), bytes.data(), bytes.size());
   if (crc != want.crc32)
-    throw CheckpointError(fmt::format("'{}': CRC-32 {} but {} says {}: the file is corrupt (changed since it was "
-                                      "written)", path.string(), hex32(crc), kManifestFile, hex32(want.crc32)));
+    throw CheckpointError(
+        fmt::format("'{}': CRC-32 {} but {} says {}: the file is corrupt (changed since it was "
+                    "written)",
+                    path.string(), hex32(crc), kManifestFile, hex32(want.crc32)));
   return bytes;
 }
 
@@ -140,7 +142,8 @@ void manifest_write(const fs::path& folder, const Manifest& m) {
                                 {"version", m.version},
                                 {"checksum", "CRC-32 (zlib crc32) of each file's bytes"},
                                 {"files", files}}
-                               .dump(2) + "\n";
+                               .dump(2) +
+                           "\n";
   write_file_checked(folder / kManifestFile, [&](const Sink& sink) {
     if (sink(text.data(), text.size()) != text.size()) return;
   });
@@ -156,8 +159,8 @@ std::optional<Manifest> manifest_read(const fs::path& folder) {
   try {
     const json j = json::parse(f);
     if (j.at("format") != "dion-train checkpoint manifest")
-      throw CheckpointError(fmt::format("'{}': format {} is not 'dion-train checkpoint manifest'", file.string(),
-                                        j.at("format").dump()));
+      throw CheckpointError(
+          fmt::format("'{}': format {} is not 'dion-train checkpoint manifest'", file.string(), j.at("format").dump()));
     m.version = j.at("version").get<int>();
     for (const auto& [name, e] : j.at("files").items()) {
       FileDigest d;
@@ -166,8 +169,10 @@ std::optional<Manifest> manifest_read(const fs::path& folder) {
       size_t used = 0;
       const unsigned long v = hex.size() == 8 ? std::stoul(hex, &used, 16) : 0;
       if (hex.size() != 8 || used != 8 || d.size < 0)
-        throw CheckpointError(fmt::format("'{}': file '{}': size {} / crc32 '{}' is not valid (a size >= 0 and 8 hex "
-                                          "digits)", file.string(), name, d.size, hex));
+        throw CheckpointError(
+            fmt::format("'{}': file '{}': size {} / crc32 '{}' is not valid (a size >= 0 and 8 hex "
+                        "digits)",
+                        file.string(), name, d.size, hex));
       d.crc32 = uint32_t(v);
       m.files[name] = d;
     }

@@ -94,16 +94,17 @@ void load_model(const fs::path& ckpt, GPT& model, const Parallel* par) {
     const ParamPlacement& sp = it->second;
     const std::vector<int64_t> want = par ? par->placement(item.value()).global_shape : item.value().sizes().vec();
     if (sp.global_shape != want)
-      throw CheckpointError(fmt::format("'{}': tensor '{}' has shape {}, the model's is {} (model_dim, n_layer, "
-                                        "n_head must match the checkpoint's)",
-                                        (ckpt / "meta.json").string(), name, shape_text(sp.global_shape),
-                                        shape_text(want)));
+      throw CheckpointError(
+          fmt::format("'{}': tensor '{}' has shape {}, the model's is {} (model_dim, n_layer, "
+                      "n_head must match the checkpoint's)",
+                      (ckpt / "meta.json").string(), name, shape_text(sp.global_shape), shape_text(want)));
     // Reassemble the whole tensor from the saved parts, then cut this rank's part.
     at::Tensor full;
     for (Part& part : parts) {
       at::Tensor t;
       if (!part.archive.try_read(name, t))
-        throw CheckpointError(fmt::format("'{}': no tensor '{}' (a checkpoint of another model?)", part.file.string(), name));
+        throw CheckpointError(
+            fmt::format("'{}': no tensor '{}' (a checkpoint of another model?)", part.file.string(), name));
       const Box box = local_box(sp, int(saved.mesh.fs), part.fs_rank, int(saved.mesh.tp), part.tp_rank);
       if (t.sizes().vec() != box.length)
         throw CheckpointError(fmt::format("'{}': tensor '{}' has shape {}, its place in the layout says {}",
@@ -130,13 +131,18 @@ void load_training(const fs::path& ckpt, dion::Optimizer& optimizer) {
   const SavedLayout saved = read_layout(ckpt);
   {
     std::vector<torch::serialize::InputArchive> archives;
-    for (int r = 0; r < saved.world; ++r) archives.push_back(open_archive(ckpt, rank_file(saved.world, r, "optimizer")));
+    for (int r = 0; r < saved.world; ++r)
+      archives.push_back(open_archive(ckpt, rank_file(saved.world, r, "optimizer")));
     try {
-      if (archives.size() == 1) optimizer.load(archives[0]);
-      else optimizer.load(archives);
+      if (archives.size() == 1)
+        optimizer.load(archives[0]);
+      else
+        optimizer.load(archives);
     } catch (const std::exception& e) {
-      throw CheckpointError(fmt::format("'{}': the optimizer state does not fit this run (same optimizer and "
-                                        "model?): {}", (ckpt / rank_file(saved.world, 0, "optimizer")).string(), error_text(e)));
+      throw CheckpointError(
+          fmt::format("'{}': the optimizer state does not fit this run (same optimizer and "
+                      "model?): {}",
+                      (ckpt / rank_file(saved.world, 0, "optimizer")).string(), error_text(e)));
     }
   }
   const fs::path rng_file = ckpt / rank_file(saved.world, 0, "rng");  // rank 0's: the run's generator

@@ -59,8 +59,8 @@ std::string meta_problem(const json& meta, const fs::path& file, CheckpointMeta*
     m.config_yaml = meta.at("config_yaml").get<std::string>();
     m.data_fingerprint = meta.value("data_fingerprint", std::string());
     const json& md = meta.at("model");
-    m.model = {md.at("sequence_len").get<int64_t>(), md.at("vocab_size").get<int64_t>(), md.at("n_layer").get<int64_t>(),
-               md.at("n_head").get<int64_t>(), md.at("n_embd").get<int64_t>()};
+    m.model = {md.at("sequence_len").get<int64_t>(), md.at("vocab_size").get<int64_t>(),
+               md.at("n_layer").get<int64_t>(), md.at("n_head").get<int64_t>(), md.at("n_embd").get<int64_t>()};
     const json& lay = meta.at("layout");
     m.dp_size = lay.at("dp_size").get<int64_t>();
     m.fs_size = lay.at("fs_size").get<int64_t>();
@@ -88,19 +88,21 @@ std::string meta_problem(const json& meta, const fs::path& file, CheckpointMeta*
       return bad("config_yaml", fmt::format("num_iterations {} batch_size {} sequence_length {}", n_iter, batch, seq),
                  fmt::format("values >= 1, sequence_length = model.sequence_len {}", m.model.sequence_len));
     if (s.step < 0 || s.step >= n_iter)
-      return bad("step", std::to_string(s.step),
-                 fmt::format("0 <= step < the checkpoint's num_iterations {} (a checkpoint is written after a step)", n_iter));
+      return bad(
+          "step", std::to_string(s.step),
+          fmt::format("0 <= step < the checkpoint's num_iterations {} (a checkpoint is written after a step)", n_iter));
     int64_t want_tokens = 0;
     if (__builtin_mul_overflow(s.step + 1, batch * seq, &want_tokens) || s.tokens != want_tokens)
       return bad("tokens", std::to_string(s.tokens),
                  fmt::format("(step + 1) x batch_size x sequence_length = {} x {} x {}", s.step + 1, batch, seq));
-    if (!std::isfinite(s.elapsed_s) || s.elapsed_s < 0) return bad("elapsed_s", fmt::format("{}", s.elapsed_s), "a number >= 0");
+    if (!std::isfinite(s.elapsed_s) || s.elapsed_s < 0)
+      return bad("elapsed_s", fmt::format("{}", s.elapsed_s), "a number >= 0");
     if (s.best_val_step < -1 || s.best_val_step > s.step + 1)
-      return bad("best_val_step", std::to_string(s.best_val_step), fmt::format("-1 (none) to step + 1 = {}", s.step + 1));
+      return bad("best_val_step", std::to_string(s.best_val_step),
+                 fmt::format("-1 (none) to step + 1 = {}", s.step + 1));
     if (!std::isfinite(s.best_val_loss) || s.best_val_loss < 0)
       return bad("best_val_loss", fmt::format("{}", s.best_val_loss), "a number >= 0");
-    if (s.loader.shard < 0 || s.loader.offset < 0)
-      return bad("loader", l.dump(), "shard >= 0 and offset >= 0");
+    if (s.loader.shard < 0 || s.loader.offset < 0) return bad("loader", l.dump(), "shard >= 0 and offset >= 0");
     if (m.model.vocab_size < 1 || m.model.n_layer < 1 || m.model.n_head < 1 || m.model.n_embd < 1)
       return bad("model", md.dump(), "every size >= 1");
     if (out) *out = m;
@@ -125,8 +127,10 @@ std::string detail::verify(const fs::path& ckpt, CheckpointMeta* out) {
   }
   if (!manifest) {
     if (!fs::exists(meta_file, ec))
-      return fmt::format("'{}' has neither manifest.json nor meta.json: not a checkpoint, or its write never "
-                         "finished, or its files were removed", ckpt.string());
+      return fmt::format(
+          "'{}' has neither manifest.json nor meta.json: not a checkpoint, or its write never "
+          "finished, or its files were removed",
+          ckpt.string());
     // Version 1 (no checksums): the structure only.
     std::ifstream f(meta_file);
     json meta;
@@ -136,8 +140,10 @@ std::string detail::verify(const fs::path& ckpt, CheckpointMeta* out) {
       return fmt::format("'{}' is malformed: {}", meta_file.string(), e.what());
     }
     if (meta.value("version", 0) != 1)
-      return fmt::format("'{}' has no manifest.json (it is written last: the checkpoint is incomplete, or the file "
-                         "was removed)", ckpt.string());
+      return fmt::format(
+          "'{}' has no manifest.json (it is written last: the checkpoint is incomplete, or the file "
+          "was removed)",
+          ckpt.string());
     CheckpointMeta m;
     if (std::string p = meta_problem(meta, meta_file, &m); !p.empty()) return p;
     for (const std::string& name : expected_files(int(m.dp_size * m.fs_size * m.tp_size)))
@@ -155,13 +161,14 @@ std::string detail::verify(const fs::path& ckpt, CheckpointMeta* out) {
     const std::string name = entry.path().filename().string();
     if (name == kManifestFile || is_export(name)) continue;
     if (!manifest->files.count(name))
-      return fmt::format("'{}' is not listed in '{}': a leftover or a file copied in; a checkpoint folder holds only "
-                         "its own files (remove it, or move the folder aside)", entry.path().string(), where);
+      return fmt::format(
+          "'{}' is not listed in '{}': a leftover or a file copied in; a checkpoint folder holds only "
+          "its own files (remove it, or move the folder aside)",
+          entry.path().string(), where);
     present.insert(name);
   }
   for (const auto& [name, d] : manifest->files)
-    if (!present.count(name))
-      return fmt::format("'{}' is missing (listed in '{}')", (ckpt / name).string(), where);
+    if (!present.count(name)) return fmt::format("'{}' is missing (listed in '{}')", (ckpt / name).string(), where);
   // meta.json: its bytes first, then its values, then the file set its layout needs.
   json meta;
   try {
@@ -182,7 +189,8 @@ std::string detail::verify(const fs::path& ckpt, CheckpointMeta* out) {
   const std::set<std::string> want = expected_files(world);
   for (const std::string& name : want)
     if (!manifest->files.count(name))
-      return fmt::format("'{}' lacks '{}': a checkpoint of {} process(es) has {} files", where, name, world, want.size());
+      return fmt::format("'{}' lacks '{}': a checkpoint of {} process(es) has {} files", where, name, world,
+                         want.size());
   for (const auto& [name, d] : manifest->files)
     if (!want.count(name))
       return fmt::format("'{}' lists '{}', which a checkpoint of {} process(es) does not have", where, name, world);
@@ -195,8 +203,10 @@ std::string detail::verify(const fs::path& ckpt, CheckpointMeta* out) {
         return fmt::format("'{}' has {} bytes, '{}' says {}: the file is truncated or was replaced",
                            (ckpt / name).string(), got.size, where, d.size);
       if (got.crc32 != d.crc32)
-        return fmt::format("'{}': CRC-32 {:08x} but '{}' says {:08x}: the file is corrupt (changed since it was "
-                           "written)", (ckpt / name).string(), got.crc32, where, d.crc32);
+        return fmt::format(
+            "'{}': CRC-32 {:08x} but '{}' says {:08x}: the file is corrupt (changed since it was "
+            "written)",
+            (ckpt / name).string(), got.crc32, where, d.crc32);
     } catch (const CheckpointError& e) {
       return e.what();
     }
@@ -210,8 +220,10 @@ namespace {
 
 void warn_legacy(const fs::path& ckpt, const CheckpointMeta& m) {
   if (m.version == 1)
-    std::fprintf(stderr, "dion-train: warning: %s is a version-1 checkpoint (written before checksums, no "
-                 "manifest.json): its files cannot be verified; loading them as they are\n", ckpt.string().c_str());
+    std::fprintf(stderr,
+                 "dion-train: warning: %s is a version-1 checkpoint (written before checksums, no "
+                 "manifest.json): its files cannot be verified; loading them as they are\n",
+                 ckpt.string().c_str());
 }
 
 }  // namespace
@@ -235,9 +247,10 @@ CheckpointChoice checkpoint_choose(const fs::path& dir, bool fallback) {
     const std::string problem = verify(p, &m);
     if (problem.empty()) {
       if (m.state.step != step)
-        throw CheckpointError(fmt::format("checkpoint '{}': meta.json says step {}, the folder's name step {}: "
-                                          "renamed by hand? Rename it back to {}", p.string(), m.state.step, step,
-                                          step_name(m.state.step)));
+        throw CheckpointError(
+            fmt::format("checkpoint '{}': meta.json says step {}, the folder's name step {}: "
+                        "renamed by hand? Rename it back to {}",
+                        p.string(), m.state.step, step, step_name(m.state.step)));
       warn_legacy(p, m);
       out.chosen = p;
       out.meta = m;
@@ -259,8 +272,10 @@ fs::path checkpoint_resolve(const fs::path& path) {
   if (fs::exists(path / "meta.json", ec) || fs::exists(path / kManifestFile, ec)) return path;
   auto latest = checkpoint_find_latest(path);
   if (!latest)
-    throw CheckpointError(fmt::format("--checkpoint '{}': neither a checkpoint (no meta.json) nor a folder holding "
-                                      "one (step_* folders)", path.string()));
+    throw CheckpointError(
+        fmt::format("--checkpoint '{}': neither a checkpoint (no meta.json) nor a folder holding "
+                    "one (step_* folders)",
+                    path.string()));
   return *latest;
 }
 

@@ -63,7 +63,7 @@ std::string rank_list(const std::vector<int>& ranks) {
 // ---------------------------------------------------------------------------- free space
 
 int64_t free_bytes(const fs::path& dir) {
-  struct statvfs v{};
+  struct statvfs v {};
   if (::statvfs(dir.c_str(), &v) != 0) return -1;
   return int64_t(v.f_bavail) * int64_t(v.f_frsize);
 }
@@ -149,12 +149,20 @@ json make_meta(GPT& model, const TrainState& s, const std::string& config_yaml, 
       {"best_val_loss", s.best_val_loss},
       {"best_val_step", s.best_val_step},
       {"loader", {{"shard", s.loader.shard}, {"offset", s.loader.offset}, {"shard_name", s.loader.shard_name}}},
-      {"layout", {{"dp_size", mesh.dp}, {"fs_size", mesh.fs}, {"tp_size", mesh.tp}, {"world_size", world},
-                  {"note", world == 1 ? "tensors are whole (global shapes); one file per checkpoint"
-                                      : "rank_RRRRR.*.pt per rank: its parts of the tensors (fs_dim, tp_dim: "
-                                        "FSDP2 chunks over fs and tp, mesh (dp, fs, tp) with tp fastest)"}}},
-      {"model", {{"vocab_size", m.vocab_size}, {"n_layer", m.n_layer}, {"n_head", m.n_head},
-                 {"n_embd", m.n_embd}, {"sequence_len", m.sequence_len}}},
+      {"layout",
+       {{"dp_size", mesh.dp},
+        {"fs_size", mesh.fs},
+        {"tp_size", mesh.tp},
+        {"world_size", world},
+        {"note", world == 1 ? "tensors are whole (global shapes); one file per checkpoint"
+                            : "rank_RRRRR.*.pt per rank: its parts of the tensors (fs_dim, tp_dim: "
+                              "FSDP2 chunks over fs and tp, mesh (dp, fs, tp) with tp fastest)"}}},
+      {"model",
+       {{"vocab_size", m.vocab_size},
+        {"n_layer", m.n_layer},
+        {"n_head", m.n_head},
+        {"n_embd", m.n_embd},
+        {"sequence_len", m.sequence_len}}},
       {"params", params},
       {"data_fingerprint", data_fingerprint},
       {"config_yaml", config_yaml},
@@ -174,7 +182,8 @@ std::string structure_problem(const fs::path& p) {
       seen.insert(name);
       auto it = m->files.find(name);
       if (it == m->files.end()) return fmt::format("'{}' is not in its manifest", name);
-      if (int64_t(fs::file_size(f.path())) != it->second.size) return fmt::format("'{}' has another size than its manifest says", name);
+      if (int64_t(fs::file_size(f.path())) != it->second.size)
+        return fmt::format("'{}' has another size than its manifest says", name);
     }
     for (const auto& [name, d] : m->files)
       if (!seen.count(name)) return fmt::format("'{}' is missing", name);
@@ -183,8 +192,6 @@ std::string structure_problem(const fs::path& p) {
   }
   return "";
 }
-
-
 
 // "" when `p` is a checkpoint that may be removed (or replaced): known good and still complete,
 // or verified whole now; else what is wrong.
@@ -207,7 +214,8 @@ void commit_rename(const fs::path& tmp, const fs::path& final_dir) {
       if (::rename(final_dir.c_str(), aside.c_str()) != 0)
         throw CheckpointError(fmt::format("cannot move the incomplete '{}' ({}) aside to '{}': {}", final_dir.string(),
                                           problem, aside.string(), std::strerror(errno)));
-      std::fprintf(stderr, "dion-train: note: moved %s aside to %s: it was not a complete checkpoint (%s) and a new "
+      std::fprintf(stderr,
+                   "dion-train: note: moved %s aside to %s: it was not a complete checkpoint (%s) and a new "
                    "checkpoint of its step takes its place; look at it, then remove it yourself\n",
                    final_dir.string().c_str(), aside.string().c_str(), problem.c_str());
       if (::rename(tmp.c_str(), final_dir.c_str()) == 0) return;
@@ -220,8 +228,8 @@ void commit_rename(const fs::path& tmp, const fs::path& final_dir) {
       if (::rename(tmp.c_str(), final_dir.c_str()) == 0) return;
     }
   }
-  throw CheckpointError(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), final_dir.string(),
-                                    std::strerror(errno)));
+  throw CheckpointError(
+      fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), final_dir.string(), std::strerror(errno)));
 }
 
 // After the commit of `step` (rank 0): tmp.* leftovers and older complete checkpoints go (each
@@ -245,8 +253,10 @@ void rotate(const fs::path& dir, int64_t step) {
         const fs::path doomed = dir / ("tmp.rotated." + name);
         remove_tree(::rename(p.c_str(), doomed.c_str()) == 0 ? doomed : p);
       } else
-        std::fprintf(stderr, "dion-train: note: kept %s: not a complete checkpoint (%s); it is never removed "
-                     "automatically: look at it, then remove it yourself\n", p.string().c_str(), why.c_str());
+        std::fprintf(stderr,
+                     "dion-train: note: kept %s: not a complete checkpoint (%s); it is never removed "
+                     "automatically: look at it, then remove it yourself\n",
+                     p.string().c_str(), why.c_str());
     }
   }
 }
@@ -265,8 +275,9 @@ fs::path checkpoint_save(const fs::path& dir, GPT& model, const dion::Optimizer&
       previous = p;
       break;
     }
-  const std::string intact = previous ? fmt::format("the newest earlier checkpoint, {}, is untouched", previous->string())
-                                      : std::string("no earlier checkpoint was touched");
+  const std::string intact = previous
+                                 ? fmt::format("the newest earlier checkpoint, {}, is untouched", previous->string())
+                                 : std::string("no earlier checkpoint was touched");
   int64_t model_bytes = 0;
   for (const auto& item : model->named_parameters())
     model_bytes += item.value().numel() * int64_t(item.value().element_size()) * world;
@@ -289,9 +300,10 @@ fs::path checkpoint_save(const fs::path& dir, GPT& model, const dion::Optimizer&
         throw CheckpointError(fmt::format("checkpoint_dir '{}' cannot be created: {}", dir.string(), ec.message()));
       const int64_t free = free_bytes(dir);
       if (free >= 0 && free < needed)
-        throw CheckpointError(fmt::format("not enough space to write checkpoint {}: {}. Free some space (or "
-                                          "choose another checkpoint_dir) and run the same command again; {}",
-                                          step_name(s.step), space_text(), intact));
+        throw CheckpointError(
+            fmt::format("not enough space to write checkpoint {}: {}. Free some space (or "
+                        "choose another checkpoint_dir) and run the same command again; {}",
+                        step_name(s.step), space_text(), intact));
       if (world == 1) {
         std::string templ = (dir / "tmp.XXXXXX").string();
         if (!::mkdtemp(templ.data()))
@@ -307,7 +319,8 @@ fs::path checkpoint_save(const fs::path& dir, GPT& model, const dion::Optimizer&
     }
   }
   if (!all_ok(par, error.empty()))
-    throw CheckpointError(main ? error : fmt::format("rank 0 could not start checkpoint {} (its log says why)", step_name(s.step)));
+    throw CheckpointError(
+        main ? error : fmt::format("rank 0 could not start checkpoint {} (its log says why)", step_name(s.step)));
 
   // 2. Every rank writes its files; then ok flags and checksums are exchanged.
   RankDigests mine;
@@ -323,14 +336,17 @@ fs::path checkpoint_save(const fs::path& dir, GPT& model, const dion::Optimizer&
     digests[2 * i] = mine.d[i].size;
     digests[2 * i + 1] = int64_t(mine.d[i].crc32);
   }
-  if (written && world > 1) digests = par->world().all_gather(digests).reshape({world, 6});
-  else digests = digests.reshape({1, 6});
+  if (written && world > 1)
+    digests = par->world().all_gather(digests).reshape({world, 6});
+  else
+    digests = digests.reshape({1, 6});
   auto fail = [&](const std::string& what) {
     if (main) remove_tree(tmp);
     throw CheckpointError(fmt::format("{}; the unfinished '{}' was removed and {}", what, tmp.string(), intact));
   };
   if (!written) {
-    if (!error.empty()) fail(fmt::format("checkpoint {} could not be written: {}; {}", step_name(s.step), error, space_text()));
+    if (!error.empty())
+      fail(fmt::format("checkpoint {} could not be written: {}; {}", step_name(s.step), error, space_text()));
     fail(fmt::format("checkpoint {} could not be written: rank(s) {} failed to write their files (their logs say why)",
                      step_name(s.step), rank_list(bad)));
   }
@@ -345,7 +361,8 @@ fs::path checkpoint_save(const fs::path& dir, GPT& model, const dion::Optimizer&
           manifest.files[rank_file(world, r, kRankFiles[i])] = {digests[r][2 * i].item<int64_t>(),
                                                                 uint32_t(digests[r][2 * i + 1].item<int64_t>())};
       const std::string meta = make_meta(model, s, config_yaml, par, world, data_fingerprint).dump(2) + "\n";
-      manifest.files["meta.json"] = write_file_checked(tmp / "meta.json", [&](const Sink& sink) { sink(meta.data(), meta.size()); });
+      manifest.files["meta.json"] =
+          write_file_checked(tmp / "meta.json", [&](const Sink& sink) { sink(meta.data(), meta.size()); });
       manifest_write(tmp, manifest);
       fsync_path(tmp);
       commit_rename(tmp, final_dir);

@@ -38,10 +38,17 @@ MetricsWriter::MetricsWriter(const fs::path& file, int64_t keep_through_step) {
   if (!out_) throw std::runtime_error(fmt::format("cannot open '{}' for writing", file.string()));
 }
 
-void MetricsWriter::train(int64_t step, double loss, double grad_norm, double lr, int64_t tokens,
-                          double tokens_per_s, double ms_per_step, double time_s, double fwd_bwd_ms, bool skipped) {
-  json j = {{"kind", "train"}, {"step", step}, {"loss", loss}, {"grad_norm", grad_norm}, {"lr", lr},
-            {"tokens", tokens}, {"tokens_per_s", tokens_per_s}, {"ms_per_step", ms_per_step}, {"time_s", time_s},
+void MetricsWriter::train(int64_t step, double loss, double grad_norm, double lr, int64_t tokens, double tokens_per_s,
+                          double ms_per_step, double time_s, double fwd_bwd_ms, bool skipped) {
+  json j = {{"kind", "train"},
+            {"step", step},
+            {"loss", loss},
+            {"grad_norm", grad_norm},
+            {"lr", lr},
+            {"tokens", tokens},
+            {"tokens_per_s", tokens_per_s},
+            {"ms_per_step", ms_per_step},
+            {"time_s", time_s},
             {"fwd_bwd_ms", fwd_bwd_ms}};
   if (skipped) j["skipped"] = true;
   out_ << j.dump() << std::endl;

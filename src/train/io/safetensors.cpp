@@ -33,14 +33,22 @@ struct DtypeName {
   c10::ScalarType type;
 };
 constexpr DtypeName kDtypes[] = {
-    {"BOOL", c10::ScalarType::Bool},        {"U8", c10::ScalarType::Byte},
-    {"I8", c10::ScalarType::Char},          {"I16", c10::ScalarType::Short},
-    {"U16", c10::ScalarType::UInt16},       {"I32", c10::ScalarType::Int},
-    {"U32", c10::ScalarType::UInt32},       {"I64", c10::ScalarType::Long},
-    {"U64", c10::ScalarType::UInt64},       {"F16", c10::ScalarType::Half},
-    {"BF16", c10::ScalarType::BFloat16},    {"F32", c10::ScalarType::Float},
-    {"F64", c10::ScalarType::Double},       {"F8_E4M3", c10::ScalarType::Float8_e4m3fn},
-    {"F8_E5M2", c10::ScalarType::Float8_e5m2}, {"C64", c10::ScalarType::ComplexFloat},
+    {"BOOL", c10::ScalarType::Bool},
+    {"U8", c10::ScalarType::Byte},
+    {"I8", c10::ScalarType::Char},
+    {"I16", c10::ScalarType::Short},
+    {"U16", c10::ScalarType::UInt16},
+    {"I32", c10::ScalarType::Int},
+    {"U32", c10::ScalarType::UInt32},
+    {"I64", c10::ScalarType::Long},
+    {"U64", c10::ScalarType::UInt64},
+    {"F16", c10::ScalarType::Half},
+    {"BF16", c10::ScalarType::BFloat16},
+    {"F32", c10::ScalarType::Float},
+    {"F64", c10::ScalarType::Double},
+    {"F8_E4M3", c10::ScalarType::Float8_e4m3fn},
+    {"F8_E5M2", c10::ScalarType::Float8_e5m2},
+    {"C64", c10::ScalarType::ComplexFloat},
 };
 
 std::string known_dtype_names() {
@@ -58,8 +66,7 @@ std::string errno_text(int err) { return std::strerror(err); }
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw std::runtime_error(path + ": " + what);
 }
-[[noreturn]] void fail_tensor(const std::string& path, const std::string& name,
-                              const std::string& what) {
+[[noreturn]] void fail_tensor(const std::string& path, const std::string& name, const std::string& what) {
   throw std::runtime_error(path + ": tensor '" + name + "': " + what);
 }
 
@@ -105,8 +112,7 @@ struct Entry {
   uint64_t begin = 0, end = 0;
 };
 
-Entry parse_entry(const std::string& path, const std::string& name, const ordered_json& v,
-                  uint64_t data_size) {
+Entry parse_entry(const std::string& path, const std::string& name, const ordered_json& v, uint64_t data_size) {
   Entry e;
   e.name = name;
   if (!v.is_object()) fail_tensor(path, name, "header entry is not a JSON object");
@@ -116,8 +122,8 @@ Entry parse_entry(const std::string& path, const std::string& name, const ordere
   const auto& dtype = v["dtype"];
   if (!dtype.is_string()) fail_tensor(path, name, "\"dtype\" is not a string");
   const std::string dt = dtype.get<std::string>();
-  const auto* found = std::find_if(std::begin(kDtypes), std::end(kDtypes),
-                                   [&](const DtypeName& d) { return dt == d.name; });
+  const auto* found =
+      std::find_if(std::begin(kDtypes), std::end(kDtypes), [&](const DtypeName& d) { return dt == d.name; });
   if (found == std::end(kDtypes)) {
     fail_tensor(path, name, "unsupported dtype \"" + dt + "\" (supported: " + known_dtype_names() + ")");
   }
@@ -145,13 +151,14 @@ Entry parse_entry(const std::string& path, const std::string& name, const ordere
   e.begin = off[0].get<uint64_t>();
   e.end = off[1].get<uint64_t>();
   if (e.begin > e.end || e.end > data_size) {
-    fail_tensor(path, name, "\"data_offsets\" " + off.dump() + " is not a range within the data buffer of " +
-                                std::to_string(data_size) + " bytes (truncated file?)");
+    fail_tensor(path, name,
+                "\"data_offsets\" " + off.dump() + " is not a range within the data buffer of " +
+                    std::to_string(data_size) + " bytes (truncated file?)");
   }
   if (e.end - e.begin != bytes) {
-    fail_tensor(path, name, "\"data_offsets\" " + off.dump() + " span " + std::to_string(e.end - e.begin) +
-                                " bytes, but dtype " + dt + " and shape " + shape.dump() + " need " +
-                                std::to_string(bytes));
+    fail_tensor(path, name,
+                "\"data_offsets\" " + off.dump() + " span " + std::to_string(e.end - e.begin) + " bytes, but dtype " +
+                    dt + " and shape " + shape.dump() + " need " + std::to_string(bytes));
   }
   return e;
 }
@@ -165,13 +172,14 @@ void check_ranges(const std::string& path, std::vector<Entry>& entries, uint64_t
   const Entry* prev = nullptr;
   for (const auto& e : entries) {
     if (e.begin < expected) {
-      fail_tensor(path, e.name, "bytes [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
-                                    ") overlap those of tensor '" + prev->name + "' [" +
-                                    std::to_string(prev->begin) + ", " + std::to_string(prev->end) + ")");
+      fail_tensor(path, e.name,
+                  "bytes [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ") overlap those of tensor '" +
+                      prev->name + "' [" + std::to_string(prev->begin) + ", " + std::to_string(prev->end) + ")");
     }
     if (e.begin > expected) {
-      fail_tensor(path, e.name, "bytes start at " + std::to_string(e.begin) + ", leaving a gap after byte " +
-                                    std::to_string(expected) + " of the data buffer");
+      fail_tensor(path, e.name,
+                  "bytes start at " + std::to_string(e.begin) + ", leaving a gap after byte " +
+                      std::to_string(expected) + " of the data buffer");
     }
     expected = e.end;
     prev = &e;
@@ -214,7 +222,8 @@ SafeTensorsFile load_safetensors(const std::string& path) {
   const auto size = static_cast<uint64_t>(st.st_size);
 
   uint64_t header_size = 0;
-  if (size < 8) fail(path, "not a safetensors file: " + std::to_string(size) + " bytes, shorter than the 8-byte header size");
+  if (size < 8)
+    fail(path, "not a safetensors file: " + std::to_string(size) + " bytes, shorter than the 8-byte header size");
   pread_all(fd.fd, &header_size, 8, 0, path);
   if (header_size > size - 8 || header_size > kMaxHeaderBytes) {
     fail(path, "not a safetensors file (or truncated): header size " + std::to_string(header_size) +
@@ -269,7 +278,9 @@ SafeTensorsFile load_safetensors(const std::string& path) {
     if (e.type == c10::ScalarType::Bool) {
       const auto* b = static_cast<const uint8_t*>(t.data_ptr());
       for (uint64_t i = 0; i < bytes; ++i) {
-        if (b[i] > 1) fail_tensor(path, e.name, "BOOL element " + std::to_string(i) + " is byte " + std::to_string(b[i]) + ", not 0 or 1");
+        if (b[i] > 1)
+          fail_tensor(path, e.name,
+                      "BOOL element " + std::to_string(i) + " is byte " + std::to_string(b[i]) + ", not 0 or 1");
       }
     }
     out.tensors.emplace_back(e.name, std::move(t));
@@ -313,7 +324,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   std::string tmp = path + ".tmp.XXXXXX";
   Fd fd{::mkostemp(tmp.data(), O_CLOEXEC)};
   if (fd.fd < 0) {
-    fail(path, "cannot create a temporary file beside it: " + errno_text(errno) + " (is the folder there and writable?)");
+    fail(path,
+         "cannot create a temporary file beside it: " + errno_text(errno) + " (is the folder there and writable?)");
   }
   try {
     // mkostemp creates the file 0600; give it the mode any new file of the user's would have.

@@ -157,16 +157,14 @@ std::string tfrecord_frame(std::string_view data) {
 EventWriter::EventWriter(const std::string& log_dir) {
   make_dirs(log_dir);
   const long long secs = static_cast<long long>(wall_time_now());
-  const std::string base =
-      log_dir + "/events.out.tfevents." + std::to_string(secs) + "." + host_name();
+  const std::string base = log_dir + "/events.out.tfevents." + std::to_string(secs) + "." + host_name();
   // Two writers started in the same second on one host (a quick restart) must not share a
   // file: O_EXCL, and ".1", ".2", ... on a clash.
   for (int n = 0; fd_ < 0; ++n) {
     path_ = n == 0 ? base : base + "." + std::to_string(n);
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd_ < 0 && (errno != EEXIST || n >= 1000)) {
-      throw std::runtime_error("TensorBoard event file " + path_ + ": cannot create it: " +
-                               errno_text(errno));
+      throw std::runtime_error("TensorBoard event file " + path_ + ": cannot create it: " + errno_text(errno));
     }
   }
   last_write_ = std::chrono::steady_clock::now();
@@ -185,8 +183,7 @@ EventWriter::~EventWriter() {
 
 void EventWriter::add_scalar(const std::string& tag, double value, int64_t step) {
   write_record(event_scalar(wall_time_now(), step, tag, static_cast<float>(value)));
-  if (buffer_.size() >= kFlushBytes ||
-      std::chrono::steady_clock::now() - last_write_ >= kFlushInterval) {
+  if (buffer_.size() >= kFlushBytes || std::chrono::steady_clock::now() - last_write_ >= kFlushInterval) {
     flush();
   }
 }
@@ -204,9 +201,8 @@ void EventWriter::flush() {
     const ssize_t n = ::write(fd_, data.data() + done, data.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      throw std::runtime_error("TensorBoard event file " + path_ + ": write failed: " +
-                               errno_text(errno) + " (disk full?); " +
-                               std::to_string(data.size() - done) + " bytes of events lost");
+      throw std::runtime_error("TensorBoard event file " + path_ + ": write failed: " + errno_text(errno) +
+                               " (disk full?); " + std::to_string(data.size() - done) + " bytes of events lost");
     }
     done += static_cast<size_t>(n);
   }

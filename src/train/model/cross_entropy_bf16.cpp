@@ -41,8 +41,8 @@ DION_AVX512 inline __m512 load_bf16(const uint16_t* p, __mmask16 k) {
 
 DION_AVX512 inline void store_bf16(uint16_t* p, __m512 f, __mmask16 k) {
   const __m512i u = _mm512_castps_si512(f);
-  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
-                                        _mm512_set1_epi32(0x7FFF));
+  const __m512i bias =
+      _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7FFF));
   __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
   r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
   _mm256_mask_storeu_epi16(p, k, _mm512_cvtepi32_epi16(r));
@@ -93,15 +93,15 @@ bool cross_entropy_bf16_available() {
 double cross_entropy_bf16_inplace(at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index, float scale,
                                   bool grad) {
   TORCH_CHECK(cross_entropy_bf16_available(), "cross_entropy_bf16_inplace: this CPU has no AVX-512 F/BW/VL");
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kBFloat16 && logits.is_contiguous() &&
-                  logits.device().is_cpu(),
-              "cross_entropy_bf16_inplace: logits must be a contiguous CPU bf16 [N, V]; got ", logits.sizes(), " ",
-              logits.scalar_type(), " on ", logits.device());
+  TORCH_CHECK(
+      logits.dim() == 2 && logits.scalar_type() == at::kBFloat16 && logits.is_contiguous() && logits.device().is_cpu(),
+      "cross_entropy_bf16_inplace: logits must be a contiguous CPU bf16 [N, V]; got ", logits.sizes(), " ",
+      logits.scalar_type(), " on ", logits.device());
   const int64_t N = logits.size(0), V = logits.size(1);
-  TORCH_CHECK(targets.dim() == 1 && targets.size(0) == N && targets.scalar_type() == at::kLong &&
-                  targets.device().is_cpu(),
-              "cross_entropy_bf16_inplace: targets must be CPU int64 [", N, "]; got ", targets.sizes(), " ",
-              targets.scalar_type());
+  TORCH_CHECK(
+      targets.dim() == 1 && targets.size(0) == N && targets.scalar_type() == at::kLong && targets.device().is_cpu(),
+      "cross_entropy_bf16_inplace: targets must be CPU int64 [", N, "]; got ", targets.sizes(), " ",
+      targets.scalar_type());
   const at::Tensor t = targets.contiguous();
   const int64_t* tp = t.const_data_ptr<int64_t>();
   for (int64_t r = 0; r < N; ++r)

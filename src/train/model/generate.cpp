@@ -15,7 +15,8 @@ void generate(GPT& model, std::vector<int64_t>& ids, const GenerateOptions& o, a
   const at::Device device = model->lm_head_weight().device();
   for (int64_t i = 0; i < o.max_tokens; ++i) {
     const int64_t start = std::max<int64_t>(0, int64_t(ids.size()) - ctx);
-    at::Tensor idx = at::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()), at::kLong).view({1, -1}).to(device);
+    at::Tensor idx =
+        at::tensor(std::vector<int64_t>(ids.begin() + start, ids.end()), at::kLong).view({1, -1}).to(device);
     at::Tensor logits = model->logits(idx).select(1, -1).to(at::kCPU);  // [1, V]
     int64_t next;
     if (o.temperature <= 0) {

@@ -43,8 +43,8 @@ std::pair<at::Tensor, at::Tensor> rotary_cos_sin(int64_t T, int64_t D, at::Devic
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   // inv_freq = 1 / (10000 ** (arange(0, D, 2).float() / D))   [D/2]
   at::Tensor inv_freq = at::reciprocal(at::pow(10000, at::arange(0, D, 2, f32) / D));
-  at::Tensor t = at::arange(T, f32);                       // [T]
-  at::Tensor freqs = at::outer(t, inv_freq).to(device);    // [T, D/2]
+  at::Tensor t = at::arange(T, f32);                     // [T]
+  at::Tensor freqs = at::outer(t, inv_freq).to(device);  // [T, D/2]
   return {freqs.cos().to(at::kBFloat16), freqs.sin().to(at::kBFloat16)};
 }
 
@@ -87,13 +87,14 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   k = rms_norm_last(k);
   at::Tensor y = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                   /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
-  y = y.transpose(1, 2).contiguous().view({B, T, -1});  // [B, T, C / tp]
-  return tp_exit(par, linear(par, kernels_, c_proj, y));          // [B, T, C]
+  y = y.transpose(1, 2).contiguous().view({B, T, -1});    // [B, T, C / tp]
+  return tp_exit(par, linear(par, kernels_, c_proj, y));  // [B, T, C]
 }
 
 MLPImpl::MLPImpl(const GPTConfig& cfg) : kernels_(cfg.kernels) {
   c_fc = register_module("c_fc", torch::nn::Linear(torch::nn::LinearOptions(cfg.n_embd, 4 * cfg.n_embd).bias(false)));
-  c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * cfg.n_embd, cfg.n_embd).bias(false)));
+  c_proj =
+      register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * cfg.n_embd, cfg.n_embd).bias(false)));
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
@@ -120,7 +121,8 @@ GPTImpl::GPTImpl(const GPTConfig& cfg) : config_(cfg) {
     blocks_.push_back(Block(cfg));
     h->push_back(blocks_.back());
   }
-  lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(cfg.n_embd, cfg.vocab_size).bias(false)));
+  lm_head =
+      register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(cfg.n_embd, cfg.vocab_size).bias(false)));
   if (cfg.placeholder_weights)
     for (at::Tensor& p : parameters()) make_placeholder(p);
 }

@@ -28,8 +28,12 @@ const c10::OperatorHandle* onednn_linear_op() {
 }
 
 at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w) {
-  torch::jit::Stack stack{x, w, c10::IValue(), c10::IValue("none"),
-                          c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue(std::string())};
+  torch::jit::Stack stack{x,
+                          w,
+                          c10::IValue(),
+                          c10::IValue("none"),
+                          c10::IValue(c10::List<std::optional<at::Scalar>>()),
+                          c10::IValue(std::string())};
   onednn_linear_op()->callBoxed(&stack);
   return stack[0].toTensor();
 }
@@ -71,9 +75,9 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
                             int64_t ignore_index, bool want_grad) {
     const int64_t N = h.size(0), V = w.size(0);
     const auto f32 = h.options().dtype(at::kFloat);
-    const at::Tensor valid = targets.ne(ignore_index);                 // [N] bool
+    const at::Tensor valid = targets.ne(ignore_index);                                         // [N] bool
     const at::Tensor safe_targets = targets.masked_fill(valid.logical_not(), 0).unsqueeze(1);  // [N, 1]
-    const at::Tensor n_valid = valid.sum().to(at::kFloat);            // 0-dim; 0 gives nan, as F.cross_entropy
+    const at::Tensor n_valid = valid.sum().to(at::kFloat);  // 0-dim; 0 gives nan, as F.cross_entropy
     const at::Tensor row_scale = valid.to(at::kFloat).div(n_valid).unsqueeze(1);  // [N, 1]: 1/n_valid or 0
     at::Tensor loss_sum = at::zeros({}, f32);
     at::Tensor dh, dw;
@@ -84,16 +88,16 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
     for (int64_t s = 0; s < N; s += kCrossEntropyChunkRows) {
       const int64_t n = std::min(kCrossEntropyChunkRows, N - s);
       const at::Tensor hc = h.narrow(0, s, n), tc = safe_targets.narrow(0, s, n);
-      at::Tensor lg = matmul_2d(hc, w.t(), Kernels::fast);            // [n, V]
+      at::Tensor lg = matmul_2d(hc, w.t(), Kernels::fast);                 // [n, V]
       at::Tensor logp = at::_log_softmax(lg, 1, /*half_to_float=*/false);  // [n, V] fp32
-      lg = at::Tensor();                                               // (freed: one [n, V] at a time)
+      lg = at::Tensor();                                                   // (freed: one [n, V] at a time)
       loss_sum.sub_(at::where(valid.narrow(0, s, n), logp.gather(1, tc).squeeze(1), 0.0).sum());
       if (!want_grad) continue;
-      logp.exp_();                                                     // softmax
-      logp.scatter_add_(1, tc, at::full({n, 1}, -1.0, f32));           // - onehot(target)
-      const at::Tensor p = logp.mul_(row_scale.narrow(0, s, n));      // d loss / d logits, [n, V]
-      dh.narrow(0, s, n).copy_(matmul_2d(p, w, Kernels::fast));        // [n, C]
-      dw.add_(matmul_2d(p.t(), hc, Kernels::fast));                    // [V, C]
+      logp.exp_();                                                // softmax
+      logp.scatter_add_(1, tc, at::full({n, 1}, -1.0, f32));      // - onehot(target)
+      const at::Tensor p = logp.mul_(row_scale.narrow(0, s, n));  // d loss / d logits, [n, V]
+      dh.narrow(0, s, n).copy_(matmul_2d(p, w, Kernels::fast));   // [n, C]
+      dw.add_(matmul_2d(p.t(), hc, Kernels::fast));               // [V, C]
     }
     if (want_grad) ctx->save_for_backward({dh, dw});
     return loss_sum.div(n_valid);
@@ -158,8 +162,8 @@ bool onednn_linear_available() { return onednn_linear_op() != nullptr; }
 at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
   // fp32 only: for bf16, ATen's mm is already oneDNN's bf16 GEMM (and measured faster than
   // _linear_pointwise for the transposed operands of the backward).
-  if (kind == Kernels::fast && a.device().is_cpu() && a.scalar_type() == at::kFloat &&
-      b.scalar_type() == at::kFloat && onednn_linear_available())
+  if (kind == Kernels::fast && a.device().is_cpu() && a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
+      onednn_linear_available())
     return onednn_linear(a, b.t());
   return at::mm(a, b);
 }
@@ -186,10 +190,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, Kernels kind) {
 
 at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets, Kernels kind,
                                 int64_t ignore_index) {
-  TORCH_CHECK(h.dim() == 2 && w.dim() == 2 && h.size(1) == w.size(1) && targets.dim() == 1 &&
-                  targets.size(0) == h.size(0),
-              "linear_cross_entropy: h [N, C], w [V, C], targets [N]; got h ", h.sizes(), ", w ", w.sizes(),
-              ", targets ", targets.sizes());
+  TORCH_CHECK(
+      h.dim() == 2 && w.dim() == 2 && h.size(1) == w.size(1) && targets.dim() == 1 && targets.size(0) == h.size(0),
+      "linear_cross_entropy: h [N, C], w [V, C], targets [N]; got h ", h.sizes(), ", w ", w.sizes(), ", targets ",
+      targets.sizes());
   const bool want_grad = at::GradMode::is_enabled() && (h.requires_grad() || w.requires_grad());
   // bf16: whole-N bf16 GEMMs around the one-pass loss kernel (measured faster than per-chunk
   // GEMMs, whose dW sums cost more than they save in bf16).

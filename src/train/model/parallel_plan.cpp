@@ -31,8 +31,7 @@ ParamPlacement placement_of(const std::string& name, const std::vector<int64_t>&
                       ends_with(name, "attn.c_v.weight") || ends_with(name, "mlp.c_fc.weight");
   const bool row = ends_with(name, "c_proj.weight");
   const bool vocab = ends_with(name, "wte.weight") || ends_with(name, "lm_head.weight");
-  if (!column && !row && !vocab)
-    throw std::logic_error("parallel layout: no placement for parameter '" + name + "'");
+  if (!column && !row && !vocab) throw std::logic_error("parallel layout: no placement for parameter '" + name + "'");
   if (m.tp > 1) {
     p.tp_dim = row ? 1 : 0;
     p.tp_gather = vocab;

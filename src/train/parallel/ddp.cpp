@@ -90,8 +90,10 @@ void GradSync::finish() {
       at::Tensor& p = params_[k];
       const int64_t n = p.numel();
       at::Tensor sum = flat.narrow(0, off, n).view(p.sizes());
-      if (p.grad().defined()) p.mutable_grad().copy_(sum);
-      else p.mutable_grad() = sum.clone();
+      if (p.grad().defined())
+        p.mutable_grad().copy_(sum);
+      else
+        p.mutable_grad() = sum.clone();
       off += n;
     }
     b.flat = at::Tensor();

@@ -22,7 +22,9 @@ inline int64_t to_handle(comm::Group* g) { return int64_t(reinterpret_cast<intpt
 inline comm::Group& from_handle(const at::IValue& v) { return *reinterpret_cast<comm::Group*>(intptr_t(v.toInt())); }
 
 // The key of a parameter (its TensorImpl, as Parallel's maps) through the autograd context.
-inline int64_t key_handle(const at::Tensor& param) { return int64_t(reinterpret_cast<intptr_t>(param.unsafeGetTensorImpl())); }
+inline int64_t key_handle(const at::Tensor& param) {
+  return int64_t(reinterpret_cast<intptr_t>(param.unsafeGetTensorImpl()));
+}
 inline const void* from_key(const at::IValue& v) { return reinterpret_cast<const void*>(intptr_t(v.toInt())); }
 inline Parallel& parallel_of(const at::IValue& v) { return *reinterpret_cast<Parallel*>(intptr_t(v.toInt())); }
 

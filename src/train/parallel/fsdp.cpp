@@ -57,12 +57,13 @@ struct GatheredLinearFn : torch::autograd::Function<GatheredLinearFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     Parallel& par = parallel_of(ctx->saved_data["parallel"]);
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor& x = saved[0];                                        // [.., in]
-    at::Tensor w = par.regathered(saved[1]);                               // [out, in]
+    const at::Tensor& x = saved[0];           // [.., in]
+    at::Tensor w = par.regathered(saved[1]);  // [out, in]
     const Kernels kind = ctx->saved_data["fast"].toBool() ? Kernels::fast : Kernels::exact;
     at::Tensor dx = linear_dx(grads[0], w, x.sizes(), kind);  // [.., in]
     at::Tensor dw = linear_dw(grads[0], x, kind);             // [out, in]
-    return {dx, par.fs_reduce_gradient(from_key(ctx->saved_data["key"]), dw), at::Tensor(), at::Tensor(),
+    return {dx,           par.fs_reduce_gradient(from_key(ctx->saved_data["key"]), dw),
+            at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor()};
   }
 };
@@ -169,8 +170,10 @@ at::Tensor Parallel::fs_reduce_gradient(const void* key, const at::Tensor& grad)
   // the entire unsharded model and its gradients in memory during accumulation).
   auto it = grad_sum_.find(key);
   if (!sync_) {
-    if (it == grad_sum_.end()) grad_sum_.emplace(key, grad.contiguous().clone());  // [.., global, ..]
-    else it->second.add_(grad);
+    if (it == grad_sum_.end())
+      grad_sum_.emplace(key, grad.contiguous().clone());  // [.., global, ..]
+    else
+      it->second.add_(grad);
     return at::Tensor();  // the parameter gets no gradient from this micro-batch
   }
   at::Tensor sum = grad;

@@ -17,11 +17,13 @@ namespace dion::train {
 
 Parallel::Parallel(comm::Group world, MeshShape shape) : world_(std::move(world)), shape_(shape) {
   if (shape_.world() != world_.size())
-    throw ConfigError(fmt::format("dp_size {} x fs_size {} x tp_size {} = {}, but WORLD_SIZE is {}: the product of "
-                                  "the mesh sizes must equal the number of processes",
-                                  shape_.dp, shape_.fs, shape_.tp, shape_.world(), world_.size()));
+    throw ConfigError(
+        fmt::format("dp_size {} x fs_size {} x tp_size {} = {}, but WORLD_SIZE is {}: the product of "
+                    "the mesh sizes must equal the number of processes",
+                    shape_.dp, shape_.fs, shape_.tp, shape_.world(), world_.size()));
   mesh_ = std::make_unique<comm::DeviceMesh>(
-      world_, std::vector<std::pair<std::string, int>>{{"dp", int(shape_.dp)}, {"fs", int(shape_.fs)}, {"tp", int(shape_.tp)}});
+      world_,
+      std::vector<std::pair<std::string, int>>{{"dp", int(shape_.dp)}, {"fs", int(shape_.fs)}, {"tp", int(shape_.tp)}});
   dp_ = mesh_->axis("dp");
   fs_ = mesh_->axis("fs");
   tp_ = mesh_->axis("tp");
@@ -66,7 +68,8 @@ void Parallel::init_model(GPT& model) {
   }
   model->init_weights([&](const std::string& name, const at::Tensor& full) {
     auto it = by_name.find(name);
-    if (it == by_name.end()) throw std::logic_error("parallel layout: init_weights drew an unknown parameter '" + name + "'");
+    if (it == by_name.end())
+      throw std::logic_error("parallel layout: init_weights drew an unknown parameter '" + name + "'");
     return local_part(full, *it->second, fs_->size(), fs_->rank(), tp_->size(), tp_->rank()).clone();
   });
   model->set_parallel(std::shared_ptr<ModelParallel>(this, [](ModelParallel*) {}));

@@ -17,10 +17,18 @@ int64_t replicas_bit_hash(const at::Tensor& t) {
   at::Tensor flat = t.detach().contiguous().view({-1});
   at::ScalarType bits_type;
   switch (flat.element_size()) {
-    case 1: bits_type = at::kByte; break;
-    case 2: bits_type = at::kShort; break;
-    case 4: bits_type = at::kInt; break;
-    default: bits_type = at::kLong; break;
+    case 1:
+      bits_type = at::kByte;
+      break;
+    case 2:
+      bits_type = at::kShort;
+      break;
+    case 4:
+      bits_type = at::kInt;
+      break;
+    default:
+      bits_type = at::kLong;
+      break;
   }
   if (flat.element_size() > 8) flat = flat.view(at::kByte);  // (complex128: bytes)
   at::Tensor bits = flat.view(bits_type);
@@ -66,9 +74,10 @@ void replicas_check(GPT& model, Parallel& par, int64_t step) {
   par.world().all_reduce_(bad);
   if (!message.empty()) throw ReplicaDriftError(message);
   if (bad.item<int64_t>() > 0)
-    throw ReplicaDriftError(fmt::format("after step {}: the data-parallel replicas of another dp group differ (its "
-                                        "ranks name the parameter); stopping with them",
-                                        step));
+    throw ReplicaDriftError(
+        fmt::format("after step {}: the data-parallel replicas of another dp group differ (its "
+                    "ranks name the parameter); stopping with them",
+                    step));
 }
 
 void replicas_test_perturb(GPT& model, const Parallel& par, int64_t step) {

@@ -1,4 +1,5 @@
-// plan.h — how one megabatch is laid out and communicated (private to src/optim).
+// dion/optim/plan.h — how one megabatch is laid out and communicated (what a matrix driver asks;
+// dion/optim/driver.h).
 //
 // A megabatch (same shape, same dtype parameters of one group) is whole and local, replicated
 // across a group (DDP: the megabatch is split across the ranks), or sharded along one tensor

@@ -1,5 +1,5 @@
-// collectives.h — every communication pattern of the algorithms, in one place (private to
-// src/optim).
+// dion/optim/collectives.h — every communication pattern of the algorithms, in one place (what
+// a driver calls: dion/optim/driver.h Env::comm).
 //
 // The drivers (src/optim/drivers/) read as math plus calls to the named patterns below; the
 // patterns speak to the Distribution's per-axis collectives (dion/optim/distribution.h; the
@@ -28,7 +28,7 @@
 #include "dion/math/ortho.h"
 #include "dion/optim/distribution.h"
 #include "dion/optim/options.h"
-#include "plan.h"
+#include "dion/optim/plan.h"
 
 namespace dion {
 

@@ -1,4 +1,5 @@
-// driver.h — what an algorithm driver gets (private to src/optim).
+// dion/optim/driver.h — what an algorithm driver gets: the library's own (src/optim/drivers/)
+// and a plugin's (DION_ALGORITHM_PLUGIN, algorithm.h; tests/optim/sign_descent.cpp is one).
 //
 // A driver file defines its algorithms' specs (dion/optim/algorithm.h) and registers them in
 // DION_BUILTIN_DRIVER(<file stem>) { ... } (cmake/DionTorch.cmake lists the builtin driver files;
@@ -10,9 +11,9 @@
 //   Batch:   the parameters, their state (created before the task runs: drivers only read the
 //            state map) and the group's index (for messages);
 //   Options: the group's hyperparameters;
-//   Env:     the communication patterns (collectives.h; one process without a Distribution)
+//   Env:     the communication patterns (dion/optim/collectives.h; one process without a Distribution)
 //            and the orthogonalizer.
-// A matrix driver asks plan_for() (plan.h) how its megabatch is laid out. One driver file per
+// A matrix driver asks plan_for() (dion/optim/plan.h) how its megabatch is laid out. One driver file per
 // family, each reading like the reference's file of the same name (microsoft/dion); the math
 // itself is in dion/math/; drivers hold no collectives of their own.
 #pragma once
@@ -26,8 +27,8 @@
 #include "dion/math/rates.h"
 #include "dion/optim/algorithm.h"
 #include "dion/optim/options.h"
-#include "../collectives.h"
-#include "../plan.h"
+#include "dion/optim/collectives.h"
+#include "dion/optim/plan.h"
 
 namespace dion::driver {
 
@@ -79,9 +80,10 @@ at::Tensor scalar32(float v);
 
 }  // namespace dion::driver
 
-// A builtin driver file's registration function (see the top of this file).
-#define DION_BUILTIN_DRIVER(stem)                  \
-  namespace dion::detail {                         \
-  void register_driver_##stem();                   \
-  }                                                \
+// A builtin driver file's registration function (see the top of this file; a plugin registers
+// with DION_ALGORITHM_PLUGIN instead).
+#define DION_BUILTIN_DRIVER(stem) \
+  namespace dion::detail {        \
+  void register_driver_##stem();  \
+  }                               \
   void ::dion::detail::register_driver_##stem()
