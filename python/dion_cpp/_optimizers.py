@@ -61,7 +61,7 @@ class _CppOptimizer(_StateDict, Optimizer):
     parameter's state at construction while legacy Dion creates it at the first step."""
 
     kind: str = "any"
-    algorithm: str = "muon"
+    algorithm: str = ""  # set by each generated class (_classes.py)
     eager_state: bool = True
     # The reference's DistributedOrthoBase family carries group["lr"] (and a Tensor
     # weight_decay) as a persistent 0-d float32 tensor on the parameters' device; legacy Dion

@@ -124,8 +124,8 @@ struct CudaGraphStep::Impl {
             throw ValueError("param group " + std::to_string(g) + " (" + then.algorithm() +
                              "): weight_decay changed from " + std::to_string(then.weight_decay()) + " to " +
                              std::to_string(now.options[g]->weight_decay()) +
-                             " since the step was captured; torch's fused AdamW reads weight decay on the host, so "
-                             "a replay would use the old value" +
+                             " since the step was captured; this algorithm reads weight decay on the host "
+                             "(AlgorithmSpec::weight_decay_on_host), so a replay would use the old value" +
                              redo);
           then.weight_decay(now.options[g]->weight_decay());
         }
