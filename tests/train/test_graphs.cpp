@@ -120,31 +120,13 @@ TEST(CudaGraphsRun, ReplayedStepsEqualEagerSteps) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: GPU check skipped";
   TempDir tmp("graphs_gpu");
   auto args = [&](const std::string& name, bool graphs) {
-    return std::vector<std::string>{"--debug",
-                                    "--device",
-                                    "cuda",
-                                    "--dtype",
-                                    "fp32",
-                                    "--model_dim",
-                                    "128",
-                                    "--n_layer",
-                                    "2",
-                                    "--n_head",
-                                    "4",
-                                    "--sequence_length",
-                                    "64",
-                                    "--num_iterations",
-                                    "20",
-                                    "--warmup_ratio",
-                                    "0.1",
-                                    "--optimizer",
-                                    "muon",
-                                    "--scalar_opt",
-                                    "adamw",
-                                    "--cuda_graphs",
-                                    graphs ? "true" : "false",
-                                    "--run_dir",
-                                    (tmp / name).string()};
+    // clang-format off
+    return std::vector<std::string>{"--debug", "--device", "cuda", "--dtype", "fp32", "--model_dim", "128",
+                                    "--n_layer", "2", "--n_head", "4", "--sequence_length", "64",
+                                    "--num_iterations", "20", "--warmup_ratio", "0.1", "--optimizer", "muon",
+                                    "--scalar_opt", "adamw", "--cuda_graphs", graphs ? "true" : "false",
+                                    "--run_dir", (tmp / name).string()};
+    // clang-format on
   };
   const ProcResult eager = run_train(args("eager", false)), graphed = run_train(args("graphed", true));
   ASSERT_EQ(eager.exit_code, 0) << eager.output;

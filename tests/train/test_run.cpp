@@ -44,38 +44,12 @@ using test::TempDir;
 // The tiny model every run here trains: 2 layers, 64 wide, T 32, 4 sequences a step in 2
 // accumulation steps (the 50304 x 64 lm_head dominates the cost: ~0.8 GFLOP a step).
 std::vector<std::string> tiny_args(const fs::path& data, const fs::path& run_dir) {
-  return {"--data_dir",
-          data.string(),
-          "--run_dir",
-          run_dir.string(),
-          "--model_dim",
-          "64",
-          "--n_layer",
-          "2",
-          "--n_head",
-          "2",
-          "--sequence_length",
-          "32",
-          "--batch_size",
-          "4",
-          "--device_batch_size",
-          "2",
-          "--val_tokens",
-          "256",
-          "--warmup_ratio",
-          "0",
-          "--warmdown_ratio",
-          "0.2",
-          "--dtype",
-          "fp32",
-          "--optimizer",
-          "dion2",
-          "--scalar_opt",
-          "adamw",
-          "--lr",
-          "0.02",
-          "--log_every",
-          "10"};
+  // clang-format off
+  return {"--data_dir", data.string(), "--run_dir", run_dir.string(), "--model_dim", "64", "--n_layer", "2",
+          "--n_head", "2", "--sequence_length", "32", "--batch_size", "4", "--device_batch_size", "2",
+          "--val_tokens", "256", "--warmup_ratio", "0", "--warmdown_ratio", "0.2", "--dtype", "fp32",
+          "--optimizer", "dion2", "--scalar_opt", "adamw", "--lr", "0.02", "--log_every", "10"};
+  // clang-format on
 }
 
 class TrainRun : public ::testing::Test {

@@ -52,44 +52,13 @@ constexpr int64_t kSteps = 6;
 
 // test_run.cpp's tiny model, 6 steps.
 std::vector<std::string> tiny(const fs::path& data, const fs::path& run_dir, const fs::path& ck) {
-  return {"--data_dir",
-          data.string(),
-          "--run_dir",
-          run_dir.string(),
-          "--checkpoint_dir",
-          ck.string(),
-          "--model_dim",
-          "64",
-          "--n_layer",
-          "2",
-          "--n_head",
-          "2",
-          "--sequence_length",
-          "32",
-          "--batch_size",
-          "4",
-          "--device_batch_size",
-          "2",
-          "--val_tokens",
-          "256",
-          "--val_loss_every",
-          "3",
-          "--warmup_ratio",
-          "0",
-          "--warmdown_ratio",
-          "0.2",
-          "--dtype",
-          "fp32",
-          "--optimizer",
-          "dion2",
-          "--scalar_opt",
-          "adamw",
-          "--lr",
-          "0.02",
-          "--log_every",
-          "1",
-          "--num_iterations",
-          std::to_string(kSteps)};
+  // clang-format off
+  return {"--data_dir", data.string(), "--run_dir", run_dir.string(), "--checkpoint_dir", ck.string(),
+          "--model_dim", "64", "--n_layer", "2", "--n_head", "2", "--sequence_length", "32", "--batch_size", "4",
+          "--device_batch_size", "2", "--val_tokens", "256", "--val_loss_every", "3", "--warmup_ratio", "0",
+          "--warmdown_ratio", "0.2", "--dtype", "fp32", "--optimizer", "dion2", "--scalar_opt", "adamw",
+          "--lr", "0.02", "--log_every", "1", "--num_iterations", std::to_string(kSteps)};
+  // clang-format on
 }
 
 std::string slurp(const fs::path& p) {

@@ -24,38 +24,12 @@ using test::run_train;
 using test::TempDir;
 
 std::vector<std::string> tiny(const fs::path& data, const fs::path& run_dir) {
-  return {"--data_dir",
-          data.string(),
-          "--run_dir",
-          run_dir.string(),
-          "--model_dim",
-          "32",
-          "--n_layer",
-          "1",
-          "--n_head",
-          "2",
-          "--sequence_length",
-          "16",
-          "--batch_size",
-          "2",
-          "--device_batch_size",
-          "2",
-          "--val_tokens",
-          "64",
-          "--num_iterations",
-          "3",
-          "--val_loss_every",
-          "0",
-          "--dtype",
-          "fp32",
-          "--optimizer",
-          "dion2",
-          "--scalar_opt",
-          "adamw",
-          "--lr",
-          "0.02",
-          "--log_every",
-          "1"};
+  // clang-format off
+  return {"--data_dir", data.string(), "--run_dir", run_dir.string(), "--model_dim", "32", "--n_layer", "1",
+          "--n_head", "2", "--sequence_length", "16", "--batch_size", "2", "--device_batch_size", "2",
+          "--val_tokens", "64", "--num_iterations", "3", "--val_loss_every", "0", "--dtype", "fp32",
+          "--optimizer", "dion2", "--scalar_opt", "adamw", "--lr", "0.02", "--log_every", "1"};
+  // clang-format on
 }
 
 // Byte shards of the first 20 kB of Tiny Shakespeare (prepare_shards_bytes, val fraction 0.2).

@@ -257,42 +257,13 @@ bool is_empty_or_missing(const fs::path& dir) {
 
 std::vector<std::string> tiny_parallel_run(const std::filesystem::path& data, const std::filesystem::path& run_dir,
                                            int steps) {
-  return {"--data_dir",
-          data.string(),
-          "--run_dir",
-          run_dir.string(),
-          "--model_dim",
-          "64",
-          "--n_layer",
-          "2",
-          "--n_head",
-          "2",
-          "--sequence_length",
-          "64",
-          "--batch_size",
-          "4",
-          "--device_batch_size",
-          "1",
-          "--val_tokens",
-          "256",
-          "--val_loss_every",
-          "0",
-          "--num_iterations",
-          std::to_string(steps),
-          "--warmup_ratio",
-          "0",
-          "--dtype",
-          "fp32",
-          "--optimizer",
-          "muon",
-          "--scalar_opt",
-          "adamw",
-          "--lr",
-          "0.02",
-          "--log_every",
-          "1",
-          "--comm_timeout_s",
-          "60"};
+  // clang-format off
+  return {"--data_dir", data.string(), "--run_dir", run_dir.string(), "--model_dim", "64", "--n_layer", "2",
+          "--n_head", "2", "--sequence_length", "64", "--batch_size", "4", "--device_batch_size", "1",
+          "--val_tokens", "256", "--val_loss_every", "0", "--num_iterations", std::to_string(steps),
+          "--warmup_ratio", "0", "--dtype", "fp32", "--optimizer", "muon", "--scalar_opt", "adamw", "--lr", "0.02",
+          "--log_every", "1", "--comm_timeout_s", "60"};
+  // clang-format on
 }
 
 std::vector<std::string> layout_flags(int dp, int fs, int tp) {
