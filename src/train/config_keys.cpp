@@ -283,6 +283,12 @@ std::string format_double(double v) {
   return s;
 }
 
+double number_of(const Config& c, const Field& f) {
+  if (auto* m = std::get_if<int64_t Config::*>(&f)) return double(c.**m);
+  if (auto* m = std::get_if<double Config::*>(&f)) return c.**m;
+  return 0;
+}
+
 std::string value_text(const Config& c, const Field& f) {
   return std::visit(
       [&](auto member) -> std::string {

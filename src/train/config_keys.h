@@ -75,6 +75,8 @@ std::string key_names();
 const char* type_name(const Field& f);
 // The shortest text that reads back as `v`, with a ".0" when it would read as an integer.
 std::string format_double(double v);
+// The value of a number key's field `f` in `c` (0 for a string or boolean key).
+double number_of(const Config& c, const Field& f);
 // The value of `f` in `c` as text (as in config.yaml, strings unquoted).
 std::string value_text(const Config& c, const Field& f);
 // "a, b, c".

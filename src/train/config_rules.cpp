@@ -14,11 +14,7 @@ using namespace config_detail;
 
 // The per-key check: "" when valid, else what is valid.
 std::string key_valid(const Config& c, const Key& k) {
-  auto num = [&]() -> double {
-    if (auto* m = std::get_if<int64_t Config::*>(&k.field)) return double(c.**m);
-    if (auto* m = std::get_if<double Config::*>(&k.field)) return c.**m;
-    return 0;
-  };
+  auto num = [&] { return number_of(c, k.field); };
   switch (k.check) {
     case Check::ANY:
     case Check::OPTIMIZER:  // optimizer_error(), after every key's own check

@@ -44,12 +44,6 @@ std::string table_rule_error(const std::string& name, double v) {
   return "";
 }
 
-double key_value(const Config& c, const Key& k) {
-  if (auto* m = std::get_if<double Config::*>(&k.field)) return c.**m;
-  if (auto* m = std::get_if<int64_t Config::*>(&k.field)) return double(c.**m);
-  return 0;
-}
-
 // An algorithm's own refusal (AlgorithmSpec::check_options) of a group, as the key that set it.
 std::string spec_error(const Config& c, const Options& o, bool scalar) {
   if (!o.spec().check_options) return "";
@@ -78,7 +72,7 @@ std::string optimizer_error(const Config& c) {
   // algorithm, so that a value with no effect on this one is refused as on any other).
   for (const Key& k : keys())
     for (const std::string& hp : k.hyperparameters)
-      if (const std::string broken = table_rule_error(hp, key_value(c, k)); !broken.empty())
+      if (const std::string broken = table_rule_error(hp, number_of(c, k.field)); !broken.empty())
         return fmt::format("key '{}': value '{}' is invalid; valid: {} (the optimizer's rule for {})", k.name,
                            value_text(c, k.field), broken, hp);
   const Algorithm algo = find_algorithm(c.optimizer, /*aliases=*/true);
