@@ -3,7 +3,8 @@
 # tiny GPT, config and global batch trained at every layout, 20 steps on CPU, compared with the
 # 1-process run (max relative difference of the train / val losses in metrics.jsonl).
 #
-#   scripts/parallel_equality.sh [BUILD_DIR] [OPTIMIZER]     # default: build, muon
+#   scripts/parallel_equality.sh [BUILD_DIR] [OPTIMIZER] [KEYS...]   # default: build, muon
+#   scripts/parallel_equality.sh build dion2 --ortho_fraction 0.5       # extra keys go to every run
 #
 # Every optimizer runs at every layout; docs/train.md has the columns for muon, dion2, normuon and
 # nordion2 (`scripts/parallel_equality.sh build normuon`).
@@ -15,12 +16,15 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$ROOT/build}
 OPT=${2:-muon}
+shift $(( $# < 2 ? $# : 2 ))
+EXTRA=("$@")
 EXE=$BUILD/dion-train
 source "$ROOT/scripts/tiny_shards.sh"
 tiny_shards "$BUILD" dion_parallel_eq
 ARGS=(--data_dir "$WORK/shards" --model_dim 64 --n_layer 2 --n_head 2 --sequence_length 64 --batch_size 8
       --device_batch_size 1 --val_tokens 1024 --val_loss_every 10 --num_iterations 20 --warmup_ratio 0
-      --dtype fp32 --optimizer "$OPT" --scalar_opt adamw --lr 0.02 --log_every 100 --comm_timeout_s 120)
+      --dtype fp32 --optimizer "$OPT" --scalar_opt adamw --lr 0.02 --log_every 100 --comm_timeout_s 120
+      "${EXTRA[@]}")
 
 run() {  # run NAME DP FS TP
   local name=$1 dp=$2 fs=$3 tp=$4 n=$(($2 * $3 * $4)) port=$((20000 + RANDOM % 20000)) pids=() r

@@ -36,6 +36,12 @@ struct OrthoRequest {
   int64_t local_size = 0;
   // 2-D sharding: the same along the inner (TP) dim (Dion2's selection along that dim), or 0.
   int64_t inner_local_size = 0;
+  // Dion2's exact global selection: for each of the N matrices, the places of its selected
+  // slices along `order_dim` of the assembled (owner-major, zero-padded) matrix, in one process's
+  // order ([k] int64, the same k for all). The orthogonalizer then sees exactly those k slices in
+  // that order, as one process does, and its result goes back to those places. Empty: none.
+  std::vector<at::Tensor> order;
+  int64_t order_dim = 0;
 };
 
 // U: N same-shape local matrices laid out as `layout`. Returns the N orthogonalized local parts,

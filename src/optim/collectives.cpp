@@ -39,7 +39,8 @@ bool Collectives::sync_gradients() const { return dist_ && dist_->sync_gradients
 at::Tensor Collectives::assemble_orthogonalize(std::vector<at::Tensor> U, const Plan& plan, const Options& o,
                                                const math::OrthoFn& fn, const std::vector<int64_t>& split_sizes,
                                                const std::vector<double>& split_scales, int64_t local_size,
-                                               int64_t inner_local_size) const {
+                                               int64_t inner_local_size, std::vector<at::Tensor> order,
+                                               int64_t order_dim) const {
   const bool flatten = o.flatten();
   const double eps = o.epsilon();
   auto apply = [&fn, flatten, eps, &split_sizes, &split_scales](const at::Tensor& stacked) {
@@ -63,6 +64,8 @@ at::Tensor Collectives::assemble_orthogonalize(std::vector<at::Tensor> U, const 
   }
   request.local_size = local_size;
   request.inner_local_size = inner_local_size;
+  request.order = std::move(order);
+  request.order_dim = order_dim;
   return assemble_and_orthogonalize(*dist_, std::move(U), plan.layout, request);
 }
 
@@ -91,8 +94,9 @@ math::ShardSum Collectives::sum_norms_over_shards() const {
   return [d](at::Tensor& t) { sum_over_shards_(*d, t); };
 }
 
-// Each rank's slice norms (padded to ceil(global / W) with -inf) travel in one all_gather; every
-// rank then takes the same top-k of the whole matrix's slices, rank-major.
+// Each rank's slice norms (padded to ceil(global / W) with -inf) travel in one all_gather. With
+// FSDP2 chunks only the end of the rank-major concatenation is padding, so every rank takes the
+// top-k of exactly one process's norm vector: the same slices in the same order.
 Collectives::ShardSelection Collectives::top_k_over_shards(at::Tensor norms, int64_t k, int64_t global, Axis holder,
                                                            Axis splitter) const {
   const int64_t W = dist_ ? dist_->axis_size(holder) : 1, r = dist_ ? dist_->axis_rank(holder) : 0;
@@ -102,12 +106,20 @@ Collectives::ShardSelection Collectives::top_k_over_shards(at::Tensor norms, int
   at::Tensor padded_norms = at::full({N, padded}, -std::numeric_limits<float>::infinity(), norms.options());
   padded_norms.narrow(1, 0, norms.size(1)).copy_(norms);
   at::Tensor all = dist_ ? dist_->all_gather(padded_norms, holder) : padded_norms.unsqueeze(0);  // [W, N, padded]
-  at::Tensor global_norms = all.permute({1, 0, 2}).reshape({N, W * padded});                     // rank-major slices
-  at::Tensor gidx = std::get<1>(at::topk(global_norms, k, -1, true, false));                     // [N, k]
+  at::Tensor global_norms = all.permute({1, 0, 2}).reshape({N, W * padded}).narrow(1, 0, global).contiguous();
+  at::Tensor gidx = std::get<1>(at::topk(global_norms, k, -1, true, false));  // [N, k], one process's order
   at::Tensor owner = at::div(gidx, padded, "floor"), local = gidx.remainder(padded);
+  // Each selected slice's place among its owner's: the owner keeps its slices in top-k order.
+  at::Tensor is_owner = owner.unsqueeze(-1) == at::arange(W, owner.options()).view({1, 1, W});  // [N, k, W]
+  at::Tensor counts = is_owner.to(at::kLong).cumsum(1);                                         // [N, k, W]
+  at::Tensor slot = counts.gather(2, owner.unsqueeze(-1)).squeeze(-1) - 1;                       // [N, k]
   ShardSelection out;
-  for (int64_t w = 0; w < W; ++w) out.k_pad = std::max(out.k_pad, (owner == w).sum(-1).max().item<int64_t>());
-  for (int64_t i = 0; i < N; ++i) out.mine.push_back(local[i].masked_select(owner[i] == r));  // top-k order
+  out.k_pad = k > 0 ? counts.select(1, k - 1).max().item<int64_t>() : 0;
+  at::Tensor place = owner * out.k_pad + slot;  // in the assembled matrix: owner-major, k_pad slots a rank
+  for (int64_t i = 0; i < N; ++i) {
+    out.mine.push_back(local[i].masked_select(owner[i] == r));  // top-k order
+    out.order.push_back(place[i]);
+  }
   return out;
 }
 

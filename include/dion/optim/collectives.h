@@ -49,11 +49,13 @@ class Collectives {
   // U: the megabatch's N local matrices (whole, shards, or selected slices of `local_size`
   // along the comm dim). Returns the orthogonalized local parts [N, ...]: locally when the plan
   // does not communicate, else whole matrices are assembled on the ranks (DDP: each rank ~N/W
-  // of them; FSDP: along the sharded dim), orthogonalized with `fn` and sent back.
+  // of them; FSDP: along the sharded dim), orthogonalized with `fn` and sent back. `order`
+  // (top_k_over_shards): orthogonalize only those slices along `order_dim`, in that order.
   at::Tensor assemble_orthogonalize(std::vector<at::Tensor> U, const Plan& plan, const Options& o,
                                     const math::OrthoFn& fn, const std::vector<int64_t>& split_sizes,
                                     const std::vector<double>& split_scales, int64_t local_size = 0,
-                                    int64_t inner_local_size = 0) const;
+                                    int64_t inner_local_size = 0, std::vector<at::Tensor> order = {},
+                                    int64_t order_dim = 0) const;
   // Sum over every rank holding a part of the same matrices (null when the matrices are whole
   // on each rank): NorMuon's Frobenius norms.
   math::ShardSum shard_sum(const Plan& plan) const;
@@ -68,10 +70,12 @@ class Collectives {
   // The whole-matrix top-k over slices held by the shards of axis `holder` (the axis sharding the
   // selection dim): `norms` [N, local] are this rank's slices' norms, partial over axis
   // `splitter` under 2-D sharding (summed here; an axis the Distribution lacks is a no-op).
-  // Returns, for each matrix, this rank's selected slices (local indices, in top-k order) and the
-  // most slices any rank holds of any matrix (k_pad, the same on every rank).
+  // Returns, for each matrix, this rank's selected slices (local indices, in top-k order), the
+  // most slices any rank holds of any matrix (k_pad, the same on every rank), and where each
+  // selected slice sits in the matrix assembled from k_pad slots a rank, in one process's order.
   struct ShardSelection {
-    std::vector<at::Tensor> mine;  // [c_i] int64 per matrix
+    std::vector<at::Tensor> mine;   // [c_i] int64 per matrix
+    std::vector<at::Tensor> order;  // [k] int64 per matrix: places in [0, W * k_pad)
     int64_t k_pad = 0;
   };
   ShardSelection top_k_over_shards(at::Tensor norms, int64_t k, int64_t global, Axis holder, Axis splitter) const;

@@ -46,8 +46,9 @@ at::Tensor normalize_selected(const at::Tensor& O, const std::vector<at::Tensor>
 // The reference sends whole shards and selects on the assembled (bf16) matrices. Here each rank
 // computes the float32 L1 norms of its own slices (a slice along the sharded dim is whole on one
 // rank), the shards' norms give every rank the exact whole-matrix top-k (top_k_over_shards), and
-// only the selected slices travel (padded to the largest per-rank count). The selection equals
-// the single-process one, and communication scales with `fraction` as in the local scope.
+// only the selected slices travel (padded to the largest per-rank count). The selection, and the
+// order in which the orthogonalizer sees the selected slices, equal the single-process ones, and
+// communication scales with `fraction` as in the local scope.
 void exact_global(const Operands& ops, const Plan& plan, const Options& o, const Env& env, int64_t select_dim,
                   const math::Rates& rates, bool nor) {
   const auto& [X, G, M, V, adjust_shape] = ops;
@@ -62,7 +63,7 @@ void exact_global(const Operands& ops, const Plan& plan, const Options& o, const
 
   for (int64_t i = 0; i < N; ++i) M[i].add_(G[i].to(M[i].scalar_type()));                           // M += G
   at::Tensor norms = at::linalg_vector_norm(at::stack(M, 0), 1, at::IntArrayRef{norm_dim}, false);  // [N, local]
-  auto [idx, k_pad] = comm.top_k_over_shards(norms, k, global, holder, splitter);
+  auto [idx, order, k_pad] = comm.top_k_over_shards(norms, k, global, holder, splitter);
   const float ef = f32(nor ? o.mu() : o.ef_decay());
   std::vector<at::Tensor> selected = math::dion2_take_selected(M, idx, ef, select_dim);  // [c_i, n] | [m, c_i]
   std::vector<at::Tensor> U(N);
@@ -72,8 +73,9 @@ void exact_global(const Operands& ops, const Plan& plan, const Options& o, const
     U[i] = at::zeros(shape, M[i].options().dtype(env.ortho->dtype));
     U[i].narrow(select_dim, 0, idx[i].size(0)).copy_(selected[i]);
   }
+  // The orthogonalizer sees each matrix's k selected slices in one process's order.
   at::Tensor O = comm.assemble_orthogonalize(std::move(U), plan, o, *env.ortho_fn, {}, {}, along_inner ? 0 : k_pad,
-                                             along_inner ? k_pad : 0);  // [N, k_pad | ..]
+                                             along_inner ? k_pad : 0, std::move(order), select_dim);  // [N, k_pad | ..]
   if (nor) {
     std::vector<at::Tensor> Vsel;
     for (int64_t i = 0; i < N; ++i) {
@@ -92,78 +94,120 @@ void exact_global(const Operands& ops, const Plan& plan, const Options& o, const
   math::dion2_post(X, Us, idx, rates, select_dim);
 }
 
+// The local scope's per-shard count of slices along the sharded dim (every shard zero-padded to
+// ceil(global / W)).
+int64_t local_selection_count(const Plan& plan, const Options& o) {
+  const int64_t ndim = static_cast<int64_t>(plan.layout.global_shape.size());
+  const int64_t global = plan.layout.global_shape[ndim + plan.comm_dim];
+  return math::dion2_num_selected(o.fraction(), (global + plan.world - 1) / plan.world);
+}
+
+// The local scope's per-shard top-k takes every slice of every shard (fraction 1): the same
+// slices as the whole-matrix top-k.
+bool local_selects_every_slice(const Plan& plan, const Options& o) {
+  const int64_t ndim = static_cast<int64_t>(plan.layout.global_shape.size());
+  const int64_t global = plan.layout.global_shape[ndim + plan.comm_dim];
+  return local_selection_count(plan, o) >= (global + plan.world - 1) / plan.world;
+}
+
+// Slices split across 1-D shards (selecting along the unsharded dim) can be selected as one
+// process does: partial norms summed over the shards. Not for flattened 3-D+ parameters.
+bool across_shards_possible(const Plan& plan, const Options& o, size_t nd) {
+  return plan.matrix_sharded() && !plan.layout.two_d() && (nd == 2 || !o.flatten());
+}
+
+// How Dion2 / NorDion2 select the slices of one megabatch; the layout decides (the top of this
+// file). One process, DDP and batch-sharded matrices hold whole matrices: LOCAL.
+enum class Selection {
+  LOCAL,             // each rank's top-k of the slices it holds: whole matrices, or per-shard (local scope)
+  ACROSS_SHARDS,     // slices split across the shards: partial norms summed, every rank keeps its part
+  EXACT_GLOBAL,      // 2-D matrices along a sharded dim: the whole-matrix top-k from the shards' norms
+  ASSEMBLED_GLOBAL,  // 3-D+ along the sharded dim: whole shards travel, top-k on the assembled matrices
+};
+
+struct SelectionChoice {
+  Selection selection;
+  int64_t select_dim;  // -2: rows, -1: columns
+};
+
+SelectionChoice choose_selection(const Plan& plan, const Options& o, const std::vector<int64_t>& shape, bool nor) {
+  const size_t nd = shape.size();
+  const bool sharded = plan.matrix_sharded(), two_d = plan.layout.two_d();
+  const bool across_ok = across_shards_possible(plan, o, nd);
+  // Where one process's selection can be reproduced: across 1-D shards, or either sharded dim of
+  // a 2-D-sharded 2-D matrix (EXACT_GLOBAL along the outer or the inner dim).
+  const bool as_one_process = across_ok || (sharded && two_d);
+  int64_t select_dim;
+  if (nor)
+    select_dim = -2;  // NorDion2 selects rows
+  else if (sharded && (o.selection_dim() == "shard" || !as_one_process) && (plan.comm_dim == -2 || plan.comm_dim == -1))
+    select_dim = plan.comm_dim;  // the reference's choice: along the sharded dim
+  else
+    select_dim = math::dion2_select_dim(shape[nd - 2], shape.back());  // one process's choice
+  const bool whole_matrix = o.selection_scope() == "global" || (sharded && local_selects_every_slice(plan, o));
+  if (across_ok && select_dim != plan.comm_dim) return {Selection::ACROSS_SHARDS, select_dim};
+  if (sharded && nd == 2 && (two_d || (whole_matrix && select_dim == plan.comm_dim)))
+    return {Selection::EXACT_GLOBAL, select_dim};
+  if (sharded && whole_matrix) return {Selection::ASSEMBLED_GLOBAL, select_dim};
+  return {Selection::LOCAL, select_dim};
+}
+
 // `nor`: the per-neuron normalization of the selected rows (rows are always the selection).
 void dion2_family_update(const Batch& batch, const Options& o, const Env& env, bool nor) {
   const Collectives& comm = *env.comm;
   const Plan plan = plan_for(comm.distribution(), batch.params, o, batch.group);
   const bool matrix_sharded = plan.matrix_sharded();
-  const bool two_d = plan.layout.two_d();
-  if (matrix_sharded && two_d && plan.layout.global_shape.size() > 2)  // before any collective
+  if (matrix_sharded && plan.layout.two_d() && plan.layout.global_shape.size() > 2)  // before any collective
     throw NotImplementedError("param group " + std::to_string(batch.group) + " (" + o.algorithm() +
                               "): 2-D (FSDP x TP) sharding of parameters with more than 2 dims is not supported "
                               "by this algorithm (the selection would not equal one process's); shard 2-D "
                               "parameters only, or one dim (docs/distributed.md)");
   Operands ops = operands(batch, plan, nor, comm);
   const auto& [X, G, M, V, adjust_shape] = ops;
-  const size_t nd = adjust_shape.size();
-  // Where one process's selection can be reproduced: slices split across the shards under 1-D
-  // sharding (partial norms summed; not for flattened 3-D+ parameters), and either sharded dim
-  // of a 2-D matrix under 2-D sharding (exact_global along the outer or the inner dim).
-  const bool across_shards_ok = matrix_sharded && !two_d && (nd == 2 || !o.flatten());
-  const bool as_one_process = across_shards_ok || (matrix_sharded && two_d);
-  int64_t select_dim;
-  if (nor)
-    select_dim = -2;
-  else if (matrix_sharded && (o.selection_dim() == "shard" || !as_one_process) &&
-           (plan.comm_dim == -2 || plan.comm_dim == -1))
-    select_dim = plan.comm_dim;
-  else
-    select_dim = math::dion2_select_dim(adjust_shape[nd - 2], adjust_shape.back());
+  const auto [selection, select_dim] = choose_selection(plan, o, adjust_shape, nor);
   const float ef = f32(nor ? o.mu() : o.ef_decay());
   const math::Rates rates =
       rates_for(batch, o, env, math::adjusted_lr_factor(o.adjust_lr(), adjust_shape, o.flatten()));
   const math::ShardSum reduce = matrix_sharded && plan.comm_dim == -2 ? comm.sum_norms_over_shards() : nullptr;
 
-  if (across_shards_ok && select_dim != plan.comm_dim) {
-    // Selecting along the unsharded dim (tall row-sharded, wide column-sharded): every slice
-    // is split across the shards; partial L1 norms summed over them give every rank the
-    // single-process top-k, each rank keeps its part of the selected slices [.., local, k],
-    // and the submatrix is assembled along the sharded dim. Either selection scope: the
-    // selection is whole-matrix and the traffic scales with `fraction`.
-    math::Selection sel =
-        math::dion2_pre(G, M, o.fraction(), ef, select_dim, env.ortho->dtype, 0, comm.sum_norms_over_shards());
-    at::Tensor O = comm.assemble_orthogonalize(std::move(sel.U), plan, o, *env.ortho_fn, {}, {});
-    // NorDion2 (column-sharded): each selected row is split, its per-neuron sum crosses ranks.
-    if (nor) O = normalize_selected(O, V, sel.indices, o, comm.shard_sum(plan), comm.column_shards(plan));
-    math::dion2_post(X, O.unbind(0), sel.indices, rates, select_dim);
-    return;
-  }
-  if (matrix_sharded && nd == 2 && (two_d || (o.selection_scope() == "global" && select_dim == plan.comm_dim))) {
-    exact_global(ops, plan, o, env, select_dim, rates, nor);
-    return;
-  }
-  if (matrix_sharded && o.selection_scope() == "global") {
-    // 3-D+ sharded matrices: whole shards travel and the exact top-k is taken on the
-    // assembled matrices (the reference's global scope).
-    const int64_t ndim = static_cast<int64_t>(plan.layout.global_shape.size());
-    const int64_t global_select = plan.layout.global_shape[ndim + select_dim];
-    std::vector<at::Tensor> U = math::dion2_accumulate(G, M, env.ortho->dtype);
-    math::OrthoFn select = math::dion2_select_then(*env.ortho_fn, o.fraction(), select_dim, global_select);
-    at::Tensor O = comm.assemble_orthogonalize(std::move(U), plan, o, select, {}, {});
-    std::vector<at::Tensor> Us = O.unbind(0);
-    if (nor)
-      math::nordion2_post_masked(X, M, V, Us, rates, ef, f32(o.muon_beta2()), reduce);
-    else
-      math::dion2_post_masked(X, M, Us, rates, ef, select_dim);
-    return;
+  switch (selection) {
+    case Selection::ACROSS_SHARDS: {
+      // Selecting along the unsharded dim (tall row-sharded, wide column-sharded): every slice
+      // is split across the shards; partial L1 norms summed over them give every rank the
+      // single-process top-k, each rank keeps its part of the selected slices [.., local, k],
+      // and the submatrix is assembled along the sharded dim. Either selection scope: the
+      // selection is whole-matrix and the traffic scales with `fraction`.
+      math::Selection sel =
+          math::dion2_pre(G, M, o.fraction(), ef, select_dim, env.ortho->dtype, 0, comm.sum_norms_over_shards());
+      at::Tensor O = comm.assemble_orthogonalize(std::move(sel.U), plan, o, *env.ortho_fn, {}, {});
+      // NorDion2 (column-sharded): each selected row is split, its per-neuron sum crosses ranks.
+      if (nor) O = normalize_selected(O, V, sel.indices, o, comm.shard_sum(plan), comm.column_shards(plan));
+      math::dion2_post(X, O.unbind(0), sel.indices, rates, select_dim);
+      return;
+    }
+    case Selection::EXACT_GLOBAL:
+      exact_global(ops, plan, o, env, select_dim, rates, nor);
+      return;
+    case Selection::ASSEMBLED_GLOBAL: {
+      // 3-D+ sharded matrices: whole shards travel and the exact top-k is taken on the
+      // assembled matrices (the reference's global scope).
+      const int64_t ndim = static_cast<int64_t>(plan.layout.global_shape.size());
+      const int64_t global_select = plan.layout.global_shape[ndim + select_dim];
+      std::vector<at::Tensor> U = math::dion2_accumulate(G, M, env.ortho->dtype);
+      math::OrthoFn select = math::dion2_select_then(*env.ortho_fn, o.fraction(), select_dim, global_select);
+      at::Tensor O = comm.assemble_orthogonalize(std::move(U), plan, o, select, {}, {});
+      std::vector<at::Tensor> Us = O.unbind(0);
+      if (nor)
+        math::nordion2_post_masked(X, M, V, Us, rates, ef, f32(o.muon_beta2()), reduce);
+      else
+        math::dion2_post_masked(X, M, Us, rates, ef, select_dim);
+      return;
+    }
+    case Selection::LOCAL:
+      break;
   }
   // Local selection: every rank picks the same count k of its own slices.
-  int64_t k = 0;
-  if (matrix_sharded) {
-    const int64_t ndim = static_cast<int64_t>(plan.layout.global_shape.size());
-    const int64_t global = plan.layout.global_shape[ndim + plan.comm_dim];
-    k = math::dion2_num_selected(o.fraction(), (global + plan.world - 1) / plan.world);
-  }
+  const int64_t k = matrix_sharded ? local_selection_count(plan, o) : 0;
   math::Selection sel = math::dion2_pre(G, M, o.fraction(), ef, select_dim, env.ortho->dtype, k);
   at::Tensor O = comm.assemble_orthogonalize(std::move(sel.U), plan, o, *env.ortho_fn, {}, {}, k);
   // FAST path, local rows, host rates: NorDion2's normalization fused with the update.
