@@ -66,6 +66,7 @@ add_executable(dion-data
   ${DION_DATA_ROOT}/tools/dion-data/cli.cpp
   ${DION_DATA_ROOT}/tools/dion-data/cmd_download.cpp
   ${DION_DATA_ROOT}/tools/dion-data/cmd_encode.cpp
+  ${DION_DATA_ROOT}/tools/dion-data/cmd_finish_swap.cpp
   ${DION_DATA_ROOT}/tools/dion-data/cmd_inspect.cpp
   ${DION_DATA_ROOT}/tools/dion-data/cmd_prepare.cpp
   ${DION_DATA_ROOT}/tools/dion-data/progress.cpp)

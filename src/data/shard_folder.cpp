@@ -27,6 +27,37 @@ int64_t shard_number(const std::string& name, size_t head_size) {
 
 }  // namespace
 
+void shard_folder_check_swap(const fs::path& dir, std::string_view prefix_view) {
+  const std::string prefix(prefix_view);
+  const fs::path journal = detail::journal_path(dir, prefix);
+  std::error_code ec;
+  if (!fs::exists(journal, ec)) return;
+  throw DataError(
+      fmt::format("folder {}: a dion-data prepare has not finished swapping in its new {}_* shards (the journal {} "
+                  "exists: the run was killed during the swap, or is swapping now), so the folder holds old and "
+                  "new shards mixed and is not read. If no prepare is running, finish the swap with: dion-data "
+                  "finish-swap {} --prefix {}",
+                  dir, prefix, journal.filename().string(), dir.string(), prefix));
+}
+
+std::string shard_prefix_of(const fs::path& file) {
+  const std::string name = file.filename().string();
+  for (const std::string split : {"_val_", "_train_"}) {
+    const size_t at = name.rfind(split);
+    if (at == std::string::npos || at == 0) continue;
+    const std::string prefix = name.substr(0, at);
+    if (detail::is_shard_name(name, prefix)) return prefix;
+  }
+  return "";
+}
+
+std::string shard_folder_finish_swap(const fs::path& dir, std::string_view prefix) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw DataError(fmt::format("folder {}: not a folder", dir));
+  detail::ShardSetWriter writer(dir, std::string(prefix));  // takes the lock and rolls the swap forward
+  return writer.recovered();
+}
+
 ShardFolder shard_folder_read(const fs::path& dir, std::string_view prefix_view) {
   const std::string prefix(prefix_view);
   const std::string hint = fmt::format(
@@ -42,6 +73,7 @@ ShardFolder shard_folder_read(const fs::path& dir, std::string_view prefix_view)
   };
   std::vector<Named> found;
   std::error_code ec;
+  shard_folder_check_swap(dir, prefix);  // before listing, and after: a swap may start meanwhile
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     for (const std::string split : {"val", "train"}) {
@@ -57,6 +89,7 @@ ShardFolder shard_folder_read(const fs::path& dir, std::string_view prefix_view)
     }
   }
   if (ec) throw DataError(fmt::format("folder {}: cannot list it: {}", dir, ec.message()));
+  shard_folder_check_swap(dir, prefix);
   std::sort(found.begin(), found.end(), [](const Named& a, const Named& b) {  // by number, then name: messages do not
     return a.number != b.number ? a.number < b.number                         // depend on the listing order
                                 : a.path.filename() < b.path.filename();

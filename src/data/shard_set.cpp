@@ -56,10 +56,14 @@ bool is_shard_name(const std::string& name, const std::string& prefix) {
   return false;
 }
 
+fs::path journal_path(const fs::path& dir, const std::string& prefix) {
+  return dir / ("." + prefix + ".dion-prepare.journal");
+}
+
 ShardSetWriter::ShardSetWriter(fs::path dir, std::string prefix) : dir_(std::move(dir)), prefix_(std::move(prefix)) {
   const std::string base = "." + prefix_ + ".dion-prepare";
   staging_ = dir_ / (base + ".staging");
-  journal_ = dir_ / (base + ".journal");
+  journal_ = journal_path(dir_, prefix_);
   lock_path_ = dir_ / (base + ".lock");
 
   // The lock: flock on a file that is unlinked on release. A run that opened the file just
@@ -186,6 +190,7 @@ void ShardSetWriter::recover() {
                           "(rename {}): {}",
                           dir_, name, errno_text(errno)));
         }
+        failpoint("prepare-swap");
       } else if (!fs::exists(dir_ / name)) {
         throw DataError(
             fmt::format("output folder {}: cannot finish the interrupted swap: the "
@@ -196,10 +201,13 @@ void ShardSetWriter::recover() {
     }
     const std::set<std::string> keep(fresh.begin(), fresh.end());
     for (const std::string& name : old) {
-      if (!keep.contains(name)) ::unlink((dir_ / name).c_str());
+      if (keep.contains(name)) continue;
+      ::unlink((dir_ / name).c_str());
+      failpoint("prepare-remove");
     }
     sync_dir(dir_);
     fs::remove_all(staging_, ec);
+    failpoint("prepare-cleanup");
     ::unlink(journal_.c_str());
     sync_dir(dir_);
     recovered_ = fmt::format(
@@ -283,8 +291,10 @@ void ShardSetWriter::commit(bool replace_existing) {
   committed_ = true;  // from here on, the staged set is the truth (a rerun rolls forward)
   failpoint("prepare-journal");
 
-  // The swap. An error from here on is finished by the next run.
-  const std::string resume = "; the next dion-data prepare on this folder finishes the swap (the journal " +
+  // The swap. An error from here on is finished by the next run or by `dion-data finish-swap`;
+  // until the journal goes, readers refuse the folder.
+  const std::string resume = "; `dion-data finish-swap " + dir_.string() + " --prefix " + prefix_ +
+                             "` (or the next dion-data prepare on this folder) finishes the swap (the journal " +
                              journal_.filename().string() + " says how)";
   for (const std::string& name : staged_) {
     if (::rename((staging_ / name).c_str(), (dir_ / name).c_str()) != 0) {
@@ -299,11 +309,13 @@ void ShardSetWriter::commit(bool replace_existing) {
     if (::unlink(old.c_str()) != 0 && errno != ENOENT) {
       throw DataError(fmt::format("output {}: cannot remove the old shard: {}{}", old, errno_text(errno), resume));
     }
+    failpoint("prepare-remove");
   }
   sync_dir(dir_);
   std::error_code ec;
   fs::remove_all(staging_, ec);
-  ::unlink(journal_.c_str());
+  failpoint("prepare-cleanup");
+  ::unlink(journal_.c_str());  // the end of the swap: readers accept the folder again
   sync_dir(dir_);
 }
 

@@ -14,9 +14,12 @@
 // before doing anything else. A crash before the journal leaves a staging folder that the next
 // run removes.
 //
-// What it does not do: make the swap itself atomic for a reader that lists DIR during those
-// few renames (it sees the new set plus old shards not yet removed), or lock across machines
-// where flock() does not reach (some network file systems: the lock then fails with a message).
+// Readers never use a half-swapped folder: from the journal's rename until its removal (the last
+// step of a swap, or of the next run's roll-forward) shard_folder_read and `dion-data inspect`
+// refuse DIR for prefix P, naming `dion-data finish-swap` (dion/data/shard_folder.h).
+//
+// What it does not do: lock across machines where flock() does not reach (some network file
+// systems: the lock then fails with a message).
 #pragma once
 
 #include <cstdint>
@@ -65,6 +68,9 @@ class ShardSetWriter {
   std::vector<std::string> staged_;  // file names in staging_
   std::string recovered_;
 };
+
+// DIR/.P.dion-prepare.journal: present exactly while a swap for prefix P is unfinished.
+std::filesystem::path journal_path(const std::filesystem::path& dir, const std::string& prefix);
 
 // True for "P_val_NNNNNN.bin" / "P_train_NNNNNN.bin" (six or more digits).
 bool is_shard_name(const std::string& name, const std::string& prefix);

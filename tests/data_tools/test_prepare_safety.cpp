@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <csignal>
 #include <sys/stat.h>
@@ -129,6 +130,80 @@ TEST(PrepareSafety, KillDuringTheSwapIsFinishedByTheNextRun) {
   auto final_set = new_set;
   final_set["notes.txt"] = "keep me";
   EXPECT_EQ(snapshot(out.path()), final_set);
+}
+
+// A swap killed at each of its steps (after the journal, after every rename, after every removal
+// of an old shard, after the staging folder goes): every reader refuses the folder, naming
+// `dion-data finish-swap`, until that command (itself killed once half-way) finishes the swap;
+// then the folder holds exactly the new set. The regression: a folder of 339 old and 677 partly
+// renamed new shards was trained on without a word.
+TEST(PrepareSafety, NoReaderUsesAFolderWhoseSwapIsUnfinished) {
+  DION_REQUIRE_GPT2();
+  TempDir in;
+  write_file(in / "a.txt", corpus(60, 1));  // the old set: more shards than the new one
+  write_file(in / "b.txt", corpus(20, 2));
+  const auto old_set = expected_set(corpus(60, 1)), new_set = expected_set(corpus(20, 2));
+  size_t removed = 0;
+  for (const auto& [name, bytes] : old_set) removed += new_set.contains(name) ? 0 : 1;
+  ASSERT_GT(new_set.size(), 2u);
+  ASSERT_GT(removed, 1u);
+  std::vector<std::string> points = {"prepare-journal:1", "prepare-cleanup:1"};
+  for (size_t i = 1; i <= new_set.size(); ++i) points.push_back("prepare-swap:" + std::to_string(i));
+  for (size_t i = 1; i <= removed; ++i) points.push_back("prepare-remove:" + std::to_string(i));
+  for (const std::string& point : points) {
+    SCOPED_TRACE(point);
+    TempDir out;
+    ASSERT_EQ(run_dion_data(prepare_args(in / "a.txt", out.path())).exit_code, 0);
+    RunOptions crash;
+    crash.env = {"DION_FAILPOINT=" + point};
+    const RunResult killed = run_dion_data(prepare_args(in / "b.txt", out.path(), {"--overwrite"}), crash);
+    ASSERT_EQ(killed.exit_code, 128 + SIGKILL) << killed.err;
+    ASSERT_TRUE(fs::exists(out / ".fineweb.dion-prepare.journal"));
+    // The trainer's loader (and dion-train's sample, resume) read through shard_folder_read.
+    try {
+      data::shard_folder_read(out.path(), "fineweb");
+      ADD_FAILURE() << "a half-swapped folder was read";
+    } catch (const DataError& e) {
+      expect_contains(e.what(), {"has not finished swapping", ".fineweb.dion-prepare.journal",
+                                 "dion-data finish-swap " + out.path().string() + " --prefix fineweb"});
+    }
+    const RunResult inspect = run_dion_data({"inspect", (out / "fineweb_val_000000.bin").string()});
+    EXPECT_EQ(inspect.exit_code, 1);
+    expect_contains(inspect.err, {"has not finished swapping", "dion-data finish-swap"});
+    if (point == "prepare-swap:1") {  // the finish itself killed after one rename: still refused
+      RunOptions again;
+      again.env = {"DION_FAILPOINT=prepare-swap:1"};
+      EXPECT_EQ(run_dion_data({"finish-swap", out.path().string()}, again).exit_code, 128 + SIGKILL);
+      EXPECT_THROW(data::shard_folder_read(out.path(), "fineweb"), DataError);
+    }
+    const RunResult finish = run_dion_data({"finish-swap", out.path().string()});
+    ASSERT_EQ(finish.exit_code, 0) << finish.err;
+    expect_contains(finish.out, {"finished the swap of an interrupted earlier run"});
+    EXPECT_EQ(snapshot(out.path()), new_set);
+    EXPECT_EQ(data::shard_folder_read(out.path(), "fineweb").train.size() + 1, new_set.size());
+    const RunResult nothing = run_dion_data({"finish-swap", out.path().string()});
+    EXPECT_EQ(nothing.exit_code, 0);
+    expect_contains(nothing.out, {"nothing to do"});
+  }
+}
+
+// A shard of the largest size the header allows (2^31 - 1 tokens, 4 GB; sparse here, so no
+// disk is used) read where it does not fit in memory: a message naming the file, its size and
+// what to do, not a bare std::bad_alloc.
+TEST(PrepareSafety, AShardTooLargeForMemoryIsNamed) {
+  TempDir dir;
+  const fs::path big = dir / "fineweb_train_000001.bin";
+  std::string header(1024, '\0');
+  const int32_t fields[4] = {data::kShardMagic, data::kShardVersion, 2147483647, 0};
+  std::memcpy(header.data(), fields, sizeof(fields));
+  write_file(big, header);
+  fs::resize_file(big, 1024 + 2 * int64_t{2147483647});
+  RunOptions limited;
+  limited.shell_prefix = "ulimit -v 1000000;";  // 1 GB of address space: the 4 GB of tokens cannot fit
+  const RunResult r = run_dion_data({"inspect", big.string()}, limited);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  expect_contains(r.err, {big.string(), "2147483647 tokens", "do not fit in this process's memory", "--shard-size"});
+  EXPECT_EQ(r.err.find("bad_alloc"), std::string::npos) << r.err;
 }
 
 TEST(PrepareSafety, TemporariesOfAnOlderInterruptedRunAreRemoved) {

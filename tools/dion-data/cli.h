@@ -18,6 +18,7 @@ void register_prepare(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_download(CLI::App& app);
 void register_encode(CLI::App& app);
+void register_finish_swap(CLI::App& app);
 
 // True once SIGINT/SIGTERM arrived; long loops poll it and clean up.
 bool stop_requested();

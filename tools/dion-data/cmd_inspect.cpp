@@ -19,6 +19,7 @@
 #include "cli.h"
 #include "dion/data/error.h"
 #include "dion/data/shard.h"
+#include "dion/data/shard_folder.h"
 #include "dion/data/tokenizer.h"
 
 namespace dion::cli {
@@ -60,6 +61,9 @@ std::string token_text(data::ShardTokenizer kind, const data::Gpt2Tokenizer* tok
 // The report of one file, built whole before anything is printed: an error half-way leaves no
 // half line on stdout.
 std::string inspect_one(const std::string& file, const InspectArgs& args, const data::Gpt2Tokenizer* tok) {
+  // A shard of a folder whose swap is unfinished may be the old set's or the new one's.
+  const std::string prefix = data::shard_prefix_of(file);
+  if (!prefix.empty()) data::shard_folder_check_swap(std::filesystem::absolute(file).parent_path(), prefix);
   const data::ShardFile shard = data::ShardFile::open(file);
   const data::ShardHeader& h = shard.header();
   const data::ShardTokenizer kind = h.tokenizer;

@@ -4,6 +4,7 @@
 //   dion-data inspect   check shards and summarize them (header, histogram, first tokens)
 //   dion-data download  fetch the reference's pre-tokenized FineWeb shards (resumable)
 //   dion-data encode    print the GPT-2 token ids of a text (debugging, tiktoken checks)
+//   dion-data finish-swap  finish the swap of a prepare that was killed while swapping
 //
 // Each subcommand lives in cmd_<name>.cpp; this file wires them up, installs the Ctrl-C
 // handler, and turns errors into "dion-data: error: ..." and a non-zero exit code
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   dion::cli::register_inspect(app);
   dion::cli::register_download(app);
   dion::cli::register_encode(app);
+  dion::cli::register_finish_swap(app);
 
   struct sigaction sa {};
   sa.sa_handler = dion::cli::on_signal;

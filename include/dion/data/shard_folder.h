@@ -15,6 +15,10 @@
 // Shards from two corpora that happen to share one shard size and numbering cannot be told apart
 // (a shard header carries no corpus id); the lock in `prepare` keeps two runs from writing them.
 //
+// A folder whose swap is unfinished (a `dion-data prepare --overwrite` killed while swapping its
+// new set in, or swapping now: its journal DIR/.P.dion-prepare.journal exists) holds old and new
+// shards mixed: it is refused, with the command that finishes the swap.
+//
 // What it does not do: read or check the tokens (ShardFile / shard_check_tokens do, lazily).
 #pragma once
 
@@ -41,5 +45,18 @@ struct ShardFolder {
 // the folder, the offending files and what a consistent set is. An empty folder is not an error
 // here (both lists empty): the caller says what it needed.
 ShardFolder shard_folder_read(const std::filesystem::path& dir, std::string_view prefix);
+
+// Throws DataError when a swap of prefix `prefix` into `dir` is unfinished (see above), naming
+// the journal and `dion-data finish-swap DIR --prefix P`. shard_folder_read calls it before and
+// after listing; a reader of single shard files calls it for each file's folder and prefix.
+void shard_folder_check_swap(const std::filesystem::path& dir, std::string_view prefix);
+
+// The prefix P of a shard file name "P_{val,train}_NNNNNN.bin", or "" for another name.
+std::string shard_prefix_of(const std::filesystem::path& file);
+
+// Finishes a swap that an interrupted `dion-data prepare` left in `dir` for `prefix` (takes the
+// prepare lock, as a prepare run would; refuses while one runs). Returns what it did, "" when
+// there was nothing to finish.
+std::string shard_folder_finish_swap(const std::filesystem::path& dir, std::string_view prefix);
 
 }  // namespace dion::data
