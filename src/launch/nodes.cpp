@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <stdexcept>
@@ -48,6 +49,30 @@ void say(const LaunchOptions& o, const std::string& text) {
 }
 
 }  // namespace
+
+const std::vector<LauncherFlag>& launcher_flags() {
+  static const std::vector<LauncherFlag> flags = {
+      {"--nproc", "N", "start N local processes (ranks) of this command line, as torchrun does"},
+      {"--nproc_per_node", "N", "the same as --nproc (torchrun's name)"},
+      {"--nnodes", "M", "the job runs on M nodes (each node runs its own dion-train --nproc N)"},
+      {"--node_rank", "K", "this node's index in [0, M); its ranks are K*N .. K*N + N - 1"},
+      {"--master_addr", "HOST", "node 0's host name or address (where rank 0's TCPStore listens)"},
+      {"--master_port", "P", "rank 0's TCPStore port (attempt A of a restarted job uses P + A)"},
+      {"--max_restarts", "R", "restart every local rank up to R times after a failed attempt"},
+      {"--standalone", "", "one node on a free local port (torchrun's --standalone)"},
+  };
+  return flags;
+}
+
+std::string launcher_help() {
+  std::string out = "\nLauncher flags (taken before the keys above; docs/train.md, \"Launching\" and \"Multi-node\"):\n";
+  for (const LauncherFlag& f : launcher_flags()) {
+    std::string head = "  " + f.name + (f.value.empty() ? "" : " " + f.value);
+    head.resize(std::max<size_t>(head.size() + 2, 26), ' ');
+    out += head + f.help + "\n";
+  }
+  return out;
+}
 
 NodeFlags take_node_flags(std::vector<std::string>& argv) {
   NodeFlags f;

@@ -341,5 +341,27 @@ TEST(Launch, NodeFlagsAreTakenOutAndBadCombinationsRefused) {
   EXPECT_EQ(two.master_port, 29500);
 }
 
+// The table `dion-train --help` prints is the parser's: each flag in it is taken out of a
+// command line (with a valid value), and no other word is.
+TEST(Launch, EveryLauncherFlagIsParsedAndInTheHelp) {
+  const std::string help = launcher_help();
+  ASSERT_GE(launcher_flags().size(), 8u);
+  for (const LauncherFlag& f : launcher_flags()) {
+    SCOPED_TRACE(f.name);
+    EXPECT_NE(help.find(f.name + (f.value.empty() ? "" : " " + f.value)), std::string::npos) << help;
+    const std::string value = f.name == "--master_addr" ? "h0" : f.name == "--node_rank" ? "0" : "2";
+    std::vector<std::string> a = {"dion-train", "--lr", "0.1", f.name};
+    if (!f.value.empty()) a.push_back(value);
+    (void)take_nproc_flag(a);
+    (void)take_node_flags(a);
+    EXPECT_EQ(a, std::vector<std::string>({"dion-train", "--lr", "0.1"}));
+  }
+  std::vector<std::string> other = {"dion-train", "--nnodez", "2", "--nproc_per", "1"};
+  const std::vector<std::string> before = other;
+  (void)take_nproc_flag(other);
+  (void)take_node_flags(other);
+  EXPECT_EQ(other, before);
+}
+
 }  // namespace
 }  // namespace dion::launch

@@ -117,6 +117,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const dion::train::HelpRequested& h) {
     std::fputs(h.what(), stdout);
+    std::fputs(dion::launch::launcher_help().c_str(), stdout);
     return 0;
   } catch (const dion::train::ConfigError& e) {
     return fail(2, dion::message_of(e));

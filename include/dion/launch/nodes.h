@@ -31,6 +31,17 @@ struct NodeFlags {
   bool any() const { return nnodes || node_rank || master_port || max_restarts || master_addr || standalone; }
 };
 
+// Every flag the launcher takes out of dion-train's command line (take_nproc_flag and
+// take_node_flags below), with the help line `dion-train --help` prints for it.
+struct LauncherFlag {
+  std::string name;   // "--nnodes"
+  std::string value;  // "M", or "" for a switch
+  std::string help;
+};
+const std::vector<LauncherFlag>& launcher_flags();
+// The "Launcher flags" section of `dion-train --help`.
+std::string launcher_help();
+
 // Finds and removes --nnodes, --node_rank, --master_addr, --master_port, --max_restarts (each as
 // `--flag V` or `--flag=V`) and --standalone. Throws std::invalid_argument naming the flag and what is valid.
 NodeFlags take_node_flags(std::vector<std::string>& argv);
