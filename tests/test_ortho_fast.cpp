@@ -27,6 +27,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/Utils.h>
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -457,6 +458,28 @@ TEST(CpuComputeDtype, OverrideAndNames) {
 // docs/benchmarks.md, "CPU compute dtype"; the rule above is tested on the flags and caps.)
 
 // ---------------------------------------------------------------------------- configuration
+
+// The exact path in bf16 where bf16 GEMMs are not native (emulated: oneDNN capped at AVX2, as on
+// an AVX2-only CPU) runs ATen's scalar fallback, 30-100x slower than fp32: said once per process,
+// naming the fast path; nothing is said for fp32.
+TEST(OrthoConfigPaths, ExactPathInSlowBf16WarnsOnce) {
+  struct Collect : c10::WarningHandler {
+    std::vector<std::string> messages;
+    void process(const c10::Warning& w) override { messages.push_back(w.msg()); }
+  } collect;
+  c10::WarningUtils::WarningHandlerGuard guard(&collect);
+  ScopedEnv cap("ONEDNN_MAX_CPU_ISA", "AVX2");
+  dion::math::OrthoConfig c;
+  c.dtype = at::kFloat;
+  (void)c.function()(at::randn({8, 12}), 1e-7);
+  EXPECT_TRUE(collect.messages.empty());
+  c.dtype = at::kBFloat16;
+  for (int i = 0; i < 3; ++i) (void)c.function()(at::randn({8, 12}), 1e-7);
+  ASSERT_EQ(collect.messages.size(), 1u);
+  for (const char* part : {"exact orthogonalization computes in bf16", "scalar fallback", "fast path",
+                           "set_ortho_path(\"fast\")", "OrthoPath::FAST"})
+    EXPECT_NE(collect.messages[0].find(part), std::string::npos) << part << " not in: " << collect.messages[0];
+}
 
 TEST(OrthoConfigPaths, DispatchAndNames) {
   at::manual_seed(11);

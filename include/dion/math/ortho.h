@@ -110,7 +110,9 @@ at::Tensor gram_newton_schulz(const at::Tensor& G, double epsilon = 1e-7,
 //     and there the fastest accurate one.
 // OrthoConfig::cpu_dtype, when set, wins; then DION_FAST_CPU_DTYPE=fp16|bf16|fp32 (for tests
 // and benchmarks; 'auto' or unset: the rule). The EXACT path always computes in
-// OrthoConfig::dtype (the reference's bits), and on a GPU nothing changes.
+// OrthoConfig::dtype (the reference's bits), and on a GPU nothing changes; where that dtype's
+// GEMMs are not native it warns once per process (TORCH_WARN: stderr, or a Python warning),
+// naming the fast path as the switch.
 
 // Whether `dtype`'s GEMMs are native on this CPU: fp32 and fp64 always; fp16 with AVX512-FP16
 // or AMX-FP16, bf16 with AVX512-BF16 or AMX-BF16 (cpuinfo's flags), each only when oneDNN is
