@@ -40,6 +40,7 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/graphed_step.cpp
   ${DION_TRAIN_ROOT}/src/train/model/cross_entropy_bf16.cpp
   ${DION_TRAIN_ROOT}/src/train/model/kernels.cpp
+  ${DION_TRAIN_ROOT}/src/train/model/fit.cpp
   ${DION_TRAIN_ROOT}/src/train/loader.cpp
   ${DION_TRAIN_ROOT}/src/train/io/metrics.cpp
   ${DION_TRAIN_ROOT}/src/train/mfu.cpp

@@ -23,8 +23,10 @@ struct NotImplementedError : std::logic_error {
 
 inline std::string message_of(const std::string& what) {
   std::string out = what;
-  const std::size_t at = out.find("Exception raised from ");
-  if (at != std::string::npos) out.erase(at);
+  for (const char* tail : {"Exception raised from ", "\nframe #0: "}) {  // c10's backtraces
+    const std::size_t at = out.find(tail);
+    if (at != std::string::npos) out.erase(at);
+  }
   while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
   return out;
 }

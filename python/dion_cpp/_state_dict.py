@@ -69,6 +69,11 @@ class _StateDict:
                 self._cpp.check_group(g, options)
             except (ValueError, TypeError, NotImplementedError) as e:
                 raise type(e)(f"loading optimizer state: {e}") from None
+            except KeyError as e:  # a group without a hyperparameter this optimizer needs
+                raise ValueError(
+                    f"loading optimizer state: param group {g} of the state dict has no {e.args[0]!r} "
+                    f"(it has {sorted(options)}): not a state_dict() of a {type(self).__name__}? Load "
+                    "what this optimizer's state_dict() wrote") from None
             algorithms.append(options.get("algorithm", group["algorithm"]))
             for j, (pid, p) in enumerate(zip(saved["params"], group["params"])):
                 by_id[pid] = (g, j, p)

@@ -134,7 +134,15 @@ ShardFile ShardFile::open(const std::filesystem::path& path) {
   try {
     f.header_ = read_header(fd, st, path);
     const auto count = static_cast<size_t>(f.header_.token_count);
-    f.tokens_ = std::make_unique_for_overwrite<uint16_t[]>(count);
+    try {
+      f.tokens_ = std::make_unique_for_overwrite<uint16_t[]>(count);
+    } catch (const std::bad_alloc&) {
+      throw DataError(
+          fmt::format("shard {}: its {} tokens ({} MiB) do not fit in this process's memory (allocation failed; "
+                      "see `ulimit -v` and free memory): cut the data into smaller shards (dion-data prepare "
+                      "--shard-size; the reference's shards hold 100M tokens, 200 MB)",
+                      path, f.header_.token_count, (count * sizeof(uint16_t)) >> 20));
+    }
     auto* dst = reinterpret_cast<char*>(f.tokens_.get());
     const size_t bytes = count * sizeof(uint16_t);
     size_t done = 0;

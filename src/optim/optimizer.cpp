@@ -101,6 +101,7 @@ void Optimizer::add_group_checked(std::vector<at::Tensor> params, Options option
   const size_t index = param_groups_.size();
   options.validate(index);
   check_group(index, params, options);
+  for (const at::Tensor& p : params) shapes_[p.unsafeGetTensorImpl()] = p.sizes().vec();
   torch::optim::Optimizer::add_param_group(
       torch::optim::OptimizerParamGroup(std::move(params), std::make_unique<Options>(options)));
 }
@@ -122,6 +123,14 @@ void Optimizer::check_group(size_t g, const std::vector<at::Tensor>& params, con
     const std::vector<int64_t> shape = layout_of(dist_.get(), p).global_shape;
     const std::string what = where + ", parameter " + std::to_string(i) + " of shape " + shape_str(shape);
     if (!p.is_floating_point()) throw TypeError(what + ": parameters must be floating point");
+    if (p.is_meta())
+      throw ValueError(what + ": is on the meta device (it has no data): materialize the model (to_empty(), then "
+                              "load or initialize its weights) before building the optimizer");
+    if (p.device() != params[0].device())
+      throw ValueError(what + ": is on " + p.device().str() + " but parameter 0 of the group is on " +
+                       params[0].device().str() +
+                       ": the parameters of one group must be on one device; move them, or put them in separate "
+                       "groups");
     if (spec.matrix && p.dim() < 2) {
       std::string scalars;
       for (Algorithm a : algorithms())
@@ -266,6 +275,25 @@ void Optimizer::init_state() {
 
 // ---------------------------------------------------------------------------- step
 
+void Optimizer::check_shapes_unchanged() const {
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& p = params[i];
+      auto it = shapes_.find(p.unsafeGetTensorImpl());
+      if (it != shapes_.end() && p.sizes() != c10::IntArrayRef(it->second))
+        throw ValueError("param group " + std::to_string(g) + ", parameter " + std::to_string(i) + ": its shape is " +
+                         shape_str(p.sizes()) + " but was " + shape_str(it->second) +
+                         " when the optimizer was built (resized since?): its state has the old shape; build a new "
+                         "optimizer over the resized parameter");
+      if (p.grad().defined() && p.grad().sizes() != p.sizes())
+        throw ValueError("param group " + std::to_string(g) + ", parameter " + std::to_string(i) + " of shape " +
+                         shape_str(p.sizes()) + ": its gradient has shape " + shape_str(p.grad().sizes()) +
+                         "; a gradient must have its parameter's shape");
+    }
+  }
+}
+
 at::Tensor Optimizer::step(LossClosure closure) {
   at::Tensor loss;
   if (closure) {
@@ -273,6 +301,7 @@ at::Tensor Optimizer::step(LossClosure closure) {
     loss = closure();
   }
   at::NoGradGuard no_grad;
+  check_shapes_unchanged();  // before any collective: the same parameters on every rank
   if (device_scalars_on_) {
     // Filled from the groups' Options, except under CUDA-graph capture (filled before it).
     bool under_capture = false;

@@ -10,12 +10,14 @@
 
 #include <csignal>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <optional>
 
+#include "dion/math/ortho.h"
 #include "dion/train/autocast.h"
 #include "dion/train/checkpoint.h"
 #include "dion/train/gpt.h"
@@ -179,6 +181,7 @@ RunSummary train_run(const Config& config) {
   std::optional<fs::path> ckpt;
   std::optional<CheckpointMeta> meta;
   std::vector<std::string> resume_lines;
+  if (!c.checkpoint_dir.empty()) checkpoint_dir_check_writable(c.checkpoint_dir);  // not at the first save
   if (!c.checkpoint_dir.empty() && c.resume) {
     // Every rank verifies the whole checkpoint (every rank's files); a rank that finds it bad
     // tells the others through the all_gather below instead of leaving them waiting in it.
@@ -231,6 +234,7 @@ RunSummary train_run(const Config& config) {
   // ---------------------------------------------------------------- model and optimizer
   GPTConfig gcfg{c.sequence_length, c.vocab_size, c.n_layer, c.n_head, c.model_dim};
   gcfg.kernels = c.model_kernels == "exact" ? Kernels::exact : Kernels::fast;
+  gpt_check_fits_memory(gcfg, device, par.world_size());  // a clear error, not an allocator's
   GPTConfig placeholder = gcfg;
   placeholder.placeholder_weights = true;  // never the whole model: init_model draws one weight at a time
   GPT model(placeholder);
@@ -298,14 +302,25 @@ RunSummary train_run(const Config& config) {
   // MFU (dion/train/mfu.h): the model's FLOPs per token against the peak_tflops key or a matmul
   // in the compute dtype timed once here.
   const double model_flops = flops_per_token(gcfg);
-  const double peak_flops = c.peak_tflops > 0
-                                ? c.peak_tflops * 1e12
-                                : measure_peak_flops(device, autocast ? at::kBFloat16 : at::kFloat, gcfg.kernels);
+  // bf16 autocast on a CPU whose bf16 GEMMs are not native runs ATen's scalar fallback: said
+  // once here, and the peak is then fp32's (the fastest GEMM this CPU has; timing the slow
+  // kernel would put MFU above 100% and take a minute).
+  std::string bf16_why;
+  const bool slow_bf16 = autocast && device.is_cpu() && !math::cpu_has_native_gemm(at::kBFloat16, &bf16_why);
+  if (slow_bf16)
+    say(fmt::format("  note: dtype bf16 on this CPU is slow: {}, so ATen runs bf16 GEMMs on a scalar fallback "
+                    "(measured 16x slower a step than fp32 on an AVX2-only AMD EPYC); --dtype fp32 (auto's "
+                    "choice on a CPU) avoids it",
+                    bf16_why));
+  const at::ScalarType peak_dtype = autocast && !slow_bf16 ? at::kBFloat16 : at::kFloat;
+  const double peak_flops =
+      c.peak_tflops > 0 ? c.peak_tflops * 1e12 : measure_peak_flops(device, peak_dtype, gcfg.kernels);
   say(fmt::format("  MFU: {:.3g} GFLOP per token (6 N + 12 L T C) against {:.3g} TFLOP/s ({}); CUDA graphs: {}",
                   model_flops / 1e9, peak_flops / 1e12,
                   c.peak_tflops > 0 ? std::string("peak_tflops")
-                                    : fmt::format("measured: {} matmul on {}, {} kernels", autocast ? "bf16" : "fp32",
-                                                  device.str(), c.model_kernels),
+                                    : fmt::format("measured: {} matmul on {}, {} kernels",
+                                                  peak_dtype == at::kBFloat16 ? "bf16" : "fp32", device.str(),
+                                                  c.model_kernels),
                   c.cuda_graphs ? "on (forward + backward and the optimizer step replayed after step 1)" : "off"));
   MicroStep micro(model, opt, device, autocast, 1.0 / double(accum * dsize), c.cuda_graphs);
   const std::vector<at::Tensor> params = model->parameters();
@@ -430,7 +445,7 @@ RunSummary train_run(const Config& config) {
           "step {}/{} | loss {:.4f} | grad_norm {:.4f} | lr {:.3e} | {:.0f} tok/s | MFU {:.1f}% | {:.0f} "
           "ms/step | ETA {}",
           step, N, train_loss, gnorm.norm, lr, tok_s,
-          100.0 * mfu(model_flops, tok_s / double(par.world_size()), peak_flops), step_s * 1000,
+          100.0 * std::min(1.0, mfu(model_flops, tok_s / double(par.world_size()), peak_flops)), step_s * 1000,
           format_duration(ms_avg / 1000 * double(N - step - 1)));
       if (c.time_optimizer)
         line += fmt::format(" (fwd+bwd {:.0f} ms, optimizer {:.0f} ms)", t_fwd_bwd * 1000, (step_s - t_fwd_bwd) * 1000);

@@ -305,3 +305,52 @@ def test_q_of_the_wrong_rank_is_refused_before_legacy_dions_first_step():
     with pytest.raises(ValueError, match=r"'Q' has shape \[16, 8\], expected \[16, 16\]"):
         fresh.load_state_dict(sd)
     assert len(fresh.state) == 0
+
+
+# ---------------------------------------------------------------------------- late or unclear errors
+# Each of these used to fail late or with a message naming neither the parameter nor what would
+# be valid (a fresh adversarial pass); each now names the thing, at the earliest point.
+def test_a_parameter_resized_after_construction_is_named_at_step():
+    p = torch.nn.Parameter(torch.randn(8, 16))
+    opt = Muon([p], lr=0.01)
+    p.grad = torch.randn(8, 16)
+    opt.step()
+    p.data = torch.randn(12, 16)  # was: "The size of tensor a (8) must match the size of tensor b (12)"
+    p.grad = torch.randn(12, 16)
+    with pytest.raises(ValueError, match=r"param group 0, parameter 0: its shape is \[12, 16\] but was \[8, 16\]"):
+        opt.step()
+
+
+def test_a_parameter_on_the_meta_device_is_refused_at_construction():
+    p = torch.nn.Parameter(torch.empty(8, 16, device="meta"))
+    with pytest.raises(ValueError, match=r"parameter 0 of shape \[8, 16\]: is on the meta device.*to_empty"):
+        Muon([p], lr=0.01)
+
+
+def test_a_group_mixing_devices_is_refused_at_construction():
+    p, q = torch.nn.Parameter(torch.randn(8, 16)), torch.nn.Parameter(torch.empty(8, 16, device="meta"))
+    with pytest.raises(ValueError, match=r"parameter 1 of shape \[8, 16\]: is on meta but parameter 0 of the "
+                                         r"group is on cpu"):
+        Dion2([{"params": [p, q]}], lr=0.01)
+
+
+def test_an_unrelated_state_dict_names_the_missing_key():
+    p = torch.nn.Parameter(torch.randn(8, 16))
+    opt = Muon([p], lr=0.01)
+    before = snapshot(opt)
+    with pytest.raises(ValueError, match=r"param group 0 of the state dict has no 'lr'.*not a state_dict\(\) of a "
+                                         r"Muon"):
+        opt.load_state_dict({"state": {}, "param_groups": [{"params": [0]}]})
+    assert_same_snapshot(snapshot(opt), before)
+
+
+def test_an_integer_state_dtype_is_refused_at_construction():
+    from dataclasses import dataclass
+
+    @dataclass
+    class MixedPrecision:
+        momentum_dtype: torch.dtype = torch.int32
+
+    p = torch.nn.Parameter(torch.randn(8, 16))
+    with pytest.raises(ValueError, match=r"momentum_dtype.*must be a floating dtype"):
+        Dion([p], lr=0.01, mixed_precision_config=MixedPrecision())

@@ -223,6 +223,8 @@ TEST_F(TrainRun, BadConfigsFailWithTheKeyAndWriteNothing) {
        "key 'val_tokens': value 1280000000000 is more than the 100000 tokens of the val shards"},
       {{"--batch_size", "10000"},
        "keys 'batch_size' 10000 x 'sequence_length' 32 = 320000 tokens per step, more than the"},
+      // A model that cannot fit: named at start-up (it was c10's allocator text and a backtrace).
+      {{"--model_dim", "4000000", "--n_head", "2"}, "keys 'model_dim' 4000000, 'n_layer' 2, 'vocab_size' 50304"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.message);
@@ -231,6 +233,7 @@ TEST_F(TrainRun, BadConfigsFailWithTheKeyAndWriteNothing) {
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("dion-train: error:"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("frame #"), std::string::npos) << r.output;  // no C++ backtrace
     EXPECT_FALSE(fs::exists(run));
     EXPECT_FALSE(fs::exists(tmp / "run2"));
     EXPECT_FALSE(fs::exists(ck));
@@ -244,6 +247,55 @@ TEST_F(TrainRun, BadConfigsFailWithTheKeyAndWriteNothing) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("bad.yaml: key 'n_layer'"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(run));
+}
+
+// A checkpoint folder that cannot hold checkpoints is refused at start-up, before any training
+// step and before the run folder is written (it was found only at the first save).
+TEST_F(TrainRun, UnwritableCheckpointDirIsRefusedAtStartUp) {
+  TempDir tmp("badck");
+  const fs::path run = tmp / "run", file = tmp / "a_file";
+  std::ofstream(file) << "not a folder";
+  struct Case {
+    std::string dir;
+    std::vector<std::string> message;
+  };
+  const std::vector<Case> cases = {
+      {file.string(), {"key 'checkpoint_dir'", "is a file, not a folder"}},
+      {(file / "sub").string(), {"key 'checkpoint_dir'", "is a file, not a folder"}},
+      // /proc takes no new file, even for root (a read-only folder does not stop root).
+      {"/proc/dion_train_checkpoints", {"key 'checkpoint_dir'", "cannot create a file in /proc"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.dir);
+    const ProcResult r = run_train(tiny_args(data(), run) +
+                                   std::vector<std::string>{"--checkpoint_dir", c.dir, "--num_iterations", "3"});
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    for (const std::string& m : c.message) EXPECT_NE(r.output.find(m), std::string::npos) << m << "\n" << r.output;
+    EXPECT_EQ(r.output.find("step 0/"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(run));
+  }
+}
+
+// bf16 on a CPU whose bf16 GEMMs are not native (emulated here with oneDNN capped at AVX2, as
+// an AVX2-only CPU): named once at start-up with the switch that avoids it; MFU never above 100%.
+TEST_F(TrainRun, SlowBf16OnThisCpuIsNamedAndMfuStaysAtMost100) {
+  TempDir tmp("bf16");
+  ::setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+  const ProcResult r = run_train(tiny_args(data(), tmp / "run") +
+                                 std::vector<std::string>{"--dtype", "bf16", "--num_iterations", "2", "--log_every",
+                                                          "1", "--model_dim", "32", "--n_layer", "1"});
+  ::unsetenv("ONEDNN_MAX_CPU_ISA");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("note: dtype bf16 on this CPU is slow"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--dtype fp32"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("measured: fp32 matmul"), std::string::npos) << r.output;
+  const std::regex mfu("MFU ([0-9.]+)%");
+  int lines = 0;
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), mfu); it != std::sregex_iterator(); ++it) {
+    EXPECT_LE(std::stod((*it)[1].str()), 100.0) << r.output;
+    ++lines;
+  }
+  EXPECT_GE(lines, 2) << r.output;
 }
 
 TEST_F(TrainRun, BadShardsAndMissingDataFailAndWriteNothing) {
@@ -306,6 +358,14 @@ TEST_F(TrainRun, InconsistentShardFolderIsRefusedNamingTheFiles) {
         {"fineweb_train_000001.bin", "fineweb_train_000001.bin"},
         {"fineweb_train_000002.bin", "fineweb_train_000003.bin"}},
        {"no shard number 2", "fineweb_train_000003.bin"}},
+      // A consistent-looking set whose swap is unfinished (dion-data prepare killed mid-swap:
+      // the journal is there): the loader refuses it (tests/data_tools/test_prepare_safety.cpp
+      // kills the swap at each of its steps).
+      {"half swapped",
+       {{"fineweb_val_000000.bin", "fineweb_val_000000.bin"},
+        {"fineweb_train_000001.bin", "fineweb_train_000001.bin"},
+        {"fineweb_train_000001.bin", ".fineweb.dion-prepare.journal"}},
+       {"has not finished swapping", "dion-data finish-swap"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -318,6 +378,17 @@ TEST_F(TrainRun, InconsistentShardFolderIsRefusedNamingTheFiles) {
     for (const std::string& m : c.message) EXPECT_NE(r.output.find(m), std::string::npos) << m << "\n" << r.output;
     EXPECT_FALSE(fs::exists(run));
   }
+}
+
+// `dion-train --help` lists every flag the program takes: the keys (TrainConfig.HelpNamesEveryKey
+// checks them in the parser's help) and the launcher's flags, which the launcher takes out before
+// the keys are parsed (Launch.EveryLauncherFlagIsParsedAndInTheHelp).
+TEST_F(TrainRun, HelpListsTheLauncherFlagsToo) {
+  const ProcResult r = run_train({"--help"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* flag : {"--nproc N", "--nproc_per_node N", "--nnodes M", "--node_rank K", "--master_addr HOST",
+                           "--master_port P", "--max_restarts R", "--standalone", "--config", "--lr"})
+    EXPECT_NE(r.output.find(flag), std::string::npos) << flag << " not in:\n" << r.output;
 }
 
 TEST_F(TrainRun, DebugModeTrainsOnSyntheticTokensWithoutData) {

@@ -99,7 +99,20 @@ void register_download(CLI::App& app) {
                          "shard 000000 and train chunks 1..N (100M tokens each). Resumes NAME.part files with HTTP "
                          "Range + If-Range, retries with backoff (slow transfers too) within a per-file deadline, "
                          "verifies each file's size, header and tokens, skips complete files.");
-  cmd->add_option("--dataset", args->dataset, "One of: " + names)->capture_default_str();
+  std::vector<std::string> known;
+  for (const auto& d : data::download_datasets()) known.push_back(d.name);
+  // An unknown name is a bad command line (exit 2, docs/data.md), named with the valid ones.
+  cmd->add_option("--dataset", args->dataset, "One of: " + names)
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [known](std::string& v) -> std::string {
+            for (const std::string& k : known)
+              if (v == k) return "";
+            std::string valid;
+            for (const std::string& k : known) valid += (valid.empty() ? "" : ", ") + k;
+            return "unknown dataset \"" + v + "\"; valid: " + valid;
+          },
+          "DATASET"));
   cmd->add_option("--chunks", args->chunks, "Train chunks to fetch (default: all)")->check(CLI::NonNegativeNumber);
   cmd->add_option("-o,--dir", args->dir, "Destination folder (default: data/<dataset>)");
   cmd->add_option("--base-url", args->base_url,

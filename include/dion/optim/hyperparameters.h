@@ -139,12 +139,9 @@ struct Choice {  // one of two strings
   const char* text;
   bool comm = true;
 };
-struct DtypeRule {
-  template <typename T>
-  bool ok(const T&) const {
-    return true;
-  }
-  const char* text = "";
+struct DtypeRule {  // None (the parameter's dtype) or a floating dtype: state is accumulated in it
+  bool ok(const std::optional<at::ScalarType>& t) const { return !t || at::isFloatingType(*t); }
+  const char* text = "must be a floating dtype (torch.float32, torch.bfloat16, torch.float16, torch.float64) or None";
   bool comm = true;
 };
 

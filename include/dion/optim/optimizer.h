@@ -39,6 +39,7 @@
 
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "dion/errors.h"
@@ -157,6 +158,10 @@ class Optimizer : public torch::optim::Optimizer {
   std::optional<Algorithm> only_algorithm_;
   std::shared_ptr<Distribution> dist_;
   std::vector<int64_t> agreed_;  // what every rank last agreed it optimizes (src/optim/agreement.h)
+  // Each parameter's shape when its group was added: step() refuses one resized since (its state
+  // has the old shape).
+  std::unordered_map<const c10::TensorImpl*, std::vector<int64_t>> shapes_;
+  void check_shapes_unchanged() const;
   bool device_scalars_on_ = false;
   std::vector<DeviceScalars> device_scalars_;  // per group, when device_scalars_on_
 };

@@ -89,6 +89,12 @@ std::filesystem::path checkpoint_save(const std::filesystem::path& dir, GPT& mod
                                       const TrainState& state, const std::string& config_yaml,
                                       Parallel* parallel = nullptr, const std::string& data_fingerprint = "");
 
+// At start-up, before any training step: throws CheckpointError naming key 'checkpoint_dir' when
+// `dir` cannot hold checkpoints — it (or a parent) is a file, or the folder (or, when it does not
+// exist yet, its nearest existing parent) does not take a new file (read-only, no permission).
+// Creates nothing: a probe file is made and removed.
+void checkpoint_dir_check_writable(const std::filesystem::path& dir);
+
 // The newest step_* folder in `dir`, complete or not (nullopt: none).
 std::optional<std::filesystem::path> checkpoint_find_latest(const std::filesystem::path& dir);
 

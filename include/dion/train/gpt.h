@@ -165,4 +165,11 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 // Parameters of a GPT with this shape (the reference's count; 162,201,600 for 768 x 12).
 int64_t gpt_param_count(const GPTConfig& config);
 
+// At start-up, before any weight exists: throws ConfigError naming model_dim, n_layer and
+// vocab_size when training this model on a CPU could not fit in this machine's memory — its
+// parameters, gradients and two optimizer state tensors in fp32 (16 bytes a parameter), split
+// over `shards` processes at best, against the physical memory (src/train/model/fit.cpp). A clear
+// error instead of the allocator's at the first weight. On CUDA nothing is checked here.
+void gpt_check_fits_memory(const GPTConfig& config, const at::Device& device, int shards);
+
 }  // namespace dion::train

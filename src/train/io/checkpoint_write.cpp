@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <set>
@@ -262,6 +264,32 @@ void rotate(const fs::path& dir, int64_t step) {
 }
 
 }  // namespace
+
+void checkpoint_dir_check_writable(const fs::path& dir) {
+  const std::string key = fmt::format("key 'checkpoint_dir' ('{}')", dir.string());
+  std::error_code ec;
+  fs::path probe_in = fs::absolute(dir, ec);
+  if (ec) probe_in = dir;
+  // The folder itself, or its nearest existing parent (the first save creates the rest).
+  while (!fs::exists(probe_in, ec) && probe_in.has_parent_path() && probe_in != probe_in.parent_path())
+    probe_in = probe_in.parent_path();
+  if (!fs::is_directory(probe_in, ec))
+    throw CheckpointError(fmt::format("{}: {} is a file, not a folder, so no checkpoint could be written; valid: a "
+                                      "folder (created when missing) or an empty value for no checkpoints",
+                                      key, probe_in.string()));
+  const std::string tmpl = (probe_in / ".dion-train-probe-XXXXXX").string();
+  std::vector<char> name(tmpl.begin(), tmpl.end());
+  name.push_back('\0');
+  const int fd = ::mkstemp(name.data());
+  if (fd < 0) {
+    const int err = errno;
+    throw CheckpointError(fmt::format("{}: cannot create a file in {} ({}), so no checkpoint could be written; "
+                                      "choose a writable folder, or an empty value for no checkpoints",
+                                      key, probe_in.string(), std::strerror(err)));
+  }
+  ::close(fd);
+  ::unlink(name.data());
+}
 
 fs::path checkpoint_save(const fs::path& dir, GPT& model, const dion::Optimizer& optimizer, const TrainState& s,
                          const std::string& config_yaml, Parallel* par, const std::string& data_fingerprint) {
