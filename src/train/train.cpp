@@ -327,6 +327,7 @@ RunSummary train_run(const Config& config) {
   // Legacy Dion with replicate_mesh_grad_sync sums the dp replicas' gradients itself (never here).
   const bool grads_summed_over_dp = !(c.replicate_mesh_grad_sync && par.shape().dp > 1);
   int64_t nonfinite_in_a_row = 0;
+  bool said_mfu_above_peak = false;
 
   // ---------------------------------------------------------------- loop
   RunSummary sum;
@@ -441,11 +442,21 @@ RunSummary train_run(const Config& config) {
     // train line is the update that the validation line "step s+1" comes after.
     if (step % c.log_every == 0 || step == N - 1) {
       const double tok_s = double(tokens_per_step) / step_s;
+      const double step_mfu = mfu(model_flops, tok_s / double(par.world_size()), peak_flops);
+      if (step_mfu > 1.0 && !said_mfu_above_peak) {
+        said_mfu_above_peak = true;
+        say(fmt::format("  note: this step ran at {:.3g} TFLOP/s a process, above the peak of {:.3g} TFLOP/s{}: "
+                        "MFU is shown as 100%; {}",
+                        step_mfu * peak_flops / 1e12, peak_flops / 1e12,
+                        c.peak_tflops > 0 ? " (peak_tflops)" : " (measured at start-up)",
+                        c.peak_tflops > 0 ? "set peak_tflops to the device's real peak"
+                                          : "set peak_tflops to the device's peak for a true figure"));
+      }
       std::string line = fmt::format(
           "step {}/{} | loss {:.4f} | grad_norm {:.4f} | lr {:.3e} | {:.0f} tok/s | MFU {:.1f}% | {:.0f} "
           "ms/step | ETA {}",
           step, N, train_loss, gnorm.norm, lr, tok_s,
-          100.0 * std::min(1.0, mfu(model_flops, tok_s / double(par.world_size()), peak_flops)), step_s * 1000,
+          100.0 * std::min(1.0, step_mfu), step_s * 1000,
           format_duration(ms_avg / 1000 * double(N - step - 1)));
       if (c.time_optimizer)
         line += fmt::format(" (fwd+bwd {:.0f} ms, optimizer {:.0f} ms)", t_fwd_bwd * 1000, (step_s - t_fwd_bwd) * 1000);
