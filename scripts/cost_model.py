@@ -185,6 +185,11 @@ def step_cost(model, algo, dp, fs, tp, hw, fraction=0.25, rank_div=4, comm_bytes
                 send("all_to_all", 2 * math.ceil(count / fs) * fs * chunk * comm_bytes, fs, S)
                 if tall:
                     send("all_reduce", count * n * 4, fs, S)
+                elif algo == "dion2" and selected(a, rows) >= rows:
+                    # The local scope would keep every row of each shard (fraction 1): the
+                    # selection is then one process's (EXACT_GLOBAL, src/optim/drivers/dion2.cpp),
+                    # from every shard's row norms (fp32, one all_gather), in one process's order.
+                    send("all_gather", count * rows * 4, fs, S)
             elif S > 1:  # 2-D or HSDP (not measured here): the shard group's share of the megabatch
                 payload = 2 * a * count * m * n * comm_bytes / (S * dp)
                 send("all_to_all", payload, S, S)

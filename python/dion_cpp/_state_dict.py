@@ -66,6 +66,11 @@ class _StateDict:
                                  f"{len(group['params'])} in this optimizer")
             options = {k: v for k, v in saved.items() if k != "params"}
             try:  # the C++ checks of a group edit; nothing changes
+                # lr and the live hyperparameters must be in the saved group itself: the load
+                # replaces the group's dict with it (torch.optim's load), defaults do not refill it.
+                for key in dict.fromkeys(("lr",) + tuple(self._live_hyperparams(g))):
+                    if key not in options:
+                        raise KeyError(key)
                 self._cpp.check_group(g, options)
             except (ValueError, TypeError, NotImplementedError) as e:
                 raise type(e)(f"loading optimizer state: {e}") from None

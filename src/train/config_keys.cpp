@@ -196,6 +196,12 @@ const std::vector<Key>& keys() {
        .check = Check::RATIO,
        .hyperparameters = {"betas"},
        .scalar = true},
+      {"embed_lr", &Config::embed_lr,
+       "learning rate of the embedding group (0: the reference's rule, lr)", Check::NON_NEGATIVE},
+      {"lm_head_lr", &Config::lm_head_lr,
+       "learning rate of the lm_head group (0: the reference's rule, lr x lm_head_lr_scale: 1/sqrt(model_dim) for "
+       "lion, else 1)",
+       Check::NON_NEGATIVE},
       {.name = "fsdp_param_dtype",
        .field = &Config::fsdp_param_dtype,
        .help = "FSDP weight gathers: fp32, or bf16 as the reference's MixedPrecisionPolicy (param_dtype bf16: half the "

@@ -50,16 +50,23 @@ TrainOptimizer build_optimizer(const Config& c, GPT& model) {
   if (!spec.matrix) {
     // A scalar optimizer (train.py's "adamw": torch.optim.AdamW) over the same three groups,
     // every lr = hp.lr; the embedding and lm_head groups keep weight decay 0.
-    std::vector<ParamGroup> groups = {{matrices}, {embedding, {.weight_decay = 0.0}}, {lm_head, {.weight_decay = 0.0}}};
+    // embed_lr / lm_head_lr, where set, replace lr in their group.
+    const double embed_lr = c.embed_lr > 0 ? c.embed_lr : c.lr, head_lr = c.lm_head_lr > 0 ? c.lm_head_lr : c.lr;
+    std::vector<ParamGroup> groups = {{matrices},
+                                      {embedding, {.lr = embed_lr, .weight_decay = 0.0}},
+                                      {lm_head, {.lr = head_lr, .weight_decay = 0.0}}};
     out.optimizer = std::make_unique<Optimizer>(groups, defaults, ortho);
-    out.base_lrs = {c.lr, c.lr, c.lr};
+    out.base_lrs = {c.lr, embed_lr, head_lr};
     return out;
   }
 
-  const double lm_head_lr = c.lr * lm_head_lr_scale(c.scalar_opt, c.model_dim);
+  // The reference's rule (embedding at lr, lm_head at lr x lm_head_lr_scale) unless embed_lr /
+  // lm_head_lr set their group's rate apart (the convergence study tunes them apart).
+  const double embed_lr = c.embed_lr > 0 ? c.embed_lr : c.lr;
+  const double lm_head_lr = c.lm_head_lr > 0 ? c.lm_head_lr : c.lr * lm_head_lr_scale(c.scalar_opt, c.model_dim);
   std::vector<ParamGroup> groups = {
-      {matrices}, {embedding, scalar_group(c, c.lr)}, {lm_head, scalar_group(c, lm_head_lr)}};
-  out.base_lrs = {c.lr, c.lr, lm_head_lr};
+      {matrices}, {embedding, scalar_group(c, embed_lr)}, {lm_head, scalar_group(c, lm_head_lr)}};
+  out.base_lrs = {c.lr, embed_lr, lm_head_lr};
   out.optimizer = std::make_unique<NamedOptimizer>(spec.name, groups, defaults, ortho, nullptr);
   return out;
 }

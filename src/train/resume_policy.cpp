@@ -92,6 +92,8 @@ const std::map<std::string, Row>& table() {
       {"max_nonfinite_steps", {P::FREE, ""}},
       {"scalar_beta1", {P::LOGGED, ""}},
       {"scalar_beta2", {P::LOGGED, ""}},
+      {"embed_lr", {P::LOGGED, ""}},
+      {"lm_head_lr", {P::LOGGED, ""}},
       {"fsdp_param_dtype", {P::LOGGED, ""}},
   };
   return rows;

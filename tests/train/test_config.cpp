@@ -430,6 +430,31 @@ TEST(TrainOptimizer, GroupsAsTheReferenceBuildsThem) {
   }
 }
 
+// embed_lr and lm_head_lr set their group's rate apart from lr (matrix and scalar optimizers
+// alike); 0, the default, keeps the reference's rule (checked above), and a negative rate is refused.
+TEST(TrainOptimizer, EmbedAndLmHeadLearningRatesSetTheirGroupsApart) {
+  GPTConfig g{16, 50257, 1, 2, 32};
+  for (const char* name : {"dion2", "muon", "adamw"}) {
+    SCOPED_TRACE(name);
+    Config c = parse({"--optimizer", name, "--lr", "0.02", "--embed_lr", "0.003", "--lm_head_lr", "0.001"});
+    c.model_dim = 32;
+    GPT model(g);
+    TrainOptimizer t = build_optimizer(c, model);
+    EXPECT_DOUBLE_EQ(t.optimizer->options(0).lr(), 0.02);
+    EXPECT_DOUBLE_EQ(t.optimizer->options(1).lr(), 0.003);
+    EXPECT_DOUBLE_EQ(t.optimizer->options(2).lr(), 0.001);
+    EXPECT_EQ(t.base_lrs, (std::vector<double>{0.02, 0.003, 0.001}));
+  }
+  Config only_head = parse({"--optimizer", "dion2", "--scalar_opt", "lion", "--lr", "0.02", "--lm_head_lr", "0.005"});
+  only_head.model_dim = 32;
+  GPT model(g);
+  TrainOptimizer t = build_optimizer(only_head, model);
+  EXPECT_DOUBLE_EQ(t.optimizer->options(1).lr(), 0.02);   // embedding: the rule
+  EXPECT_DOUBLE_EQ(t.optimizer->options(2).lr(), 0.005);  // lm_head: the key, not 0.02 / sqrt(32)
+  for (const std::string key : {"embed_lr", "lm_head_lr"})
+    EXPECT_NE(error_of({"--" + key, "-0.1"}).find("key '" + key + "'"), std::string::npos) << error_of({"--" + key, "-0.1"});
+}
+
 // The losses of `steps` optimizer steps on the batch (idx, idx).
 std::vector<double> train_steps(GPT& model, dion::Optimizer& opt, const at::Tensor& idx, int steps) {
   std::vector<double> losses;

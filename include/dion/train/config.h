@@ -110,6 +110,8 @@ struct Config {
   int64_t max_nonfinite_steps = 3;        // non-finite steps in a row skipped; one more stops the run
   double scalar_beta1 = 0.9;              // the embedding / lm_head groups' betas: train.py's effective
   double scalar_beta2 = 0.95;             //   (0.9, 0.95) (docs/train.md "Parameter groups")
+  double embed_lr = 0;                    // the embedding group's lr (0: lr, the reference's rule)
+  double lm_head_lr = 0;                  // the lm_head group's lr (0: lr x lm_head_lr_scale)
   std::string fsdp_param_dtype = "fp32";  // FSDP weight gathers: fp32 | bf16 (the reference's policy)
 
   std::string config_file;  // the --config path ("" without one); not a key

@@ -4,10 +4,10 @@
 // Groups (in this order, as the reference):
 //   0  every parameter of the blocks (transformer.h.*: the attention and MLP matrices)
 //      -> the `optimizer`'s algorithm with lr, mu, weight_decay, ortho_fraction, adjust_lr
-//   1  the token embedding -> scalar_opt, lr, betas (scalar_beta1, scalar_beta2), default
-//                             (0.9, 0.95): what train.py runs; weight decay 0
-//   2  lm_head             -> scalar_opt, lr * lm_head_lr_scale(scalar_opt, model_dim),
-//                             the same betas, weight decay 0
+//   1  the token embedding -> scalar_opt, lr (or embed_lr), betas (scalar_beta1, scalar_beta2),
+//                             default (0.9, 0.95): what train.py runs; weight decay 0
+//   2  lm_head             -> scalar_opt, lr * lm_head_lr_scale(scalar_opt, model_dim) (or
+//                             lm_head_lr), the same betas, weight decay 0
 // Per optimizer: its class as train.py constructs it, from the algorithm's spec
 // (AlgorithmSpec::train_options: which of lr, mu, weight_decay, ortho_fraction, rcqr_oversample,
 // adjust_lr and mixed_precision it takes, and how; train_gram_newton_schulz: whether
