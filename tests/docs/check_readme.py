@@ -10,7 +10,8 @@ What it checks (ctest -R readme_docs):
   2. the README's example blocks equal examples/readme_example.cpp and examples/readme_example.py
      byte for byte (the README shows them verbatim; ctest builds and runs them:
      readme_example_cpp, readme_example_py).
-  3. the docs budget: `wc -w docs/*.md` at most 25,000 words; README.md at most 300 lines.
+  3. docs/train.md lists every dion-train key of src/train/config_keys.cpp (in `backticks`).
+  4. the docs budget: `wc -w docs/*.md` at most 25,000 words; README.md at most 300 lines.
 Before checking the checkout it checks itself: a README with a missing path, and one whose example
 differs from its file, must both fail (a check that cannot fail is no check).
 
@@ -105,6 +106,15 @@ def check(readme_text, pages, examples):
     for rel, text in examples.items():
         if text not in blocks:
             problems.append(f"README.md: no code block equals {rel} (the README shows it verbatim)")
+    keys_src = ROOT / "src" / "train" / "config_keys.cpp"
+    if keys_src.exists() and "docs/train.md" in pages:
+        src = keys_src.read_text()
+        keys = re.findall(r'\{"([a-z_0-9]+)", &Config', src) + re.findall(r'\.name = "([a-z_0-9]+)"', src)
+        if len(keys) < 40:
+            problems.append(f"{keys_src.relative_to(ROOT)}: found only {len(keys)} keys (has the table's form changed?)")
+        for key in keys:
+            if f"`{key}`" not in pages["docs/train.md"]:
+                problems.append(f"docs/train.md: the dion-train key `{key}` (src/train/config_keys.cpp) is not listed")
     words = sum(len(t.encode().split()) for t in pages.values())
     if words > DOCS_WORD_BUDGET:
         problems.append(f"docs/*.md: {words} words, over the budget of {DOCS_WORD_BUDGET} (wc -w docs/*.md)")
@@ -123,8 +133,12 @@ def main():
     bad_path, _, _ = check(readme + "\nSee `scripts/no_such_script.sh`.\n", pages, examples)
     stale = {rel: text + "// changed\n" for rel, text in examples.items()}
     bad_example, _, _ = check(readme, pages, stale)
-    if not any("no_such_script.sh" in p for p in bad_path) or len(bad_example) < len(EXAMPLES):
-        print("FAIL: the check did not catch a missing path or a changed example (self-test)")
+    no_key = dict(pages)
+    no_key["docs/train.md"] = pages["docs/train.md"].replace("`grad_clip`", "grad_clip")  # every mention
+    bad_key, _, _ = check(readme, no_key, examples)
+    if (not any("no_such_script.sh" in p for p in bad_path) or len(bad_example) < len(EXAMPLES)
+            or not any("`grad_clip`" in p for p in bad_key)):
+        print("FAIL: the check did not catch a missing path, a changed example or an unlisted key (self-test)")
         return 1
 
     problems, n_named, words = check(readme, pages, examples)
