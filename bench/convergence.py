@@ -79,7 +79,7 @@ FAST_OPTIMIZERS = ["muon", "dion2-0.25"]
 PRESETS = {
     # Sized from 12-step timing runs (one thread each, two at a time, a -j2 build running beside
     # them) on this project's 2-core machine: 4x256 T128 B8 Muon 0.26 s a step, AdamW 0.19;
-    # 4x128 T64 B16 Muon 0.086 s, AdamW 0.070 (docs/convergence.md). Validation every 1/20 of the
+    # 4x128 T64 B16 Muon 0.086 s, AdamW 0.070 (2026-12-02). Validation every 1/20 of the
     # steps, so that "steps to AdamW's final / AdamW's steps" resolves 0.05 (0.75 is a validation).
     "full": dict(n_layer=4, model_dim=256, n_head=4, sequence_length=128, batch_size=8,
                  num_iterations=280, val_loss_every=14, val_batches=8, seeds=3,

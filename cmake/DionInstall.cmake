@@ -155,7 +155,8 @@ message(STATUS "dion: cmake --install exports ${DION_EXPORTED_NAMES}")
 
 # ---------------------------------------------------------------------------- tests
 # install_consumer: `cmake --install` into build/consumer-test/prefix, then tests/consumer (a
-# separate project: find_package(dion), the README example) configured, built and run against it.
+# separate project: find_package(dion), an MLP trained as examples/train_mlp.cpp does) configured,
+# built and run against it.
 if(DION_BUILD_TESTS AND TARGET dion AND TARGET dion_data)
   get_filename_component(DION_TORCH_CMAKE_PREFIX "${Torch_DIR}/.." ABSOLUTE)  # .../share/cmake
   add_test(NAME install_consumer

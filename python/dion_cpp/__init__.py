@@ -7,7 +7,7 @@
 
 Each class is a torch.optim.Optimizer with the reference's constructor and param-group keys;
 the math runs in the C++ library (libdion) over the same parameter tensors. Dion3 is NorDion2.
-Build: see README ("Python module").
+Build and install: docs/architecture.md ("How it ships"); reference: docs/optimizers.md.
 """
 import torch  # noqa: F401  (loads libtorch before the extension)
 

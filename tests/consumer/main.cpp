@@ -2,7 +2,7 @@
 //
 // Built by tests/consumer/CMakeLists.txt against what `cmake --install` wrote (find_package(dion)),
 // never against the source tree. This file includes only "dion/dion.h" (and <cstdio>) and runs the
-// README's worked example verbatim (between the markers below) on a small MLP; other_targets.cpp
+// optimizer setup of examples/train_mlp.cpp (between the markers below) on a small MLP; other_targets.cpp
 // uses dion::comm and dion::data. Exit 0 when the loss went down and the other checks passed.
 #include <cstdio>
 
@@ -20,7 +20,7 @@ int main() {
   auto model = [&](const torch::Tensor& in) { return fc3(torch::relu(fc2(torch::relu(fc1(in))))); };
   torch::Tensor first_loss = torch::mse_loss(model(x), y).detach();
 
-  // ---- README "A worked example", verbatim
+  // ---- the optimizer setup and loop of examples/train_mlp.cpp
   std::vector<torch::Tensor> matrices = {fc1->weight, fc2->weight, fc3->weight};
   std::vector<torch::Tensor> vectors = {fc1->bias, fc2->bias, fc3->bias};
   dion::Optimizer opt(
@@ -36,7 +36,7 @@ int main() {
     loss.backward();
     opt.step();
   }
-  // ---- end of the README snippet
+  // ---- end of the train_mlp.cpp setup
 
   float before = first_loss.item<float>();
   float after = torch::mse_loss(model(x), y).item<float>();

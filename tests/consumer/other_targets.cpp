@@ -3,7 +3,7 @@
 // dion::comm: a one-process Group (Group::init_from_env without torchrun's variables) sums a
 // tensor, which links the c10d-based group code against the consumer's LibTorch. dion::data:
 // a FineWeb shard written and read back (shard.h). Kept apart from main.cpp so that main.cpp
-// shows the README snippet compiling with dion/dion.h alone.
+// shows the train_mlp.cpp setup compiling with dion/dion.h alone.
 #include <ATen/ops/arange.h>
 
 #include <cstdint>

@@ -11,7 +11,7 @@
 #   3. find_package(dion) without torch's prefix fails with the message that says which prefix
 #      to pass (skipped if this machine finds Torch without it);
 #   4. with it, the consumer configures and builds, and no compile command has -Werror;
-#   5. the consumer runs and exits 0 (README example trains; dion::comm and dion::data work).
+#   5. the consumer runs and exits 0 (the train_mlp setup trains; dion::comm and dion::data work).
 # Needs the targets installed to be built already (ctest runs after the build).
 cmake_minimum_required(VERSION 3.25)
 foreach(var BUILD_DIR SOURCE_DIR WORK_DIR TORCH_PREFIX)

@@ -167,8 +167,8 @@ TEST(Cli, DownloadFromLocalServer) {
   expect_contains(unknown.err, {"unknown dataset \"nope\"", "fineweb10B"});
 }
 
-// Every --flag the README's data section and docs/data.md's `dion-data ...` sections name is a
-// flag dion-data has (the README once said --gpt2-dir, which dion-data rejects).
+// Every --flag docs/data.md's `dion-data ...` sections name is a flag dion-data has (the README
+// once said --gpt2-dir, which dion-data rejects; its data section has since moved there).
 TEST(Cli, DocsNameOnlyRealFlags) {
   std::string help;
   for (const char* cmd : {"prepare", "inspect", "download", "encode", "finish-swap"}) help += run_dion_data({cmd, "--help"}).out;
@@ -180,8 +180,7 @@ TEST(Cli, DocsNameOnlyRealFlags) {
     }
     return out;
   };
-  const std::string docs = section(read_file(source_dir() / "README.md"), "### Data", "\n## ") +
-                           section(read_file(source_dir() / "docs/data.md"), "\n## `dion-data", "\n## ");
+  const std::string docs = section(read_file(source_dir() / "docs/data.md"), "\n## `dion-data", "\n## ");
   ASSERT_NE(docs.find("dion-data prepare"), std::string::npos);
   size_t checked = 0;
   for (size_t pos = docs.find("--"); pos != std::string::npos; pos = docs.find("--", pos + 2)) {
