@@ -361,7 +361,6 @@ PYBIND11_MODULE(_C, m) {
       py::dict d;
       d["name"] = s.name;
       d["aliases"] = s.aliases;
-      d["summary"] = s.summary;
       d["class_name"] = s.class_name;
       d["class_aliases"] = s.class_aliases;
       d["matrix"] = s.matrix;

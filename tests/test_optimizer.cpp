@@ -303,7 +303,7 @@ TEST(Validation, NamedOptimizersRejectForeignMatrixAlgorithms) {
 
 TEST(Groups, ParamsWithoutGradAreSkipped) {
   for (const std::string algo : {"muon", "normuon", "dion2", "nordion2", "dion", "adamw", "lion"}) {
-    const bool matrix = dion::is_matrix_algorithm(algo);
+    const bool matrix = dion::find_algorithm(algo).matrix();
     std::vector<at::Tensor> p = make_params({{8, 16}, {8, 16}, {16}}, 1);
     p[0].mutable_grad() = at::randn({8, 16});  // p[1] and the bias have no gradient
     const at::Tensor before1 = p[1].clone(), before2 = p[2].clone(), before0 = p[0].clone();
@@ -675,18 +675,15 @@ TEST(Options, EveryTableFieldThroughOverrideEqualitySerializeAndValidate) {
   EXPECT_TRUE(round_trip(dion::Options().algorithm("lion")) == dion::Options().algorithm("lion")) << "algorithm";
 }
 
-TEST(Options, AlgorithmEnumAndNames) {
-  const std::vector<dion::Algorithm> all = dion::algorithms();
-  for (size_t i = 0; i < all.size(); ++i) {
-    const dion::Algorithm a = all[i];
-    EXPECT_EQ(dion::parse_algorithm(dion::to_string(a)), a);
-    EXPECT_EQ(dion::known_algorithms()[i], dion::to_string(a));
-    EXPECT_EQ(dion::Options().algorithm(a).algorithm(), dion::to_string(a));
-    EXPECT_EQ(dion::Options().algorithm(dion::to_string(a)).algo(), a);
+TEST(Options, AlgorithmHandlesAndNames) {
+  for (const dion::Algorithm a : dion::algorithms()) {
+    EXPECT_EQ(dion::find_algorithm(a.name()), a);
+    EXPECT_EQ(dion::Options().algorithm(a).algorithm(), a.name());
+    EXPECT_EQ(dion::Options().algorithm(a.name()).algo(), a);
   }
-  EXPECT_EQ(dion::parse_algorithm("dion3"), std::nullopt);
-  EXPECT_EQ(dion::parse_algorithm("dion3", /*aliases=*/true), dion::find_algorithm("nordion2"));
-  EXPECT_EQ(dion::parse_algorithm("sgd", true), std::nullopt);
+  EXPECT_FALSE(dion::find_algorithm("dion3"));
+  EXPECT_EQ(dion::find_algorithm("dion3", /*aliases=*/true), dion::find_algorithm("nordion2"));
+  EXPECT_FALSE(dion::find_algorithm("sgd", true));
   // An unknown name is kept for validate()'s message, and is not equal to any known algorithm.
   const dion::Options bad = dion::Options().algorithm("sgd");
   EXPECT_EQ(bad.algorithm(), "sgd");
@@ -705,9 +702,10 @@ TEST(Options, NamedDefaultsAndAliases) {
   EXPECT_EQ(opt.options(0).algorithm(), "nordion2");
   EXPECT_THROW(dion::Dion3({{{at::randn({8, 4})}, {.algorithm = "dion2"}}}), dion::ValueError);
   EXPECT_EQ(dion::algorithm_names(), "muon, normuon, dion2, nordion2, dion, adamw, lion");
-  for (const std::string& a : kMatrixAlgorithms) EXPECT_TRUE(dion::is_matrix_algorithm(a)) << a;
-  EXPECT_FALSE(dion::is_matrix_algorithm("adamw"));
-  EXPECT_FALSE(dion::is_matrix_algorithm("lion"));
+  for (const std::string& a : kMatrixAlgorithms) EXPECT_TRUE(dion::find_algorithm(a).matrix()) << a;
+  EXPECT_FALSE(dion::find_algorithm("adamw").matrix());
+  EXPECT_FALSE(dion::find_algorithm("lion").matrix());
+  EXPECT_FALSE(dion::find_algorithm("sgd").matrix());  // unknown: not a matrix algorithm
 }
 
 TEST(Options, LmHeadLrScale) {

@@ -299,8 +299,9 @@ std::string value_str(const int64_t* row, int col) {
       os << "'" << (v == 0 ? f.choice->a : v == 1 ? f.choice->b : "?") << "'";
       break;
     case Kind::ALGORITHM: {
-      const std::vector<std::string> algos = known_algorithms();
-      os << "'" << (v >= 0 && v < static_cast<int64_t>(algos.size()) ? algos[static_cast<size_t>(v)] : "?") << "'";
+      const std::vector<Algorithm> algos = algorithms();
+      os << "'" << (v >= 0 && v < static_cast<int64_t>(algos.size()) ? algos[static_cast<size_t>(v)].name() : "?")
+         << "'";
       break;
     }
     case Kind::DTYPE:

@@ -400,7 +400,7 @@ void Optimizer::synchronize_for_checkpoint() {
 Options NamedOptimizer::defaults_of(const std::string& name) {
   const Algorithm a = find_algorithm(name);
   if (!a) throw ValueError("no algorithm '" + name + "' (registered: " + algorithm_names() + ")");
-  return a.spec().defaults ? a.spec().defaults() : Options().algorithm(a);
+  return Options().algorithm(a);
 }
 
 NamedOptimizer::NamedOptimizer(const std::string& name, const std::vector<ParamGroup>& groups, const Options& d,

@@ -10,23 +10,6 @@
 
 namespace dion {
 
-const char* to_string(Algorithm a) { return a ? a.name().c_str() : "none"; }
-
-std::optional<Algorithm> parse_algorithm(const std::string& name, bool aliases) {
-  const Algorithm a = find_algorithm(name, aliases);
-  return a ? std::optional<Algorithm>(a) : std::nullopt;
-}
-
-std::vector<std::string> known_algorithms() {
-  std::vector<std::string> names;
-  for (Algorithm a : algorithms()) names.push_back(a.name());
-  return names;
-}
-
-bool is_matrix_algorithm(Algorithm a) { return a.matrix(); }
-
-bool is_matrix_algorithm(const std::string& a) { return find_algorithm(a).matrix(); }
-
 Options::Options(double lr) : lr_(lr), algorithm_(algorithms().front()) {}
 
 const std::vector<HyperparameterInfo>& hyperparameters() {
@@ -39,13 +22,14 @@ const std::vector<HyperparameterInfo>& hyperparameters() {
 }
 
 Options& Options::algorithm(const std::string& name) {
-  if (const auto a = parse_algorithm(name)) return algorithm(*a);
+  if (const Algorithm a = find_algorithm(name)) return algorithm(a);
   unknown_algorithm_ = name.empty() ? std::string("''") : name;
   return *this;
 }
 
 std::string Options::algorithm() const {
-  return unknown_algorithm_.empty() ? std::string(to_string(algorithm_)) : unknown_algorithm_;
+  if (!unknown_algorithm_.empty()) return unknown_algorithm_;
+  return algorithm_ ? algorithm_.name() : std::string("none");
 }
 
 namespace {

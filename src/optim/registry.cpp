@@ -15,7 +15,7 @@
 namespace dion {
 
 namespace detail {
-void register_builtin_algorithms();  // generated: calls each builtin driver file's registration
+void register_builtin_algorithms();  // src/optim/drivers/builtin.cpp: each builtin driver file's registration
 }  // namespace detail
 
 namespace {

@@ -30,10 +30,8 @@ void sign_descent_update(const driver::Batch& batch, const Options& o, const dri
 AlgorithmSpec sign_descent_spec() {
   AlgorithmSpec s;
   s.name = "sign_descent";
-  s.summary = "sign descent with momentum (a test's toy algorithm)";
   s.class_name = "SignDescent";
   s.uses_orthogonalizer = false;
-  s.reads = {"lr", "mu", "weight_decay"};
   s.state = [](const ParamView& p, const Options&) {
     return std::vector<StateSpec>{{"momentum", p.param.sizes().vec(), p.param.scalar_type()}};
   };

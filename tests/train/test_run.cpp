@@ -113,6 +113,39 @@ TEST_F(TrainRun, LossFallsBelowTheUnigramEntropy) {
   EXPECT_EQ(train_records, 30);
 }
 
+// The main job's config (scripts/run.sh) as it is, on byte shards of Tiny Shakespeare (the first
+// 10% val, as run.sh cuts them, here by bytes), shortened to 40 steps (its schedule with them):
+// the val loss falls from the uniform level to below the byte unigram entropy of the val text
+// (3.3 nats), so the model reads its context within seconds. The whole run is in the README.
+TEST_F(TrainRun, TheMainJobsByteConfigGoesBelowTheUnigramEntropyInItsFirstSteps) {
+  TempDir run("main_job"), bytes("main_job_bytes");
+  std::ifstream in(test::source_dir() / "data/tinyshakespeare/input.txt", std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(text.size(), 1000000u);
+  const size_t cut = text.size() / 10;
+  std::vector<uint16_t> val(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(cut));
+  std::vector<uint16_t> train(text.begin() + static_cast<std::ptrdiff_t>(cut), text.end());
+  for (auto* part : {&val, &train})
+    for (uint16_t& t : *part) t = static_cast<uint16_t>(static_cast<unsigned char>(t));
+  data::shard_write(bytes / "fineweb_val_000000.bin", val, data::ShardTokenizer::BYTES);
+  data::shard_write(bytes / "fineweb_train_000001.bin", train, data::ShardTokenizer::BYTES);
+  const double h = unigram_entropy(bytes / "fineweb_val_000000.bin");
+  ProcResult r = run_train({"--config", (test::source_dir() / "configs/shakespeare_bytes_dion2.yaml").string(),
+                            "--data_dir", bytes.path().string(), "--run_dir", run.path().string(), "--checkpoint_dir",
+                            (run / "ck").string(), "--num_iterations", "40", "--val_loss_every", "40", "--val_tokens",
+                            "8192"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto records = test::read_metrics(run / "metrics.jsonl");
+  std::vector<test::Record> vals;
+  for (const auto& rec : records)
+    if (rec.kind == "val") vals.push_back(rec);
+  ASSERT_EQ(vals.size(), 2u) << r.output;  // steps 0 and 40
+  std::printf("byte unigram entropy %.4f nats; val loss %.4f at step 0 -> %.4f at step %lld\n", h, vals[0].loss,
+              vals[1].loss, static_cast<long long>(vals[1].step));
+  EXPECT_GT(vals[0].loss, 5.0);  // about ln(320) = 5.77 before training
+  EXPECT_LT(vals[1].loss, h - 0.3);
+}
+
 void expect_same_metrics(const fs::path& a, const fs::path& b) {
   std::ifstream fa(a), fb(b);
   std::string la, lb;

@@ -11,7 +11,7 @@
 // An algorithm is one AlgorithmSpec, defined next to its driver (src/optim/drivers/<family>.cpp)
 // and registered there with DION_REGISTER_ALGORITHM. The spec says everything generic code asks:
 // its name and aliases, matrix or scalar (and so which parameters it takes), the state it keeps
-// (keys, shapes, dtypes, how each starts), its defaults, its own checks of hyperparameters,
+// (keys, shapes, dtypes, how each starts), its own checks of hyperparameters,
 // parameters and layouts, when its tasks run in step(), the update itself, and how the Python
 // module and the trainer construct it. The optimizer, the checkpoints, the Python bindings and
 // classes, the trainer's config and dion-bench ask the registry; none names an algorithm.
@@ -135,7 +135,6 @@ struct AlgorithmSpec {
 
   std::string name;                        // "muon": Options::algorithm(name), the checkpoints' name
   std::vector<std::string> aliases;        // other names the trainer's config accepts
-  std::string summary;                     // one line for listings (--help, docs)
   std::string class_name;                  // the C++ / Python class ("Muon"); empty: none (adamw, lion)
   std::vector<std::string> class_aliases;  // other names of the class ("Dion3")
   // Matrix algorithms take parameters of ndim >= 2, batched into megabatches (same shape, dtype,
@@ -147,8 +146,6 @@ struct AlgorithmSpec {
   bool lm_head_lr_scaled = false;     // lm_head_lr_scale(): 1/sqrt(model_dim) for this algorithm
   bool weight_decay_on_host = false;  // reads weight decay on the host even with device scalars
   bool uses_orthogonalizer = true;    // its matrices go through the OrthoConfig's orthogonalizer
-  // The hyperparameters it reads (dion/optim/hyperparameters.h), for listings.
-  std::vector<std::string> reads;
 
   // The state of one parameter, in creation order. Required.
   std::function<std::vector<StateSpec>(const ParamView& p, const Options& o)> state;
@@ -163,8 +160,6 @@ struct AlgorithmSpec {
   std::function<void(const Plan& plan, const Options& o, const std::string& where)> check_plan;
   Update update = nullptr;  // one task: a megabatch (matrix) or a group (scalar)
 
-  // The class's defaults (also the named C++ class's defaults()); null: Options().algorithm(name).
-  std::function<Options()> defaults;
   // The trainer: the class as train.py builds it. null: the defaults with lr and weight decay.
   std::function<void(Options& defaults, const TrainKnobs& knobs)> train_options;
   bool train_gram_newton_schulz = false;  // train.py passes use_gram_newton_schulz to this class

@@ -2,8 +2,8 @@
 // and a plugin's (DION_ALGORITHM_PLUGIN, algorithm.h; tests/optim/sign_descent.cpp is one).
 //
 // A driver file defines its algorithms' specs (dion/optim/algorithm.h) and registers them in
-// DION_BUILTIN_DRIVER(<file stem>) { ... } (cmake/DionTorch.cmake lists the builtin driver files;
-// their registration functions run in that order, which is the registry's listing order).
+// DION_BUILTIN_DRIVER(<file stem>) { ... } (src/optim/drivers/builtin.cpp calls the builtin
+// driver files' registration functions, in the registry's listing order).
 //
 // The optimizer (optimizer.cpp) groups parameters, creates their state, buckets each matrix
 // group's parameters into megabatches (same shape and dtype) and runs one task per megabatch

@@ -31,13 +31,6 @@ using math::AdjustLR;
 // The algorithm of a group (dion/optim/algorithm.h): names are the API edge
 // (Options::algorithm(name), the trainer's config, Python); inside the optimizer the handle is
 // compared and its spec asked.
-const char* to_string(Algorithm algorithm);  // its name
-// The algorithm named `name`, or nullopt. `aliases`: also the names the trainer's config accepts.
-std::optional<Algorithm> parse_algorithm(const std::string& name, bool aliases = false);
-// The algorithm names a group may use (registration order).
-std::vector<std::string> known_algorithms();
-bool is_matrix_algorithm(Algorithm algorithm);           // needs ndim >= 2
-bool is_matrix_algorithm(const std::string& algorithm);  // false for unknown names
 
 class Options : public torch::optim::OptimizerCloneableOptions<Options> {
  public:
@@ -53,7 +46,7 @@ class Options : public torch::optim::OptimizerCloneableOptions<Options> {
  public:
   using betas_t = Betas;
 
-  // The group's algorithm. The string setter accepts the names of known_algorithms(); an
+  // The group's algorithm. The string setter accepts the names of algorithms() (algorithm.h); an
   // unknown name is kept so that validate() can name it in its error.
   Options& algorithm(Algorithm a) {
     algorithm_ = a;

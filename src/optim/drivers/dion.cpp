@@ -102,13 +102,10 @@ AlgorithmSpec dion_spec() {
   s.size_option = "rank_fraction";
   s.train_reference_variants = {"dion_reference", "dion_simple"};
   s.optimizer_grad_sync = true;
-  s.summary = "Dion (legacy): low-rank power iteration with a randomized-QR orthonormalization, 2-D only";
   s.class_name = "Dion";
   s.serial = true;                // Q is drawn at random when the state is created
   s.uses_orthogonalizer = false;  // randomized QR
   s.benchmark_options = [](Options& o) { o.rank_fraction(0.25); };
-  s.reads = {"lr",         "weight_decay",   "mu",     "epsilon", "rank_fraction", "rank_multiple_of",
-             "oversample", "momentum_dtype", "Q_dtype"};
   s.state = [](const ParamView& p, const Options& o) {
     // Q [n', r] for the whole matrix; a sharded parameter keeps the rows of its outer chunk.
     const Layout L = layout_of(p.dist, p.param);

@@ -226,10 +226,7 @@ AlgorithmSpec dion2_spec() {
   AlgorithmSpec s;
   s.name = "dion2";
   s.size_option = "fraction";
-  s.summary = "Dion2: error feedback, then only a top fraction of rows or columns orthogonalized";
   s.class_name = "Dion2";
-  s.reads = {"lr",        "weight_decay", "fraction",  "ef_decay",        "epsilon",
-             "adjust_lr", "flatten",      "num_heads", "selection_scope", "selection_dim"};
   s.state = [](const ParamView& p, const Options&) { return std::vector<StateSpec>{momentum_like(p)}; };
   s.update = dion2_step;
   s.train_options = [](Options& d, const TrainKnobs& k) {
@@ -253,11 +250,8 @@ AlgorithmSpec nordion2_spec() {
   AlgorithmSpec s = dion2_spec();
   s.name = "nordion2";
   s.aliases = {"dion3"};
-  s.summary = "NorDion2 (Dion3): Dion2's row selection with NorMuon's per-neuron normalization";
   s.class_name = "NorDion2";
   s.class_aliases = {"Dion3"};
-  s.reads = {"lr",      "weight_decay", "fraction", "mu",        "muon_beta2",
-             "epsilon", "adjust_lr",    "flatten",  "num_heads", "selection_scope"};
   s.state = [](const ParamView& p, const Options&) {
     return std::vector<StateSpec>{momentum_like(p), neuron_variance(p)};
   };

@@ -59,11 +59,8 @@ AlgorithmSpec muon_spec() {
   AlgorithmSpec s;
   s.name = "muon";
   s.train_reference_variants = {"muon_reference"};
-  s.summary = "Muon: momentum, then the orthogonalized update (Newton-Schulz / Polar Express)";
   s.class_name = "Muon";
   s.supports_split_sizes = true;
-  s.reads = {"lr",        "weight_decay", "mu",      "nesterov",  "epsilon",
-             "adjust_lr", "cautious_wd",  "flatten", "num_heads", "split_sizes"};
   s.state = [](const ParamView& p, const Options&) { return std::vector<StateSpec>{momentum_like(p)}; };
   s.update = muon_step;
   s.train_options = [](Options& d, const TrainKnobs& k) { d.mu(k.mu).nesterov(true).adjust_lr(k.adjust_lr); };
@@ -80,9 +77,7 @@ AlgorithmSpec normuon_spec() {
   AlgorithmSpec s = muon_spec();
   s.name = "normuon";
   s.train_reference_variants = {};
-  s.summary = "NorMuon: Muon with a per-neuron (row) variance normalization of the orthogonalized update";
   s.class_name = "NorMuon";
-  s.reads.push_back("muon_beta2");
   s.state = [](const ParamView& p, const Options&) {
     return std::vector<StateSpec>{momentum_like(p), neuron_variance(p)};
   };

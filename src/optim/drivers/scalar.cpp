@@ -38,12 +38,10 @@ void lion_update(const Batch& batch, const Options& o, const Env& env) {
 AlgorithmSpec adamw_spec() {
   AlgorithmSpec s;
   s.name = "adamw";
-  s.summary = "AdamW: bias-corrected first and second moments, decoupled weight decay (any parameter)";
   s.matrix = false;
   s.uses_orthogonalizer = false;
   s.phase = 2;                    // after the matrix groups and lion, as the reference
   s.weight_decay_on_host = true;  // torch's fused AdamW takes it as a double
-  s.reads = {"lr", "weight_decay", "betas", "epsilon", "cautious_wd", "variance_dtype"};
   s.state = [](const ParamView& p, const Options& o) {
     return std::vector<StateSpec>{
         momentum_like(p),
@@ -70,12 +68,10 @@ AlgorithmSpec adamw_spec() {
 AlgorithmSpec lion_spec() {
   AlgorithmSpec s;
   s.name = "lion";
-  s.summary = "Lion: the sign of interpolated momentum (any parameter)";
   s.matrix = false;
   s.uses_orthogonalizer = false;
   s.phase = 1;
   s.lm_head_lr_scaled = true;  // the Dion paper's lm_head scale (App. D.2)
-  s.reads = {"lr", "weight_decay", "betas", "cautious_wd"};
   s.state = [](const ParamView& p, const Options&) { return std::vector<StateSpec>{momentum_like(p)}; };
   s.update = lion_update;
   s.train_options = [](Options& d, const TrainKnobs&) { d.betas({0.9, 0.99}); };
