@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <stdexcept>
 #include <string>
 
@@ -45,6 +46,14 @@ bool bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
 
 }  // namespace
 
+namespace {
+std::atomic<int64_t> g_launches{0};
+}  // namespace
+
+int64_t own_kernel_launches() { return g_launches.load(std::memory_order_relaxed); }
+
+void detail::count_launch() { g_launches.fetch_add(1, std::memory_order_relaxed); }
+
 bool available() {
 #ifdef DION_HAVE_CUDA
   return true;
@@ -62,6 +71,7 @@ namespace {
 void decay_and_update_impl(const at::Tensor& X, const at::Tensor& U, float decay, float neg_lr, const float* decay_p,
                            const float* neg_lr_p) {
 #ifdef DION_HAVE_CUDA
+  detail::count_launch();
   const cudaError_t err =
       detail::decay_and_update(X.data_ptr(), bf16(X), U.data_ptr(), bf16(U), X.numel(), decay, neg_lr, decay_p,
                                neg_lr_p, c10::cuda::getCurrentCUDAStream(X.device().index()).stream());
@@ -92,6 +102,7 @@ void momentum_(const at::Tensor& M, const at::Tensor& G, const at::Tensor& U, fl
   check_pair("momentum_", "M", M, "G", G);
   if (U.defined()) check_pair("momentum_", "M", M, "U", U);
 #ifdef DION_HAVE_CUDA
+  detail::count_launch();
   const cudaError_t err = detail::momentum(
       M.data_ptr(), bf16(M), G.data_ptr(), bf16(G), U.defined() ? U.data_ptr() : nullptr, U.defined() && bf16(U),
       M.numel(), mu, nesterov, U.defined(), c10::cuda::getCurrentCUDAStream(M.device().index()).stream());

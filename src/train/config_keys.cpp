@@ -170,6 +170,9 @@ const std::vector<Key>& keys() {
       {"cuda_graphs", &Config::cuda_graphs,
        "capture the training step (forward + backward of a micro-batch, the optimizer step) in CUDA graphs once and "
        "replay them (device cuda, one process)"},
+      {"cuda_kernels", &Config::cuda_kernels,
+       "the optimizer's own CUDA kernels (fused element-wise steps, symmetric products by block rows + mirror), not "
+       "yet checked on a GPU; false: ATen's CUDA ops (device cuda)"},
       {"peak_tflops", &Config::peak_tflops,
        "the peak TFLOP/s the MFU of the step lines is measured against (0: a matmul in the run's dtype, timed once at "
        "the start)",

@@ -134,6 +134,11 @@ void config_validate(const Config& c) {
         fmt::format("key 'cuda_graphs': true needs device cuda (a CUDA graph captures GPU work; device is '{}'); "
                     "valid: false, or device cuda",
                     c.device));
+  if (c.cuda_kernels && c.device == "cpu")
+    fail(
+        fmt::format("key 'cuda_kernels': true needs device cuda (the kernels run on CUDA tensors; device is "
+                    "'{}'); valid: false, or device cuda",
+                    c.device));
   if (c.cuda_graphs && c.dp_size * c.fs_size * c.tp_size > 1)
     fail(
         fmt::format("key 'cuda_graphs': true is supported for one process only (dp_size {} x fs_size {} x "

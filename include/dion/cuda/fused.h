@@ -14,12 +14,17 @@
 //       U = nesterov ? M * mu + g : M, stored in U's dtype (the comm dtype): Muon's momentum
 //       and update in one pass, bit-identical to that ATen composition.
 //
-// dion::math (muon_pre / muon_post) calls these for CUDA tensors when fusable(); on CPU (or
-// without CUDA) it uses the ATen ops. Calling a kernel in a build without CUDA throws
+// dion::math (muon_pre / muon_post, dion2_post_masked) calls these for CUDA tensors when
+// fusable() and the own kernels are turned on (dion/math/own_kernels.h; off by default: ATen's
+// ops until a GPU has checked them); on CPU (or without CUDA) it uses the ATen ops.
+//   dion::cuda::own_kernel_launches()            launches of this header's and symmetric.h's
+//                                                kernels in this process (a test counts them) Calling a kernel in a build without CUDA throws
 // std::runtime_error; bad arguments throw c10::Error naming them.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include <cstdint>
 
 namespace dion::cuda {
 
@@ -33,5 +38,11 @@ void decay_and_update_(const at::Tensor& X, const at::Tensor& U, float decay, fl
 void decay_and_update_(const at::Tensor& X, const at::Tensor& U, const at::Tensor& decay, const at::Tensor& neg_lr);
 
 void momentum_(const at::Tensor& M, const at::Tensor& G, const at::Tensor& U, float mu, bool nesterov);
+
+int64_t own_kernel_launches();
+
+namespace detail {
+void count_launch();  // called by every kernel launch of src/cuda
+}  // namespace detail
 
 }  // namespace dion::cuda
