@@ -54,6 +54,19 @@ int64_t own_kernel_launches() { return g_launches.load(std::memory_order_relaxed
 
 void detail::count_launch() { g_launches.fetch_add(1, std::memory_order_relaxed); }
 
+int compute_capability_major(int device_index) {
+#ifdef DION_HAVE_CUDA
+  int device = device_index;
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return -1;
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return -1;
+  return major;
+#else
+  (void)device_index;
+  return -1;
+#endif
+}
+
 bool available() {
 #ifdef DION_HAVE_CUDA
   return true;

@@ -148,7 +148,8 @@ const std::vector<Key>& keys() {
        .choices = {"auto", "cpu", "cuda"}},
       {.name = "dtype",
        .field = &Config::dtype,
-       .help = "compute dtype: auto (cuda: bf16 autocast; cpu: the faster, docs/train.md), fp32, bf16 (autocast)",
+       .help = "compute dtype: auto (cuda: bf16 autocast from compute capability 8.0, else fp32; cpu: the faster, "
+               "docs/train.md), fp32, bf16 (autocast)",
        .check = Check::CHOICE,
        .choices = {"auto", "fp32", "bf16"}},
       {.name = "model_kernels",

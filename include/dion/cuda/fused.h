@@ -41,6 +41,10 @@ void momentum_(const at::Tensor& M, const at::Tensor& G, const at::Tensor& U, fl
 
 int64_t own_kernel_launches();
 
+// The compute capability's major version of CUDA device `device_index` (-1: the current one);
+// -1 when unknown (a build without CUDA kernels). bf16 tensor cores: 8 and above.
+int compute_capability_major(int device_index = -1);
+
 namespace detail {
 void count_launch();  // called by every kernel launch of src/cuda
 }  // namespace detail
