@@ -44,6 +44,7 @@
 #include "dion/math/own_kernels.h"
 #include "dion/math/symmetric.h"
 #include "dion/optim/cuda_graph.h"
+#include "fake_distribution.h"
 #include "matrices.h"
 #include "product_bounds.h"
 
@@ -380,6 +381,21 @@ TEST(CudaGraphStep, RefusesParametersNotOnOneCudaDevice) {
   dion::Optimizer opt({w}, dion::Options(0.02).algorithm("muon"));
   EXPECT_NE(error_of([&] { dion::CudaGraphStep g(opt); }).find("param group 0, parameter 0 of shape [8, 8] is on cpu"),
             std::string::npos);
+}
+
+// Runs everywhere: an optimizer distributed over several processes is refused before anything is
+// captured (a capture failing on one rank would leave the others in a collective), and before
+// the device check, which would name the CPU parameter instead.
+TEST(CudaGraphStep, RefusesADistributedOptimizer) {
+  dion::testing::FakeWorld world(2);
+  std::vector<std::string> errors(2);
+  world.run([&](int r) {
+    at::Tensor w = at::randn({8, 8});
+    dion::Optimizer opt({w}, dion::Options(0.02).algorithm("muon"), {}, world.distribution(r));
+    errors[static_cast<size_t>(r)] = error_of([&] { dion::CudaGraphStep g(opt); });
+  });
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("CudaGraphStep: the optimizer is distributed over 2 processes"), std::string::npos) << e;
 }
 
 // Eager steps and graphed steps (1 warm-up, capture, replays) from the same start and the same
