@@ -390,6 +390,7 @@ def test_gram_newton_schulz_and_fast_path():
 def test_cuda_kernels_are_opt_in():
     # The project's own CUDA kernels are off unless turned on (dion/math/own_kernels.h); on CPU
     # tensors the setting changes nothing: the same step bit for bit.
+    from dion_cpp import _C
     torch.manual_seed(0)
     w0, g = torch.randn(32, 48), torch.randn(32, 48)
 
