@@ -31,6 +31,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,7 +76,8 @@ at::Tensor cuda_randn(std::vector<int64_t> shape, at::ScalarType dtype) {
 // X.mul_(decay); X.add_(U * neg_lr): the ATen composition of decay_and_update_ (muon_post).
 TEST(Cuda, FusedDecayAndUpdateEqualsItsAtenComposition) {
   SKIP_WITHOUT_CUDA();
-  const float decay = 0.9f, neg_lr = -0.5f;  // a no-op kernel is off by ~0.1 |X| + 0.5 |U|
+  dion::math::OwnCudaKernelsScope own(true);  // the kernels under test (off by default)
+  const float decay = 0.9f, neg_lr = -0.5f;   // a no-op kernel is off by ~0.1 |X| + 0.5 |U|
   for (auto [xt, ut] : kDtypePairs) {
     SCOPED_TRACE(std::string(c10::toString(xt)) + " X, " + c10::toString(ut) + " U");
     at::Tensor X = cuda_randn({257, 129}, xt), U = cuda_randn({257, 129}, ut);
@@ -90,7 +92,8 @@ TEST(Cuda, FusedDecayAndUpdateEqualsItsAtenComposition) {
 // g = G.to(M's dtype); M.mul_(mu).add_(g); U = nesterov ? M * mu + g : M, in U's dtype (muon_pre).
 TEST(Cuda, FusedMomentumEqualsItsAtenComposition) {
   SKIP_WITHOUT_CUDA();
-  const float mu = 0.5f;  // a no-op kernel is off by ~0.5 |M| + |G|
+  dion::math::OwnCudaKernelsScope own(true);  // the kernel under test (off by default)
+  const float mu = 0.5f;                      // a no-op kernel is off by ~0.5 |M| + |G|
   for (bool nesterov : {false, true})
     for (auto [mt, gt] : kDtypePairs)
       for (at::ScalarType ut : {at::kFloat, at::kBFloat16}) {
@@ -252,6 +255,7 @@ class ExactCublas {
 TEST(Cuda, MirrorKernelEqualsTrilTranspose) {
   SKIP_WITHOUT_CUDA();
   at::manual_seed(11);
+  std::optional<dion::math::OwnCudaKernelsScope> own(std::in_place, true);  // the kernel under test
   struct Case {
     int64_t batch, m;
   };
@@ -270,14 +274,15 @@ TEST(Cuda, MirrorKernelEqualsTrilTranspose) {
   dion::math::mirror_lower_to_upper(expected, 40);  // the CPU loop
   EXPECT_TRUE(at::equal(P.cpu(), expected));
   EXPECT_FALSE(at::equal(P.cpu(), A.cpu()));
+  own.reset();
   // The math layer's mirror on CUDA: the kernel when turned on, ATen's ops by default; both equal.
-  for (bool own : {false, true}) {
-    dion::math::OwnCudaKernelsScope scope(own);
+  for (bool on : {false, true}) {
+    dion::math::OwnCudaKernelsScope scope(on);
     at::Tensor Q = A.clone();
     const int64_t launches = dion::cuda::own_kernel_launches();
     dion::math::mirror_lower_to_upper(Q, 40);
-    EXPECT_TRUE(at::equal(Q.cpu(), expected)) << "own kernels " << own;
-    EXPECT_EQ(dion::cuda::own_kernel_launches() - launches, own ? 1 : 0);
+    EXPECT_TRUE(at::equal(Q.cpu(), expected)) << "own kernels " << on;
+    EXPECT_EQ(dion::cuda::own_kernel_launches() - launches, on ? 1 : 0);
   }
   at::Tensor strided = cuda_randn({2, 8, 16}, at::kFloat).slice(2, 0, 8);
   EXPECT_THROW(dion::cuda::mirror_lower_to_upper_(strided), c10::Error);
@@ -585,6 +590,32 @@ TEST(CudaDispatch, OwnKernelsAreOffByDefaultAndASettingTurnsThemOn) {
   dion::math::OwnCudaKernelsScope on(true);
   EXPECT_FALSE(dion::math::own_fused_kernel(at::zeros({64, 96}), at::zeros({64, 96})));
   EXPECT_FALSE(dion::math::own_mirror_kernel(at::zeros({2, 8, 8})));
+}
+
+// The kernels' entry points refuse to run while the setting is off, so a call site that skipped
+// the decision above cannot launch one: the error names the switches. Checked on tensors that
+// only describe CUDA tensors (the refusal comes before any launch); bad arguments are still named
+// first.
+TEST(CudaDispatch, KernelEntryPointsRefuseWhileOff) {
+  const at::Tensor X = described_cuda({64, 96}, at::kFloat), U = described_cuda({64, 96}, at::kFloat);
+  const at::Tensor P = described_cuda({2, 32, 32}, at::kFloat);
+  const std::string off = "the project's own CUDA kernels are off";
+  EXPECT_NE(error_of([&] { dion::cuda::decay_and_update_(X, U, 0.9f, -0.1f); }).find("decay_and_update_: " + off),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { dion::cuda::momentum_(X, U, at::Tensor(), 0.9f, false); }).find("momentum_: " + off),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { dion::cuda::mirror_lower_to_upper_(P); }).find("mirror_lower_to_upper_: " + off),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { dion::cuda::mirror_lower_to_upper_(P); }).find("set_own_cuda_kernels(true)"),
+            std::string::npos);
+  const at::Tensor wrong = described_cuda({64, 95}, at::kFloat);
+  EXPECT_NE(error_of([&] { dion::cuda::decay_and_update_(X, wrong, 0.9f, -0.1f); }).find("shapes differ"),
+            std::string::npos);
+  // Turned on, the refusal is gone (what follows is the launch, which needs a device).
+  dion::math::OwnCudaKernelsScope on(true);
+  if (!at::hasCUDA()) {
+    EXPECT_EQ(error_of([&] { dion::cuda::mirror_lower_to_upper_(P); }).find(off), std::string::npos);
+  }
 }
 
 // OrthoConfig::cuda_kernels reaches the step: the orthogonalizer (here a recording one) runs with

@@ -2,6 +2,8 @@
 // current stream. Compiled into the library in every build; the kernels only with DION_HAVE_CUDA.
 #include "dion/cuda/fused.h"
 
+#include "dion/math/own_kernels.h"
+
 #include <ATen/ATen.h>
 
 #include <atomic>
@@ -25,6 +27,17 @@ namespace dion::cuda {
 namespace {
 
 bool float_or_bf16(const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16; }
+
+}  // namespace
+
+void detail::require_turned_on(const char* fn) {
+  TORCH_CHECK(math::use_own_cuda_kernels(), fn,
+              ": the project's own CUDA kernels are off (the default until a GPU has checked them); turn them on "
+              "with dion::math::set_own_cuda_kernels(true), an OwnCudaKernelsScope, OrthoConfig::cuda_kernels or "
+              "dion-train's cuda_kernels key (dion/math/own_kernels.h)");
+}
+
+namespace {
 
 void check_pair(const char* fn, const char* a_name, const at::Tensor& A, const char* b_name, const at::Tensor& B) {
   TORCH_CHECK(A.is_cuda() && B.is_cuda() && A.device() == B.device(), fn, ": ", a_name, " and ", b_name,
@@ -98,6 +111,7 @@ void decay_and_update_impl(const at::Tensor& X, const at::Tensor& U, float decay
 
 void decay_and_update_(const at::Tensor& X, const at::Tensor& U, float decay, float neg_lr) {
   check_pair("decay_and_update_", "X", X, "U", U);
+  detail::require_turned_on("decay_and_update_");
   decay_and_update_impl(X, U, decay, neg_lr, nullptr, nullptr);
 }
 
@@ -108,12 +122,14 @@ void decay_and_update_(const at::Tensor& X, const at::Tensor& U, const at::Tenso
                 "decay_and_update_: decay and neg_lr must be 0-d float32 tensors on ", X.device(), ", got ",
                 s->defined() ? s->toString() : std::string("undefined"), " on ",
                 s->defined() ? s->device().str() : std::string("-"));
+  detail::require_turned_on("decay_and_update_");
   decay_and_update_impl(X, U, 0.0f, 0.0f, decay.const_data_ptr<float>(), neg_lr.const_data_ptr<float>());
 }
 
 void momentum_(const at::Tensor& M, const at::Tensor& G, const at::Tensor& U, float mu, bool nesterov) {
   check_pair("momentum_", "M", M, "G", G);
   if (U.defined()) check_pair("momentum_", "M", M, "U", U);
+  detail::require_turned_on("momentum_");
 #ifdef DION_HAVE_CUDA
   detail::count_launch();
   const cudaError_t err = detail::momentum(

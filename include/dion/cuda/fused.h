@@ -16,7 +16,9 @@
 //
 // dion::math (muon_pre / muon_post, dion2_post_masked) calls these for CUDA tensors when
 // fusable() and the own kernels are turned on (dion/math/own_kernels.h; off by default: ATen's
-// ops until a GPU has checked them); on CPU (or without CUDA) it uses the ATen ops.
+// ops until a GPU has checked them); on CPU (or without CUDA) it uses the ATen ops. While they
+// are off, a direct call throws c10::Error saying how to turn them on (so does
+// mirror_lower_to_upper_ of dion/cuda/symmetric.h).
 //   dion::cuda::own_kernel_launches()            launches of this header's and symmetric.h's
 //                                                kernels in this process (a test counts them) Calling a kernel in a build without CUDA throws
 // std::runtime_error; bad arguments throw c10::Error naming them.
@@ -47,6 +49,9 @@ int compute_capability_major(int device_index = -1);
 
 namespace detail {
 void count_launch();  // called by every kernel launch of src/cuda
+// Throws c10::Error naming `fn` and the switches unless dion::math::use_own_cuda_kernels(): every
+// kernel entry point calls it, so no call site can run a kernel while they are off.
+void require_turned_on(const char* fn);
 }  // namespace detail
 
 }  // namespace dion::cuda
