@@ -2,8 +2,6 @@
 // current stream. Compiled into the library in every build; the kernels only with DION_HAVE_CUDA.
 #include "dion/cuda/fused.h"
 
-#include "dion/math/own_kernels.h"
-
 #include <ATen/ATen.h>
 
 #include <atomic>
@@ -30,8 +28,23 @@ bool float_or_bf16(const at::Tensor& t) { return t.scalar_type() == at::kFloat |
 
 }  // namespace
 
+namespace {
+std::atomic<bool> g_own_kernels{false};
+thread_local int t_override = -1;  // -1: none; else the innermost OwnCudaKernelsScope's setting
+}  // namespace
+
+void detail::set_process_wide(bool on) { g_own_kernels.store(on, std::memory_order_relaxed); }
+
+bool detail::turned_on() { return t_override >= 0 ? t_override == 1 : g_own_kernels.load(std::memory_order_relaxed); }
+
+int detail::exchange_thread_override(int value) {
+  const int previous = t_override;
+  t_override = value;
+  return previous;
+}
+
 void detail::require_turned_on(const char* fn) {
-  TORCH_CHECK(math::use_own_cuda_kernels(), fn,
+  TORCH_CHECK(detail::turned_on(), fn,
               ": the project's own CUDA kernels are off (the default until a GPU has checked them); turn them on "
               "with dion::math::set_own_cuda_kernels(true), an OwnCudaKernelsScope, OrthoConfig::cuda_kernels or "
               "dion-train's cuda_kernels key (dion/math/own_kernels.h)");

@@ -1,26 +1,17 @@
 // The switch of the project's own CUDA kernels (see include/dion/math/own_kernels.h).
 #include "dion/math/own_kernels.h"
 
-#include <atomic>
-
 #include "dion/cuda/fused.h"
 
 namespace dion::math {
 
-namespace {
-std::atomic<bool> g_own_cuda_kernels{false};
-thread_local int t_override = -1;  // -1: none; else the innermost scope's setting
-}  // namespace
+void set_own_cuda_kernels(bool on) { cuda::detail::set_process_wide(on); }
 
-void set_own_cuda_kernels(bool on) { g_own_cuda_kernels.store(on, std::memory_order_relaxed); }
+bool use_own_cuda_kernels() { return cuda::detail::turned_on(); }
 
-bool use_own_cuda_kernels() {
-  return t_override >= 0 ? t_override == 1 : g_own_cuda_kernels.load(std::memory_order_relaxed);
-}
+OwnCudaKernelsScope::OwnCudaKernelsScope(bool on) : previous_(cuda::detail::exchange_thread_override(on ? 1 : 0)) {}
 
-OwnCudaKernelsScope::OwnCudaKernelsScope(bool on) : previous_(t_override) { t_override = on ? 1 : 0; }
-
-OwnCudaKernelsScope::~OwnCudaKernelsScope() { t_override = previous_; }
+OwnCudaKernelsScope::~OwnCudaKernelsScope() { cuda::detail::exchange_thread_override(previous_); }
 
 bool own_fused_kernel(const at::Tensor& A, const at::Tensor& B) {
   return use_own_cuda_kernels() && cuda::fusable(A, B);

@@ -52,6 +52,11 @@ void count_launch();  // called by every kernel launch of src/cuda
 // Throws c10::Error naming `fn` and the switches unless dion::math::use_own_cuda_kernels(): every
 // kernel entry point calls it, so no call site can run a kernel while they are off.
 void require_turned_on(const char* fn);
+// The storage of dion/math/own_kernels.h's setting (here, below the math layer, so that the
+// kernels can check it): the process-wide value, and this thread's override (-1: none).
+void set_process_wide(bool on);
+bool turned_on();
+int exchange_thread_override(int value);  // returns the previous override
 }  // namespace detail
 
 }  // namespace dion::cuda
