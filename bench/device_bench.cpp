@@ -1,6 +1,6 @@
 // bench/device_bench.cpp — the measured rows of scripts/device_check.sh's table, on one device.
 //
-//   device_bench [--device cuda|cpu] [--quick] [--reps N]
+//   device_bench [--device cuda|cpu] [--quick] [--reps N] [--cuda-kernels off|on|both]
 //
 // Prints markdown table rows (no header; device_check.sh prints it) on stdout:
 //   matmul peak      bf16 [n, n] x [n, n] (n = 8192; 1024 with --quick): TFLOP/s = 2 n^3 / time.
@@ -23,6 +23,10 @@
 //                    parameters, random gradients), after 2 warm-up steps; then the same with
 //                    the step captured in a CUDA graph (dion::CudaGraphStep), or why it was
 //                    refused (a step that synchronizes with the host cannot be captured).
+// --cuda-kernels: the project's own CUDA kernels (dion/math/own_kernels.h) off (the library's
+// default: ATen's CUDA ops), on, or both: the rows they change (fast path with symmetric
+// products, the symmetric products, the optimizer steps) once each way, the "on" rows marked
+// "own kernels". On a CPU the setting changes nothing and only "off" rows are printed.
 // --quick divides every dimension by 8 (so that the CPU run finishes in seconds): the table's
 // plumbing, not its numbers. What it is not: a test (no thresholds), nor Google Benchmark (one
 // timed loop per row, synchronized with the device, is all the table needs).
@@ -42,6 +46,7 @@
 #include "dion/cuda/symmetric.h"
 #include "dion/dion.h"
 #include "dion/math/ortho.h"
+#include "dion/math/own_kernels.h"
 #include "dion/math/symmetric.h"
 #include "dion/optim/cuda_graph.h"
 
@@ -51,6 +56,7 @@ struct Args {
   std::string device = "cuda";
   bool quick = false;
   int reps = 10;
+  std::string cuda_kernels = "off";
 };
 
 void sync(const at::Device& dev) {
@@ -99,6 +105,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--quick", args.quick, "Every dimension / 8: checks the plumbing in seconds, on a CPU too");
   app.add_option("--reps", args.reps, "Timed repetitions per row")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--cuda-kernels", args.cuda_kernels,
+                 "The project's own CUDA kernels: off (the default, ATen's ops), on, or both (each row they change "
+                 "twice)")
+      ->check(CLI::IsMember({"off", "on", "both"}))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -127,57 +138,71 @@ int main(int argc, char** argv) {
     OrthoRun run;
     const char* name;
   };
-  for (auto method : {dion::math::OrthoMethod::NEWTON_SCHULZ, dion::math::OrthoMethod::POLAR_EXPRESS})
-    for (const Path& path : {Path{OrthoRun::EXACT, "exact"}, Path{OrthoRun::FAST_FULL, "fast, full products"},
-                             Path{OrthoRun::FAST_SYMMETRIC, "fast, symmetric products"}}) {
-      double flops = 0, seconds = 0;
-      for (const auto& shape : shapes) {
-        const at::Tensor G = at::randn(shape, bf16);
-        flops += ortho_flops(shape[0], shape[1], shape[2]);
-        seconds += time_it(dev, args.reps, [&] { (void)orthogonalize(G, method, path.run); });
+  // The settings of the own kernels to measure (on a CPU they change nothing: off only).
+  std::vector<bool> settings;
+  if (args.cuda_kernels != "on" || !dev.is_cuda()) settings.push_back(false);
+  if (args.cuda_kernels != "off" && dev.is_cuda()) settings.push_back(true);
+  auto mark = [](bool own) { return own ? std::string(", own kernels") : std::string(); };
+  for (bool own : settings)
+    for (auto method : {dion::math::OrthoMethod::NEWTON_SCHULZ, dion::math::OrthoMethod::POLAR_EXPRESS})
+      for (const Path& path : {Path{OrthoRun::EXACT, "exact"}, Path{OrthoRun::FAST_FULL, "fast, full products"},
+                               Path{OrthoRun::FAST_SYMMETRIC, "fast, symmetric products"}}) {
+        if (own && path.run != OrthoRun::FAST_SYMMETRIC) continue;  // the kernels change this row only
+        dion::math::OwnCudaKernelsScope scope(own);
+        double flops = 0, seconds = 0;
+        for (const auto& shape : shapes) {
+          const at::Tensor G = at::randn(shape, bf16);
+          flops += ortho_flops(shape[0], shape[1], shape[2]);
+          seconds += time_it(dev, args.reps, [&] { (void)orthogonalize(G, method, path.run); });
+        }
+        std::printf("| %s %s%s, 160M matrix set (%.2f ms) | %.3g TFLOP/s | %.2f |\n",
+                    dion::math::to_string(method).c_str(), path.name, mark(own).c_str(), seconds * 1e3,
+                    flops / seconds * 1e-12, flops / seconds / peak);
       }
-      std::printf("| %s %s, 160M matrix set (%.2f ms) | %.3g TFLOP/s | %.2f |\n", dion::math::to_string(method).c_str(),
-                  path.name, seconds * 1e3, flops / seconds * 1e-12, flops / seconds / peak);
-    }
 
   // ---- the symmetric products alone: X X^T [B, r, r] of the iterate and b A + c A A
   // (block_rows: -1 one full product, 0 the library's choice, else forced).
-  for (int64_t block_rows : {int64_t{-1}, int64_t{0}, 128 / s, 256 / s, 512 / s}) {
-    double flops = 0, seconds = 0;
-    for (const auto& shape : shapes) {
-      const int64_t batch = shape[0], r = std::min(shape[1], shape[2]), c = std::max(shape[1], shape[2]);
-      const at::Tensor X = at::randn({batch, r, c}, bf16) / std::sqrt(static_cast<double>(c));  // [B, r, c]
-      const at::Tensor A = at::matmul(X, X.mT());                                               // [B, r, r]
-      at::Tensor P = at::empty({batch, r, r}, bf16);
-      flops += 2.0 * batch * r * r * c + 2.0 * batch * r * r * r;
-      seconds += time_it(dev, args.reps, [&] {
-        if (block_rows > 0) {
-          dion::math::symmetric_product_block_rows_out(P, X, X.mT(), at::Tensor(), 0.0, 1.0, block_rows);
-          dion::math::symmetric_product_block_rows_out(P, A, A, A, -6.9, 2.9, block_rows);
-        } else {
-          dion::math::symmetric_product_out(P, X, X.mT(), at::Tensor(), 0.0, 1.0, block_rows == 0);
-          dion::math::symmetric_product_out(P, A, A, A, -6.9, 2.9, block_rows == 0);
-        }
-      });
-    }
-    std::string how = block_rows < 0 ? std::string("one full product") : "block rows of " + std::to_string(block_rows);
-    if (block_rows == 0) {  // the heights symmetric_product_out picks per shape (CPU: its own thresholds)
-      how = "the library's choice (";
+  for (bool own : settings)
+    for (int64_t block_rows : {int64_t{-1}, int64_t{0}, 128 / s, 256 / s, 512 / s}) {
+      if (own && block_rows < 0) continue;  // one full product: cuBLAS either way
+      dion::math::OwnCudaKernelsScope scope(own);
+      double flops = 0, seconds = 0;
       for (const auto& shape : shapes) {
-        const int64_t r = std::min(shape[1], shape[2]);
-        const int64_t rows = dev.is_cuda()
-                                 ? dion::math::cuda_symmetric_block_rows(
-                                       shape[0], r, dion::cuda::multiprocessor_count(dev.index() < 0 ? 0 : dev.index()))
-                                 : -1;
-        how += (&shape == &shapes.front() ? "" : ", ") + (rows < 0    ? std::string("CPU rule")
-                                                          : rows == 0 ? std::string("full")
-                                                                      : std::to_string(rows) + " rows");
+        const int64_t batch = shape[0], r = std::min(shape[1], shape[2]), c = std::max(shape[1], shape[2]);
+        const at::Tensor X = at::randn({batch, r, c}, bf16) / std::sqrt(static_cast<double>(c));  // [B, r, c]
+        const at::Tensor A = at::matmul(X, X.mT());                                               // [B, r, r]
+        at::Tensor P = at::empty({batch, r, r}, bf16);
+        flops += 2.0 * batch * r * r * c + 2.0 * batch * r * r * r;
+        seconds += time_it(dev, args.reps, [&] {
+          if (block_rows > 0) {
+            dion::math::symmetric_product_block_rows_out(P, X, X.mT(), at::Tensor(), 0.0, 1.0, block_rows);
+            dion::math::symmetric_product_block_rows_out(P, A, A, A, -6.9, 2.9, block_rows);
+          } else {
+            dion::math::symmetric_product_out(P, X, X.mT(), at::Tensor(), 0.0, 1.0, block_rows == 0);
+            dion::math::symmetric_product_out(P, A, A, A, -6.9, 2.9, block_rows == 0);
+          }
+        });
       }
-      how += ")";
+      std::string how =
+          block_rows < 0 ? std::string("one full product") : "block rows of " + std::to_string(block_rows);
+      if (block_rows == 0) {  // the heights symmetric_product_out picks per shape (CPU: its own thresholds)
+        how = "the library's choice (";
+        for (const auto& shape : shapes) {
+          const int64_t r = std::min(shape[1], shape[2]);
+          const int64_t rows =
+              !dev.is_cuda() ? -1
+              : !own         ? 0
+                             : dion::math::cuda_symmetric_block_rows(
+                                   shape[0], r, dion::cuda::multiprocessor_count(dev.index() < 0 ? 0 : dev.index()));
+          how += (&shape == &shapes.front() ? "" : ", ") + (rows < 0    ? std::string("CPU rule")
+                                                            : rows == 0 ? std::string("full")
+                                                                        : std::to_string(rows) + " rows");
+        }
+        how += ")";
+      }
+      std::printf("| symmetric X X^T + b A + c A A, 160M matrix set, %s%s (%.2f ms) | %.3g TFLOP/s | %.2f |\n",
+                  how.c_str(), mark(own).c_str(), seconds * 1e3, flops / seconds * 1e-12, flops / seconds / peak);
     }
-    std::printf("| symmetric X X^T + b A + c A A, 160M matrix set, %s (%.2f ms) | %.3g TFLOP/s | %.2f |\n", how.c_str(),
-                seconds * 1e3, flops / seconds * 1e-12, flops / seconds / peak);
-  }
 
   // ---- optimizer step per algorithm
   std::vector<std::vector<int64_t>> params;
@@ -186,27 +211,30 @@ int main(int argc, char** argv) {
     params.push_back({3072 / s, 768 / s});
     params.push_back({768 / s, 3072 / s});
   }
-  for (const char* algo : {"muon", "normuon", "dion2", "nordion2", "dion"}) {
-    std::vector<at::Tensor> X;
-    for (const auto& shape : params) {
-      at::Tensor p = at::randn(shape, at::TensorOptions().device(dev)) * 0.02;
-      p.mutable_grad() = at::randn(shape, at::TensorOptions().device(dev));
-      X.push_back(p);
-    }
-    dion::Optimizer opt(X, dion::Options(0.02).algorithm(algo));
-    opt.step();  // state creation; time_it adds one more untimed step
-    const double t = time_it(dev, args.reps, [&] { opt.step(); });
-    std::string graphed = "n/a (CPU)";
-    if (dev.is_cuda()) {
-      try {  // the same optimizer, captured after its warm-up steps above
-        dion::CudaGraphStep g(opt, /*warmup_steps=*/0);
-        g.step();  // capture + one replay
-        graphed = fmt_ms(time_it(dev, args.reps, [&] { g.step(); }));
-      } catch (const std::exception& e) {
-        graphed = std::string("refused: ") + std::string(e.what()).substr(0, 80);
+  for (bool own : settings)
+    for (const char* algo : {"muon", "normuon", "dion2", "nordion2", "dion"}) {
+      dion::math::OwnCudaKernelsScope scope(own);
+      std::vector<at::Tensor> X;
+      for (const auto& shape : params) {
+        at::Tensor p = at::randn(shape, at::TensorOptions().device(dev)) * 0.02;
+        p.mutable_grad() = at::randn(shape, at::TensorOptions().device(dev));
+        X.push_back(p);
       }
+      dion::Optimizer opt(X, dion::Options(0.02).algorithm(algo));
+      opt.step();  // state creation; time_it adds one more untimed step
+      const double t = time_it(dev, args.reps, [&] { opt.step(); });
+      std::string graphed = "n/a (CPU)";
+      if (dev.is_cuda()) {
+        try {  // the same optimizer, captured after its warm-up steps above
+          dion::CudaGraphStep g(opt, /*warmup_steps=*/0);
+          g.step();  // capture + one replay
+          graphed = fmt_ms(time_it(dev, args.reps, [&] { g.step(); }));
+        } catch (const std::exception& e) {
+          graphed = std::string("refused: ") + std::string(e.what()).substr(0, 80);
+        }
+      }
+      std::printf("| optimizer step %s%s, 160M matrix set | %.2f ms | graphed: %s |\n", algo, mark(own).c_str(),
+                  t * 1e3, graphed.c_str());
     }
-    std::printf("| optimizer step %s, 160M matrix set | %.2f ms | graphed: %s |\n", algo, t * 1e3, graphed.c_str());
-  }
   return 0;
 }

@@ -78,6 +78,7 @@ add_library(dion
   src/math/elementwise.cpp
   src/math/elementwise_state.cpp
   src/math/elementwise_update.cpp
+  src/math/own_kernels.cpp
   src/optim/options.cpp
   src/optim/optimizer.cpp
   src/optim/plan.cpp

@@ -409,6 +409,11 @@ PYBIND11_MODULE(_C, m) {
       py::arg("path"), "'exact' (default: the reference's bits) or 'fast', for optimizers built later");
   m.def("get_ortho_path", [] { return dion::math::to_string(g_ortho_path); });
   m.def(
+      "set_cuda_kernels", [](bool on) { dion::math::set_own_cuda_kernels(on); }, py::arg("on"),
+      "True: the project's own CUDA kernels (fused element-wise steps, symmetric products by block rows + mirror) "
+      "for CUDA tensors, process-wide; False (default): ATen's CUDA ops, until a GPU run has checked the kernels");
+  m.def("get_cuda_kernels", [] { return dion::math::use_own_cuda_kernels(); });
+  m.def(
       "cpu_compute_dtype",
       [](const std::string& wanted) {
         try {

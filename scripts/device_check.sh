@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/device_check.sh — the one-shot GPU check, for a session lent a GPU machine
-# (one H200, no network, ~15 minutes of device time in all: this must finish in < 8 minutes).
+# (one H200, no network, ~15 minutes of device time in all: this must finish in < 7 minutes so that a
+# second run fits; the own-kernel rows add an estimated minute, not yet timed on a GPU).
 #
 #   scripts/device_check.sh                       # on the GPU machine, from the repo root
 #   scripts/device_check.sh --device cpu --quick  # the same plumbing on a CPU, in about a minute
@@ -9,16 +10,20 @@
 #
 # 1. builds only what it runs (test_cuda, device_bench, dion-train, dion-data; ccache) in
 #    DION_BUILD_DIR (default build/), configured as scripts/setup.sh does;
-# 2. runs the GPU tests (tests/test_cuda.cpp; they skip without a GPU);
+# 2. runs the GPU tests (tests/test_cuda.cpp; they skip without a GPU): the project's own CUDA
+#    kernels against ATen (the tests turn them on), the optimizers with them off (the default:
+#    ATen's CUDA ops) and on, and a default step that must launch none of them;
 # 3. measures (bench/device_bench.cpp): the bf16 matmul peak, orthogonalization TFLOP/s on the
 #    160M model's matrix set against it (exact path; fast path with full and with symmetric
 #    products), the symmetric products alone per block height, the optimizer step per algorithm;
+#    the rows the own kernels change twice (--cuda-kernels both: ATen's ops, then "own kernels");
 #    with --reference DIR (a checkout of microsoft/dion, carried along; never committed here),
 #    the reference on the same shapes (bench/device_reference.py: its Triton and torch
 #    orthogonalizers, its optimizer step per class; at most 3 minutes, DION_REFERENCE_TIMEOUT);
 # 4. trains the 160M model (configs/dion2_160m.yaml; batch 16 x 1024 tokens) for 50 steps on
-#    Tiny Shakespeare, eagerly and with cuda_graphs: true (the training step replayed from CUDA
-#    graphs; CUDA only): tokens/s and the MFU its step lines print (dion/train/mfu.h:
+#    Tiny Shakespeare, eagerly, with cuda_graphs: true (the training step replayed from CUDA
+#    graphs) and with cuda_kernels: true (the own kernels; both CUDA only): tokens/s and the
+#    MFU its step lines print (dion/train/mfu.h:
 #    (6 N + 12 L T C) x tokens/s against the measured matmul peak, given as peak_tflops);
 # then prints one markdown table. Logs and the table go to $OUT (the device machine's output
 # folder), else DION_BUILD_DIR/device_check/. A step that fails is named under the table and
@@ -38,7 +43,7 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1; shift ;;
     --reference) REFERENCE=${2:-}; shift 2 ;;
     --reference=*) REFERENCE=${1#*=}; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "device_check.sh: unknown argument '$1' (--device cuda|cpu, --quick, --reference DIR)" >&2; exit 2 ;;
   esac
 done
@@ -94,7 +99,7 @@ tests_summary="${n_pass:-0} passed, ${n_skip:-0} skipped, ${n_fail:-0} failed"
 log "test_cuda: ${tests_summary:-see test_cuda.log} (exit $tests_status)"
 
 # ---------------------------------------------------------------------------- measurements
-bench_args=(--device "$DEVICE")
+bench_args=(--device "$DEVICE" --cuda-kernels both)
 [ "$QUICK" = 1 ] && bench_args+=(--quick --reps 2)
 log "device_bench ${bench_args[*]} (log: device_bench.md)"
 failed=()  # steps that failed: reported in the table, and the exit status is 1
@@ -135,21 +140,22 @@ mean_of() {  # mean_of LOG REGEX FORMAT (the number is the first one the regex's
 }
 peak_arg=()
 [ -n "$peak_tflops" ] && peak_arg=(--peak_tflops "$peak_tflops")
-train_row() {  # train_row NAME GRAPHS: sets toks_NAME, mfu_NAME (log: train_NAME.log)
-  local name=$1 graphs=$2 log_file="$OUT/train_$1.log"
-  log "dion-train: configs/dion2_160m.yaml on $DEVICE, cuda_graphs $graphs, $steps steps (log: train_$name.log)"
+train_row() {  # train_row NAME GRAPHS KERNELS: sets toks_NAME, mfu_NAME (log: train_NAME.log)
+  local name=$1 graphs=$2 kernels=$3 log_file="$OUT/train_$1.log"
+  log "dion-train: configs/dion2_160m.yaml on $DEVICE, cuda_graphs $graphs, cuda_kernels $kernels, $steps steps (log: train_$name.log)"
   rm -rf "$OUT/train_$name"
   "$BUILD_DIR/dion-train" --config configs/dion2_160m.yaml --data_dir "$DATA" --device "$DEVICE" \
     --run_dir "$OUT/train_$name" --checkpoint_freq 0 --val_loss_every 0 --log_every 1 --cuda_graphs "$graphs" \
-    "${peak_arg[@]}" "${train_args[@]}" > "$log_file" 2>&1 ||
-    { tail -10 "$log_file"; log "dion-train (cuda_graphs $graphs) FAILED"; failed+=("dion-train-$name"); }
+    --cuda_kernels "$kernels" "${peak_arg[@]}" "${train_args[@]}" > "$log_file" 2>&1 ||
+    { tail -10 "$log_file"; log "dion-train (cuda_graphs $graphs, cuda_kernels $kernels) FAILED"; failed+=("dion-train-$name"); }
   params=$(sed -n 's/.*, \([0-9]*\) parameters;.*/\1/p' "$log_file" | head -1)
   printf -v "toks_$name" '%s' "$(mean_of "$log_file" '| [0-9]* tok/s' %.0f)"
   printf -v "mfu_$name" '%s' "$(mean_of "$log_file" '| MFU [0-9.]*%' %.1f)"
 }
-train_row eager false
+train_row eager false false
 if [ "$DEVICE" = cuda ]; then
-  train_row graphs true
+  train_row graphs true false
+  train_row kernels false true
 fi
 
 # ---------------------------------------------------------------------------- the table
@@ -164,8 +170,10 @@ fi
   echo "| $model | ${toks_eager:-?} tokens/s | MFU ${mfu_eager:-?}% |"
   if [ "$DEVICE" = cuda ]; then
     echo "| $model, cuda_graphs: true | ${toks_graphs:-?} tokens/s | MFU ${mfu_graphs:-?}% |"
+    echo "| $model, cuda_kernels: true | ${toks_kernels:-?} tokens/s | MFU ${mfu_kernels:-?}% |"
   else
     echo "| $model, cuda_graphs: true | n/a (cuda_graphs needs device cuda) | n/a |"
+    echo "| $model, cuda_kernels: true | n/a (cuda_kernels needs device cuda) | n/a |"
   fi
   [ ${#failed[@]} -eq 0 ] || echo "FAILED: ${failed[*]} (logs in $OUT)"
 } > "$OUT/table.md"

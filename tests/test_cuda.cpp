@@ -16,6 +16,11 @@
 // - dion::CudaGraphStep: replayed steps equal eager steps, under an lr and weight-decay schedule
 //   too (lr / weight decay read from device tensors, dion/math/rates.h), and what a replay
 //   cannot do is refused.
+// - the project's own kernels are opt-in (dion/math/own_kernels.h): the tests that check them turn
+//   them on (OwnCudaKernelsScope), the math-layer and optimizer tests run with them off (ATen's
+//   CUDA ops, the default) and on, and a default optimizer step launches none of them. The
+//   dispatch decision itself is checked everywhere, on tensors that only describe CUDA tensors
+//   (CudaDispatch.*: no device needed).
 // scripts/device_check.sh runs this binary on the lent GPU machine. (The NCCL path of
 // dion::comm::Group needs two GPUs; the lent machine has one, so it is compiled here but not run
 // anywhere yet.)
@@ -26,7 +31,9 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "dion/cuda/fused.h"
 #include "dion/cuda/symmetric.h"
@@ -35,8 +42,10 @@
 #include "dion/math/dion2.h"
 #include "dion/math/muon.h"
 #include "dion/math/ortho.h"
+#include "dion/math/own_kernels.h"
 #include "dion/math/symmetric.h"
 #include "dion/optim/cuda_graph.h"
+#include "fake_distribution.h"
 #include "matrices.h"
 #include "product_bounds.h"
 
@@ -67,7 +76,8 @@ at::Tensor cuda_randn(std::vector<int64_t> shape, at::ScalarType dtype) {
 // X.mul_(decay); X.add_(U * neg_lr): the ATen composition of decay_and_update_ (muon_post).
 TEST(Cuda, FusedDecayAndUpdateEqualsItsAtenComposition) {
   SKIP_WITHOUT_CUDA();
-  const float decay = 0.9f, neg_lr = -0.5f;  // a no-op kernel is off by ~0.1 |X| + 0.5 |U|
+  dion::math::OwnCudaKernelsScope own(true);  // the kernels under test (off by default)
+  const float decay = 0.9f, neg_lr = -0.5f;   // a no-op kernel is off by ~0.1 |X| + 0.5 |U|
   for (auto [xt, ut] : kDtypePairs) {
     SCOPED_TRACE(std::string(c10::toString(xt)) + " X, " + c10::toString(ut) + " U");
     at::Tensor X = cuda_randn({257, 129}, xt), U = cuda_randn({257, 129}, ut);
@@ -82,7 +92,8 @@ TEST(Cuda, FusedDecayAndUpdateEqualsItsAtenComposition) {
 // g = G.to(M's dtype); M.mul_(mu).add_(g); U = nesterov ? M * mu + g : M, in U's dtype (muon_pre).
 TEST(Cuda, FusedMomentumEqualsItsAtenComposition) {
   SKIP_WITHOUT_CUDA();
-  const float mu = 0.5f;  // a no-op kernel is off by ~0.5 |M| + |G|
+  dion::math::OwnCudaKernelsScope own(true);  // the kernel under test (off by default)
+  const float mu = 0.5f;                      // a no-op kernel is off by ~0.5 |M| + |G|
   for (bool nesterov : {false, true})
     for (auto [mt, gt] : kDtypePairs)
       for (at::ScalarType ut : {at::kFloat, at::kBFloat16}) {
@@ -101,35 +112,49 @@ TEST(Cuda, FusedMomentumEqualsItsAtenComposition) {
 }
 
 // The math layer takes the kernels for contiguous CUDA tensors and gives what its CPU path gives.
+// With the own kernels off (the default) the same functions run ATen's CUDA ops and launch none.
 TEST(Cuda, MuonPreAndPostOnCudaMatchTheirCpuPath) {
   SKIP_WITHOUT_CUDA();
-  at::manual_seed(1);
-  at::Tensor X = at::randn({64, 96}), M = at::randn({64, 96}), G = at::randn({64, 96});
-  at::Tensor Xg = X.cuda(), Mg = M.cuda(), Gg = G.cuda();
-  EXPECT_TRUE(dion::cuda::fusable(Xg, Gg));
-  const auto U = dion::math::muon_pre({G}, {M}, 0.95f, true, at::kBFloat16);
-  const auto Ug = dion::math::muon_pre({Gg}, {Mg}, 0.95f, true, at::kBFloat16);
-  // CPU and GPU round alike here (fp32 element-wise ops, one bf16 cast): 1 ulp.
-  EXPECT_LE(max_ulps(Mg.cpu(), M), 1.0);
-  EXPECT_LE(max_ulps(Ug[0].cpu(), U[0]), 1.0);
-  dion::math::muon_post({X}, {U[0]}, 0.02f, 0.5f, 0.1f, false);
-  dion::math::muon_post({Xg}, {Ug[0]}, 0.02f, 0.5f, 0.1f, false);
-  EXPECT_LE(max_ulps(Xg.cpu(), X), 1.0);
+  for (bool own : {false, true}) {
+    SCOPED_TRACE(own ? "own kernels on" : "own kernels off (ATen)");
+    dion::math::OwnCudaKernelsScope scope(own);
+    at::manual_seed(1);
+    at::Tensor X = at::randn({64, 96}), M = at::randn({64, 96}), G = at::randn({64, 96});
+    at::Tensor Xg = X.cuda(), Mg = M.cuda(), Gg = G.cuda();
+    EXPECT_TRUE(dion::cuda::fusable(Xg, Gg));
+    EXPECT_EQ(dion::math::own_fused_kernel(Xg, Gg), own);
+    const int64_t launches = dion::cuda::own_kernel_launches();
+    const auto U = dion::math::muon_pre({G}, {M}, 0.95f, true, at::kBFloat16);
+    const auto Ug = dion::math::muon_pre({Gg}, {Mg}, 0.95f, true, at::kBFloat16);
+    // CPU and GPU round alike here (fp32 element-wise ops, one bf16 cast): 1 ulp.
+    EXPECT_LE(max_ulps(Mg.cpu(), M), 1.0);
+    EXPECT_LE(max_ulps(Ug[0].cpu(), U[0]), 1.0);
+    dion::math::muon_post({X}, {U[0]}, 0.02f, 0.5f, 0.1f, false);
+    dion::math::muon_post({Xg}, {Ug[0]}, 0.02f, 0.5f, 0.1f, false);
+    EXPECT_LE(max_ulps(Xg.cpu(), X), 1.0);
+    EXPECT_EQ(dion::cuda::own_kernel_launches() - launches, own ? 2 : 0);
+  }
 }
 
 // Dion2's masked post step (error-feedback decay of the selected rows, decay and update of X)
 // takes the fused decay+update kernel on the GPU and gives what its CPU path gives.
 TEST(Cuda, Dion2PostMaskedOnCudaMatchesItsCpuPath) {
   SKIP_WITHOUT_CUDA();
-  at::manual_seed(2);
-  at::Tensor X = at::randn({48, 80}), M = at::randn({48, 80});
-  at::Tensor U = at::randn({48, 80}).to(at::kBFloat16);
-  U.narrow(0, 0, 24).zero_();  // half the rows not selected
-  at::Tensor Xg = X.cuda(), Mg = M.cuda(), Ug = U.cuda();
-  dion::math::dion2_post_masked({X}, {M}, {U}, 0.02f, 0.5f, 0.1f, 0.9f, -2);
-  dion::math::dion2_post_masked({Xg}, {Mg}, {Ug}, 0.02f, 0.5f, 0.1f, 0.9f, -2);
-  EXPECT_LE(max_ulps(Xg.cpu(), X), 1.0);
-  EXPECT_LE(max_ulps(Mg.cpu(), M), 1.0);
+  for (bool own : {false, true}) {
+    SCOPED_TRACE(own ? "own kernels on" : "own kernels off (ATen)");
+    dion::math::OwnCudaKernelsScope scope(own);
+    at::manual_seed(2);
+    at::Tensor X = at::randn({48, 80}), M = at::randn({48, 80});
+    at::Tensor U = at::randn({48, 80}).to(at::kBFloat16);
+    U.narrow(0, 0, 24).zero_();  // half the rows not selected
+    at::Tensor Xg = X.cuda(), Mg = M.cuda(), Ug = U.cuda();
+    const int64_t launches = dion::cuda::own_kernel_launches();
+    dion::math::dion2_post_masked({X}, {M}, {U}, 0.02f, 0.5f, 0.1f, 0.9f, -2);
+    dion::math::dion2_post_masked({Xg}, {Mg}, {Ug}, 0.02f, 0.5f, 0.1f, 0.9f, -2);
+    EXPECT_LE(max_ulps(Xg.cpu(), X), 1.0);
+    EXPECT_LE(max_ulps(Mg.cpu(), M), 1.0);
+    EXPECT_EQ(dion::cuda::own_kernel_launches() - launches, own ? 1 : 0);
+  }
 }
 
 // One step of each algorithm on CPU and on the GPU from the same X, G: the updates must agree.
@@ -152,27 +177,29 @@ TEST(Cuda, Dion2PostMaskedOnCudaMatchesItsCpuPath) {
 TEST(Cuda, OptimizerUpdatesMatchCpu) {
   SKIP_WITHOUT_CUDA();
   constexpr double kTol = 6e-2;
-  for (const char* algo : {"muon", "normuon", "dion2", "nordion2", "dion"}) {
-    SCOPED_TRACE(algo);
-    at::manual_seed(0);
-    const at::Tensor w = at::randn({64, 128}), g = at::randn({64, 128});
-    at::Tensor wc = w.clone(), wg = w.to(at::kCUDA);
-    wc.mutable_grad() = g.clone();
-    wg.mutable_grad() = g.to(at::kCUDA);
-    dion::Optimizer cpu({wc}, dion::Options(0.02).algorithm(algo));
-    dion::Optimizer gpu({wg}, dion::Options(0.02).algorithm(algo));
-    cpu.step();
-    gpu.step();
-    const at::Tensor dc = (wc - w).to(at::kDouble), dg = (wg.cpu() - w).to(at::kDouble);
-    const double scale = dc.abs().max().item<double>();
-    ASSERT_GT(scale, 0.0) << "the CPU step did not change the parameter";
-    if (std::string(algo) == "dion") {
-      const double ratio = dg.norm().item<double>() / dc.norm().item<double>();
-      EXPECT_NEAR(ratio, 1.0, kTol) << "update norms: GPU / CPU";
-    } else {
-      EXPECT_LE((dg - dc).abs().max().item<double>() / scale, kTol);
+  for (bool own : {false, true})
+    for (const char* algo : {"muon", "normuon", "dion2", "nordion2", "dion"}) {
+      SCOPED_TRACE(std::string(algo) + (own ? ", own kernels on" : ", own kernels off (ATen)"));
+      dion::math::OwnCudaKernelsScope scope(own);
+      at::manual_seed(0);
+      const at::Tensor w = at::randn({64, 128}), g = at::randn({64, 128});
+      at::Tensor wc = w.clone(), wg = w.to(at::kCUDA);
+      wc.mutable_grad() = g.clone();
+      wg.mutable_grad() = g.to(at::kCUDA);
+      dion::Optimizer cpu({wc}, dion::Options(0.02).algorithm(algo));
+      dion::Optimizer gpu({wg}, dion::Options(0.02).algorithm(algo));
+      cpu.step();
+      gpu.step();
+      const at::Tensor dc = (wc - w).to(at::kDouble), dg = (wg.cpu() - w).to(at::kDouble);
+      const double scale = dc.abs().max().item<double>();
+      ASSERT_GT(scale, 0.0) << "the CPU step did not change the parameter";
+      if (std::string(algo) == "dion") {
+        const double ratio = dg.norm().item<double>() / dc.norm().item<double>();
+        EXPECT_NEAR(ratio, 1.0, kTol) << "update norms: GPU / CPU";
+      } else {
+        EXPECT_LE((dg - dc).abs().max().item<double>() / scale, kTol);
+      }
     }
-  }
 }
 
 }  // namespace
@@ -228,6 +255,7 @@ class ExactCublas {
 TEST(Cuda, MirrorKernelEqualsTrilTranspose) {
   SKIP_WITHOUT_CUDA();
   at::manual_seed(11);
+  std::optional<dion::math::OwnCudaKernelsScope> own(std::in_place, true);  // the kernel under test
   struct Case {
     int64_t batch, m;
   };
@@ -246,6 +274,16 @@ TEST(Cuda, MirrorKernelEqualsTrilTranspose) {
   dion::math::mirror_lower_to_upper(expected, 40);  // the CPU loop
   EXPECT_TRUE(at::equal(P.cpu(), expected));
   EXPECT_FALSE(at::equal(P.cpu(), A.cpu()));
+  own.reset();
+  // The math layer's mirror on CUDA: the kernel when turned on, ATen's ops by default; both equal.
+  for (bool on : {false, true}) {
+    dion::math::OwnCudaKernelsScope scope(on);
+    at::Tensor Q = A.clone();
+    const int64_t launches = dion::cuda::own_kernel_launches();
+    dion::math::mirror_lower_to_upper(Q, 40);
+    EXPECT_TRUE(at::equal(Q.cpu(), expected)) << "own kernels " << on;
+    EXPECT_EQ(dion::cuda::own_kernel_launches() - launches, on ? 1 : 0);
+  }
   at::Tensor strided = cuda_randn({2, 8, 16}, at::kFloat).slice(2, 0, 8);
   EXPECT_THROW(dion::cuda::mirror_lower_to_upper_(strided), c10::Error);
 }
@@ -259,6 +297,7 @@ TEST(Cuda, SymmetricProductsEqualTheFullProduct) {
   SKIP_WITHOUT_CUDA();
   at::manual_seed(12);
   ExactCublas exact;
+  dion::math::OwnCudaKernelsScope own(true);  // the block rows and the mirror kernel
   const int64_t sms = dion::cuda::multiprocessor_count(0);
   ASSERT_GT(sms, 0);
   struct Case {
@@ -308,6 +347,7 @@ TEST(Cuda, SymmetricProductsEqualTheFullProduct) {
 TEST(Cuda, FastOrthogonalizationWithSymmetricProducts) {
   SKIP_WITHOUT_CUDA();
   at::manual_seed(13);
+  dion::math::OwnCudaKernelsScope own(true);  // symmetric products by block rows + mirror kernel
   for (const std::vector<int64_t>& shape :
        std::vector<std::vector<int64_t>>{{48, 768, 768}, {12, 768, 3072}, {12, 3072, 768}}) {
     SCOPED_TRACE(c10::str(at::IntArrayRef(shape)));
@@ -346,6 +386,21 @@ TEST(CudaGraphStep, RefusesParametersNotOnOneCudaDevice) {
   dion::Optimizer opt({w}, dion::Options(0.02).algorithm("muon"));
   EXPECT_NE(error_of([&] { dion::CudaGraphStep g(opt); }).find("param group 0, parameter 0 of shape [8, 8] is on cpu"),
             std::string::npos);
+}
+
+// Runs everywhere: an optimizer distributed over several processes is refused before anything is
+// captured (a capture failing on one rank would leave the others in a collective), and before
+// the device check, which would name the CPU parameter instead.
+TEST(CudaGraphStep, RefusesADistributedOptimizer) {
+  dion::testing::FakeWorld world(2);
+  std::vector<std::string> errors(2);
+  world.run([&](int r) {
+    at::Tensor w = at::randn({8, 8});
+    dion::Optimizer opt({w}, dion::Options(0.02).algorithm("muon"), {}, world.distribution(r));
+    errors[static_cast<size_t>(r)] = error_of([&] { dion::CudaGraphStep g(opt); });
+  });
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("CudaGraphStep: the optimizer is distributed over 2 processes"), std::string::npos) << e;
 }
 
 // Eager steps and graphed steps (1 warm-up, capture, replays) from the same start and the same
@@ -411,8 +466,8 @@ TEST(Cuda, GraphStepRefusesWhatItCannotReplay) {
 namespace {
 
 // An lr and weight-decay schedule under replay (device scalars, dion/math/rates.h): graphed steps
-// follow it as eager steps do. Groups: muon on fp32 and bf16 matrices (the fused kernel reading
-// the values by pointer, and the bf16 fallback), lion and adamw (lr from the tensor). The eager
+// follow it as eager steps do, with the own kernels off and on. Groups: muon on fp32 and bf16
+// matrices (with the kernels on: the fused kernel reading the values by pointer), lion and adamw (lr from the tensor). The eager
 // optimizer reads host values: the two forms are bit-identical on the device as on CPU, but
 // cuBLAS may pick another algorithm inside a capture, so the tolerance is the one of
 // GraphedStepsEqualEagerSteps: 1e-6 of the update (bf16 parameters: 1 bf16 ulp of the largest
@@ -420,55 +475,215 @@ namespace {
 // to 0.004) would be off by ~half the update, far outside it.
 TEST(Cuda, GraphReplayFollowsAnLrAndWeightDecaySchedule) {
   SKIP_WITHOUT_CUDA();
-  at::manual_seed(4);
-  const auto cuda = at::TensorOptions().device(at::kCUDA);
-  const std::vector<at::Tensor> start = {at::randn({64, 96}, cuda), at::randn({64, 96}, cuda).to(at::kBFloat16),
-                                         at::randn({96}, cuda), at::randn({32, 96}, cuda)};
-  auto make = [&](std::vector<at::Tensor>& p) {
-    p.clear();
-    for (const at::Tensor& t : start) {
-      p.push_back(t.clone());
-      p.back().mutable_grad() = at::zeros_like(t);
-    }
-    return std::make_unique<dion::Optimizer>(
-        std::vector<dion::ParamGroup>{{{p[0]}},
-                                      {{p[1]}},
-                                      {{p[2]}, {.algorithm = "adamw", .lr = 0.003}},
-                                      {{p[3]}, {.algorithm = "lion", .lr = 0.001}}},
-        dion::Options(0.02).algorithm("muon").weight_decay(0.1));
-  };
-  std::vector<at::Tensor> pe, pg;
-  auto eager = make(pe), graphed_opt = make(pg);
-  dion::CudaGraphStep graphed(*graphed_opt);
-  const double base[] = {0.02, 0.02, 0.003, 0.001};
-  for (int t = 0; t < 8; ++t) {
-    for (size_t i = 0; i < start.size(); ++i) {
-      const at::Tensor g = at::randn_like(start[i]);
-      pe[i].mutable_grad().copy_(g);
-      pg[i].mutable_grad().copy_(g);
-    }
-    for (dion::Optimizer* o : {eager.get(), graphed_opt.get()})
-      for (size_t g = 0; g < 4; ++g) {
-        o->options(g).lr(base[g] * (1.0 - 0.1 * t));  // a linear decay
-        if (g != 2) o->options(g).weight_decay(0.1 + 0.02 * t);
+  for (bool own : {false, true}) {  // ATen's ops (default), then the fused kernel by pointer
+    SCOPED_TRACE(own ? "own kernels on" : "own kernels off (ATen)");
+    dion::math::OwnCudaKernelsScope scope(own);
+    at::manual_seed(4);
+    const auto cuda = at::TensorOptions().device(at::kCUDA);
+    const std::vector<at::Tensor> start = {at::randn({64, 96}, cuda), at::randn({64, 96}, cuda).to(at::kBFloat16),
+                                           at::randn({96}, cuda), at::randn({32, 96}, cuda)};
+    auto make = [&](std::vector<at::Tensor>& p) {
+      p.clear();
+      for (const at::Tensor& t : start) {
+        p.push_back(t.clone());
+        p.back().mutable_grad() = at::zeros_like(t);
       }
-    eager->step();
-    graphed.step();
+      return std::make_unique<dion::Optimizer>(
+          std::vector<dion::ParamGroup>{{{p[0]}},
+                                        {{p[1]}},
+                                        {{p[2]}, {.algorithm = "adamw", .lr = 0.003}},
+                                        {{p[3]}, {.algorithm = "lion", .lr = 0.001}}},
+          dion::Options(0.02).algorithm("muon").weight_decay(0.1));
+    };
+    std::vector<at::Tensor> pe, pg;
+    auto eager = make(pe), graphed_opt = make(pg);
+    dion::CudaGraphStep graphed(*graphed_opt);
+    const double base[] = {0.02, 0.02, 0.003, 0.001};
+    for (int t = 0; t < 8; ++t) {
+      for (size_t i = 0; i < start.size(); ++i) {
+        const at::Tensor g = at::randn_like(start[i]);
+        pe[i].mutable_grad().copy_(g);
+        pg[i].mutable_grad().copy_(g);
+      }
+      for (dion::Optimizer* o : {eager.get(), graphed_opt.get()})
+        for (size_t g = 0; g < 4; ++g) {
+          o->options(g).lr(base[g] * (1.0 - 0.1 * t));  // a linear decay
+          if (g != 2) o->options(g).weight_decay(0.1 + 0.02 * t);
+        }
+      eager->step();
+      graphed.step();
+    }
+    ASSERT_TRUE(graphed.captured());
+    EXPECT_EQ(graphed.replays(), 7);
+    for (size_t i = 0; i < start.size(); ++i) {
+      SCOPED_TRACE("parameter " + std::to_string(i));
+      const at::Tensor de = (pe[i] - start[i]).to(at::kDouble), dg = (pg[i] - start[i]).to(at::kDouble);
+      const double scale = de.abs().max().item<double>();
+      ASSERT_GT(scale, 0.0);
+      const double tol = start[i].scalar_type() == at::kBFloat16
+                             ? std::ldexp(1.0, -8) * pe[i].abs().max().item<double>()
+                             : 1e-6 * scale;
+      EXPECT_LE((dg - de).abs().max().item<double>(), tol);
+    }
+    // AdamW's weight decay is read on the host (torch's fused kernel): a change is refused.
+    graphed_opt->options(2).weight_decay(0.5);
+    EXPECT_NE(error_of([&] { graphed.step(); }).find("param group 2 (adamw): weight_decay changed"), std::string::npos);
   }
-  ASSERT_TRUE(graphed.captured());
-  EXPECT_EQ(graphed.replays(), 7);
-  for (size_t i = 0; i < start.size(); ++i) {
-    SCOPED_TRACE("parameter " + std::to_string(i));
-    const at::Tensor de = (pe[i] - start[i]).to(at::kDouble), dg = (pg[i] - start[i]).to(at::kDouble);
-    const double scale = de.abs().max().item<double>();
-    ASSERT_GT(scale, 0.0);
-    const double tol =
-        start[i].scalar_type() == at::kBFloat16 ? std::ldexp(1.0, -8) * pe[i].abs().max().item<double>() : 1e-6 * scale;
-    EXPECT_LE((dg - de).abs().max().item<double>(), tol);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- own kernels: opt-in
+
+namespace {
+
+// A tensor that only describes a CUDA tensor (device, dtype, shape, strides) over a host buffer
+// nothing reads: the dispatch decisions read metadata only, so a machine without a GPU can ask
+// them what a CUDA tensor would get. Made without touching a device.
+at::Tensor described_cuda(at::IntArrayRef shape, at::ScalarType dtype) {
+  static std::vector<double> nothing(1);  // never read; a non-null address for the storage
+  const at::Device cuda(at::kCUDA, 0);
+  return at::for_blob(nothing.data(), shape)
+      .options(at::TensorOptions().dtype(dtype).device(cuda))
+      .target_device(cuda)
+      .make_tensor();
+}
+
+// Restores the process-wide setting however a test ends.
+struct ProcessWide {
+  explicit ProcessWide(bool on) { dion::math::set_own_cuda_kernels(on); }
+  ~ProcessWide() { dion::math::set_own_cuda_kernels(false); }
+};
+
+// The default on CUDA tensors is ATen's ops: no decision picks an own kernel until a setting turns
+// them on. Runs everywhere; in a build with CUDA kernels (this repository's CPU CI compiles them)
+// the "on" cases pick them, so the test fails if the default flips or the switch stops working.
+TEST(CudaDispatch, OwnKernelsAreOffByDefaultAndASettingTurnsThemOn) {
+  const at::Tensor X = described_cuda({64, 96}, at::kFloat), U = described_cuda({64, 96}, at::kBFloat16);
+  const at::Tensor P = described_cuda({48, 768, 768}, at::kBFloat16);
+  ASSERT_TRUE(X.is_cuda() && P.is_cuda());
+  ASSERT_EQ(dion::cuda::fusable(X, U), dion::cuda::available());  // the kernels could take them
+  EXPECT_FALSE(dion::math::use_own_cuda_kernels());
+  EXPECT_FALSE(dion::math::own_fused_kernel(X, U));
+  EXPECT_FALSE(dion::math::own_mirror_kernel(P));
+  const bool built = dion::cuda::available();
+  {
+    dion::math::OwnCudaKernelsScope on(true);
+    EXPECT_EQ(dion::math::own_fused_kernel(X, U), built);
+    EXPECT_EQ(dion::math::own_mirror_kernel(P), built);
+    {
+      dion::math::OwnCudaKernelsScope off(false);  // scopes nest
+      EXPECT_FALSE(dion::math::own_fused_kernel(X, U));
+    }
+    EXPECT_EQ(dion::math::own_fused_kernel(X, U), built);
   }
-  // AdamW's weight decay is read on the host (torch's fused kernel): a change is refused.
-  graphed_opt->options(2).weight_decay(0.5);
-  EXPECT_NE(error_of([&] { graphed.step(); }).find("param group 2 (adamw): weight_decay changed"), std::string::npos);
+  EXPECT_FALSE(dion::math::own_fused_kernel(X, U));
+  {
+    ProcessWide on(true);
+    EXPECT_EQ(dion::math::own_fused_kernel(X, U), built);
+    EXPECT_EQ(dion::math::own_mirror_kernel(P), built);
+    dion::math::OwnCudaKernelsScope off(false);  // a scope wins over the process-wide setting
+    EXPECT_FALSE(dion::math::own_mirror_kernel(P));
+  }
+  EXPECT_FALSE(dion::math::use_own_cuda_kernels());
+  // CPU tensors never take them, on or off.
+  dion::math::OwnCudaKernelsScope on(true);
+  EXPECT_FALSE(dion::math::own_fused_kernel(at::zeros({64, 96}), at::zeros({64, 96})));
+  EXPECT_FALSE(dion::math::own_mirror_kernel(at::zeros({2, 8, 8})));
+}
+
+// The kernels' entry points refuse to run while the setting is off, so a call site that skipped
+// the decision above cannot launch one: the error names the switches. Checked on tensors that
+// only describe CUDA tensors (the refusal comes before any launch); bad arguments are still named
+// first.
+TEST(CudaDispatch, KernelEntryPointsRefuseWhileOff) {
+  const at::Tensor X = described_cuda({64, 96}, at::kFloat), U = described_cuda({64, 96}, at::kFloat);
+  const at::Tensor P = described_cuda({2, 32, 32}, at::kFloat);
+  const std::string off = "the project's own CUDA kernels are off";
+  EXPECT_NE(error_of([&] { dion::cuda::decay_and_update_(X, U, 0.9f, -0.1f); }).find("decay_and_update_: " + off),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { dion::cuda::momentum_(X, U, at::Tensor(), 0.9f, false); }).find("momentum_: " + off),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { dion::cuda::mirror_lower_to_upper_(P); }).find("mirror_lower_to_upper_: " + off),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { dion::cuda::mirror_lower_to_upper_(P); }).find("set_own_cuda_kernels(true)"),
+            std::string::npos);
+  const at::Tensor wrong = described_cuda({64, 95}, at::kFloat);
+  EXPECT_NE(error_of([&] { dion::cuda::decay_and_update_(X, wrong, 0.9f, -0.1f); }).find("shapes differ"),
+            std::string::npos);
+  // Turned on, the refusal is gone (what follows is the launch, which needs a device).
+  dion::math::OwnCudaKernelsScope on(true);
+  if (!at::hasCUDA()) {
+    EXPECT_EQ(error_of([&] { dion::cuda::mirror_lower_to_upper_(P); }).find(off), std::string::npos);
+  }
+}
+
+// OrthoConfig::cuda_kernels reaches the step: the orthogonalizer (here a recording one) runs with
+// the kernels on for that optimizer only; the default optimizer's step runs with them off. On CPU
+// tensors the result is the same either way.
+TEST(CudaDispatch, OrthoConfigTurnsTheKernelsOnForItsOptimizerStep) {
+  EXPECT_FALSE(dion::math::OrthoConfig{}.cuda_kernels);
+  for (bool setting : {false, true}) {
+    std::vector<bool> seen;
+    dion::math::OrthoConfig ortho;
+    ortho.cuda_kernels = setting;
+    ortho.custom = [&seen](const at::Tensor& X, double eps) {
+      seen.push_back(dion::math::use_own_cuda_kernels());
+      return dion::math::newton_schulz(X, eps, at::kFloat);
+    };
+    at::manual_seed(5);
+    at::Tensor w = at::randn({16, 24});
+    w.mutable_grad() = at::randn({16, 24});
+    dion::Optimizer opt({w}, dion::Options(0.02).algorithm("muon"), ortho);
+    opt.step();
+    ASSERT_EQ(seen.size(), 1u);
+    EXPECT_EQ(seen[0], setting);
+    EXPECT_FALSE(dion::math::use_own_cuda_kernels());  // the step's scope ended with it
+  }
+}
+
+// The mirror CUDA tensors get by default (ATen's ops) equals the CPU loop bit for bit: odd sizes,
+// from_row, 2-, 4- and 8-byte dtypes. A mirror that did nothing leaves the upper triangle random.
+TEST(CudaDispatch, AtenMirrorEqualsTheCpuLoop) {
+  at::manual_seed(14);
+  for (at::ScalarType dt : {at::kBFloat16, at::kFloat, at::kDouble})
+    for (int64_t from_row : {int64_t{0}, int64_t{40}, int64_t{67}})
+      for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{3, 67, 67}, {1, 1, 1}, {2, 0, 0}}) {
+        SCOPED_TRACE(std::string(c10::toString(dt)) + " from_row " + std::to_string(from_row) + " " +
+                     c10::str(at::IntArrayRef(shape)));
+        const at::Tensor A = at::randn(shape).to(dt);
+        at::Tensor loop = A.clone(), aten = A.clone();
+        dion::math::mirror_lower_to_upper(loop, from_row);
+        dion::math::mirror_lower_to_upper_with_aten_ops(aten, from_row);
+        EXPECT_TRUE(at::equal(aten, loop));
+        if (shape[1] > 1 && from_row < shape[1]) {
+          EXPECT_FALSE(at::equal(aten, A));
+          EXPECT_TRUE(at::equal(aten.tril(), A.tril()));
+        }
+      }
+}
+
+// On the GPU: a default optimizer step (fast path, so symmetric products too) launches none of the
+// project's kernels; with OrthoConfig::cuda_kernels it launches them (fused steps, mirror).
+TEST(Cuda, DefaultStepLaunchesNoOwnKernel) {
+  SKIP_WITHOUT_CUDA();
+  for (bool setting : {false, true}) {
+    SCOPED_TRACE(setting ? "cuda_kernels true" : "default");
+    dion::math::OrthoConfig ortho;
+    ortho.path = dion::math::OrthoPath::FAST;
+    ortho.cuda_kernels = setting;
+    at::manual_seed(6);
+    at::Tensor w = at::randn({12, 768, 768}, at::TensorOptions().device(at::kCUDA));
+    w.mutable_grad() = at::randn_like(w);
+    dion::Optimizer opt({w}, dion::Options(0.02).algorithm("muon"), ortho);
+    const int64_t before = dion::cuda::own_kernel_launches();
+    opt.step();
+    const int64_t launched = dion::cuda::own_kernel_launches() - before;
+    if (setting)
+      EXPECT_GT(launched, 0);
+    else
+      EXPECT_EQ(launched, 0);
+  }
 }
 
 }  // namespace

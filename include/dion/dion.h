@@ -27,6 +27,7 @@
 
 #include "dion/errors.h"
 #include "dion/math/ortho.h"
+#include "dion/math/own_kernels.h"
 #include "dion/optim/optimizer.h"
 #include "dion/optim/options.h"
 

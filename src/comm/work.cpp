@@ -37,7 +37,7 @@ at::Tensor Work::wait() {
     s.waited = true;
     c10::intrusive_ptr<c10d::Work> work = std::move(s.work);
     try {
-      work->wait(s.timeout);
+      work->wait(s.timeout);  // NCCL: blocks the host until done, because a timeout is given (work.h)
     } catch (const std::exception& e) {
       try {
         throw_comm_error(s.kind, s.group, s.rank, s.size, s.timeout, e);

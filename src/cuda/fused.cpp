@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <stdexcept>
 #include <string>
 
@@ -25,6 +26,32 @@ namespace {
 
 bool float_or_bf16(const at::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16; }
 
+}  // namespace
+
+namespace {
+std::atomic<bool> g_own_kernels{false};
+thread_local int t_override = -1;  // -1: none; else the innermost OwnCudaKernelsScope's setting
+}  // namespace
+
+void detail::set_process_wide(bool on) { g_own_kernels.store(on, std::memory_order_relaxed); }
+
+bool detail::turned_on() { return t_override >= 0 ? t_override == 1 : g_own_kernels.load(std::memory_order_relaxed); }
+
+int detail::exchange_thread_override(int value) {
+  const int previous = t_override;
+  t_override = value;
+  return previous;
+}
+
+void detail::require_turned_on(const char* fn) {
+  TORCH_CHECK(detail::turned_on(), fn,
+              ": the project's own CUDA kernels are off (the default until a GPU has checked them); turn them on "
+              "with dion::math::set_own_cuda_kernels(true), an OwnCudaKernelsScope, OrthoConfig::cuda_kernels or "
+              "dion-train's cuda_kernels key (dion/math/own_kernels.h)");
+}
+
+namespace {
+
 void check_pair(const char* fn, const char* a_name, const at::Tensor& A, const char* b_name, const at::Tensor& B) {
   TORCH_CHECK(A.is_cuda() && B.is_cuda() && A.device() == B.device(), fn, ": ", a_name, " and ", b_name,
               " must be CUDA tensors on one device, got ", A.device(), " and ", B.device());
@@ -45,6 +72,27 @@ bool bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
 
 }  // namespace
 
+namespace {
+std::atomic<int64_t> g_launches{0};
+}  // namespace
+
+int64_t own_kernel_launches() { return g_launches.load(std::memory_order_relaxed); }
+
+void detail::count_launch() { g_launches.fetch_add(1, std::memory_order_relaxed); }
+
+int compute_capability_major(int device_index) {
+#ifdef DION_HAVE_CUDA
+  int device = device_index;
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return -1;
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return -1;
+  return major;
+#else
+  (void)device_index;
+  return -1;
+#endif
+}
+
 bool available() {
 #ifdef DION_HAVE_CUDA
   return true;
@@ -62,6 +110,7 @@ namespace {
 void decay_and_update_impl(const at::Tensor& X, const at::Tensor& U, float decay, float neg_lr, const float* decay_p,
                            const float* neg_lr_p) {
 #ifdef DION_HAVE_CUDA
+  detail::count_launch();
   const cudaError_t err =
       detail::decay_and_update(X.data_ptr(), bf16(X), U.data_ptr(), bf16(U), X.numel(), decay, neg_lr, decay_p,
                                neg_lr_p, c10::cuda::getCurrentCUDAStream(X.device().index()).stream());
@@ -75,6 +124,7 @@ void decay_and_update_impl(const at::Tensor& X, const at::Tensor& U, float decay
 
 void decay_and_update_(const at::Tensor& X, const at::Tensor& U, float decay, float neg_lr) {
   check_pair("decay_and_update_", "X", X, "U", U);
+  detail::require_turned_on("decay_and_update_");
   decay_and_update_impl(X, U, decay, neg_lr, nullptr, nullptr);
 }
 
@@ -85,13 +135,16 @@ void decay_and_update_(const at::Tensor& X, const at::Tensor& U, const at::Tenso
                 "decay_and_update_: decay and neg_lr must be 0-d float32 tensors on ", X.device(), ", got ",
                 s->defined() ? s->toString() : std::string("undefined"), " on ",
                 s->defined() ? s->device().str() : std::string("-"));
+  detail::require_turned_on("decay_and_update_");
   decay_and_update_impl(X, U, 0.0f, 0.0f, decay.const_data_ptr<float>(), neg_lr.const_data_ptr<float>());
 }
 
 void momentum_(const at::Tensor& M, const at::Tensor& G, const at::Tensor& U, float mu, bool nesterov) {
   check_pair("momentum_", "M", M, "G", G);
   if (U.defined()) check_pair("momentum_", "M", M, "U", U);
+  detail::require_turned_on("momentum_");
 #ifdef DION_HAVE_CUDA
+  detail::count_launch();
   const cudaError_t err = detail::momentum(
       M.data_ptr(), bf16(M), G.data_ptr(), bf16(G), U.defined() ? U.data_ptr() : nullptr, U.defined() && bf16(U),
       M.numel(), mu, nesterov, U.defined(), c10::cuda::getCurrentCUDAStream(M.device().index()).stream());

@@ -3,6 +3,8 @@
 // library in every build; the mirror kernel (symmetric_kernels.cu) only with DION_HAVE_CUDA.
 #include "dion/cuda/symmetric.h"
 
+#include "dion/cuda/fused.h"
+
 #include <ATen/ATen.h>
 
 #include <array>
@@ -28,8 +30,10 @@ void mirror_lower_to_upper_(const at::Tensor& P, int64_t from_row) {
   TORCH_CHECK(P.element_size() == 2 || P.element_size() == 4 || P.element_size() == 8,
               "mirror_lower_to_upper_: unsupported dtype ", P.scalar_type(), " (2-, 4- or 8-byte elements)");
   TORCH_CHECK(from_row >= 0, "mirror_lower_to_upper_: from_row must be >= 0, got ", from_row);
+  detail::require_turned_on("mirror_lower_to_upper_");
 #ifdef DION_HAVE_CUDA
   if (P.numel() == 0 || from_row >= P.size(1)) return;
+  detail::count_launch();
   const cudaError_t err =
       detail::mirror_lower_to_upper(P.data_ptr(), static_cast<int>(P.element_size()), P.size(0), P.size(1), from_row,
                                     c10::cuda::getCurrentCUDAStream(P.device().index()).stream());

@@ -8,6 +8,7 @@
 #include "dion/cuda/fused.h"
 #include "dion/math/rates.h"
 #include "dion/math/elementwise.h"
+#include "dion/math/own_kernels.h"
 #include "scalar_tensor.h"
 
 #include <algorithm>
@@ -154,10 +155,11 @@ void dion2_post_masked(at::TensorList X, at::TensorList M, at::TensorList U, con
   const at::Tensor decay = r.decay_t();
   const at::Tensor neg_lr = r.neg_adjusted_lr_t();
   for (size_t i = 0; i < X.size(); ++i) {
-    // On the GPU, decay and update in one kernel, bit-identical to the two ops below — except
-    // for bf16 X with float32 U, where the ops round the product to bf16 before the add.
+    // On the GPU, decay and update in one kernel (opt-in: dion/math/own_kernels.h),
+    // bit-identical to the two ops below — except for bf16 X with float32 U, where the ops round
+    // the product to bf16 before the add.
     const bool fused =
-        cuda::fusable(X[i], U[i]) && !(X[i].scalar_type() == at::kBFloat16 && U[i].scalar_type() == at::kFloat);
+        own_fused_kernel(X[i], U[i]) && !(X[i].scalar_type() == at::kBFloat16 && U[i].scalar_type() == at::kFloat);
     if (!fused) scale_(X[i], decay);
     at::Tensor sel = U[i].to(at::kFloat).abs().sum(norm_dim, /*keepdim=*/true) > 0;
     at::Tensor ef = f32(ef_decay).to(M[i].scalar_type());

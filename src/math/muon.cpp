@@ -9,6 +9,7 @@
 #include "dion/cuda/fused.h"
 #include "dion/math/rates.h"
 #include "dion/math/elementwise.h"
+#include "dion/math/own_kernels.h"
 #include "scalar_tensor.h"
 
 namespace dion::math {
@@ -30,8 +31,9 @@ std::vector<at::Tensor> muon_pre(at::TensorList G, at::TensorList M, float mu, b
   }
   for (size_t i = 0; i < M.size(); ++i) {
     at::Tensor u = stacked.defined() ? stacked[static_cast<int64_t>(i)] : at::Tensor();
-    if (cuda::fusable(M[i], G[i]) && (comm_dtype == at::kFloat || comm_dtype == at::kBFloat16)) {
-      // One pass on the GPU, bit-identical to the ATen ops below (dion/cuda/fused.h).
+    if (own_fused_kernel(M[i], G[i]) && (comm_dtype == at::kFloat || comm_dtype == at::kBFloat16)) {
+      // One pass on the GPU, bit-identical to the ATen ops below (dion/cuda/fused.h; opt-in:
+      // dion/math/own_kernels.h).
       const bool write_u = u.defined() || nesterov || comm_dtype != M[i].scalar_type();  // else U is M itself
       if (write_u && !u.defined()) u = at::empty(M[i].sizes(), M[i].options().dtype(comm_dtype));
       cuda::momentum_(M[i], G[i], write_u ? u : at::Tensor(), mu, nesterov);
@@ -76,7 +78,7 @@ void muon_post(at::TensorList X, at::TensorList U, const Rates& r, bool cautious
     const at::Tensor decay = r.decay_t(), alr = r.adjusted_lr_t();
     const at::Tensor neg_alr = r.on_device() ? r.neg_adjusted_lr_t() : at::Tensor();
     for (size_t i = 0; i < X.size(); ++i) {
-      if (cuda::fusable(X[i], U[i])) {  // one pass on the GPU, bit-identical to the two ops below
+      if (own_fused_kernel(X[i], U[i])) {  // one pass on the GPU, bit-identical to the two ops below
         if (r.on_device() && r.lr_dev.device() == X[i].device())
           cuda::decay_and_update_(X[i], U[i], decay, neg_alr);  // reads the values on the device
         else

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "dion/cuda/symmetric.h"
+#include "dion/math/own_kernels.h"
 
 namespace dion::math {
 
@@ -141,9 +142,26 @@ int64_t cuda_symmetric_block_rows(int64_t batch, int64_t m, int64_t multiprocess
   return m - rows >= rows / 2 ? rows : 0;
 }
 
+void mirror_lower_to_upper_with_aten_ops(const at::Tensor& P, int64_t from_row) {
+  TORCH_CHECK(P.dim() == 3 && P.size(1) == P.size(2) && P.is_contiguous(),
+              "mirror_lower_to_upper_with_aten_ops: expected a contiguous batch [B, m, m], got ", P.sizes());
+  TORCH_CHECK(from_row >= 0, "mirror_lower_to_upper_with_aten_ops: from_row must be >= 0, got ", from_row);
+  const int64_t m = P.size(1);
+  if (P.numel() == 0 || from_row >= m) return;
+  // Destination (j, i) with j < i and i >= from_row takes the source (i, j): P^T there.
+  const at::Tensor idx = at::arange(m, P.options().dtype(at::kLong));
+  const at::Tensor row = idx.unsqueeze(1), col = idx.unsqueeze(0);
+  at::Tensor mask = row < col;  // [m, m], strictly upper
+  if (from_row > 0) mask = mask.logical_and(col >= from_row);
+  P.copy_(at::where(mask, P.mT(), P));  // where() writes a new tensor: P is read whole first
+}
+
 void mirror_lower_to_upper(const at::Tensor& P, int64_t from_row) {
   if (P.is_cuda()) {
-    cuda::mirror_lower_to_upper_(P, from_row);
+    if (own_mirror_kernel(P))
+      cuda::mirror_lower_to_upper_(P, from_row);
+    else
+      mirror_lower_to_upper_with_aten_ops(P, from_row);
     return;
   }
   TORCH_CHECK(P.dim() == 3 && P.size(1) == P.size(2) && P.is_contiguous() && P.device().is_cpu(),
@@ -175,7 +193,9 @@ void symmetric_product_out(const at::Tensor& P, const at::Tensor& M1, const at::
     mirror_lower_to_upper(P);
     return;
   }
-  if (tiled && P.is_cuda()) {  // multiprocessor_count is 0 without CUDA kernels: full product
+  // CUDA: block rows plus the mirror kernel only with the own kernels on (dion/math/own_kernels.h;
+  // multiprocessor_count is 0 without CUDA kernels); else one full product, cuBLAS through ATen.
+  if (tiled && own_mirror_kernel(P)) {
     const int64_t rows = cuda_symmetric_block_rows(batch, m, cuda::multiprocessor_count(P.device().index()));
     if (rows > 0) {
       batched_block_rows(P, M1, M2, S, beta, alpha, rows);

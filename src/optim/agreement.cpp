@@ -221,6 +221,14 @@ std::vector<int64_t> coordinates(const Distribution& dist) {
   return {dist.axis_rank(Axis::OUTER), dist.axis_rank(Axis::INNER), dist.axis_rank(Axis::REPLICA)};
 }
 
+// The agreement's int64 control tensors travel on each axis's control device (a NCCL-only torch
+// group has no backend for CPU tensors: they go to the current CUDA device and back); every read
+// is of the host copy. On a Gloo group both moves are no-ops.
+at::Tensor all_gather_on_host(Distribution& dist, const at::Tensor& x, Axis a) {
+  const c10::Device dev = dist.axis(a)->control_device();
+  return dist.all_gather(x.to(dev), a).to(at::kCPU);  // a blocking copy after the collective
+}
+
 // This rank's view: the first row/column where another rank of some axis differs from mine.
 at::Tensor compare_over_axes(Distribution& dist, const Phase& phase) {
   const int64_t n = static_cast<int64_t>(phase.data.size()) / phase.width;
@@ -228,7 +236,7 @@ at::Tensor compare_over_axes(Distribution& dist, const Phase& phase) {
   at::Tensor mine = at::tensor(phase.data, at::kLong);
   for (size_t a = 0; a < kAxes.size(); ++a) {
     if (dist.axis_size(kAxes[a]) <= 1) continue;
-    at::Tensor all = dist.all_gather(mine, kAxes[a]).view({-1, n * phase.width});  // [S, n * width]
+    at::Tensor all = all_gather_on_host(dist, mine, kAxes[a]).view({-1, n * phase.width});  // [S, n * width]
     if (report[R_FOUND].item<int64_t>()) continue;  // gather anyway: every rank issues the same collectives
     at::Tensor differs = all.ne(mine.unsqueeze(0));
     if (!differs.any().item<bool>()) continue;
@@ -258,7 +266,7 @@ at::Tensor compare_over_axes(Distribution& dist, const Phase& phase) {
 at::Tensor spread(Distribution& dist, at::Tensor report) {
   for (Axis a : kAxes) {
     if (dist.axis_size(a) <= 1) continue;
-    at::Tensor all = dist.all_gather(report, a);  // [S, R]
+    at::Tensor all = all_gather_on_host(dist, report, a);  // [S, R]
     if (report[R_FOUND].item<int64_t>()) continue;
     for (int64_t s = 0; s < all.size(0); ++s)
       if (all[s][R_FOUND].item<int64_t>()) {
@@ -372,7 +380,12 @@ void check_ranks_agree(Distribution& dist, const std::vector<torch::optim::Optim
   const std::vector<int64_t> flat = d.flat();
   // Did anything change on any rank since the last agreement? (One small sum per axis.)
   at::Tensor changed = at::full({1}, flat == agreed ? 0 : 1, at::kLong);
-  for (Axis a : kAxes) dist.all_reduce_(changed, a);
+  for (Axis a : kAxes) {
+    if (dist.axis_size(a) <= 1) continue;
+    at::Tensor c = changed.to(dist.axis(a)->control_device());
+    dist.all_reduce_(c, a);
+    changed = c.to(at::kCPU);
+  }
   if (changed.item<int64_t>() == 0) return;
 
   const std::vector<Phase> phases = {{0, static_cast<int64_t>(d.header.size()), d.header},

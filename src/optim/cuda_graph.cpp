@@ -148,6 +148,17 @@ CudaGraphStep::CudaGraphStep(torch::optim::Optimizer& optimizer, int warmup_step
     : impl_(std::make_unique<Impl>(optimizer, warmup_steps)) {
   if (warmup_steps < 0)
     throw ValueError("CudaGraphStep: warmup_steps must be >= 0, got " + std::to_string(warmup_steps));
+  if (impl_->dion_opt && impl_->dion_opt->distribution()) {
+    // Refused before any capture: a capture that failed on one rank only would leave the others
+    // waiting in a collective (and the ranks-agree check reads its results on the host).
+    const Distribution& d = *impl_->dion_opt->distribution();
+    const int processes = d.axis_size(Axis::OUTER) * d.axis_size(Axis::INNER) * d.axis_size(Axis::REPLICA);
+    if (processes > 1)
+      throw ValueError("CudaGraphStep: the optimizer is distributed over " + std::to_string(processes) +
+                       " processes; its step issues collectives and reads some of their results on the host "
+                       "(the ranks-agree check, Dion2's selection), which a capture cannot hold: capture a "
+                       "single-process optimizer only");
+  }
   std::optional<at::Device> device;
   const auto& groups = optimizer.param_groups();
   for (size_t g = 0; g < groups.size(); ++g)

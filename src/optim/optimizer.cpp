@@ -11,6 +11,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <sstream>
 
@@ -20,6 +21,7 @@
 
 #include "dion/comm/tasks.h"
 #include "agreement.h"
+#include "dion/math/own_kernels.h"
 #include "dion/optim/collectives.h"
 #include "dion/optim/driver.h"
 #include "dion/optim/plan.h"
@@ -301,6 +303,10 @@ at::Tensor Optimizer::step(LossClosure closure) {
     loss = closure();
   }
   at::NoGradGuard no_grad;
+  // This optimizer's OrthoConfig::cuda_kernels turns the own CUDA kernels on for its step
+  // (dion/math/own_kernels.h); otherwise the process-wide setting holds.
+  std::optional<math::OwnCudaKernelsScope> own_kernels;
+  if (ortho_.cuda_kernels) own_kernels.emplace(true);
   check_shapes_unchanged();  // before any collective: the same parameters on every rank
   if (device_scalars_on_) {
     // Filled from the groups' Options, except under CUDA-graph capture (filled before it).

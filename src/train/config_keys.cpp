@@ -148,7 +148,8 @@ const std::vector<Key>& keys() {
        .choices = {"auto", "cpu", "cuda"}},
       {.name = "dtype",
        .field = &Config::dtype,
-       .help = "compute dtype: auto (cuda: bf16 autocast; cpu: the faster, docs/train.md), fp32, bf16 (autocast)",
+       .help = "compute dtype: auto (cuda: bf16 autocast from compute capability 8.0, else fp32; cpu: the faster, "
+               "docs/train.md), fp32, bf16 (autocast)",
        .check = Check::CHOICE,
        .choices = {"auto", "fp32", "bf16"}},
       {.name = "model_kernels",
@@ -170,6 +171,9 @@ const std::vector<Key>& keys() {
       {"cuda_graphs", &Config::cuda_graphs,
        "capture the training step (forward + backward of a micro-batch, the optimizer step) in CUDA graphs once and "
        "replay them (device cuda, one process)"},
+      {"cuda_kernels", &Config::cuda_kernels,
+       "the optimizer's own CUDA kernels (fused element-wise steps, symmetric products by block rows + mirror), not "
+       "yet checked on a GPU; false: ATen's CUDA ops (device cuda)"},
       {"peak_tflops", &Config::peak_tflops,
        "the peak TFLOP/s the MFU of the step lines is measured against (0: a matmul in the run's dtype, timed once at "
        "the start)",

@@ -2,6 +2,7 @@
 // row's Check in config_keys.cpp) and the relations between keys (config_validate), with
 // messages that name the key, its value and what is valid. Also the values derived from keys.
 #include "config_keys.h"
+#include "dion/train/train.h"
 
 #include <algorithm>
 #include <fmt/format.h>
@@ -134,6 +135,11 @@ void config_validate(const Config& c) {
         fmt::format("key 'cuda_graphs': true needs device cuda (a CUDA graph captures GPU work; device is '{}'); "
                     "valid: false, or device cuda",
                     c.device));
+  if (c.cuda_kernels && c.device == "cpu")
+    fail(
+        fmt::format("key 'cuda_kernels': true needs device cuda (the kernels run on CUDA tensors; device is "
+                    "'{}'); valid: false, or device cuda",
+                    c.device));
   if (c.cuda_graphs && c.dp_size * c.fs_size * c.tp_size > 1)
     fail(
         fmt::format("key 'cuda_graphs': true is supported for one process only (dp_size {} x fs_size {} x "
@@ -142,5 +148,7 @@ void config_validate(const Config& c) {
                     "or dp_size = fs_size = tp_size = 1",
                     c.dp_size, c.fs_size, c.tp_size, c.dp_size * c.fs_size * c.tp_size));
 }
+
+std::string cuda_auto_dtype(int major) { return major >= 0 && major < 8 ? "fp32" : "bf16"; }
 
 }  // namespace dion::train

@@ -38,6 +38,7 @@ TrainOptimizer build_optimizer(const Config& c, GPT& model) {
   math::OrthoConfig ortho;
   ortho.method = c.use_polar_express ? math::OrthoMethod::POLAR_EXPRESS : math::OrthoMethod::NEWTON_SCHULZ;
   ortho.path = math::ortho_path_from_string(c.ortho_path);  // config_validate has checked the value
+  ortho.cuda_kernels = c.cuda_kernels;                      // the own CUDA kernels: opt-in (dion/math/own_kernels.h)
   // train.py passes use_gram_newton_schulz to some classes only; the others ignore it there, and so here.
   ortho.use_gram_newton_schulz = c.use_gram_newton_schulz && spec.train_gram_newton_schulz;
   const Options defaults = matrix_defaults(c, spec);

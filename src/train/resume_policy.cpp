@@ -86,6 +86,7 @@ const std::map<std::string, Row>& table() {
       {"stop_after", {P::FREE, ""}},
       {"log_every", {P::FREE, ""}},
       {"cuda_graphs", {P::FREE, ""}},
+      {"cuda_kernels", {P::LOGGED, ""}},
       {"peak_tflops", {P::FREE, ""}},
       // numerics keys
       {"grad_clip", {P::LOGGED, ""}},

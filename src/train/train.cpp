@@ -17,6 +17,7 @@
 #include <functional>
 #include <optional>
 
+#include "dion/cuda/fused.h"
 #include "dion/math/ortho.h"
 #include "dion/train/autocast.h"
 #include "dion/train/checkpoint.h"
@@ -113,7 +114,7 @@ std::string resolve_device(const Config& c) {
 
 std::string resolve_dtype(const Config& c) {
   if (c.dtype != "auto") return c.dtype;
-  return resolve_device(c) == "cuda" ? "bf16" : kCpuAutoDtype;
+  return resolve_device(c) == "cuda" ? cuda_auto_dtype(cuda::compute_capability_major()) : kCpuAutoDtype;
 }
 
 RunSummary train_run(const Config& config) {

@@ -387,6 +387,31 @@ def test_gram_newton_schulz_and_fast_path():
         assert (other - exact).abs().max() / scale < 2e-2
 
 
+def test_cuda_kernels_are_opt_in():
+    # The project's own CUDA kernels are off unless turned on (dion/math/own_kernels.h); on CPU
+    # tensors the setting changes nothing: the same step bit for bit.
+    from dion_cpp import _C
+    torch.manual_seed(0)
+    w0, g = torch.randn(32, 48), torch.randn(32, 48)
+
+    def run():
+        p = torch.nn.Parameter(w0.clone())
+        p.grad = g.clone()
+        Muon([p], lr=0.02).step()
+        return p.detach()
+
+    assert _C.get_cuda_kernels() is False
+    off = run()
+    try:
+        _C.set_cuda_kernels(True)
+        assert _C.get_cuda_kernels() is True
+        on = run()
+    finally:
+        _C.set_cuda_kernels(False)
+    assert _C.get_cuda_kernels() is False
+    assert torch.equal(on, off) and not torch.equal(off, w0)
+
+
 def test_cpu_compute_dtype_is_visible(monkeypatch):
     """What the fast path and Gram Newton-Schulz compute in on this CPU, and why: fp16 only
     where the CPU multiplies fp16 natively (ONEDNN_MAX_CPU_ISA below AVX512_CORE_FP16 rules it

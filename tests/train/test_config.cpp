@@ -20,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include "dion/cuda/fused.h"
 #include "dion/train/config.h"
 #include "dion/train/gpt.h"
 #include "dion/train/optim_setup.h"
@@ -360,12 +361,23 @@ TEST(TrainConfig, NoMeshSizeMeansDdpOverTheWorldAsTrainPy) {
   EXPECT_THROW(parse_at({"--batch_size", "8", "--device_batch_size", "4"}, 3), ConfigError);
 }
 
+// dtype auto on CUDA: bf16 autocast only on GPUs with bf16 hardware (compute capability 8 and
+// up); a T4 (7.5) or V100 (7.0) would emulate bf16 GEMMs, so fp32 there.
+TEST(TrainConfig, CudaAutoDtypeIsBf16OnlyWithBf16Hardware) {
+  EXPECT_EQ(cuda_auto_dtype(7), "fp32");
+  EXPECT_EQ(cuda_auto_dtype(6), "fp32");
+  EXPECT_EQ(cuda_auto_dtype(8), "bf16");
+  EXPECT_EQ(cuda_auto_dtype(9), "bf16");
+  EXPECT_EQ(cuda_auto_dtype(-1), "bf16");  // unknown: as before
+}
+
 // device auto: cuda where a CUDA device is present, else cpu.
 TEST(TrainConfig, DeviceAutoIsCudaWhenPresentElseCpu) {
   Config c;
   EXPECT_EQ(c.device, "auto");
   EXPECT_EQ(resolve_device(c), at::globalContext().hasCUDA() ? "cuda" : "cpu");
-  EXPECT_EQ(resolve_dtype(c), at::globalContext().hasCUDA() ? "bf16" : kCpuAutoDtype);
+  EXPECT_EQ(resolve_dtype(c),
+            at::globalContext().hasCUDA() ? cuda_auto_dtype(dion::cuda::compute_capability_major()) : kCpuAutoDtype);
   c.device = "cpu";
   EXPECT_EQ(resolve_device(c), "cpu");
   EXPECT_NE(error_of({"--device", "gpu"}).find("one of: auto, cpu, cuda"), std::string::npos);
@@ -508,6 +520,28 @@ TEST(TrainOptimizer, GramNewtonSchulzWhereTrainPyPassesIt) {
     EXPECT_EQ(same, !passed);
     EXPECT_TRUE(std::isfinite(loss_gram.back()));
     EXPECT_LT(loss_gram.back(), loss_gram.front());  // it trains
+  }
+}
+
+// cuda_kernels (the project's own CUDA kernels, dion/math/own_kernels.h): off by default, reaches
+// the optimizer's OrthoConfig when set, and is refused with device cpu (the kernels run on CUDA
+// tensors only).
+TEST(TrainOptimizer, CudaKernelsKeyIsOptInAndReachesTheOptimizer) {
+  EXPECT_FALSE(Config{}.cuda_kernels);
+  EXPECT_FALSE(parse({}).cuda_kernels);
+  EXPECT_TRUE(parse({"--cuda_kernels", "true", "--device", "cuda"}).cuda_kernels);
+  EXPECT_NE(error_of({"--cuda_kernels", "true", "--device", "cpu"})
+                .find("key 'cuda_kernels': true needs device cuda (the kernels run on CUDA tensors; device is 'cpu')"),
+            std::string::npos);
+  const GPTConfig g{32, kVocabSize, 1, 2, 32};
+  for (bool on : {false, true}) {
+    Config c;
+    c.optimizer = "muon";
+    c.model_dim = 32;
+    c.cuda_kernels = on;
+    GPT model(g);
+    TrainOptimizer t = build_optimizer(c, model);
+    EXPECT_EQ(t.optimizer->ortho().cuda_kernels, on);
   }
 }
 

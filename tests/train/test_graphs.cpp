@@ -6,12 +6,14 @@
 // lines print an MFU consistent with their tokens/s and the peak.
 // On a GPU (skipped without one): training steps replayed from CUDA graphs give the eager steps'
 // losses, within a tolerance derived below.
+#include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <regex>
 
+#include "dion/train/autocast.h"
 #include "dion/train/config.h"
 #include "dion/train/gpt.h"
 #include "dion/train/graphed_step.h"
@@ -70,6 +72,31 @@ TEST(CudaGraphsConfig, MicroStepRefusesGraphsOffCuda) {
 }
 
 // 6 N + 12 L T C (PaLM App. B), N = 162,201,600 for the reference's 768 x 12 GPT at T = 1024.
+// What a captured forward relies on: AutocastScope clears autocast's cast cache when its region
+// ends, so the next forward casts the weights again (a captured forward records the casts, and a
+// replay re-casts the weights the optimizer updated). A cache kept across regions would hand the
+// second forward the first one's bf16 weight: the output would not move with the weight.
+TEST(CudaGraphsConfig, AutocastCastsTheWeightsAgainInEachForward) {
+  at::manual_seed(8);
+  const at::Tensor x = at::randn({4, 16});
+  at::Tensor w = at::randn({8, 16}).set_requires_grad(true);  // a leaf: the cast is cached
+  auto forward = [&] {
+    AutocastScope ac(at::kCPU, true);
+    at::Tensor y = at::linear(x, w);
+    EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+    return y.detach().to(at::kFloat);
+  };
+  const at::Tensor before = forward();
+  {
+    at::NoGradGuard no_grad;
+    w.add_(1.0);  // the optimizer's update, in place
+  }
+  const at::Tensor after = forward();
+  const at::Tensor expected = at::linear(x.to(at::kBFloat16), w.detach().to(at::kBFloat16)).to(at::kFloat);
+  EXPECT_FALSE(at::equal(before, after));
+  EXPECT_TRUE(at::allclose(after, expected, 1e-2, 1e-2));
+}
+
 TEST(Mfu, FlopsPerTokenIsSixNPlusAttention) {
   const GPTConfig g{1024, kVocabSize, 12, 6, 768};
   EXPECT_EQ(gpt_param_count(g), 162201600);
@@ -92,8 +119,8 @@ TEST(Mfu, MeasuredCpuMatmulRateIsPlausible) {
 TEST(Mfu, StepLinesPrintItFromTokensPerSecondAndThePeak) {
   TempDir tmp("mfu");
   ProcResult r = run_train({"--debug", "--device", "cpu", "--dtype", "fp32", "--model_dim", "32", "--n_layer", "1",
-                            "--n_head", "2", "--sequence_length", "16", "--num_iterations", "4", "--peak_tflops",
-                            "0.2", "--run_dir", (tmp / "run").string()});
+                            "--n_head", "2", "--sequence_length", "16", "--num_iterations", "4", "--peak_tflops", "0.2",
+                            "--run_dir", (tmp / "run").string()});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("against 0.2 TFLOP/s (peak_tflops); CUDA graphs: off"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("MFU is shown as 100%"), std::string::npos) << r.output;

@@ -5,7 +5,12 @@
 //   ... compute ...
 //   at::Tensor all = w.wait();                          // [size, ..]; throws CommError
 //
-// wait() waits at most the group's timeout. On failure (a peer died, a timeout, a backend error)
+// wait() waits at most the group's timeout. On NCCL that makes it block the host until the
+// collective has finished (c10d's WorkNCCL::wait with a timeout polls the collective's end event;
+// without one it would only make the current stream wait): a host read of the result right after
+// wait() (.item(), a copy to the CPU, the agreement check) sees the finished collective, and a
+// collective cannot be captured in a CUDA graph (dion::CudaGraphStep refuses distributed
+// optimizers). The cost is one host synchronization per waited collective. On failure (a peer died, a timeout, a backend error)
 // it throws CommError naming the collective, the group, this rank and the timeout, followed by
 // c10d's own message (Gloo names the peer whose connection failed). A Work is waited at most
 // once; later wait() calls return the same result.

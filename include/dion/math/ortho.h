@@ -149,6 +149,10 @@ struct OrthoConfig {
   // The FAST path's and Gram NS's compute dtype on a CPU; unset: cpu_compute_dtype of
   // `dtype` (FAST) or of fp16 (Gram NS). Either returns what it did before (`dtype`; fp16).
   std::optional<at::ScalarType> cpu_dtype = std::nullopt;
+  // true: the project's own CUDA kernels (fused element-wise steps, the symmetric products'
+  // block rows and mirror kernel) in this optimizer's step(), the orthogonalization included;
+  // false: the process-wide setting, off by default (ATen's CUDA ops; dion/math/own_kernels.h).
+  bool cuda_kernels = false;
 
   OrthoFn function() const;  // the callable the optimizers use
   // What function() computes in on a CPU, and why (for logs): the EXACT path's `dtype`, or the

@@ -12,11 +12,13 @@
 //     at::bmm_out over the whole batch instead: on this CPU oneDNN's batched small products
 //     run at their full rate while block rows of a small matrix lose more to per-call costs
 //     than the triangle saves (measured by dion-bench; see docs/benchmarks.md).
-//   - CUDA: one at::baddbmm_out per block row over the whole batch (3-D slices of P, M1, M2:
-//     a strided-batched cuBLAS GEMM that writes P's rows in place with ldc = m), then the
-//     mirror kernel of dion/cuda/symmetric.h. The block height comes from
-//     cuda_symmetric_block_rows (the reasoning is there); a batch too small to fill the GPU's
-//     multiprocessors with a first block row takes the full product.
+//   - CUDA, with the project's own CUDA kernels turned on (dion/math/own_kernels.h; off by
+//     default: then one full batched product, cuBLAS through ATen): one at::baddbmm_out per
+//     block row over the whole batch (3-D slices of P, M1, M2: a strided-batched cuBLAS GEMM
+//     that writes P's rows in place with ldc = m), then the mirror kernel of
+//     dion/cuda/symmetric.h. The block height comes from cuda_symmetric_block_rows (the
+//     reasoning is there); a batch too small to fill the GPU's multiprocessors with a first
+//     block row takes the full product.
 // symmetric_product_block_rows_out is the batched block-row path with an explicit height, on
 // any device: the CUDA path's code, testable on a CPU, and what the device benchmark sweeps.
 //
@@ -85,7 +87,13 @@ void gram_out(const at::Tensor& P, const at::Tensor& X, bool tiled = true);
 
 // Copies P's strictly lower triangle onto its strictly upper triangle, for every matrix of a
 // contiguous batch P [B, m, m], from row `from_row` on (rows above it are left as they are).
-// CPU or CUDA (the kernel of dion/cuda/symmetric.h).
+// CPU: a cache-blocked loop; CUDA: the kernel of dion/cuda/symmetric.h when the own kernels are
+// on (dion/math/own_kernels.h), else mirror_lower_to_upper_with_aten_ops.
 void mirror_lower_to_upper(const at::Tensor& P, int64_t from_row = 0);
+
+// The same with ATen ops on any device (a mask and at::where: one [B, m, m] temporary): what
+// CUDA tensors get while the mirror kernel is off. Equal to the loop and the kernel bit for bit
+// (a copy of values).
+void mirror_lower_to_upper_with_aten_ops(const at::Tensor& P, int64_t from_row = 0);
 
 }  // namespace dion::math

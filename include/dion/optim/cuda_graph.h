@@ -10,7 +10,7 @@
 //
 // What a replay cannot do, and is refused with dion::ValueError naming it, before anything runs:
 //   - capture with a parameter that has no gradient (its update would be baked out), or not on
-//     one CUDA device;
+//     one CUDA device; an optimizer distributed over more than one process (at construction);
 //   - a replay after the parameter set changed (add_param_group, other tensors), a gradient
 //     tensor was replaced (zero_grad with set_to_none: write gradients into the same tensors),
 //     or the optimizer's state was replaced (load_state_dict);

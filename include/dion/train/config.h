@@ -103,8 +103,9 @@ struct Config {
   bool resume_fallback = false;  // resume from the newest GOOD checkpoint when the newest is bad
   int64_t stop_after = 0;
   int64_t log_every = 1;
-  bool cuda_graphs = false;  // capture the training step in CUDA graphs (train/graphed_step.h)
-  double peak_tflops = 0;    // the MFU's peak; 0: a matmul measured once at the start
+  bool cuda_graphs = false;   // capture the training step in CUDA graphs (train/graphed_step.h)
+  bool cuda_kernels = false;  // the project's own CUDA kernels in the optimizer (math/own_kernels.h)
+  double peak_tflops = 0;     // the MFU's peak; 0: a matmul measured once at the start
   // ---- numerics keys (docs/train.md "Gradient norm, clipping, non-finite steps")
   double grad_clip = 0;                   // clip the global gradient norm to this (0: off)
   int64_t max_nonfinite_steps = 3;        // non-finite steps in a row skipped; one more stops the run

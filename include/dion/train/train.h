@@ -26,8 +26,12 @@ namespace dion::train {
 // process sees a CUDA device, else cpu).
 std::string resolve_device(const Config& config);
 // "fp32" or "bf16": the dtype a run computes in (config.dtype, with "auto" resolved:
-// bf16 autocast on CUDA, kCpuAutoDtype on CPU; device auto resolved first).
+// cuda_auto_dtype on CUDA, kCpuAutoDtype on CPU; device auto resolved first).
 std::string resolve_dtype(const Config& config);
+// dtype auto on a GPU of compute capability `major`.x: bf16 autocast from 8 (Ampere: bf16 tensor
+// cores), fp32 below (a T4 (7.5) or V100 has no bf16 hardware: ATen emulates bf16 GEMMs there,
+// slower than fp32); -1 (unknown): bf16.
+std::string cuda_auto_dtype(int major);
 // The CPU default for dtype auto, chosen by measurement (docs/train.md "CPU dtype").
 inline constexpr const char* kCpuAutoDtype = "fp32";
 
