@@ -106,6 +106,7 @@ if(DION_BUILD_TESTS)
     ${DION_TRAIN_ROOT}/tests/train/test_graphs.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_run.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_train_checkpoint.cpp
+    ${DION_TRAIN_ROOT}/tests/train/test_trainer.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_vocab.cpp)
   # The launcher, on tests/tools/launch_child.cpp as the ranks (multi-process: one at a time).
   add_executable(launch_child ${DION_TRAIN_ROOT}/tests/tools/launch_child.cpp)
