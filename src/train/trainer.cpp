@@ -51,9 +51,7 @@ Trainer::Trainer(const Config& config, TrainHooks hooks) : c_(config), hooks_(st
 
 Trainer::~Trainer() = default;
 
-double Trainer::seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double Trainer::seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 double Trainer::elapsed() const { return elapsed0_ + seconds_since(t_start_); }
 
@@ -158,7 +156,8 @@ void Trainer::update_or_skip(int64_t step, const StepResult& r) {
   micro_->discard_gradients();
   ++nonfinite_in_a_row_;
   ++sum_.steps_skipped;
-  say(fmt::format("step {}/{}: {} is not finite (loss {}, grad_norm {}): step skipped, the weights and the "
+  say(
+      fmt::format("step {}/{}: {} is not finite (loss {}, grad_norm {}): step skipped, the weights and the "
                   "optimizer state unchanged ({} in a row; max_nonfinite_steps {})",
                   step, N, std::isfinite(r.loss) ? "the gradient" : "the loss", r.loss, r.grad_norm.norm,
                   nonfinite_in_a_row_, c_.max_nonfinite_steps));
@@ -184,7 +183,7 @@ bool Trainer::save_or_stop(int64_t step) {
 void Trainer::save(int64_t step) {
   st_.elapsed_s = elapsed();
   st_.loader = train_loader_->position();
-  topt_.optimizer->synchronize_for_checkpoint();                       // legacy Dion's decoupled momenta (a no-op otherwise)
+  topt_.optimizer->synchronize_for_checkpoint();  // legacy Dion's decoupled momenta (a no-op otherwise)
   if (c_.replica_check_every > 0) replicas_check(model_, *par_, step);  // a checkpoint keeps dp rank 0's copy
   const std::filesystem::path p =
       checkpoint_save(c_.checkpoint_dir, model_, *topt_.optimizer, st_, config_yaml_, par_.get(), data_fp_);

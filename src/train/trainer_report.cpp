@@ -52,9 +52,8 @@ void Trainer::report_start() {
   say(
       fmt::format("  batch {} x {} tokens (device batch {}, {} accumulation steps), {} steps, lr {} "
                   "(warmup {}, warmdown {}), scalar_opt {}",
-                  c.batch_size, c.sequence_length, c.device_batch_size, accum_, c.num_iterations, c.lr,
-                  c.warmup_ratio, c.warmdown_ratio,
-                  !find_algorithm(c.optimizer, true).matrix() ? c.optimizer : c.scalar_opt));
+                  c.batch_size, c.sequence_length, c.device_batch_size, accum_, c.num_iterations, c.lr, c.warmup_ratio,
+                  c.warmdown_ratio, !find_algorithm(c.optimizer, true).matrix() ? c.optimizer : c.scalar_opt));
   say(fmt::format("  train data: {}", train_loader_->describe()));
   say(fmt::format("  val data:   {}; {} batches per validation", val_loader_->describe(), c.val_steps()));
   say(fmt::format("  run dir: {}; checkpoints: {}", run_dir_.string(),
@@ -62,8 +61,8 @@ void Trainer::report_start() {
                                            : fmt::format("{} every {} steps", c.checkpoint_dir, c.checkpoint_freq)));
   if (par_->world_size() > 1)
     say(fmt::format(
-        "  layout: {} processes = dp {} x fs {} x tp {}{}; {} data-parallel ranks; DDP buckets: {}",
-        par_->world_size(), c.dp_size, c.fs_size, c.tp_size,
+        "  layout: {} processes = dp {} x fs {} x tp {}{}; {} data-parallel ranks; DDP buckets: {}", par_->world_size(),
+        c.dp_size, c.fs_size, c.tp_size,
         c.mesh_from_world ? " (DDP over every process: no dp_size, fs_size or tp_size given, as train.py)" : "",
         par_->data_size(),
         ddp_ ? fmt::format("{} of <= {} MB", ddp_->buckets(), c.ddp_bucket_mb)
@@ -86,7 +85,8 @@ void Trainer::report_mfu_start() {
   std::string bf16_why;
   const bool slow_bf16 = autocast_ && device_.is_cpu() && !math::cpu_has_native_gemm(at::kBFloat16, &bf16_why);
   if (slow_bf16)
-    say(fmt::format("  note: dtype bf16 on this CPU is slow: {}, so ATen runs bf16 GEMMs on a scalar fallback "
+    say(
+        fmt::format("  note: dtype bf16 on this CPU is slow: {}, so ATen runs bf16 GEMMs on a scalar fallback "
                     "(measured 16x slower a step than fp32 on an AVX2-only AMD EPYC); --dtype fp32 (auto's "
                     "choice on a CPU) avoids it",
                     bf16_why));
@@ -94,10 +94,10 @@ void Trainer::report_mfu_start() {
   peak_flops_ = c.peak_tflops > 0 ? c.peak_tflops * 1e12 : measure_peak_flops(device_, peak_dtype, gcfg_.kernels);
   say(fmt::format("  MFU: {:.3g} GFLOP per token (6 N + 12 L T C) against {:.3g} TFLOP/s ({}); CUDA graphs: {}",
                   model_flops_ / 1e9, peak_flops_ / 1e12,
-                  c.peak_tflops > 0 ? std::string("peak_tflops")
-                                    : fmt::format("measured: {} matmul on {}, {} kernels",
-                                                  peak_dtype == at::kBFloat16 ? "bf16" : "fp32", device_.str(),
-                                                  c.model_kernels),
+                  c.peak_tflops > 0
+                      ? std::string("peak_tflops")
+                      : fmt::format("measured: {} matmul on {}, {} kernels",
+                                    peak_dtype == at::kBFloat16 ? "bf16" : "fp32", device_.str(), c.model_kernels),
                   c.cuda_graphs ? "on (forward + backward and the optimizer step replayed after step 1)" : "off"));
 }
 
@@ -133,7 +133,8 @@ void Trainer::report_step(int64_t step, const StepResult& r) {
   const double step_mfu = mfu(model_flops_, tok_s / double(par_->world_size()), peak_flops_);
   if (step_mfu > 1.0 && !said_mfu_above_peak_) {
     said_mfu_above_peak_ = true;
-    say(fmt::format("  note: this step ran at {:.3g} TFLOP/s a process, above the peak of {:.3g} TFLOP/s{}: "
+    say(
+        fmt::format("  note: this step ran at {:.3g} TFLOP/s a process, above the peak of {:.3g} TFLOP/s{}: "
                     "MFU is shown as 100%; {}",
                     step_mfu * peak_flops_ / 1e12, peak_flops_ / 1e12,
                     c.peak_tflops > 0 ? " (peak_tflops)" : " (measured at start-up)",
@@ -157,7 +158,8 @@ void Trainer::report_end() {
     at::Tensor mine = at::tensor({peak_rss_mb()}, at::kDouble);
     at::Tensor all = par.world().all_gather(mine).reshape({-1});
     std::string per_rank;
-    for (int r = 0; r < par.world_size(); ++r) per_rank += fmt::format("{}{:.0f}", r ? ", " : "", all[r].item<double>());
+    for (int r = 0; r < par.world_size(); ++r)
+      per_rank += fmt::format("{}{:.0f}", r ? ", " : "", all[r].item<double>());
     const double steps = double(std::max<int64_t>(sum_.steps_done, 1));
     say(fmt::format("memory: peak RSS per rank (MB): {}; sent per step by rank 0: model {:.0f} KB, optimizer {:.0f} KB",
                     per_rank, double(model_bytes_) / steps / 1024, double(optimizer_bytes_) / steps / 1024));
@@ -166,13 +168,15 @@ void Trainer::report_end() {
     say(fmt::format("DDP: {} of {} gradient buckets launched during backward (the last step)",
                     ddp_->launched_during_backward(), ddp_->buckets()));
   if (par.shape().fs > 1)
-    say(fmt::format("FSDP: {} of {} forward weight gathers prefetched, {} of {} backward re-gathers, {} gradient "
+    say(
+        fmt::format("FSDP: {} of {} forward weight gathers prefetched, {} of {} backward re-gathers, {} gradient "
                     "reduce-scatters; reshard_after_forward {}, gradient sync {}, weights gathered in {}",
-                    par.prefetched(), par.gathers(), par.regathers_prefetched(), par.regathers(),
-                    par.reduce_scatters(), par.reshard_after_forward(),
-                    c_.fast_fsdp ? "once per step (fast_fsdp)" : "every micro-batch", c_.fsdp_param_dtype));
+                    par.prefetched(), par.gathers(), par.regathers_prefetched(), par.regathers(), par.reduce_scatters(),
+                    par.reshard_after_forward(), c_.fast_fsdp ? "once per step (fast_fsdp)" : "every micro-batch",
+                    c_.fsdp_param_dtype));
   if (sum_.stopped_early) return;
-  say(fmt::format("done: {} steps, best val_loss {:.4f} @ step {}, {} training tokens, {} total ({} this run); "
+  say(
+      fmt::format("done: {} steps, best val_loss {:.4f} @ step {}, {} training tokens, {} total ({} this run); "
                   "metrics in {}{}",
                   c_.num_iterations, st_.best_val_loss, st_.best_val_step, st_.tokens, format_duration(elapsed()),
                   format_duration(seconds_since(t_start_)), (run_dir_ / "metrics.jsonl").string(),

@@ -58,7 +58,7 @@ void Trainer::setup() {
 void Trainer::check_device() {
   const std::string asked = c_.device;
   c_.device = resolve_device(c_);
-  device_why_ = asked != "auto"         ? ""
+  device_why_ = asked != "auto"       ? ""
                 : c_.device == "cuda" ? "device auto: a CUDA device is present; --device cpu trains on the CPU"
                                       : "device auto: no CUDA device here";
   if (c_.cuda_graphs && c_.device != "cuda")
@@ -91,8 +91,8 @@ void Trainer::open_data() {
   if (c.debug) {
     train_loader_ = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed), drank,
                                                       dsize, c.vocab_size);
-    val_loader_ = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed) + 1,
-                                                    drank, dsize, c.vocab_size);
+    val_loader_ = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed) + 1, drank,
+                                                    dsize, c.vocab_size);
   } else {
     train_loader_ =
         std::make_unique<ShardLoader>(c.data_dir, "train", c.device_batch_size, c.sequence_length, drank, dsize);
@@ -141,10 +141,10 @@ void Trainer::choose_checkpoint() {
   if (par_->world_size() > 1) agree_on_checkpoint(bad);
   if (!ckpt_) return;
   if (meta_->state.step >= c.num_iterations)
-    throw CheckpointError(fmt::format(
-        "checkpoint '{}' is at step {}, past num_iterations {} (steps 0..{}): nothing "
-        "to do; raise --num_iterations above {} to continue training it",
-        ckpt_->string(), meta_->state.step, c.num_iterations, c.num_iterations - 1, meta_->state.step + 1));
+    throw CheckpointError(
+        fmt::format("checkpoint '{}' is at step {}, past num_iterations {} (steps 0..{}): nothing "
+                    "to do; raise --num_iterations above {} to continue training it",
+                    ckpt_->string(), meta_->state.step, c.num_iterations, c.num_iterations - 1, meta_->state.step + 1));
   for (std::string& line : resume_check(c, *meta_, *ckpt_, data_fp_)) resume_lines_.push_back(std::move(line));
 }
 

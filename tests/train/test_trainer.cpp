@@ -32,10 +32,19 @@ Config parse(std::vector<std::string> args) {
 TEST(TrainerHooks, RunEveryStepAndANaNWrittenThroughThemSkipsThatStep) {
   test::TempDir tmp("trainer_hooks");
   // Debug mode: 20 steps on synthetic tokens (a small vocabulary keeps it fast).
-  const Config config =
-      parse({"--debug", "true", "--device", "cpu", "--dtype", "fp32", "--model_dim", "64", "--n_layer", "2",
-             "--n_head", "2", "--sequence_length", "32", "--vocab_size", "256", "--val_loss_every", "0",
-             "--optimizer", "muon", "--scalar_opt", "adamw", "--peak_tflops", "1", "--run_dir", (tmp / "run").string()});
+  const Config config = parse({"--debug",           "true",
+                               "--device",          "cpu",
+                               "--dtype",           "fp32",
+                               "--model_dim",       "64",
+                               "--n_layer",         "2",
+                               "--n_head",          "2",
+                               "--sequence_length", "32",
+                               "--vocab_size",      "256",
+                               "--val_loss_every",  "0",
+                               "--optimizer",       "muon",
+                               "--scalar_opt",      "adamw",
+                               "--peak_tflops",     "1",
+                               "--run_dir",         (tmp / "run").string()});
   std::vector<int64_t> after_backward, after_update;
   TrainHooks hooks;
   hooks.after_backward = [&](int rank, int64_t step, const std::vector<at::Tensor>& params) {

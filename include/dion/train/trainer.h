@@ -92,13 +92,14 @@ class Trainer {
 
   // ---- setup (trainer_setup.cpp), in the order run() calls them
   void setup();
-  void check_device();         // device auto resolved; cuda_graphs / cuda refused without CUDA
-  void connect();              // rendezvous, the configuration compared, the mesh, device, dtype
-  void open_data();            // the loaders, the vocabulary and sizes against the data
-  void choose_checkpoint();    // the checkpoint to resume, verified and compared with this run
-  void agree_on_checkpoint(const std::optional<CheckpointError>& bad);  // every rank the same one
-  void build_model();          // GPT, optimizer, DDP, the resumed state
-  void open_run_dir();         // config.yaml, metrics.jsonl, tb/ (rank 0)
+  void check_device();       // device auto resolved; cuda_graphs / cuda refused without CUDA
+  void connect();            // rendezvous, the configuration compared, the mesh, device, dtype
+  void open_data();          // the loaders, the vocabulary and sizes against the data
+  void choose_checkpoint();  // the checkpoint to resume, verified and compared with this run
+  // Every rank resumes the same checkpoint (`bad`: this rank's verification failed).
+  void agree_on_checkpoint(const std::optional<CheckpointError>& bad);
+  void build_model();   // GPT, optimizer, DDP, the resumed state
+  void open_run_dir();  // config.yaml, metrics.jsonl, tb/ (rank 0)
   // ---- the loop (trainer.cpp)
   void evaluate(int64_t step);
   StepResult step(int64_t step);
@@ -153,7 +154,7 @@ class Trainer {
   double steps_ms_total_ = 0;
   int64_t steps_timed_ = 0;
   int64_t model_bytes_ = 0, optimizer_bytes_ = 0;  // sent by this rank, all steps of this invocation
-  int64_t last_saved_ = -1;                          // the resumed checkpoint is not written again
+  int64_t last_saved_ = -1;                        // the resumed checkpoint is not written again
 };
 
 }  // namespace dion::train
