@@ -52,7 +52,10 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/parallel/ddp.cpp
   ${DION_TRAIN_ROOT}/src/train/parallel/replicas.cpp
   ${DION_TRAIN_ROOT}/src/train/resume_policy.cpp
-  ${DION_TRAIN_ROOT}/src/train/train.cpp)
+  ${DION_TRAIN_ROOT}/src/train/train.cpp
+  ${DION_TRAIN_ROOT}/src/train/trainer.cpp
+  ${DION_TRAIN_ROOT}/src/train/trainer_report.cpp
+  ${DION_TRAIN_ROOT}/src/train/trainer_setup.cpp)
 target_link_libraries(dion_train
   PUBLIC dion dion_data dion_tb dion_safetensors
   PRIVATE yaml-cpp ZLIB::ZLIB CLI11::CLI11 nlohmann_json::nlohmann_json dion_warnings)
@@ -77,7 +80,8 @@ target_link_libraries(dion_launch PRIVATE dion_warnings)
 dion_executable(dion-train
   ${DION_TRAIN_ROOT}/tools/dion-train/main.cpp
   ${DION_TRAIN_ROOT}/tools/dion-train/sample.cpp
-  ${DION_TRAIN_ROOT}/tools/dion-train/export.cpp)
+  ${DION_TRAIN_ROOT}/tools/dion-train/export.cpp
+  ${DION_TRAIN_ROOT}/tools/dion-train/test_hooks.cpp)
 target_link_libraries(dion-train PRIVATE dion_train dion_launch CLI11::CLI11)
 target_compile_definitions(dion-train PRIVATE
   DION_SOURCE_DIR="${DION_TRAIN_ROOT}"
@@ -102,6 +106,7 @@ if(DION_BUILD_TESTS)
     ${DION_TRAIN_ROOT}/tests/train/test_graphs.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_run.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_train_checkpoint.cpp
+    ${DION_TRAIN_ROOT}/tests/train/test_trainer.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_vocab.cpp)
   # The launcher, on tests/tools/launch_child.cpp as the ranks (multi-process: one at a time).
   add_executable(launch_child ${DION_TRAIN_ROOT}/tests/tools/launch_child.cpp)

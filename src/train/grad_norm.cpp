@@ -1,13 +1,9 @@
-// src/train/grad_norm.cpp — global gradient norm, clipping, the non-finite test hook
-// (dion/train/grad_norm.h).
+// src/train/grad_norm.cpp — global gradient norm and clipping (dion/train/grad_norm.h).
 #include "dion/train/grad_norm.h"
 
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <sstream>
-#include <string>
 
 #include "dion/train/parallel.h"
 
@@ -56,26 +52,6 @@ double clip_gradients(const std::vector<at::Tensor>& params, double norm, double
     if (g.defined()) g.mul_(scale);
   }
   return scale;
-}
-
-void nonfinite_test_inject(const std::vector<at::Tensor>& params, const Parallel& par, int64_t step) {
-  const char* v = std::getenv("DION_TEST_NONFINITE");
-  if (!v || !*v) return;
-  const std::string s = v;
-  const size_t colon = s.find(':');
-  if (colon == std::string::npos || std::stoll(s.substr(0, colon)) != par.rank()) return;
-  std::stringstream steps(s.substr(colon + 1));
-  bool hit = false;
-  for (std::string item; std::getline(steps, item, ',');)
-    if (!item.empty() && std::stoll(item) == step) hit = true;
-  if (!hit) return;
-  at::NoGradGuard no_grad;
-  for (const at::Tensor& p : params) {
-    at::Tensor g = p.grad();
-    if (!g.defined() || g.numel() == 0) continue;
-    g.view({-1}).narrow(0, 0, 1).fill_(std::nan(""));
-    return;
-  }
 }
 
 }  // namespace dion::train

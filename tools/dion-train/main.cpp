@@ -1,7 +1,7 @@
 // tools/dion-train/main.cpp — `dion-train`: train the reference's GPT with a dion optimizer,
 // plot runs, sample text from a checkpoint (docs/train.md).
 //
-//   dion-train [--config FILE.yaml] [--key value ...]        train (src/train/train.cpp)
+//   dion-train [--config FILE.yaml] [--key value ...]        train (src/train/trainer.cpp)
 //   dion-train --nproc N [--config FILE.yaml] [...]          N local processes (src/launch)
 //   dion-train --nnodes M --node_rank K --nproc N --master_addr HOST0 [--master_port P]
 //              [--max_restarts R] [...]                     node K of a multi-node job (nodes.cpp)
@@ -27,9 +27,10 @@
 #include "dion/train/checkpoint.h"
 #include "dion/train/config.h"
 #include "dion/train/loader.h"
-#include "dion/train/train.h"
+#include "dion/train/trainer.h"
 #include "export.h"
 #include "sample.h"
+#include "test_hooks.h"
 
 #ifndef DION_TRAIN_PLOT_SCRIPT
 #define DION_TRAIN_PLOT_SCRIPT ""
@@ -113,7 +114,8 @@ int main(int argc, char** argv) {
                   "they need --nproc N (the processes on this node)");
     if (nproc) return run_launcher(*nproc, nodes, args);
     const dion::train::Config config = dion::train::config_parse(argc, argv);
-    dion::train::train_run(config);
+    // train_run(config), with the tests' fault injection when they ask for it (test_hooks.h).
+    dion::train::Trainer(config, dion::train::tool::test_hooks_from_env()).run();
     return 0;
   } catch (const dion::train::HelpRequested& h) {
     std::fputs(h.what(), stdout);

@@ -1,6 +1,5 @@
-// dion/train/grad_norm.h — the training step's numerics: the global gradient norm, clipping,
-// and the non-finite step guard's test hook (docs/train.md "Gradient norm, clipping, non-finite
-// steps").
+// dion/train/grad_norm.h — the training step's numerics: the global gradient norm and clipping
+// (docs/train.md "Gradient norm, clipping, non-finite steps").
 //
 //   GradNorm g = grad_norm(model->parameters(), par, grads_summed_over_dp);   // collective (world)
 //   if (g.finite && clip > 0) clip_gradients(model->parameters(), g.norm, clip);
@@ -23,11 +22,9 @@
 // multiplied by max_norm / (norm + 1e-6) (computed in double, applied as the fp32 multiplier);
 // otherwise nothing is touched. Returns the multiplier (1 when not clipped).
 //
-// nonfinite_test_inject: the test hook DION_TEST_NONFINITE=RANK:STEP[,STEP...] (global rank,
-// 0-based training steps) writes NaN into the first gradient element of that rank before the
-// norm is taken, so that the tests can see a non-finite step skipped on every rank; nothing
-// else reads it.
-// Not here: the decision to skip a step and the N-in-a-row stop (train.cpp).
+// Not here: the decision to skip a step and the N-in-a-row stop (Trainer::update_or_skip,
+// trainer.h); the tests' NaN (DION_TEST_NONFINITE: TrainHooks::after_backward, installed by
+// tools/dion-train/test_hooks.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -46,6 +43,5 @@ struct GradNorm {
 
 GradNorm grad_norm(const std::vector<at::Tensor>& params, Parallel& par, bool grads_summed_over_dp);
 double clip_gradients(const std::vector<at::Tensor>& params, double norm, double max_norm);
-void nonfinite_test_inject(const std::vector<at::Tensor>& params, const Parallel& par, int64_t step);
 
 }  // namespace dion::train

@@ -13,9 +13,9 @@
 // them with dp rank 0's. A difference throws ReplicaDriftError on every rank of the dp group,
 // naming the first parameter that differs, the step and the dp ranks.
 //
-// The test hook DION_TEST_PERTURB_REPLICA=RANK:STEP (global rank, step) makes that rank change
-// one bit of its first parameter after that step (replicas_test_perturb), so that the tests can
-// see a drift being caught; nothing else reads it.
+// The tests see a drift caught by changing one bit of a rank's first parameter after a step
+// (DION_TEST_PERTURB_REPLICA: TrainHooks::after_update, trainer.h, installed by
+// tools/dion-train/test_hooks.h).
 #pragma once
 
 #include <cstdint>
@@ -38,7 +38,5 @@ class ReplicaDriftError : public std::runtime_error {
 int64_t replicas_bit_hash(const at::Tensor& t);
 
 void replicas_check(GPT& model, Parallel& par, int64_t step);
-
-void replicas_test_perturb(GPT& model, const Parallel& par, int64_t step);
 
 }  // namespace dion::train

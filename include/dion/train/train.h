@@ -13,6 +13,8 @@
 //      one console line per step, a checkpoint every checkpoint_freq steps and at the end;
 //   5. print a summary.
 // Throws ConfigError (exit 2), DataLoadError / CheckpointError / NonFiniteError (exit 1).
+// train_run is Trainer(config).run() (dion/train/trainer.h: each part above is a member
+// function there: setup, evaluate, step, save, the report_* ones).
 #pragma once
 
 #include <stdexcept>

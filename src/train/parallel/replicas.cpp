@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -78,20 +77,6 @@ void replicas_check(GPT& model, Parallel& par, int64_t step) {
         fmt::format("after step {}: the data-parallel replicas of another dp group differ (its "
                     "ranks name the parameter); stopping with them",
                     step));
-}
-
-void replicas_test_perturb(GPT& model, const Parallel& par, int64_t step) {
-  const char* v = std::getenv("DION_TEST_PERTURB_REPLICA");
-  if (!v || !*v) return;
-  const std::string s = v;
-  const size_t colon = s.find(':');
-  if (colon == std::string::npos) return;
-  if (std::stoll(s.substr(0, colon)) != par.rank() || std::stoll(s.substr(colon + 1)) != step) return;
-  at::NoGradGuard no_grad;
-  at::Tensor p = model->parameters().front();
-  if (p.numel() == 0) return;
-  at::Tensor first = p.view({-1}).narrow(0, 0, 1);
-  first.copy_(at::nextafter(first, first + 1));  // one ulp
 }
 
 }  // namespace dion::train
