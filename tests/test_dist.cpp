@@ -298,22 +298,38 @@ void scenario_every_layout(Child& c) {
       c.compare(std::string("dion2 3-D tall rows ") + scope + " p" + std::to_string(i), full, expected[i], 1e-5);
     }
   }
-  // 2-D sharding of a 3-D parameter: refused (NotImplementedError on every rank, no collective).
+  // 2-D sharding of a 3-D parameter: refused (NotImplementedError on every rank). The plans are
+  // made before any task runs, so a healthy 2-D-sharded group stepped first (group 0, which would
+  // issue its all_to_all) issues no collective, and no group's step count moves.
   {
     Problem prob = make_problem({{2, 16, 16}}, 1, 73);
     auto dist = std::make_shared<Distributed>(fs, tp);
     at::Tensor p =
         dion::comm::shard_tensor(dion::comm::shard_tensor(prob.params[0], 1, 2, fs->rank()), 2, 2, tp->rank());
     dist->shard(p, prob.params[0].sizes().vec(), 1, 2);
-    dion::Optimizer opt({p}, options_for("dion2"), {}, dist);
+    const at::Tensor whole = at::randn({16, 16});
+    at::Tensor q = dion::comm::shard_tensor(dion::comm::shard_tensor(whole, 0, 2, fs->rank()), 1, 2, tp->rank());
+    dist->shard(q, {16, 16}, 0, 1);
+    dion::Optimizer opt(std::vector<dion::ParamGroup>{{{q}}, {{p}}}, options_for("dion2"), {}, dist);
     p.mutable_grad() = at::ones_like(p);
+    q.mutable_grad() = at::ones_like(q);
+    opt.init_state();  // the step's own agreement collectives, before the counts are cleared
+    fs->stats().clear();
+    tp->stats().clear();
     try {
       opt.step();
       c.fail("dion2 with 2-D sharding of a 3-D parameter should raise NotImplementedError");
     } catch (const dion::NotImplementedError& e) {
       if (std::string(e.what()).find("2-D (FSDP x TP)") == std::string::npos)
         c.fail(std::string("message: ") + e.what());
+      if (std::string(e.what()).find("param group 1 (dion2), shape [2, 16, 16]") == std::string::npos)
+        c.fail(std::string("the message should name the group and the shape: ") + e.what());
     }
+    for (const auto* g : {fs.get(), tp.get()})
+      if (g->stats().calls("all_to_all") != 0 || g->stats().calls("all_gather") != 0)
+        c.fail("a refused step issued a collective of group 0's task before the refusal");
+    if (opt.options(0).step() != 0 || opt.options(1).step() != 0)
+      c.fail("a refused step moved the groups' step counts");
   }
 }
 

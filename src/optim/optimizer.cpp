@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <tuple>
+#include <unordered_map>
 #include <sstream>
 
 #ifdef DION_HAVE_CUDA
@@ -46,14 +47,16 @@ std::string shape_str(c10::IntArrayRef s) {
 // dict order). The layout is part of the key: under 2-D sharding a column-parallel [C, C] weight
 // (FSDP on dim 1, TP on dim 0) and a row-parallel one (FSDP on dim 0, TP on dim 1) have the same
 // local shape but are assembled along different dims, so they cannot share a plan.
-std::vector<std::vector<at::Tensor>> megabatches(const std::vector<at::Tensor>& params, const Distribution* dist) {
+template <typename LayoutOf>
+std::vector<std::vector<at::Tensor>> megabatches(const std::vector<at::Tensor>& params, bool distributed,
+                                                 const LayoutOf& layout_of_param) {
   std::vector<std::vector<at::Tensor>> out;
   using Key = std::tuple<std::vector<int64_t>, at::ScalarType, std::vector<int64_t>, int64_t, int64_t>;
   std::map<Key, size_t> index;
   for (const at::Tensor& p : params) {
     Key key{p.sizes().vec(), p.scalar_type(), {}, -1, -1};
-    if (dist) {
-      const Layout L = dist->layout(p);
+    if (distributed) {
+      const Layout& L = layout_of_param(p);
       std::get<2>(key) = L.global_shape;
       std::get<3>(key) = L.shard_dim;
       std::get<4>(key) = L.inner_dim;
@@ -325,10 +328,17 @@ at::Tensor Optimizer::step(LossClosure closure) {
     dist_->prepare();                                   // collective, on every rank, before any task runs
     check_ranks_agree(*dist_, param_groups_, agreed_);  // src/optim/agreement.h
   }
+  // Each parameter's layout, asked once this step (megabatches, empty checks and plans share it).
+  std::unordered_map<const c10::TensorImpl*, Layout> layouts;
+  auto layout = [&](const at::Tensor& p) -> const Layout& {
+    auto it = layouts.find(p.unsafeGetTensorImpl());
+    if (it == layouts.end()) it = layouts.emplace(p.unsafeGetTensorImpl(), layout_of(dist_.get(), p)).first;
+    return it->second;
+  };
   // A parameter with no elements (a [16, 0] matrix; not an empty shard of a non-empty one,
   // which takes part in its collectives) has nothing to update: skipped, same on every rank.
-  auto globally_empty = [this](const at::Tensor& p) {
-    const std::vector<int64_t> shape = layout_of(dist_.get(), p).global_shape;
+  auto globally_empty = [&](const at::Tensor& p) {
+    const std::vector<int64_t>& shape = layout(p).global_shape;
     return std::find(shape.begin(), shape.end(), int64_t{0}) != shape.end();
   };
 
@@ -338,8 +348,12 @@ at::Tensor Optimizer::step(LossClosure closure) {
   const Collectives comm(dist_.get());
   const driver::Env env{&comm, &ortho_, &ortho_fn_, device_scalars_on_ ? &device_scalars_ : nullptr};
   std::vector<comm::Task> tasks;
+  // A matrix megabatch's plan is made here, on this thread, before any task runs: a layout the
+  // algorithm refuses throws before any collective of this step is issued.
+  const int64_t world = dist_ ? dist_->world_size() : 1;
   auto add_task = [&](std::vector<at::Tensor> params, size_t index, const Options* opts) {
     driver::Batch batch{std::move(params), {}, index};
+    if (opts->spec().matrix) batch.plan = plan_for(layout(batch.params[0]), world, batch.params.size(), *opts, index);
     for (const at::Tensor& p : batch.params) batch.state.push_back(&state_for(p, *opts));
     const AlgorithmSpec::Update run = opts->spec().update;
     // Algorithms that draw random numbers keep their draws in order (serial tasks).
@@ -355,7 +369,6 @@ at::Tensor Optimizer::step(LossClosure closure) {
     for (auto& group : param_groups_) {
       auto& o = static_cast<Options&>(group.options());
       if (o.spec().phase != phase) continue;
-      o.step(o.step() + 1);
       std::vector<at::Tensor> live;
       for (const at::Tensor& p : group.params())
         if (p.grad().defined() && !globally_empty(p)) live.push_back(p);
@@ -363,10 +376,15 @@ at::Tensor Optimizer::step(LossClosure closure) {
       for (const at::Tensor& p : live) state_for(p, o);  // in the group's order (random initial state)
       const size_t index = static_cast<size_t>(&group - param_groups_.data());
       if (o.spec().matrix)
-        for (auto& batch : megabatches(live, dist_.get())) add_task(std::move(batch), index, &o);
+        for (auto& batch : megabatches(live, dist_ != nullptr, layout)) add_task(std::move(batch), index, &o);
       else
         add_task(std::move(live), index, &o);
     }
+  }
+  // Every plan is made: the groups' step counts move on (the tasks read them when they run).
+  for (auto& group : param_groups_) {
+    auto& o = static_cast<Options&>(group.options());
+    o.step(o.step() + 1);
   }
   // Up to Distribution::tasks_in_flight() tasks in flight, all on this thread
   // (dion/comm/tasks.h): a task that waits for a collective yields to the others in a fixed

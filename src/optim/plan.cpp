@@ -13,10 +13,13 @@ Layout layout_of(const Distribution* dist, const at::Tensor& p) {
 }
 
 Plan plan_for(const Distribution* dist, const std::vector<at::Tensor>& batch, const Options& o, size_t g) {
+  return plan_for(layout_of(dist, batch[0]), dist ? dist->world_size() : 1, batch.size(), o, g);
+}
+
+Plan plan_for(const Layout& layout, int64_t world, size_t batch_size, const Options& o, size_t g) {
   Plan plan;
-  const at::Tensor& p = batch[0];
-  plan.layout = layout_of(dist, p);
-  plan.world = dist ? dist->world_size() : 1;
+  plan.layout = layout;
+  plan.world = world;
   plan.heads = o.num_heads() > 1 ? o.num_heads() : 0;
   const Layout& L = plan.layout;
   const int64_t ndim = static_cast<int64_t>(L.global_shape.size());
@@ -55,7 +58,7 @@ Plan plan_for(const Distribution* dist, const std::vector<at::Tensor>& batch, co
     if (o.spec().check_plan) o.spec().check_plan(plan, o, where);  // the algorithm's own refusals
     return plan;
   }
-  plan.communicate = L.replicated && batch.size() > 1;  // DDP: split the megabatch across ranks
+  plan.communicate = L.replicated && batch_size > 1;  // DDP: split the megabatch across ranks
   return plan;
 }
 

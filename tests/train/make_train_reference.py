@@ -190,17 +190,22 @@ def child(reference, data_dir, name):
 
 
 def kernel_isa() -> str:
-    """The family of fp32 CPU kernels a run takes: "avx512" (MKL's and ATen's AVX-512 paths: an
-    Intel Xeon, an AMD EPYC Zen 4) or "avx2" (a CPU without AVX-512). The two round fp32 sums
-    differently, and 10 training steps carry that to ~5e-4 in the losses and grad norms (train.py
-    against itself, measured), so each family has its own recording (test_numerics.cpp picks it)."""
+    """The family of fp32 CPU kernels a run takes: "amx" (an Intel Xeon with AMX, Sapphire Rapids
+    and later: MKL takes its newest paths there), "avx512" (AVX-512 without AMX: an AMD EPYC Zen 4
+    / Zen 5) or "avx2" (a CPU without AVX-512). They round fp32 sums differently, and 10 training
+    steps carry that to ~5e-4 in the losses and grad norms (train.py against itself: AVX2-only
+    EPYC vs the avx512 file 5.5e-4, this AMX Xeon vs it 4.9e-4, measured), so each family has its
+    own recording (test_numerics.cpp picks it the same way)."""
     with open("/proc/cpuinfo") as f:
         flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    if "amx_tile" in flags and "avx512f" in flags:
+        return "amx"
     return "avx512" if "avx512f" in flags else "avx2"
 
 
 def kernel_file() -> str:
-    return OUT if kernel_isa() == "avx512" else OUT.replace(".json", "_avx2.json")
+    return {"avx512": OUT, "avx2": OUT.replace(".json", "_avx2.json"),
+            "amx": OUT.replace(".json", "_amx.json")}[kernel_isa()]
 
 
 def main():

@@ -36,6 +36,9 @@ struct Batch {
   std::vector<at::Tensor> params;  // X: a megabatch, each [*shape] (a scalar group: any shapes)
   std::vector<ParamState*> state;  // one per parameter
   size_t group = 0;                // the group's index
+  // A matrix megabatch's layout and communication (plan.h), computed once by step() before any
+  // task runs; a scalar group's is the default (whole, local).
+  Plan plan = {};
 };
 
 struct Env {

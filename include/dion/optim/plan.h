@@ -36,5 +36,9 @@ Layout layout_of(const Distribution* dist, const at::Tensor& param);
 
 // `batch`: one megabatch of group `group` (its index, for messages) with options `o`.
 Plan plan_for(const Distribution* dist, const std::vector<at::Tensor>& batch, const Options& o, size_t group);
+// The same from the megabatch's layout (its first parameter's), the world size of the
+// distribution (1 without one) and the number of parameters: what Optimizer::step() computes
+// once per megabatch, before any task runs (a refusal then throws before any collective).
+Plan plan_for(const Layout& layout, int64_t world, size_t batch_size, const Options& o, size_t group);
 
 }  // namespace dion

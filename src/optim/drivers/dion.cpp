@@ -86,7 +86,7 @@ void dion_update(const Batch& batch, const Options& o, const Env& env) {
     ops.M.push_back(s->momentum());
     ops.Q.push_back(s->Q());
   }
-  const Layout layout = layout_of(comm.distribution(), batch.params[0]);
+  const Layout& layout = batch.plan.layout;
   const math::Rates rates = rates_for(batch, o, env);
   if (layout.sharded()) return dion_update_fsdp(batch, std::move(ops), layout, o, comm, rates);
   if (!comm.distribution() || !layout.replicated) {

@@ -155,13 +155,8 @@ SelectionChoice choose_selection(const Plan& plan, const Options& o, const std::
 // `nor`: the per-neuron normalization of the selected rows (rows are always the selection).
 void dion2_family_update(const Batch& batch, const Options& o, const Env& env, bool nor) {
   const Collectives& comm = *env.comm;
-  const Plan plan = plan_for(comm.distribution(), batch.params, o, batch.group);
+  const Plan& plan = batch.plan;  // dion2_check_plan has refused what this cannot run
   const bool matrix_sharded = plan.matrix_sharded();
-  if (matrix_sharded && plan.layout.two_d() && plan.layout.global_shape.size() > 2)  // before any collective
-    throw NotImplementedError("param group " + std::to_string(batch.group) + " (" + o.algorithm() +
-                              "): 2-D (FSDP x TP) sharding of parameters with more than 2 dims is not supported "
-                              "by this algorithm (the selection would not equal one process's); shard 2-D "
-                              "parameters only, or one dim (docs/distributed.md)");
   Operands ops = operands(batch, plan, nor, comm);
   const auto& [X, G, M, V, adjust_shape] = ops;
   const auto [selection, select_dim] = choose_selection(plan, o, adjust_shape, nor);
@@ -222,12 +217,22 @@ void dion2_family_update(const Batch& batch, const Options& o, const Env& env, b
 void dion2_step(const Batch& b, const Options& o, const Env& e) { dion2_family_update(b, o, e, false); }
 void nordion2_step(const Batch& b, const Options& o, const Env& e) { dion2_family_update(b, o, e, true); }
 
+// Dion2's and NorDion2's refusals of a layout (plan_for calls it in step(), before any task runs).
+void dion2_check_plan(const Plan& plan, const Options&, const std::string& where) {
+  if (plan.matrix_sharded() && plan.layout.two_d() && plan.layout.global_shape.size() > 2)
+    throw NotImplementedError(where +
+                              ": 2-D (FSDP x TP) sharding of parameters with more than 2 dims is not supported "
+                              "by this algorithm (the selection would not equal one process's); shard 2-D "
+                              "parameters only, or one dim (docs/distributed.md)");
+}
+
 AlgorithmSpec dion2_spec() {
   AlgorithmSpec s;
   s.name = "dion2";
   s.size_option = "fraction";
   s.class_name = "Dion2";
   s.state = [](const ParamView& p, const Options&) { return std::vector<StateSpec>{momentum_like(p)}; };
+  s.check_plan = dion2_check_plan;
   s.update = dion2_step;
   s.train_options = [](Options& d, const TrainKnobs& k) {
     d.fraction(k.ortho_fraction).ef_decay(k.mu).adjust_lr(k.adjust_lr);
@@ -256,6 +261,7 @@ AlgorithmSpec nordion2_spec() {
     return std::vector<StateSpec>{momentum_like(p), neuron_variance(p)};
   };
   s.check_plan = [](const Plan& plan, const Options& o, const std::string& where) {
+    dion2_check_plan(plan, o, where);
     // A flattened 3-D+ parameter sharded along its last dim: the selection of rows of the
     // flattened matrix is not one process's (whole shards travel; rows stay split).
     if (plan.comm_dim == -1 && o.flatten() && plan.layout.global_shape.size() > 2)

@@ -20,7 +20,7 @@ namespace {
 // `nor`: NorMuon's per-neuron normalization after the orthogonalization.
 void muon_family_update(const Batch& batch, const Options& o, const Env& env, bool nor) {
   const Collectives& comm = *env.comm;
-  const Plan plan = plan_for(comm.distribution(), batch.params, o, batch.group);
+  const Plan& plan = batch.plan;
   auto [X, G, M, V, adjust_shape] = operands(batch, plan, nor, comm);
   std::vector<double> scales;  // split_sizes excludes num_heads: adjust_shape is the global shape
   if (!o.split_sizes().empty()) scales = math::split_lr_scales(o.split_sizes(), adjust_shape, o.adjust_lr());
