@@ -9,7 +9,7 @@
 #   dion_launch       static library: the local launcher of `dion-train --nproc N` and `dion-bench dist` (src/launch: launch.cpp, and its multi-node flags and restarts, nodes.cpp)
 #   dion_train_tests  GoogleTest suite (tests/train), with DION_BUILD_TESTS; label "train"
 #   dion_launch_tests GoogleTest suite of the launcher (tests/tools), with launch_child
-#   dion_train_parallel_tests  the multi-process runs (tests/train/test_parallel.cpp)
+#   dion_train_parallel_tests  the multi-process runs (tests/train/parallel/test_parallel.cpp)
 if(NOT TARGET dion_data)
   message(STATUS "dion: the data tools are off (DION_SKIP_DATA): dion-train is not built")
   return()
@@ -89,11 +89,12 @@ target_compile_definitions(dion-train PRIVATE
 set_target_properties(dion-train PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
 
 if(DION_BUILD_TESTS)
-  # A test binary that runs dion-train (the program built here) from tests/train/*.cpp.
+  # A test binary that runs dion-train (the program built here) from tests/train/**/*.cpp.
   function(dion_train_test_binary name)
     dion_executable(${name} ${ARGN} ${DION_TRAIN_ROOT}/tests/train/train_test_util.cpp)
     target_link_libraries(${name} PRIVATE
       dion_train GTest::gtest GTest::gtest_main nlohmann_json::nlohmann_json)
+    target_include_directories(${name} PRIVATE ${DION_TRAIN_ROOT}/tests/train)  # train_test_util.h
     target_compile_definitions(${name} PRIVATE
       DION_SOURCE_DIR="${DION_TRAIN_ROOT}"
       DION_TRAIN_EXE="$<TARGET_FILE:dion-train>")
@@ -101,11 +102,11 @@ if(DION_BUILD_TESTS)
   endfunction()
   dion_train_test_binary(dion_train_tests
     ${DION_TRAIN_ROOT}/tests/train/test_config.cpp
-    ${DION_TRAIN_ROOT}/tests/train/test_gpt.cpp
-    ${DION_TRAIN_ROOT}/tests/train/test_kernels.cpp
+    ${DION_TRAIN_ROOT}/tests/train/model/test_gpt.cpp
+    ${DION_TRAIN_ROOT}/tests/train/model/test_kernels.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_graphs.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_run.cpp
-    ${DION_TRAIN_ROOT}/tests/train/test_train_checkpoint.cpp
+    ${DION_TRAIN_ROOT}/tests/train/io/test_train_checkpoint.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_trainer.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_vocab.cpp)
   # The launcher, on tests/tools/launch_child.cpp as the ranks (multi-process: one at a time).
@@ -176,7 +177,7 @@ if(DION_BUILD_TESTS)
              COMMAND bash ${DION_TRAIN_ROOT}/scripts/soak_train_${_soak}.sh ${CMAKE_BINARY_DIR} 1)
     set_tests_properties(soak_train_${_soak}.once PROPERTIES LABELS train TIMEOUT 600 RESOURCE_LOCK multiprocess)
   endforeach()
-  dion_train_test_binary(dion_train_parallel_tests ${DION_TRAIN_ROOT}/tests/train/test_parallel.cpp)
+  dion_train_test_binary(dion_train_parallel_tests ${DION_TRAIN_ROOT}/tests/train/parallel/test_parallel.cpp)
   gtest_discover_tests(dion_train_parallel_tests
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60

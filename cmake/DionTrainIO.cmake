@@ -5,9 +5,9 @@
 #   dion_tb             static library: dion/train/tensorboard.h (plain C++, no LibTorch)
 #   dion_safetensors    static library: dion/train/safetensors.h (LibTorch, no optimizer code);
 #                       skipped with a message when nlohmann-json is absent (pip install .)
-#   test_trainio_tb, test_trainio_safetensors   GoogleTest suites (tests/trainio), with tests
-#   trainio_tool        writes / copies the files the Python tests read (tests/trainio)
-#   ctest trainio_python_tests   pytest tests/trainio: the files read by the `tensorboard` and
+#   test_trainio_tb, test_trainio_safetensors   GoogleTest suites (tests/train/io), with tests
+#   trainio_tool        writes / copies the files the Python tests read (tests/train/io)
+#   ctest trainio_python_tests   pytest tests/train/io: the files read by the `tensorboard` and
 #                                `safetensors` packages, and plot.py
 add_library(dion_tb STATIC ${PROJECT_SOURCE_DIR}/src/train/io/tensorboard.cpp)
 target_include_directories(dion_tb PUBLIC ${PROJECT_SOURCE_DIR}/include)
@@ -32,7 +32,7 @@ if(NOT DION_BUILD_TESTS)
   return()
 endif()
 
-set(_trainio_tests ${PROJECT_SOURCE_DIR}/tests/trainio)
+set(_trainio_tests ${PROJECT_SOURCE_DIR}/tests/train/io)
 
 # No LibTorch here: the writer's test links the plain C++ library only.
 add_executable(test_trainio_tb ${_trainio_tests}/test_tensorboard.cpp ${_trainio_tests}/event_reader.cpp)

@@ -10,7 +10,7 @@
 #
 # 1. builds only what it runs (test_cuda, device_bench, dion-train, dion-data; ccache) in
 #    DION_BUILD_DIR (default build/), configured as scripts/setup.sh does;
-# 2. runs the GPU tests (tests/test_cuda.cpp; they skip without a GPU): the project's own CUDA
+# 2. runs the GPU tests (tests/cuda/test_cuda.cpp; they skip without a GPU): the project's own CUDA
 #    kernels against ATen (the tests turn them on), the optimizers with them off (the default:
 #    ATen's CUDA ops) and on, and a default step that must launch none of them;
 # 3. measures (bench/device_bench.cpp): the bf16 matmul peak, orthogonalization TFLOP/s on the

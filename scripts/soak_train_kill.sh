@@ -4,10 +4,10 @@
 # must verify and resume to the end, and the resumed run's losses (metrics.jsonl: the records
 # up to the checkpoint from the killed run, the rest from the resumed one) must equal the
 # uninterrupted run's: bit for bit when it resumes at the same layout (odd kills: 2-rank FSDP),
-# within the layouts' tolerance (relative 3e-4, tests/train/test_parallel.cpp) when it resumes
+# within the layouts' tolerance (relative 3e-4, tests/train/parallel/test_parallel.cpp) when it resumes
 # at 1 process (even kills: resharding is exercised too).
 # CI runs one iteration (ctest soak_train_kill.once) and one kill in
-# tests/train/test_parallel.cpp (KillDashNineDuringSaves...).
+# tests/train/parallel/test_parallel.cpp (KillDashNineDuringSaves...).
 #
 #   scripts/soak_train_kill.sh [BUILD_DIR] [N]
 set -euo pipefail

@@ -74,7 +74,7 @@ constexpr int64_t kGrain = 32768;
 //   |w| < 0.5 ? a + w (b - a) : b - (b - a)(1 - w)
 // as one FMA in the vectorized kernels of capability AVX2 / AVX512, as a multiply and an add
 // in the DEFAULT capability of x86-64 (no FMA instruction). (Elsewhere ATen's vectorized
-// kernels use the platform's FMA; tests/test_elementwise.cpp checks whichever runs.)
+// kernels use the platform's FMA; tests/math/test_elementwise.cpp checks whichever runs.)
 bool aten_lerp_uses_fma();
 
 #if defined(__GNUC__)

@@ -2,7 +2,7 @@
 //
 // Every operation mirrors the reference's eager PyTorch code in order and dtype, so that the
 // same LibTorch kernels produce the same bits: the bf16 path matches microsoft/dion run on CPU
-// exactly (tests/test_reference.cpp).
+// exactly (tests/optim/test_reference.cpp).
 #include "dion/math/ortho.h"
 
 #include <ATen/ATen.h>

@@ -2,7 +2,7 @@
 //
 // The reference hands hyperparameters to the kernels as 0-d float32 tensors. For bf16 tensors
 // that is not the same as a C++ Scalar: an in-place op with a Scalar (x.mul_(0.95)) rounds
-// differently from one with a 0-d float32 tensor (tests/test_reference.cpp, the bf16 cases), so
+// differently from one with a 0-d float32 tensor (tests/optim/test_reference.cpp, the bf16 cases), so
 // the math uses these wherever the reference does.
 #pragma once
 

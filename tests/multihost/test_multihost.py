@@ -6,7 +6,7 @@ processes: node K's `dion-train --nnodes 2 --node_rank K --nproc 2 --master_addr
 inside host K (GLOO_SOCKET_IFNAME=eth0: Gloo's address is the host's own, not the hostname's).
 
 - Equal results: DDP (dp 4), FSDP (fs 4), FSDP x TP (fs 2 x tp 2) give the losses of one process
-  within tests/train/test_parallel.cpp's tolerances (step 0 <= 1e-6, step 1 <= 1e-5, every step
+  within tests/train/parallel/test_parallel.cpp's tolerances (step 0 <= 1e-6, step 1 <= 1e-5, every step
   <= 3e-4 relative; the reasons are there); also under `torchrun --no-python` on both hosts.
 - The Python module (build/python/dion_cpp) under torch's launcher: `torchrun --nnodes 2
   --node_rank K --nproc_per_node 2 ... dion_cpp_steps.py` on each host (Muon and Dion2, DDP and
@@ -48,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BUILD = os.environ.get("DION_BUILD_DIR", os.path.join(ROOT, "build"))
 TRAIN = os.path.join(BUILD, "dion-train")
-STEP0_TOL, STEP1_TOL, TOL = 1e-6, 1e-5, 3e-4  # tests/train/test_parallel.cpp's
+STEP0_TOL, STEP1_TOL, TOL = 1e-6, 1e-5, 3e-4  # tests/train/parallel/test_parallel.cpp's
 COMM_TIMEOUT_S = 10
 MARGIN_S = 15  # launcher grace (5 s) + teardown, measured < 7 s (docs/train.md "Multi-node")
 
@@ -74,7 +74,7 @@ def work():
 
 
 def tiny(data, run_dir, steps=5, rendezvous_timeout_s=60):
-    """tests/train/test_parallel.cpp's tiny() (2 layers, 64 wide, T 64, global batch 4 of 1)."""
+    """tests/train/parallel/test_parallel.cpp's tiny() (2 layers, 64 wide, T 64, global batch 4 of 1)."""
     return ["--data_dir", data, "--run_dir", run_dir, "--model_dim", "64", "--n_layer", "2", "--n_head", "2",
             "--sequence_length", "64", "--batch_size", "4", "--device_batch_size", "1", "--val_tokens", "256",
             "--val_loss_every", "0", "--num_iterations", str(steps), "--warmup_ratio", "0", "--dtype", "fp32",

@@ -102,7 +102,7 @@ def max_rel(got, want):
 
 def case_ddp(kind):
     """Replicated plain tensors, the same gradients on every rank: bit-identical. Legacy Dion:
-    1e-5, as in tests/test_dist.cpp (each rank's randomized QR draws its own sketch, which
+    1e-5, as in tests/optim/test_dist.cpp (each rank's randomized QR draws its own sketch, which
     changes P by column signs and rounding only)."""
     want, _ = single_process(kind, DDP_SHAPES)
     params = full_params(DDP_SHAPES)
@@ -223,7 +223,7 @@ CASES = {
 
 
 # ---------------------------------------------------------------------------- legacy Dion, 4 ranks
-# The C++ tests' dion_shard_case (tests/test_dist.cpp) from Python: FSDP (outer_shard_mesh of 2
+# The C++ tests' dion_shard_case (tests/optim/test_dist.cpp) from Python: FSDP (outer_shard_mesh of 2
 # ranks), FSDP x TP (2 x 2: outer "fs" x inner "tp") and HSDP (2 x 2: replicate_mesh "dp" with
 # replicate_mesh_grad_sync, outer "fs", rank_fraction 0.25), each against one process. Dion
 # works on M^T exactly when the outer-sharded dim is 0, so row-sharded matrices are wide (the

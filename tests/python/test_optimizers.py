@@ -356,7 +356,7 @@ def test_dion2_selection_dim_keyword():
 def test_gram_newton_schulz_and_fast_path():
     """use_gram_newton_schulz=True (the reference's flag) and the process-wide fast path run and
     stay within bf16 / fp16 rounding of the exact path after 3 steps (relative 2e-2 of the
-    largest entry; tests/test_ortho_fast.cpp measures the orthogonalizers themselves)."""
+    largest entry; tests/math/test_ortho_fast.cpp measures the orthogonalizers themselves)."""
     from dion_cpp import _C
     torch.manual_seed(0)
     w0 = [torch.randn(48, 160), torch.randn(64, 64)]

@@ -10,7 +10,7 @@ sample values at the boundaries (0, 1, negative, just above 1, NaN, inf), sorted
   extra     the reference accepts them, dion_cpp refuses them because they cannot work
             (docs/errors.md has a row for each such option).
 A constructor option is checked a second time as a param-group key (dion_cpp checks a group by
-the constructor's rules; the reference checks no group, docs/errors.md). tests/test_ranges.cpp
+the constructor's rules; the reference checks no group, docs/errors.md). tests/optim/test_ranges.cpp
 runs the same rows through the C++ Options.
 
 This file runs from the repository alone; test_live_ranges.py checks the table's reference column

@@ -7,7 +7,7 @@ step. We rebuild the same optimizer from dion_cpp with the same keywords and gro
 Python constructor and group-key handling are exercised too), replay the gradients and compare
 after every step.
 
-Exactness, as in the C++ test (tests/test_reference.cpp explains): in the environment the
+Exactness, as in the C++ test (tests/optim/test_reference.cpp explains): in the environment the
 vectors were recorded in (exact_env.py: ATen's scalar kernels, oneDNN off, MKL_CBWR=COMPATIBLE,
 one thread; the metadata records it) every tensor must match exactly (max |diff| == 0; ctest's
 python_reference_exact runs this file so, and python_reference_exact_nonintel again with MKL on
@@ -51,7 +51,7 @@ def tolerance(case, key, dtype, exact):
         return 0.0
     if dtype == torch.bfloat16:
         return 1e-2
-    if case["optimizer"] != "Dion":  # orthogonalized in bf16: tests/test_reference.cpp derives these
+    if case["optimizer"] != "Dion":  # orthogonalized in bf16: tests/optim/test_reference.cpp derives these
         return 1e-2 if key == "variance_neuron" else 5e-4
     if key == "Q" or case["dtype"] == "bfloat16" or "mixed_precision" in case["ctor"]:
         return 1e-4

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Record what the gram-newton-schulz package computes, for tests/test_ortho_fast.cpp.
+"""Record what the gram-newton-schulz package computes, for tests/math/test_ortho_fast.cpp.
 
 The reference's use_gram_newton_schulz=True calls gram_newton_schulz.GramNewtonSchulz
 (use_gram_newton_schulz=True, gram_newton_schulz_reset_iterations=[2]). This script runs that

@@ -4,7 +4,7 @@
 What it is: the script that produced tests/data/reference/*.safetensors. For every case below
 it builds parameters and gradients from a seed, runs the reference optimizer for a few steps,
 and writes the initial parameters, each step's gradients, and the parameters and optimizer
-state after each step. tests/test_reference.cpp replays the same steps through dion-cpp and
+state after each step. tests/optim/test_reference.cpp replays the same steps through dion-cpp and
 compares.
 
 What it is not: it neither fetches nor builds the reference. Point PYTHONPATH at a checkout of

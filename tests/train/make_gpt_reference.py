@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tests/train/make_gpt_reference.py — the reference GPT's numbers that tests/train/test_gpt.cpp
+"""tests/train/make_gpt_reference.py — the reference GPT's numbers that tests/train/model/test_gpt.cpp
 checks our C++ GPT against. Dev-time only: it imports microsoft/dion's models/gpt_model.py
 (never committed here) from PYTHONPATH.
 

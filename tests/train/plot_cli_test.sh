@@ -3,7 +3,7 @@
 # (tools/dion-train/plot.py through the dion-train wrapper): the exit status (2 for a bad command
 # line, argparse's; 1 for bad data or an unusable output path), the message, no Python traceback
 # and no PNG written. Registered per case as ctest dion_train_plot.CASE (cmake/DionTrain.cmake).
-# Only error paths: nothing here needs matplotlib (tests/trainio/test_plot.py draws).
+# Only error paths: nothing here needs matplotlib (tests/train/io/test_plot.py draws).
 set -u
 exe=$1
 case_name=$2

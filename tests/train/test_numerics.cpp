@@ -13,7 +13,7 @@
 // - grad_norm is global: at 2-rank DDP, FSDP, TP and 2 x 2 HSDP / FSDP x TP it equals the
 //   1-process norm: step 0 (identical weights; only the order of the fp32 gradient sums differs,
 //   a few ulp per element) within 1e-6, measured 1e-8; from step 1 on the weights differ by what
-//   Muon's bf16 Newton-Schulz makes of that (tests/train/test_parallel.cpp's derivation), and a
+//   Muon's bf16 Newton-Schulz makes of that (tests/train/parallel/test_parallel.cpp's derivation), and a
 //   gradient is more sensitive to it than the loss: measured 1.3e-5 at step 1, 6e-5 over the 5
 //   steps, limit 3e-4 (the file's loss tolerance). A replicated part counted twice (or a shard
 //   missed) would be off by ~40%. Legacy Dion's replicate_mesh_grad_sync (no dp sum): dp rank

@@ -1,6 +1,6 @@
 // tools/dion-train/test_hooks.h — the one place that reads dion-train's fault-injection
 // variables, for the tests that run dion-train as a subprocess (tests/train/test_numerics.cpp,
-// tests/train/test_parallel.cpp). Unset (every real run), no hook is installed.
+// tests/train/parallel/test_parallel.cpp). Unset (every real run), no hook is installed.
 //
 //   DION_TEST_NONFINITE=RANK:STEP[,STEP...]   global rank RANK writes NaN into its first gradient
 //       element at each 0-based training step STEP, before the gradient norm is taken

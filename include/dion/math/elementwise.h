@@ -10,7 +10,7 @@
 // not contract (the library is built with -ffp-contract=off; lerp uses an FMA exactly when
 // ATen's dispatched CPU kernels do: capability AVX2 / AVX512, not DEFAULT). So they are
 // bit-identical to the ATen ops on the same machine and serve the exact path too
-// (tests/test_elementwise.cpp compares every kernel bitwise with its composition, under the
+// (tests/math/test_elementwise.cpp compares every kernel bitwise with its composition, under the
 // machine's own ATen kernels and under ATEN_CPU_CAPABILITY=default).
 //
 // What it is not: no GPU code (dion/cuda/fused.h has the CUDA kernels of the momentum and

@@ -86,7 +86,7 @@ at::Tensor orthogonalize_fast(const at::Tensor& G, OrthoMethod method, double ep
 // CPU cpu_compute_dtype(fp16) (below): fp16 where the CPU multiplies fp16 natively, else fp32.
 // Never bf16 by default: the iterated Gram polynomial loses too much in it (singular values up
 // to 1.66 at condition number 100, 1.84 in an earlier run, where fp16 stays under 1.15 and
-// fp32 at 1.1236; tests/test_ortho_fast.cpp).
+// fp32 at 1.1236; tests/math/test_ortho_fast.cpp).
 at::Tensor gram_newton_schulz(const at::Tensor& G, double epsilon = 1e-7,
                               std::optional<at::ScalarType> dtype = std::nullopt, bool tiled = true);
 

@@ -17,7 +17,7 @@
 // dion/math/elementwise.h have their own switch, DION_DISABLE_FUSED).
 //
 // The decisions read tensor metadata only (never the device), so a CPU test can ask them about a
-// tensor that only describes a CUDA tensor (tests/test_cuda.cpp, CudaDispatch.*):
+// tensor that only describes a CUDA tensor (tests/cuda/test_cuda.cpp, CudaDispatch.*):
 //   own_fused_kernel(A, B)   the call sites of dion/cuda/fused.h: use_own_cuda_kernels() and
 //                            cuda::fusable(A, B)
 //   own_mirror_kernel(P)     the mirror of P is the kernel: P on CUDA, kernels built and on

@@ -11,8 +11,8 @@
 // Both give the same bits: every derived value is one float32 operation either way (C++ floats
 // here are compiled with -ffp-contract=off), and scale() / scale_() multiply as ATen multiplies
 // a tensor by a CPU float32 scalar (the product rounded once to the tensor's dtype) whichever
-// device the scalar is on. tests/test_device_scalars.cpp (DeviceScalars.*) pins this on CPU;
-// tests/test_cuda.cpp on a GPU.
+// device the scalar is on. tests/optim/test_device_scalars.cpp (DeviceScalars.*) pins this on CPU;
+// tests/cuda/test_cuda.cpp on a GPU.
 //
 // Not here: the hyperparameters that stay host values (mu, betas, epsilon, ...; the weight decay
 // of the per-element adaptive update, which torch's fused kernel for it takes as a double).

@@ -121,7 +121,7 @@ class Optimizer : public torch::optim::Optimizer {
   // the groups' Options first, in place (the same tensors for the optimizer's lifetime), except
   // while the current CUDA stream is capturing: refresh_device_scalars() before capturing or
   // replaying a graph (CudaGraphStep does). Off by default. Results equal the host values' (on
-  // CPU bit for bit, tests/test_optimizer.cpp DeviceScalars*). AdamW groups read lr there;
+  // CPU bit for bit, tests/optim/test_optimizer.cpp DeviceScalars*). AdamW groups read lr there;
   // their weight decay stays a host value (torch's fused AdamW takes it as a double).
   void set_device_scalars(bool on);
   bool device_scalars() const { return device_scalars_on_; }

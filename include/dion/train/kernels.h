@@ -18,7 +18,7 @@
 //       which writes the bf16 gradient over the logits; dh and dW as bf16 GEMMs. No fp32
 //       [N, V] tensor exists (ATen's loss makes about ten passes over such tensors).
 //   The fast kind's loss and gradients equal the exact kind's to fp32 rounding of a different
-//   summation order, and in bf16 to one bf16 rounding (tests/train/test_kernels.cpp states and
+//   summation order, and in bf16 to one bf16 rounding (tests/train/model/test_kernels.cpp states and
 //   checks the tolerances).
 //
 // Elsewhere (bf16 without AVX-512, other dtypes, CUDA) the fast kind is ATen's calls

@@ -1,7 +1,7 @@
-"""Shared fixtures of the trainio Python tests: where the C++ test tool and plot.py are.
+"""Shared fixtures of the tests/train/io Python tests: where the C++ test tool and plot.py are.
 
 Run through ctest (ctest -R trainio_python_tests), which sets DION_TRAINIO_TOOL to the built
-tests/trainio/trainio_tool.cpp; by hand: DION_TRAINIO_TOOL=build/trainio_tool python3 -m pytest -q tests/trainio
+tests/train/io/trainio_tool.cpp; by hand: DION_TRAINIO_TOOL=build/trainio_tool python3 -m pytest -q tests/train/io
 (without it, build/trainio_tool is tried, and the tests that need it skip when it is absent).
 """
 import os
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-SOURCE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SOURCE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 PLOT_PY = os.path.join(SOURCE_DIR, "tools", "dion-train", "plot.py")
 
 

@@ -3,7 +3,7 @@
 // What this pins:
 //   - symmetric products: the block-row path equals the full batched product up to summation
 //     order, its result is exactly symmetric, and the mirror copies bits;
-//   - orthogonalize_fast: the same singular-value bands as the exact path (tests/test_ortho.cpp
+//   - orthogonalize_fast: the same singular-value bands as the exact path (tests/math/test_ortho.cpp
 //     derives them: Polar Express [0.83, 1.17], Newton-Schulz [0.94, 1.17]) on every shape
 //     class (batched small, block-row square, wide, tall), and a bounded distance to the exact
 //     path's output;
@@ -258,7 +258,7 @@ TEST(OrthoFast, FloatComputeIsCloseToExact) {
 }
 
 // With and without symmetric products (tiled = false: full batched products) on a block-row
-// shape: the same bf16 iteration, products differing by rounding only. tests/test_cuda.cpp
+// shape: the same bf16 iteration, products differing by rounding only. tests/cuda/test_cuda.cpp
 // asserts 6e-2 relative Frobenius between the two on the GPU (5 iterations x 3 roundings of
 // u = 2^-8); the same bound here. Measured on this CPU: 0 (oneDNN sums each entry of a block
 // row in the order the full product does, so the two are bit-identical; on a GPU cuBLAS picks

@@ -1,4 +1,4 @@
-// tests/train/test_train_checkpoint.cpp — checkpoints that cannot lie: dion-train's
+// tests/train/io/test_train_checkpoint.cpp — checkpoints that cannot lie: dion-train's
 // checkpoints are verified whole before anything is loaded, bad ones are named and never
 // removed, a failed write leaves the previous checkpoint and a clear error, and a resumed run
 // may change only what does not change the meaning of the saved state.

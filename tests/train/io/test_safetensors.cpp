@@ -3,7 +3,7 @@
 // (8-aligned header, tensors in the order given), the write is atomic, and every corrupt or
 // inconsistent header is refused with a message naming the file and the tensor.
 // The Python `safetensors` package reading our files, and our reader reading its files, is
-// tests/trainio/test_formats.py.
+// tests/train/io/test_formats.py.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// tests/trainio/temp_dir.h — a fresh folder under $TMPDIR (or /tmp), removed with everything in
+// tests/train/io/temp_dir.h — a fresh folder under $TMPDIR (or /tmp), removed with everything in
 // it on destruction; shared by the trainio test binaries.
 //
 // The removal walks the tree with nftw(3), not std::filesystem::remove_all: the torch 2.11 wheel's

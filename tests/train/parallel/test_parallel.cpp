@@ -1,4 +1,4 @@
-// tests/train/test_parallel.cpp — dion-train in parallel, as real processes with
+// tests/train/parallel/test_parallel.cpp — dion-train in parallel, as real processes with
 // torchrun's variables (Gloo over loopback), on the committed Tiny Shakespeare.
 //
 // - Equal results: the same config and global batch at 1 process, 2-rank DDP, 2-rank FSDP, 2-rank
@@ -40,7 +40,7 @@
 
 #include "dion/train/fs_util.h"
 #include "dion/train/replicas.h"
-#include "../support/free_port.h"
+#include "../../support/free_port.h"
 #include "train_test_util.h"
 
 namespace dion::train {

@@ -5,7 +5,7 @@
 // every derived value is one float32 operation either way), under an lr and weight-decay schedule,
 // for every algorithm, fp32 and bf16, cautious weight decay on and off; and that the math reads
 // the tensors, not the host copies (a device form whose host copies are wrong still gives the
-// right result). The graph replay itself is checked on a GPU (tests/test_cuda.cpp).
+// right result). The graph replay itself is checked on a GPU (tests/cuda/test_cuda.cpp).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 """Files written by the C++ library, read by the ecosystem's own Python readers.
 
-- safetensors: the file dion_safetensors writes (tests/trainio/trainio_tool.cpp,
+- safetensors: the file dion_safetensors writes (tests/train/io/trainio_tool.cpp,
   safetensors-write: every dtype, a transposed matrix, a scalar, an empty tensor, metadata) is
   loaded with the `safetensors` package into torch tensors and compared bit for bit with the
   same values built here; and a file the `safetensors` package writes goes through our

@@ -1,4 +1,4 @@
-// tests/train/test_kernels.cpp — the fast kernels (dion/train/kernels.h) against the exact ones.
+// tests/train/model/test_kernels.cpp — the fast kernels (dion/train/kernels.h) against the exact ones.
 //
 // The bf16 loss kernel (src/train/model/cross_entropy_bf16.h) is checked against ATen's cross entropy
 // over the same bf16 logits cast to fp32 (the reference's `logits.float()`): the loss within
@@ -25,7 +25,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "../../src/train/model/cross_entropy_bf16.h"
+#include "../../../src/train/model/cross_entropy_bf16.h"
 #include "dion/train/autocast.h"
 #include "dion/train/gpt.h"
 #include "dion/train/kernels.h"

@@ -24,8 +24,8 @@
 #include "dion/comm/chunks.h"
 #include "dion/comm/group.h"
 #include "dion/comm/tasks.h"
-#include "support/free_port.h"
-#include "support/threads.h"
+#include "free_port.h"
+#include "threads.h"
 
 namespace {
 

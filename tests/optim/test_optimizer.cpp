@@ -7,7 +7,7 @@
 // (no update, no state); megabatching, 3-D batching and flattening give the same numbers as
 // the unbatched forms; Override changes only its own fields; LibTorch schedulers and closures
 // work through the torch::optim::Optimizer interface; and every algorithm trains a small MLP.
-// Numerical agreement with microsoft/dion is tests/test_reference.cpp's job.
+// Numerical agreement with microsoft/dion is tests/optim/test_reference.cpp's job.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/optim/schedulers/step_lr.h>
@@ -112,7 +112,7 @@ TEST(Validation, InvalidOptionsNameGroupOptionAndValue) {
       {"fraction above 1", {.fraction = 1.5}, Kind::VALUE, {"fraction", "1.5"}},
       {"negative ef_decay", {.ef_decay = -0.3}, Kind::VALUE, {"ef_decay", "-0.3"}},
       // The reference's lower bounds (mu, ef_decay of 1 and above are fine), and values that
-      // cannot work (docs/errors.md; tests/test_ranges.cpp walks every boundary).
+      // cannot work (docs/errors.md; tests/optim/test_ranges.cpp walks every boundary).
       {"infinite mu", {.mu = std::numeric_limits<double>::infinity()}, Kind::VALUE, {"mu = inf", "finite"}},
       {"muon_beta2 above 1", {.muon_beta2 = 1.5}, Kind::VALUE, {"muon_beta2 = 1.5", "[0, 1]"}},
       {"adamw beta2 of 1",

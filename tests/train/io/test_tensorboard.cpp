@@ -3,7 +3,7 @@
 // (event_reader.h) that checks both CRCs of every record and decodes the protobuf fields.
 // Errors: a log folder that cannot be created, and a write that fails (the file-size limit of
 // this process stands in for a full disk) throw naming the path.
-// The `tensorboard` package reading the same files is tests/trainio/test_formats.py.
+// The `tensorboard` package reading the same files is tests/train/io/test_formats.py.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // Orthogonalizer properties: Newton-Schulz and Polar Express (dion/math/ortho.h).
 //
 // What this pins: the contract the optimizers rely on, checked on the outputs themselves rather
-// than against stored vectors (tests/test_reference.cpp does that): singular values of the
+// than against stored vectors (tests/optim/test_reference.cpp does that): singular values of the
 // output lie in the band the coefficients promise, ill-conditioned and rank-deficient inputs
 // neither blow up nor produce NaN, zero maps to exactly zero, shapes and dtypes are kept,
 // batching changes nothing, a user-supplied OrthoFn is what the optimizer calls, and
@@ -419,7 +419,7 @@ TEST(OrthogonalizeMegabatch, FlattenThroughTheOptimizer) {
 // Legacy Dion's sharded sketch generator (FSDP x TP): the generator must live on the tensor's
 // device — a CPU generator passed into a CUDA normal_ is refused ("Expected a 'cuda' device type
 // for generator"), which is how the 2-D sharded path used to fail on GPUs. Here the CPU branch of
-// the choice runs; tests/test_cuda.cpp runs the CUDA branch on a GPU machine.
+// the choice runs; tests/cuda/test_cuda.cpp runs the CUDA branch on a GPU machine.
 TEST(DionSketch, GeneratorFollowsTheDeviceAndItsSeed) {
   at::Generator a = dion::math::dion_sketch_generator(at::Device(at::kCPU), 123);
   at::Generator b = dion::math::dion_sketch_generator(at::Device(at::kCPU), 123);

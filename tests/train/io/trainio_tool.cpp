@@ -1,4 +1,4 @@
-// tests/trainio/trainio_tool.cpp — writes the files that tests/trainio/test_formats.py reads
+// tests/train/io/trainio_tool.cpp — writes the files that tests/train/io/test_formats.py reads
 // with the real Python packages (`safetensors`, `torch`, `tensorboard`), and copies a file the
 // Python side wrote through our reader and writer. Test support, not a user tool.
 //

@@ -1,4 +1,4 @@
-// tests/trainio/event_reader.cpp — see event_reader.h.
+// tests/train/io/event_reader.cpp — see event_reader.h.
 #include "event_reader.h"
 
 #include <cstring>

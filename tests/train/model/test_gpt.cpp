@@ -1,4 +1,4 @@
-// tests/train/test_gpt.cpp — our GPT against the reference's (models/gpt_model.py).
+// tests/train/model/test_gpt.cpp — our GPT against the reference's (models/gpt_model.py).
 //
 // tests/data/train/gpt_reference.json was written by tests/train/make_gpt_reference.py with the
 // reference's own model (torch 2.11 CPU, fp32): the reference's init under torch.manual_seed,

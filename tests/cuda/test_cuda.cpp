@@ -339,7 +339,7 @@ TEST(Cuda, SymmetricProductsEqualTheFullProduct) {
 
 // The fast orthogonalizer on CUDA tensors: it stays on the GPU (its workspaces are the input's
 // device), its symmetric products agree with its full-product run, and its singular values are
-// in Polar Express's band [0.83, 1.17] (tests/test_ortho.cpp derives it). Tolerance between the
+// in Polar Express's band [0.83, 1.17] (tests/math/test_ortho.cpp derives it). Tolerance between the
 // two runs: both are the same bf16 iteration whose products differ by rounding only; as in
 // OptimizerUpdatesMatchCpu below, 5 iterations x 3 roundings of u = 2^-8 relative: 6e-2 in the
 // worst case, relative Frobenius. A result that skipped the iteration (the normalized input) is

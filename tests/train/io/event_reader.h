@@ -1,4 +1,4 @@
-// tests/trainio/event_reader.h — a small, independent reader of TensorBoard event files for the
+// tests/train/io/event_reader.h — a small, independent reader of TensorBoard event files for the
 // writer's tests: TFRecord frames with both CRCs checked, and the few Event / Summary fields
 // the writer emits, decoded with a generic protobuf wire-format walker (so an unexpected
 // field or wire type shows up as a failure, not as silence).

@@ -2,7 +2,7 @@
 // ranks (tests/support/fake_distribution.h) step sharded or replicated parameters, and the
 // reassembled result is compared with one process's step on the whole parameters.
 //
-// Tolerances (relative to the largest expected magnitude), as in tests/test_dist.cpp:
+// Tolerances (relative to the largest expected magnitude), as in tests/optim/test_dist.cpp:
 //   - DDP: 0 (every matrix goes through the same kernels as in one process);
 //   - FSDP, Dion2 selecting across the shards: 1e-5 (zero padding rows in the assembled
 //     matrices; partial norms summed in another order); observed 0;
