@@ -152,6 +152,12 @@ SelectionChoice choose_selection(const Plan& plan, const Options& o, const std::
   return {Selection::LOCAL, select_dim};
 }
 
+// NorDion2's fused fast update of the selected rows (math::normuon_update_fast) applies: the fast
+// path, whole matrices on this rank, host rates.
+bool nordion2_fused_update_applies(const Plan& plan, const Env& env, const math::Rates& rates) {
+  return env.ortho->path == math::OrthoPath::FAST && !plan.matrix_sharded() && !rates.on_device();
+}
+
 // `nor`: the per-neuron normalization of the selected rows (rows are always the selection).
 void dion2_family_update(const Batch& batch, const Options& o, const Env& env, bool nor) {
   const Collectives& comm = *env.comm;
@@ -206,7 +212,7 @@ void dion2_family_update(const Batch& batch, const Options& o, const Env& env, b
   math::Selection sel = math::dion2_pre(G, M, o.fraction(), ef, select_dim, env.ortho->dtype, k);
   at::Tensor O = comm.assemble_orthogonalize(std::move(sel.U), plan, o, *env.ortho_fn, {}, {}, k);
   // FAST path, local rows, host rates: NorDion2's normalization fused with the update.
-  if (nor && env.ortho->path == math::OrthoPath::FAST && !matrix_sharded && !rates.on_device() &&
+  if (nor && nordion2_fused_update_applies(plan, env, rates) &&
       math::normuon_update_fast(X, O, V, sel.indices, f32(o.muon_beta2()), rates.lr, rates.adjusted_lr,
                                 rates.weight_decay))
     return;

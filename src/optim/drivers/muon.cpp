@@ -17,6 +17,15 @@ namespace dion::driver {
 
 namespace {
 
+// NorMuon's fused fast update (math::normuon_update_fast) applies: the fast path, host rates,
+// each rank holding whole rows (no sums over shards or column blocks), no split_sizes and no
+// cautious weight decay (the fused kernel has neither).
+bool normuon_fused_update_applies(const Plan& plan, const Options& o, const Env& env, const math::Rates& rates) {
+  const Collectives& comm = *env.comm;
+  return env.ortho->path == math::OrthoPath::FAST && !rates.on_device() && !comm.shard_sum(plan) &&
+         !comm.column_shards(plan).sum_over_columns && o.split_sizes().empty() && !o.cautious_wd();
+}
+
 // `nor`: NorMuon's per-neuron normalization after the orthogonalization.
 void muon_family_update(const Batch& batch, const Options& o, const Env& env, bool nor) {
   const Collectives& comm = *env.comm;
@@ -31,8 +40,7 @@ void muon_family_update(const Batch& batch, const Options& o, const Env& env, bo
       rates_for(batch, o, env, math::adjusted_lr_factor(o.adjust_lr(), adjust_shape, o.flatten()));
   // FAST path, local rows, host rates: NorMuon's normalization fused with the update (two
   // passes over O).
-  if (nor && env.ortho->path == math::OrthoPath::FAST && !rates.on_device() && !comm.shard_sum(plan) &&
-      !comm.column_shards(plan).sum_over_columns && o.split_sizes().empty() && !o.cautious_wd() &&
+  if (nor && normuon_fused_update_applies(plan, o, env, rates) &&
       math::normuon_update_fast(X, O, V, {}, f32(o.muon_beta2()), rates.lr, rates.adjusted_lr, rates.weight_decay))
     return;
   if (nor) {
