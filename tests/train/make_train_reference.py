@@ -160,7 +160,7 @@ def one_run(reference, data_dir, name):
     import subprocess
     out = subprocess.run([sys.executable, __file__, "--reference", reference, "--data-dir", data_dir,
                           "--child", name], capture_output=True, text=True,
-                         env=dict(os.environ, TORCH_COMPILE_DISABLE="1", OMP_NUM_THREADS="1"))
+                         env=dict(os.environ, TORCH_COMPILE_DISABLE="1", OMP_NUM_THREADS="1", **MKL_ENV[kernel_isa()]))
     if out.returncode != 0:
         sys.exit(f"train.py run {name} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -201,6 +201,14 @@ def kernel_isa() -> str:
     if "amx_tile" in flags and "avx512f" in flags:
         return "amx"
     return "avx512" if "avx512f" in flags else "avx2"
+
+
+# MKL's environment per family. On the AMX Xeon, MKL's default (CBWR "AUTO") branch rounds
+# sgemm differently in two processes with the same inputs (train.py and dion-train drifted apart
+# from step 1: 8.2e-5 in the losses over 10 steps); with MKL_CBWR=AVX512,STRICT both are
+# deterministic and equal (0 in the losses, 3e-15 in the grad norms, measured 2026-12-04).
+# test_numerics.cpp runs dion-train with the same setting.
+MKL_ENV = {"amx": {"MKL_CBWR": "AVX512,STRICT"}, "avx512": {}, "avx2": {}}
 
 
 def kernel_file() -> str:
