@@ -39,7 +39,8 @@ enum : int {
   F_SHARD_DIM = F_SHAPE + kMaxDims,
   F_INNER_DIM,
   F_REPLICATED,
-  F_OPTIONS  // the table's communication options from here on
+  F_OWN_GROUP,  // shard_over: its group's size (0: the outer axis)
+  F_OPTIONS     // the table's communication options from here on
 };
 int64_t bits(double v) {
   int64_t b;
@@ -133,6 +134,7 @@ const std::vector<Field>& fields() {
     t[F_SHARD_DIM] = {"sharded dim (outer axis)", Kind::INT, F_SHARD_DIM};
     t[F_INNER_DIM] = {"sharded dim (inner axis)", Kind::INT, F_INNER_DIM};
     t[F_REPLICATED] = {"replicated", Kind::BOOL, F_REPLICATED};
+    t[F_OWN_GROUP] = {"size of the shard_over (expert) group", Kind::INT, F_OWN_GROUP};
     return t;
   }();
   return table;
@@ -154,6 +156,7 @@ std::vector<int64_t> describe(const at::Tensor& p, const Options& o, int64_t alg
   row[F_SHARD_DIM] = L.shard_dim;
   row[F_INNER_DIM] = L.inner_dim;
   row[F_REPLICATED] = L.replicated;
+  row[F_OWN_GROUP] = L.group ? L.group->size() : 0;
   Columns c{row.data(), nullptr};
   encode_options(c, o);
   return row;

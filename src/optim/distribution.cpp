@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "dion/comm/chunks.h"
@@ -35,6 +36,41 @@ Distribution& Distribution::overlap(int k) {
   if (k < 1) throw ValueError("Distributed::overlap: need at least 1 task in flight, got " + std::to_string(k));
   in_flight_ = k;
   return *this;
+}
+
+void Distribution::shard_over(std::shared_ptr<AxisGroup> group, const at::Tensor& local,
+                              std::vector<int64_t> global_shape, int64_t dim) {
+  if (!group) throw ValueError("Distribution::shard_over: the group is null (this rank is not a member?)");
+  std::ostringstream err;
+  const int64_t nd = static_cast<int64_t>(global_shape.size());
+  if (dim < 0) dim += nd;
+  if (dim < 0 || dim >= nd) {
+    err << "shard_over dim " << dim << " is out of range for global shape " << shape_str(global_shape);
+  } else if (local.dim() != nd) {
+    err << "local shard of shape " << shape_str(local.sizes()) << " does not have the rank of global shape "
+        << shape_str(global_shape);
+  } else {
+    const comm::Chunk c = comm::shard_range(global_shape[dim], group->size(), group->rank());
+    for (int64_t d = 0; d < nd; ++d) {
+      const int64_t want = d == dim ? c.length : global_shape[d];
+      if (local.size(d) != want) {
+        err << "local shard of shape " << shape_str(local.sizes()) << " on rank " << group->rank() << " of "
+            << group->size() << " of group '" << group->name() << "' (shard_over) does not match global shape "
+            << shape_str(global_shape) << " split on dim " << dim << " (expected " << want << " along dim " << d
+            << "; FSDP2 chunks of ceil(size / world))";
+        break;
+      }
+    }
+  }
+  if (!err.str().empty() && local_error_.empty()) local_error_ = err.str();
+  AxisGroup* g = group.get();
+  if (g != outer_.get() && g != inner_.get() &&
+      std::none_of(own_groups_.begin(), own_groups_.end(), [g](const auto& o) { return o.get() == g; }))
+    own_groups_.push_back(std::move(group));
+  Layout L{std::move(global_shape), dim, false, -1};
+  L.group = g;
+  layouts_[local.unsafeGetTensorImpl()] = std::move(L);
+  verified_ = false;
 }
 
 void Distribution::shard(const at::Tensor& local, std::vector<int64_t> global_shape, int64_t dim, int64_t inner_dim) {
@@ -92,6 +128,10 @@ void Distribution::verify() const {
   if (inner_) {
     bad = bad.to(inner_->control_device());
     inner_->all_reduce_(bad);
+  }
+  for (const auto& g : own_groups_) {  // shard_over's groups, in the same order on every rank
+    bad = bad.to(g->control_device());
+    g->all_reduce_(bad);
   }
   verified_ = true;
   const int n = bad.item<int>();

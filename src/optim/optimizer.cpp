@@ -51,15 +51,17 @@ template <typename LayoutOf>
 std::vector<std::vector<at::Tensor>> megabatches(const std::vector<at::Tensor>& params, bool distributed,
                                                  const LayoutOf& layout_of_param) {
   std::vector<std::vector<at::Tensor>> out;
-  using Key = std::tuple<std::vector<int64_t>, at::ScalarType, std::vector<int64_t>, int64_t, int64_t>;
+  using Key =
+      std::tuple<std::vector<int64_t>, at::ScalarType, std::vector<int64_t>, int64_t, int64_t, const AxisGroup*>;
   std::map<Key, size_t> index;
   for (const at::Tensor& p : params) {
-    Key key{p.sizes().vec(), p.scalar_type(), {}, -1, -1};
+    Key key{p.sizes().vec(), p.scalar_type(), {}, -1, -1, nullptr};
     if (distributed) {
       const Layout& L = layout_of_param(p);
       std::get<2>(key) = L.global_shape;
       std::get<3>(key) = L.shard_dim;
       std::get<4>(key) = L.inner_dim;
+      std::get<5>(key) = L.group;  // an expert stack is not batched with an FSDP shard of its shape
     }
     auto it = index.find(key);
     if (it == index.end()) {
@@ -405,10 +407,12 @@ void Optimizer::set_distribution(std::shared_ptr<Distribution> distribution) {
 void Optimizer::synchronize_for_checkpoint() {
   if (!dist_ || !dist_->sync_gradients()) return;
   at::NoGradGuard no_grad;
+  const bool replica_axis = dist_->axis_size(Axis::REPLICA) > 1;
   for (auto& group : param_groups_) {
     for (const at::Tensor& p : group.params()) {
       ParamState* s = state_of(p);
       if (!s) continue;
+      if (!replica_axis && dist_->layout(p).own_group()) continue;  // experts differ across the outer group
       for (const auto& [key, t] : s->tensors()) {
         if (!t.defined() || t.dim() == 0) continue;  // 0-d: counters, equal on every replica
         at::Tensor avg = t.to(at::kFloat).contiguous();

@@ -26,6 +26,21 @@ Plan plan_for(const Layout& layout, int64_t world, size_t batch_size, const Opti
   std::ostringstream shape;
   shape << c10::IntArrayRef(L.global_shape);
   const std::string where = "param group " + std::to_string(g) + " (" + o.algorithm() + "), shape " + shape.str();
+  if (L.own_group()) {
+    // shard_over (expert parallelism): split along a batch dim over its own group, whole matrices
+    // on every rank: orthogonalized where they are. A layout that would communicate is refused.
+    plan.world = L.group->size();
+    const std::string over = where + ", split on dim " + std::to_string(L.shard_dim) + " over group '" +
+                             L.group->name() + "' (shard_over, expert parallelism)";
+    const char* works = "; what works: an expert stack [E, out, in] split on a batch dim (dim 0), flatten off";
+    if (L.shard_dim >= ndim - 2)
+      throw NotImplementedError(over + ": a matrix dim is split, which would need communication over that group" +
+                                works);
+    if (o.flatten())
+      throw NotImplementedError(over + ": flatten makes the stack one matrix split across that group" + works);
+    if (plan.heads) throw NotImplementedError(over + ": num_heads is not supported" + works);
+    return plan;
+  }
   if (plan.heads) {
     // Whole heads on every rank: orthogonalize locally (the reference does the same).
     if (L.two_d()) throw NotImplementedError(where + ": num_heads with 2-D (FSDP x TP) sharding is not supported");

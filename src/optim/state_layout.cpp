@@ -14,6 +14,11 @@ std::pair<int64_t, int64_t> chunk(int64_t size, int world, int rank) {
   const int64_t start = std::min(size, c * rank);
   return {start, std::min(size, start + c) - start};
 }
+
+// The group splitting L.shard_dim: the layout's own (shard_over: an expert stack's EP group), else
+// the outer axis.
+int sharding_size(const Layout& L, const AxisPlace& at) { return L.group ? L.group->size() : at.outer_size; }
+int sharding_rank(const Layout& L, const AxisPlace& at) { return L.group ? L.group->rank() : at.outer_rank; }
 }  // namespace
 
 AxisPlace axis_place(const Distribution* dist) {
@@ -29,7 +34,7 @@ QRows q_rows_of(const Layout& L, const AxisPlace& at) {
   QRows q;
   q.rows = t ? m : n;
   q.length = q.rows;
-  if (L.sharded()) std::tie(q.start, q.length) = chunk(q.rows, at.outer_size, at.outer_rank);
+  if (L.sharded()) std::tie(q.start, q.length) = chunk(q.rows, sharding_size(L, at), sharding_rank(L, at));
   return q;
 }
 
@@ -46,7 +51,7 @@ Box state_box(StateLayout kind, const Layout& L, const AxisPlace& at, int64_t q_
   b.size = b.global;
   for (size_t d = 0; d < nd; ++d) {
     if (static_cast<int64_t>(d) == L.shard_dim)
-      std::tie(b.offset[d], b.size[d]) = chunk(b.global[d], at.outer_size, at.outer_rank);
+      std::tie(b.offset[d], b.size[d]) = chunk(b.global[d], sharding_size(L, at), sharding_rank(L, at));
     if (static_cast<int64_t>(d) == L.inner_dim)
       std::tie(b.offset[d], b.size[d]) = chunk(b.global[d], at.inner_size, at.inner_rank);
   }

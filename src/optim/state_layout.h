@@ -8,7 +8,8 @@
 // variance share that box (StateLayout::PARAM). A NEURON tensor [.., m, 1] shares it except its
 // last dim (1, whole). An OUTER_ROWS tensor [rows, r] is the whole matrix's low-rank basis
 // (rows = m when the low-rank update works on M^T, else n), of which a sharded parameter keeps
-// the outer chunk of rows. A SCALAR is 0-d.
+// the outer chunk of rows. A SCALAR is 0-d. A parameter registered with shard_over (expert
+// parallelism) is chunked along its shard dim over its own group instead of the outer axis.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -27,6 +27,13 @@ int FakeWorld::axis_rank(Axis axis, int rank) const {
   return axis == Axis::OUTER ? rank / inner_ : axis == Axis::INNER ? rank % inner_ : 0;
 }
 
+std::shared_ptr<AxisGroup> FakeWorld::axis_group(int rank, Axis axis, std::shared_ptr<std::map<std::string, int>> calls,
+                                                 std::string name) {
+  if (axis == Axis::REPLICA) throw std::invalid_argument("FakeWorld::axis_group: the fake has no replica axis");
+  if (!calls) calls = dists_.at(static_cast<size_t>(rank))->calls_;
+  return std::make_shared<FakeAxis>(*this, axis, rank, std::move(calls), std::move(name));
+}
+
 void FakeWorld::run(const std::function<void(int)>& fn) {
   auto gen = at::detail::getDefaultCPUGenerator();
   const at::Tensor start = gen.get_state();
@@ -75,7 +82,10 @@ std::vector<at::Tensor> FakeWorld::exchange(const std::string& kind, Axis axis, 
 
 int FakeAxis::size() const { return world_.axis_size(axis_); }
 int FakeAxis::rank() const { return world_.axis_rank(axis_, rank_); }
-std::string FakeAxis::name() const { return axis_ == Axis::OUTER ? "fake outer" : "fake inner"; }
+std::string FakeAxis::name() const {
+  if (!name_.empty()) return name_;
+  return axis_ == Axis::OUTER ? "fake outer" : "fake inner";
+}
 
 void FakeAxis::all_reduce_(at::Tensor& x) {
   if (size() <= 1) return;

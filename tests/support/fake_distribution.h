@@ -43,8 +43,9 @@ class FakeWorld;
 // One axis of one simulated rank: its collectives go through FakeWorld::exchange.
 class FakeAxis : public AxisGroup {
  public:
-  FakeAxis(FakeWorld& world, Axis axis, int rank, std::shared_ptr<std::map<std::string, int>> calls)
-      : world_(world), axis_(axis), rank_(rank), calls_(std::move(calls)) {}
+  FakeAxis(FakeWorld& world, Axis axis, int rank, std::shared_ptr<std::map<std::string, int>> calls,
+           std::string name = "")
+      : world_(world), axis_(axis), rank_(rank), calls_(std::move(calls)), name_(std::move(name)) {}
   int size() const override;
   int rank() const override;
   std::string name() const override;
@@ -58,9 +59,12 @@ class FakeAxis : public AxisGroup {
   Axis axis_;
   int rank_;
   std::shared_ptr<std::map<std::string, int>> calls_;  // the rank's, shared by its axes
+  std::string name_;                                   // empty: "fake outer" / "fake inner"
 };
 
 class FakeDistribution : public Distribution {
+  friend class FakeWorld;
+
  public:
   FakeDistribution(FakeWorld& world, int rank);
 
@@ -90,6 +94,14 @@ class FakeWorld {
 
   int axis_size(Axis axis) const;
   int axis_rank(Axis axis, int rank) const;
+
+  // Another handle on `rank`'s group along `axis` (OUTER or INNER), e.g. an expert-parallel group
+  // for Distribution::shard_over, or the outer axis alone for a Distribution without the inner
+  // one. Its collectives are counted in `calls` (null: in the rank's distribution's calls()) and
+  // share the axis's sequence: every member must issue them in the same order with the axis's.
+  std::shared_ptr<AxisGroup> axis_group(int rank, Axis axis,
+                                        std::shared_ptr<std::map<std::string, int>> calls = nullptr,
+                                        std::string name = "");
 
  private:
   struct Slot {

@@ -18,13 +18,22 @@
 //   dist->replicate(dp, /*sync_gradients=*/false);     // HSDP's replicate axis
 //   dist->overlap(3);                                  // megabatch tasks in flight
 //   dist->shard(w_local, {4096, 1024}, /*dim=*/0);     // FSDP: w_local is this rank's row chunk
+//   dist->shard_over(ep, w1_local, {E, 4096, 1024}, 0); // expert parallelism: experts split over `ep`
 //   opt.set_distribution(dist);                        // parameters not registered: replicated (DDP)
 //
 // Sharding follows FSDP2 (dion/comm/chunks.h): contiguous chunks of ceil(size / world) along one
 // dim; rank r holds [r * chunk, min((r + 1) * chunk, size)), possibly empty.
 // Errors: shard specs are checked at the first step (prepare(), also run by init_state()) with
-// one all_reduce per axis, so a bad spec on any rank raises dion::ValueError on every rank
-// (never one rank throwing while the others wait).
+// one all_reduce per axis and per shard_over group, so a bad spec on any rank raises
+// dion::ValueError on every rank (never one rank throwing while the others wait).
+//
+// Expert parallelism (shard_over): an MoE's expert stacks [E, out, in] split along a batch dim
+// over their own group (the EP group), which need not be the outer one. Whole matrices on every
+// rank: orthogonalized where they are, with no collective; a layout that would need one (a
+// matrix dim split, flatten) is refused at the step. The optimizer never averages their
+// gradients or state over the outer group (with sync_gradients they are left as they arrive,
+// or averaged over replicate()'s axis like FSDP shards). Every member of an EP group registers
+// parameters over it, the groups in the same order on every rank (verify() reduces over each).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -37,13 +46,19 @@
 
 namespace dion {
 
+class AxisGroup;
+
 struct Layout {
   std::vector<int64_t> global_shape;  // the whole parameter's shape
   int64_t shard_dim = -1;             // tensor dim sharded across the (outer, FSDP) group; -1: none
   bool replicated = false;            // whole on every rank of a group of size > 1 (DDP)
   int64_t inner_dim = -1;             // a second tensor dim sharded across the inner (TP) group
+  // shard_over(): shard_dim is split across this group (expert parallelism), not the outer one.
+  // Owned by the Distribution; null: the outer group.
+  AxisGroup* group = nullptr;
   bool sharded() const { return shard_dim >= 0; }
   bool two_d() const { return inner_dim >= 0; }
+  bool own_group() const { return group != nullptr; }
 };
 
 // The groups a Distribution spans: OUTER shards (FSDP, or the DDP group), INNER shards (TP),
@@ -87,6 +102,12 @@ class Distribution {
   // along `dim` over the outer group (and along `inner_dim` over the inner group when >= 0).
   // Unregistered parameters are replicated across the outer group.
   void shard(const at::Tensor& local, std::vector<int64_t> global_shape, int64_t dim, int64_t inner_dim = -1);
+  // Register a parameter split over its own `group` (expert parallelism: an [E, out, in] stack
+  // split along dim 0 over the EP group): `local` holds this rank's FSDP2 chunk along `dim` of a
+  // tensor of `global_shape` over `group`. Only a batch dim (not one of the last two) with
+  // flatten off is supported (refused at the step otherwise). A null group throws at once.
+  void shard_over(std::shared_ptr<AxisGroup> group, const at::Tensor& local, std::vector<int64_t> global_shape,
+                  int64_t dim);
   // The parameter's layout (not collective: the shard specs are checked in prepare()).
   Layout layout(const at::Tensor& param) const;
 
@@ -117,8 +138,9 @@ class Distribution {
   void verify() const;  // collective, once: every rank agrees the shard specs are valid
 
   std::shared_ptr<AxisGroup> outer_;
-  std::shared_ptr<AxisGroup> inner_;      // TP group for 2-D sharding, or null
-  std::shared_ptr<AxisGroup> replicate_;  // HSDP replicate group, or null (DDP: the outer group)
+  std::shared_ptr<AxisGroup> inner_;                    // TP group for 2-D sharding, or null
+  std::shared_ptr<AxisGroup> replicate_;                // HSDP replicate group, or null (DDP: the outer group)
+  std::vector<std::shared_ptr<AxisGroup>> own_groups_;  // shard_over's groups, in registration order
   int in_flight_ = 1;
   bool sync_gradients_ = false;
   std::unordered_map<const void*, Layout> layouts_;

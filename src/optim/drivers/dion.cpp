@@ -130,7 +130,13 @@ AlgorithmSpec dion_spec() {
     return std::nullopt;
   };
   s.check_param = [](const ParamView& p, const Options&, const std::string& what) {
-    if (p.param.dim() != 2) throw NotImplementedError(what + ": legacy 'dion' supports 2-D parameters only");
+    const char* instead =
+        "; for expert weights (an MoE's [E, out, in] stacks, expert parallelism) use Muon, "
+        "NorMuon, Dion2 or Dion3";
+    if (p.dist && p.dist->layout(p.param).own_group())
+      throw NotImplementedError(what + ": legacy 'dion' does not support expert-parallel parameters (shard_over)" +
+                                instead);
+    if (p.param.dim() != 2) throw NotImplementedError(what + ": legacy 'dion' supports 2-D parameters only" + instead);
   };
   s.update = dion_update;
   s.train_options = [](Options& d, const TrainKnobs& k) {
