@@ -36,6 +36,7 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/io/fs_util.cpp
   ${DION_TRAIN_ROOT}/src/train/model/generate.cpp
   ${DION_TRAIN_ROOT}/src/train/model/gpt.cpp
+  ${DION_TRAIN_ROOT}/src/train/model/moe.cpp
   ${DION_TRAIN_ROOT}/src/train/grad_norm.cpp
   ${DION_TRAIN_ROOT}/src/train/graphed_step.cpp
   ${DION_TRAIN_ROOT}/src/train/model/cross_entropy_bf16.cpp
@@ -49,6 +50,7 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/model/parallel_plan.cpp
   ${DION_TRAIN_ROOT}/src/train/parallel/fsdp.cpp
   ${DION_TRAIN_ROOT}/src/train/parallel/tp.cpp
+  ${DION_TRAIN_ROOT}/src/train/parallel/ep.cpp
   ${DION_TRAIN_ROOT}/src/train/parallel/ddp.cpp
   ${DION_TRAIN_ROOT}/src/train/parallel/replicas.cpp
   ${DION_TRAIN_ROOT}/src/train/resume_policy.cpp
@@ -104,6 +106,7 @@ if(DION_BUILD_TESTS)
     ${DION_TRAIN_ROOT}/tests/train/test_config.cpp
     ${DION_TRAIN_ROOT}/tests/train/model/test_gpt.cpp
     ${DION_TRAIN_ROOT}/tests/train/model/test_kernels.cpp
+    ${DION_TRAIN_ROOT}/tests/train/model/test_moe.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_graphs.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_run.cpp
     ${DION_TRAIN_ROOT}/tests/train/io/test_train_checkpoint.cpp
@@ -177,7 +180,8 @@ if(DION_BUILD_TESTS)
              COMMAND bash ${DION_TRAIN_ROOT}/scripts/soak_train_${_soak}.sh ${CMAKE_BINARY_DIR} 1)
     set_tests_properties(soak_train_${_soak}.once PROPERTIES LABELS train TIMEOUT 600 RESOURCE_LOCK multiprocess)
   endforeach()
-  dion_train_test_binary(dion_train_parallel_tests ${DION_TRAIN_ROOT}/tests/train/parallel/test_parallel.cpp)
+  dion_train_test_binary(dion_train_parallel_tests ${DION_TRAIN_ROOT}/tests/train/parallel/test_parallel.cpp
+    ${DION_TRAIN_ROOT}/tests/train/parallel/test_moe_parallel.cpp)
   gtest_discover_tests(dion_train_parallel_tests
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60

@@ -410,6 +410,25 @@ Work Group::all_to_all_async(const at::Tensor& x) {
   });
 }
 
+Work Group::all_to_all_async(const at::Tensor& x, const std::vector<int64_t>& send,
+                              const std::vector<int64_t>& recv) {
+  TORCH_CHECK(int(send.size()) == size_ && int(recv.size()) == size_, "all_to_all on group '", name_,
+              "': split sizes for ", send.size(), " and ", recv.size(), " ranks, the group has ", size_);
+  at::Tensor in = x.contiguous();
+  int64_t sent = 0, received = 0;
+  for (int i = 0; i < size_; ++i) sent += send[size_t(i)], received += recv[size_t(i)];
+  TORCH_CHECK(in.dim() >= 1 && in.size(0) == sent, "all_to_all on group '", name_, "': dim 0 (",
+              in.dim() ? in.size(0) : 0, ") must be the sum of the send splits (", sent, ")");
+  if (size_ == 1) return Work::done(in.clone());
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape[0] = received;
+  at::Tensor out = at::empty(shape, in.options());
+  return launch("all_to_all", in, out, [&] {
+    std::vector<int64_t> out_splits = recv, in_splits = send;
+    return impl_->backend_for(in, name_).alltoall_base(out, in, out_splits, in_splits);
+  });
+}
+
 Work Group::all_reduce_async(at::Tensor& x) {
   if (size_ == 1) return Work::done(x);
   TORCH_CHECK(x.is_contiguous(), "all_reduce_ on group '", name_, "' needs a contiguous tensor");

@@ -66,6 +66,43 @@ std::filesystem::path Config::resolved_run_dir() const {
   return std::filesystem::path("runs") / stem;
 }
 
+namespace {
+// Mixture of experts and expert parallelism (moe.h, parallel.h).
+template <typename Fail>
+void moe_validate(const Config& c, Fail fail) {
+  const int64_t data = c.dp_size * c.fs_size;
+  if (c.n_experts == 0) {
+    if (c.ep_size > 1)
+      fail(fmt::format("key 'ep_size': value {} splits experts, but n_experts is 0 (a dense model); valid: ep_size 1, "
+                       "or n_experts > 0",
+                       c.ep_size));
+    return;
+  }
+  if (c.top_k > c.n_experts)
+    fail(fmt::format("key 'top_k': value {} is more than n_experts {}; valid: 1..{}", c.top_k, c.n_experts,
+                     c.n_experts));
+  if (c.n_experts % c.ep_size != 0)
+    fail(fmt::format("key 'n_experts': value {} is not divisible by ep_size {} (each ep rank holds n_experts / "
+                     "ep_size experts); valid: a multiple of {}",
+                     c.n_experts, c.ep_size, c.ep_size));
+  if (data % c.ep_size != 0)
+    fail(fmt::format("key 'ep_size': value {} does not divide the data-parallel ranks dp_size {} x fs_size {} = {} "
+                     "(ep borrows them); valid: a divisor of {}",
+                     c.ep_size, c.dp_size, c.fs_size, data, data));
+  if (c.tp_size > 1)
+    fail(fmt::format("keys 'n_experts' {} and 'tp_size' {}: tensor parallelism of an MoE model is not supported; "
+                     "valid: tp_size 1 with ep_size and fs_size / dp_size",
+                     c.n_experts, c.tp_size));
+  if (c.optimizer == "dion")
+    fail(fmt::format("key 'optimizer': legacy Dion ('dion') cannot step the MoE expert stacks "
+                     "(transformer.h.*.mlp.experts.w1/w2, 3-D [n_experts, out, in]); valid: muon, normuon, dion2, "
+                     "dion3 (they orthogonalize each expert's matrix), or adamw / lion"));
+  if (c.cuda_graphs)
+    fail("key 'cuda_graphs': true is not supported with n_experts > 0 (the routing's token counts are read by the "
+         "host every step); valid: false");
+}
+}  // namespace
+
 void config_validate(const Config& c) {
   for (const Key& k : keys())
     if (const std::string error = key_error(c, k); !error.empty()) throw ConfigError(error);
@@ -109,6 +146,7 @@ void config_validate(const Config& c) {
         fmt::format("key 'val_tokens': value {} is not a multiple of device_batch_size x sequence_length x "
                     "data-parallel ranks = {}; valid: e.g. {}",
                     c.val_tokens, val_batch, std::max<int64_t>(1, c.val_tokens / val_batch) * val_batch));
+  moe_validate(c, fail);
   if (c.checkpoint_freq > 0 && c.checkpoint_dir.empty())
     fail(fmt::format("key 'checkpoint_freq': value {} needs checkpoint_dir (it is empty)", c.checkpoint_freq));
   if (c.stop_after > 0 && c.checkpoint_dir.empty())

@@ -15,23 +15,29 @@ GradNorm grad_norm(const std::vector<at::Tensor>& params, Parallel& par, bool gr
   // accumulation is off by up to 6e-5 relative, and by a different amount for each shard of it,
   // so the layouts would disagree. One host sync for all parts (they stay on the device).
   constexpr int64_t kChunk = int64_t(1) << 20;
-  std::vector<at::Tensor> sums;
+  std::vector<at::Tensor> sums[2];  // [dense parts, MoE expert parts split over ep]
   for (const at::Tensor& p : params) {
     const at::Tensor& g = p.grad();
     if (!g.defined() || g.numel() == 0) continue;
+    const int k = par.world_size() > 1 && par.placement(p).ep_dim >= 0 ? 1 : 0;
     const at::Tensor flat = g.detach().reshape({-1});
     for (int64_t start = 0; start < flat.numel(); start += kChunk)
-      sums.push_back(
+      sums[k].push_back(
           flat.narrow(0, start, std::min(kChunk, flat.numel() - start)).to(at::kDouble).square().sum().reshape({1}));
   }
-  const double local = sums.empty() ? 0.0 : at::cat(sums).sum().item<double>();
+  const double dense = sums[0].empty() ? 0.0 : at::cat(sums[0]).sum().item<double>();
+  const double experts = sums[1].empty() ? 0.0 : at::cat(sums[1]).sum().item<double>();
+  const double local = dense + experts;
   const std::shared_ptr<comm::Group>& dp = par.dp_group();
   const int dp_size = dp ? dp->size() : 1;
   const int dp_rank = dp ? dp->rank() : 0;
+  const int edp_rank = par.edp_group() ? par.edp_group()->rank() : dp_rank;
   double counted = local, every = local;
   if (par.world_size() > 1) {
-    // [dp rank 0's parts (the norm), every rank's parts (finiteness)], summed over the world.
-    at::Tensor t = at::tensor({dp_rank == 0 ? local : 0.0, local}, at::kDouble);
+    // [each part once (the norm): the dense parts of dp rank 0, the experts of edp rank 0; every
+    // rank's parts (finiteness)], summed over the world.
+    at::Tensor t =
+        at::tensor({(dp_rank == 0 ? dense : 0.0) + (edp_rank == 0 ? experts : 0.0), local}, at::kDouble);
     par.world().all_reduce_(t);
     counted = t[0].item<double>();
     every = t[1].item<double>();

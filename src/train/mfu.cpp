@@ -13,7 +13,7 @@
 namespace dion::train {
 
 double flops_per_token(const GPTConfig& c) {
-  const double N = double(gpt_param_count(c));
+  const double N = double(gpt_active_param_count(c));  // an MoE: the parameters a token computes with
   return 6.0 * N + 12.0 * double(c.n_layer) * double(c.sequence_len) * double(c.n_embd);
 }
 

@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 namespace dion::train {
 
 namespace {
@@ -44,6 +46,14 @@ TrainOptimizer build_optimizer(const Config& c, GPT& model) {
   const Options defaults = matrix_defaults(c, spec);
 
   std::vector<at::Tensor> matrices = model->block_params();
+  // MoE routers: with the embedding's optimizer (scalar_opt, at lr) unless router_opt is matrix.
+  std::vector<at::Tensor> routers;
+  if (c.router_opt == "scalar" && spec.matrix) {
+    routers = model->router_params();
+    std::erase_if(matrices, [&](const at::Tensor& p) {
+      return std::any_of(routers.begin(), routers.end(), [&](const at::Tensor& r) { return r.is_same(p); });
+    });
+  }
   std::vector<at::Tensor> embedding = {model->embedding_weight()};
   std::vector<at::Tensor> lm_head = {model->lm_head_weight()};
 
@@ -68,6 +78,10 @@ TrainOptimizer build_optimizer(const Config& c, GPT& model) {
   std::vector<ParamGroup> groups = {
       {matrices}, {embedding, scalar_group(c, embed_lr)}, {lm_head, scalar_group(c, lm_head_lr)}};
   out.base_lrs = {c.lr, embed_lr, lm_head_lr};
+  if (!routers.empty()) {
+    groups.push_back({routers, scalar_group(c, c.lr)});
+    out.base_lrs.push_back(c.lr);
+  }
   out.optimizer = std::make_unique<NamedOptimizer>(spec.name, groups, defaults, ortho, nullptr);
   return out;
 }

@@ -107,6 +107,7 @@ Trainer::StepResult Trainer::step(int64_t step) {
   r.skipped = !r.grad_norm.finite || !std::isfinite(r.loss);
   r.factor = lr_factor(step, c_.num_iterations, c_.warmup_ratio, c_.warmdown_ratio);
   update_or_skip(step, r);
+  balance_experts(r);
   if (hooks_.after_update) hooks_.after_update(par_->rank(), step, params_);
   if (c_.replica_check_every > 0 && (step + 1) % c_.replica_check_every == 0) replicas_check(model_, *par_, step);
   const int64_t bytes2 = par_->bytes_sent();
@@ -133,10 +134,12 @@ at::Tensor Trainer::forward_backward() {
     par_->set_requires_gradient_sync(!c_.fast_fsdp || i == accum_ - 1);
     Batch b = train_loader_->next();
     if (ddp_ && i == accum_ - 1) ddp_->arm();  // the last micro-batch's gradients are summed over dp
+    if (expert_sync_ && i == accum_ - 1) expert_sync_->arm();
     // The loss is scaled by 1 / the GLOBAL micro-batch count: every gradient reduction is then a plain sum.
     loss_sum += micro_->forward_backward(b.x, b.y);
   }
   if (ddp_) ddp_->finish();
+  if (expert_sync_) expert_sync_->finish();
   return loss_sum;
 }
 
@@ -168,6 +171,16 @@ void Trainer::update_or_skip(int64_t step, const StepResult& r) {
         "(docs/train.md \"Gradient norm, clipping, non-finite steps\")",
         step, N, nonfinite_in_a_row_, nonfinite_in_a_row_ == 1 ? "" : "s", r.loss, r.grad_norm.norm,
         c_.max_nonfinite_steps));
+}
+
+void Trainer::balance_experts(StepResult& r) {
+  if (c_.n_experts == 0) return;
+  at::Tensor load = model_->take_expert_load().to(at::kLong).contiguous();  // [MoE layers, E], this rank's tokens
+  if (par_->world_size() > 1) par_->data_group()->all_reduce_(load);
+  const at::Tensor l = load.to(at::kDouble);
+  const at::Tensor imbalance = l.amax(1) / l.mean(1).clamp_min(1e-12);
+  r.moe_imbalance.assign(imbalance.data_ptr<double>(), imbalance.data_ptr<double>() + imbalance.numel());
+  if (!r.skipped && c_.moe_bias_rate > 0) model_->update_expert_bias(load, c_.moe_bias_rate);
 }
 
 // A checkpoint every checkpoint_freq steps; stop_after: saved (once) and stopped.

@@ -47,8 +47,14 @@ void Trainer::say(const std::string& line) const {
 void Trainer::report_start() {
   const Config& c = c_;
   const std::string device_note = device_why_.empty() ? "" : " (" + device_why_ + ")";
-  say(fmt::format("dion-train: GPT {} layers x {} dim x {} heads, {} parameters; {} on {} ({}){}", c.n_layer,
-                  c.model_dim, c.n_head, gpt_param_count(gcfg_), c.optimizer, c.device, dtype_, device_note));
+  say(fmt::format("dion-train: GPT {} layers x {} dim x {} heads, {} parameters{}; {} on {} ({}){}", c.n_layer,
+                  c.model_dim, c.n_head, gpt_param_count(gcfg_),
+                  c.n_experts == 0 ? std::string()
+                                   : fmt::format(" ({} active: MoE {} experts, top_k {}, expert_dim {}, {} shared{})",
+                                                 gpt_active_param_count(gcfg_), c.n_experts, c.top_k,
+                                                 gcfg_.moe.expert_dim, c.n_shared_experts,
+                                                 c.ep_size > 1 ? fmt::format(", ep {}", c.ep_size) : ""),
+                  c.optimizer, c.device, dtype_, device_note));
   say(
       fmt::format("  batch {} x {} tokens (device batch {}, {} accumulation steps), {} steps, lr {} "
                   "(warmup {}, warmdown {}), scalar_opt {}",
@@ -120,7 +126,9 @@ void Trainer::report_step(int64_t step, const StepResult& r) {
   const double norm = r.grad_norm.norm;
   if (metrics_) {
     metrics_->train(step, r.loss, norm, lr, st_.tokens, double(tokens_per_step) / r.seconds, r.seconds * 1000,
-                    elapsed(), r.fwd_bwd_seconds * 1000, r.skipped);
+                    elapsed(), r.fwd_bwd_seconds * 1000, r.skipped, r.moe_imbalance);
+    for (size_t i = 0; i < r.moe_imbalance.size(); ++i)
+      tensorboard_->add_scalar(fmt::format("moe/load_imbalance_{}", i), r.moe_imbalance[i], step);
     tensorboard_->add_scalar("train/loss", r.loss, step);
     tensorboard_->add_scalar("train/lr", lr, step);
     tensorboard_->add_scalar("train/grad_norm", norm, step);
@@ -146,6 +154,11 @@ void Trainer::report_step(int64_t step, const StepResult& r) {
       "ms/step | ETA {}",
       step, N, r.loss, norm, lr, tok_s, 100.0 * std::min(1.0, step_mfu), r.seconds * 1000,
       format_duration(ms_avg / 1000 * double(N - step - 1)));
+  if (!r.moe_imbalance.empty()) {
+    double worst = 0;
+    for (double v : r.moe_imbalance) worst = std::max(worst, v);
+    line += fmt::format(" | experts max/mean {:.2f}", worst);
+  }
   if (c.time_optimizer)
     line += fmt::format(" (fwd+bwd {:.0f} ms, optimizer {:.0f} ms)", r.fwd_bwd_seconds * 1000,
                         (r.seconds - r.fwd_bwd_seconds) * 1000);

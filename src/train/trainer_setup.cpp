@@ -79,7 +79,7 @@ void Trainer::connect() {
   // Before the mesh: ranks that differ on dp/fs/tp would otherwise wait in the mesh's
   // sub-group rendezvous until comm_timeout_s instead of naming the key.
   check_config_agrees(world, c_);
-  par_ = std::make_unique<Parallel>(std::move(world), MeshShape{c_.dp_size, c_.fs_size, c_.tp_size});
+  par_ = std::make_unique<Parallel>(std::move(world), MeshShape{c_.dp_size, c_.fs_size, c_.tp_size, c_.ep_size});
   device_ = c_.device == "cuda" ? at::Device(at::kCUDA, int8_t(par_->world().local_rank())) : at::Device(at::kCPU);
   dtype_ = resolve_dtype(c_);
   autocast_ = dtype_ == "bf16";
@@ -179,6 +179,8 @@ void Trainer::build_model() {
   Parallel& par = *par_;
   gcfg_ = GPTConfig{c.sequence_length, c.vocab_size, c.n_layer, c.n_head, c.model_dim};
   gcfg_.kernels = c.model_kernels == "exact" ? Kernels::exact : Kernels::fast;
+  gcfg_.moe = MoEConfig{c.n_experts,  c.top_k, c.resolved_expert_dim(), c.n_shared_experts, c.moe_every,
+                        c.router_score == "sigmoid", c.moe_aux_loss_coef};
   gpt_check_fits_memory(gcfg_, device_, par.world_size());  // a clear error, not an allocator's
   GPTConfig placeholder = gcfg_;
   placeholder.placeholder_weights = true;  // never the whole model: init_model draws one weight at a time
@@ -193,8 +195,12 @@ void Trainer::build_model() {
   if (auto dist = par.distribution(model_, c.replicate_mesh_grad_sync)) opt.set_distribution(dist);
   opt.init_state();
   // DDP / HSDP: the trainer sums gradients over dp, unless legacy Dion syncs them itself.
+  // MoE under ep: the expert stacks are not replicated over dp but over edp (parallel.h).
+  const int64_t bucket = int64_t(c.ddp_bucket_mb * 1024 * 1024);
   if (par.shape().dp > 1 && !c.replicate_mesh_grad_sync)
-    ddp_ = std::make_unique<GradSync>(par.dp_group(), model_->parameters(), int64_t(c.ddp_bucket_mb * 1024 * 1024));
+    ddp_ = std::make_unique<GradSync>(par.dp_group(), par.dense_params(model_), bucket);
+  if (par.edp_group() && par.edp_group()->size() > 1)
+    expert_sync_ = std::make_unique<GradSync>(par.edp_group(), par.expert_params(model_), bucket);
   if (ckpt_) {
     checkpoint_load_model(*ckpt_, model_, &par);  // any layout -> this rank's parts
     checkpoint_load_training(*ckpt_, opt);

@@ -126,6 +126,10 @@ class Group {
   // x [size * c, ..] -> [size * c, ..]: chunk j of dim 0 goes to rank j; chunk i of the result
   // came from rank i.
   Work all_to_all_async(const at::Tensor& x);
+  // Uneven all_to_all (expert parallelism's token exchange): rows [sum(send[<j]), +send[j]) of
+  // x go to rank j; the result holds recv[i] rows from rank i, in rank order. send.size() ==
+  // recv.size() == size(); recv must be what the peers send (exchange the counts first).
+  Work all_to_all_async(const at::Tensor& x, const std::vector<int64_t>& send, const std::vector<int64_t>& recv);
   Work all_reduce_async(at::Tensor& x);  // sum, in place; x contiguous
   Work broadcast_async(at::Tensor& x, int root);
 

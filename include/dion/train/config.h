@@ -21,6 +21,7 @@
 // What it does not do: read data, build the model or the optimizer.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <stdexcept>
@@ -51,6 +52,17 @@ struct Config {
   int64_t n_layer = 12;
   int64_t n_head = 6;
   int64_t vocab_size = 50304;  // rows of the embedding / lm_head; >= the data's vocabulary (GPT-2 50257, bytes 257)
+  // ---- mixture of experts (dion/train/moe.h; n_experts 0: the dense MLP everywhere)
+  int64_t n_experts = 0;
+  int64_t top_k = 2;
+  int64_t expert_dim = 0;  // 0: 4 x model_dim / (top_k + n_shared_experts), the dense MLP's active size
+  int64_t n_shared_experts = 0;
+  int64_t moe_every = 1;
+  std::string router_score = "softmax";  // softmax | sigmoid
+  double moe_bias_rate = 1e-3;           // auxiliary-loss-free balancing: expert bias step per optimizer step
+  double moe_aux_loss_coef = 0;          // sequence-wise balance loss coefficient (0: off)
+  std::string router_opt = "scalar";     // scalar (scalar_opt, as the embedding) | matrix (the matrix optimizer)
+  int64_t ep_size = 1;                   // expert-parallel ranks, borrowed from dp x fs
   // ---- evaluation, checkpoints, logging
   int64_t val_loss_every = 125;
   int64_t val_tokens = 10485760;
@@ -125,6 +137,10 @@ struct Config {
   // Derived values (after validation).
   // Data-parallel ranks: every (dp, fs) mesh position reads its own slice of the batch.
   int64_t data_parallel_size() const { return dp_size * fs_size; }
+  // expert_dim, resolved (moe.h).
+  int64_t resolved_expert_dim() const {
+    return expert_dim > 0 ? expert_dim : std::max<int64_t>(1, 4 * model_dim / (top_k + n_shared_experts));
+  }
   // Per rank: batch_size / (device_batch_size x data-parallel ranks).
   int64_t grad_accum_steps() const { return batch_size / (device_batch_size * data_parallel_size()); }
   // Per rank: val_tokens / (device_batch_size x sequence_length x data-parallel ranks), debug: <= 2.

@@ -28,7 +28,13 @@
 // the default: equal to the reference to rounding) or by the fast kernels (dion/train/kernels.h:
 // oneDNN GEMMs on CPU, the lm_head and cross entropy fused and chunked).
 //
-// What it is not: no optimizer, no autocast (the caller sets it up), no collectives itself.
+// Mixture of experts (GPTConfig::moe, dion/train/moe.h): with n_experts > 0 every moe.every-th
+// block's MLP is an MoE feed-forward ("transformer.h.<i>.mlp.router.weight" [E, C],
+// "mlp.experts.w1" [E, H, C], "mlp.experts.w2" [E, C, H], "mlp.shared.c_fc/c_proj.weight" with
+// n_shared_experts, buffer "mlp.expert_bias" [E]); drawn after c_proj in that order.
+//
+// What it is not: no optimizer, no autocast (the caller sets it up), no collectives itself
+// (ModelParallel's are the caller's).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -63,8 +69,30 @@ class ModelParallel {
   // Leaving a TP region (after a row-parallel matmul): sum over TP ranks forward, identity backward.
   virtual at::Tensor tp_exit(const at::Tensor& x) = 0;
   virtual int64_t tp_size() const = 0;
+  // Expert parallelism (dion/train/moe.h): this rank holds experts [ep_rank * E / ep, +E / ep).
+  virtual int64_t ep_size() const { return 1; }
+  virtual int64_t ep_rank() const { return 0; }
+  // Rows of x to the ep ranks of their experts: send[j] rows (in order) to ep rank j; the result
+  // holds recv[i] rows from rank i, in rank order. Differentiable: backward sends the gradient
+  // back the same way. The default (one rank) returns x.
+  virtual at::Tensor ep_exchange(const at::Tensor& x, const std::vector<int64_t>& send,
+                                 const std::vector<int64_t>& recv);
+  // int64 counts [ep * n]: chunk j goes to ep rank j; chunk i of the result came from rank i.
+  virtual at::Tensor ep_exchange_counts(const at::Tensor& counts) { return counts; }
 
   Kernels kernels = Kernels::exact;  // what the default linear() computes with (set by GPT::set_parallel)
+};
+
+// The mixture-of-experts feed-forward (dion/train/moe.h); n_experts 0: the dense MLP everywhere.
+struct MoEConfig {
+  int64_t n_experts = 0;         // routed experts per MoE layer
+  int64_t top_k = 2;             // experts per token
+  int64_t expert_dim = 0;        // one expert's hidden size (resolved by the trainer when 0)
+  int64_t n_shared_experts = 0;  // always-on experts (one MLP of n_shared x expert_dim hidden)
+  int64_t every = 1;             // block i is MoE when (i + 1) % every == 0
+  bool sigmoid = false;          // router scores: softmax over experts (false) or sigmoid
+  double aux_loss_coef = 0;      // sequence-wise balance loss (DeepSeek-V3), 0: none
+  bool on_layer(int64_t i) const { return n_experts > 0 && (i + 1) % every == 0; }
 };
 
 struct GPTConfig {
@@ -75,6 +103,7 @@ struct GPTConfig {
   int64_t n_embd = 768;
   bool placeholder_weights = false;  // weights are placeholders until init_weights (see the top)
   Kernels kernels = Kernels::exact;  // see the top
+  MoEConfig moe = {};                // see the top
 };
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
@@ -96,7 +125,7 @@ TORCH_MODULE(CausalSelfAttention);
 
 class MLPImpl : public torch::nn::Module {
  public:
-  explicit MLPImpl(const GPTConfig& config);
+  explicit MLPImpl(const GPTConfig& config, int64_t hidden = 0);  // hidden 0: 4 x n_embd
   at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
 
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
@@ -107,13 +136,16 @@ class MLPImpl : public torch::nn::Module {
 };
 TORCH_MODULE(MLP);
 
+class MoEImpl;  // dion/train/moe.h
+
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const GPTConfig& config);
+  BlockImpl(const GPTConfig& config, int64_t layer);
   at::Tensor forward(const at::Tensor& x);
 
   CausalSelfAttention attn{nullptr};
-  MLP mlp{nullptr};
+  MLP mlp{nullptr};               // the dense MLP, or null in an MoE block
+  std::shared_ptr<MoEImpl> moe;   // the MoE feed-forward (registered as "mlp"), or null
 };
 TORCH_MODULE(Block);
 
@@ -135,6 +167,14 @@ class GPTImpl : public torch::nn::Module {
   std::vector<at::Tensor> block_params();  // transformer.h.* (matrices)
   at::Tensor embedding_weight() { return wte->weight; }
   at::Tensor lm_head_weight() { return lm_head->weight; }
+  // Mixture of experts (empty / no-ops for a dense GPT).
+  std::vector<std::shared_ptr<MoEImpl>> moe_layers() const;
+  std::vector<at::Tensor> router_params();  // every MoE layer's router weight
+  // Tokens this rank routed to each expert since the last call, int64 [MoE layers, E]; resets.
+  at::Tensor take_expert_load();
+  // The auxiliary-loss-free balancing step (DeepSeek-V3) from the GLOBAL load [MoE layers, E]:
+  // expert_bias += rate * sign(mean - load), centred to mean 0.
+  void update_expert_bias(const at::Tensor& load, double rate);
 
   const GPTConfig& config() const { return config_; }
 
@@ -162,8 +202,10 @@ std::pair<at::Tensor, at::Tensor> rotary_cos_sin(int64_t T, int64_t D, at::Devic
 // The reference's apply_rotary_emb: x [B, T, H, D], cos/sin [T, D/2] -> [B, T, H, D] in x's dtype.
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
-// Parameters of a GPT with this shape (the reference's count; 162,201,600 for 768 x 12).
+// Parameters of a GPT with this shape (the reference's count; 162,201,600 for 768 x 12), and
+// those one token computes with (an MoE's top_k routed experts of n_experts; = the count when dense).
 int64_t gpt_param_count(const GPTConfig& config);
+int64_t gpt_active_param_count(const GPTConfig& config);
 
 // At start-up, before any weight exists: throws ConfigError naming model_dim, n_layer and
 // vocab_size when training this model on a CPU could not fit in this machine's memory — its

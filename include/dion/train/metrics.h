@@ -27,7 +27,8 @@ class MetricsWriter {
   MetricsWriter(const std::filesystem::path& file, int64_t keep_through_step);
   // fwd_bwd_ms: the forward and backward passes' part of ms_per_step (the rest: the optimizer step).
   void train(int64_t step, double loss, double grad_norm, double lr, int64_t tokens, double tokens_per_s,
-             double ms_per_step, double time_s, double fwd_bwd_ms, bool skipped = false);
+             double ms_per_step, double time_s, double fwd_bwd_ms, bool skipped = false,
+             const std::vector<double>& moe_imbalance = {});  // MoE: max / mean tokens per expert, per layer
   void val(int64_t step, double val_loss, int64_t tokens, double time_s);
 
  private:

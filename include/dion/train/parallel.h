@@ -71,8 +71,13 @@
 
 namespace dion::train {
 
+// ep: expert parallelism borrows ranks from the data-parallel ones (it divides dp x fs; tp 1):
+// the data ranks d = b * ep + e form ep groups of consecutive ranks (the b-th), and rank e of each
+// holds the experts [e * E / ep, +E / ep) of every MoE stack; the ranks holding the same experts
+// (same e) form the "edp" group over which the experts' gradients are summed. The dense part keeps
+// its (dp, fs) layout.
 struct MeshShape {
-  int64_t dp = 1, fs = 1, tp = 1;
+  int64_t dp = 1, fs = 1, tp = 1, ep = 1;
   int64_t world() const { return dp * fs * tp; }
 };
 
@@ -83,6 +88,7 @@ struct ParamPlacement {
   std::vector<int64_t> global_shape;
   int64_t fs_dim = -1, tp_dim = -1;
   bool tp_gather = false;
+  int64_t ep_dim = -1;  // an MoE expert stack split over ep (dim 0), not over fs or tp
 };
 
 // The placement of every GPT parameter (by name) at a layout; pure function of the names.
@@ -91,11 +97,12 @@ ParamPlacement placement_of(const std::string& name, const std::vector<int64_t>&
 // This rank's part of a whole tensor at a placement (tp chunk, then fs chunk), and the inverse
 // bookkeeping: the [start, length) box of this part in the global tensor, per dim.
 at::Tensor local_part(const at::Tensor& full, const ParamPlacement& p, int fs_size, int fs_rank, int tp_size,
-                      int tp_rank);
+                      int tp_rank, int ep_size = 1, int ep_rank = 0);
 struct Box {
   std::vector<int64_t> start, length;
 };
-Box local_box(const ParamPlacement& p, int fs_size, int fs_rank, int tp_size, int tp_rank);
+Box local_box(const ParamPlacement& p, int fs_size, int fs_rank, int tp_size, int tp_rank, int ep_size = 1,
+              int ep_rank = 0);
 
 class Parallel : public ModelParallel {
  public:
@@ -110,9 +117,17 @@ class Parallel : public ModelParallel {
   int data_size() const { return int(shape_.dp * shape_.fs); }
   int fs_rank() const { return fs_->rank(); }
   int tp_rank() const { return tp_->rank(); }
+  int ep_rank_of_data_rank(int64_t d) const { return int(d % shape_.ep); }
 
   comm::Group& world() { return world_; }
   const std::shared_ptr<comm::Group>& dp_group() const { return dp_; }
+  // Expert parallelism (ep > 1; null otherwise): this rank's ep group, and the group of the ranks
+  // that hold the same experts (their gradients are summed over it).
+  const std::shared_ptr<comm::Group>& ep_group() const { return ep_; }
+  const std::shared_ptr<comm::Group>& edp_group() const { return edp_; }
+  // The parameters split over ep (MoE expert stacks), and every other one.
+  std::vector<at::Tensor> expert_params(GPT& model) const;
+  std::vector<at::Tensor> dense_params(GPT& model) const;
   const std::shared_ptr<comm::Group>& fs_group() const { return fs_; }
   const std::shared_ptr<comm::Group>& tp_group() const { return tp_; }
   const std::shared_ptr<comm::Group>& data_group() const { return data_; }  // dp x fs flattened
@@ -169,12 +184,19 @@ class Parallel : public ModelParallel {
   at::Tensor tp_enter(const at::Tensor& x) override;
   at::Tensor tp_exit(const at::Tensor& x) override;
   int64_t tp_size() const override { return shape_.tp; }
+  int64_t ep_size() const override { return shape_.ep; }
+  int64_t ep_rank() const override { return ep_ ? ep_->rank() : 0; }
+  at::Tensor ep_exchange(const at::Tensor& x, const std::vector<int64_t>& send,
+                         const std::vector<int64_t>& recv) override;
+  at::Tensor ep_exchange_counts(const at::Tensor& counts) override;
 
  private:
   comm::Group world_;
   MeshShape shape_;
   std::unique_ptr<comm::DeviceMesh> mesh_;
   std::shared_ptr<comm::Group> dp_, fs_, tp_, data_;
+  std::unique_ptr<comm::DeviceMesh> ep_mesh_;  // (edp, ep) over the data ranks, when ep > 1
+  std::shared_ptr<comm::Group> ep_, edp_;
   std::unordered_map<const void*, ParamPlacement> placements_;
   std::vector<ParamPlacement> ordered_;
 

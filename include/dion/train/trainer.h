@@ -88,6 +88,7 @@ class Trainer {
     double factor = 1;     // the schedule's lr factor
     bool skipped = false;  // not finite: nothing written to the weights or the optimizer state
     double seconds = 0, fwd_bwd_seconds = 0;
+    std::vector<double> moe_imbalance;  // MoE: max / mean of the step's global tokens per expert, per layer
   };
 
   // ---- setup (trainer_setup.cpp), in the order run() calls them
@@ -105,6 +106,9 @@ class Trainer {
   StepResult step(int64_t step);
   at::Tensor forward_backward();  // the micro-batches; returns their loss sum (0-d fp32)
   void update_or_skip(int64_t step, const StepResult& r);
+  // MoE: the step's tokens per expert summed over the data ranks -> r.moe_imbalance, and the
+  // auxiliary-loss-free bias step (moe.h) unless the step is skipped.
+  void balance_experts(StepResult& r);
   bool save_or_stop(int64_t step);  // the checkpoint_freq and stop_after saves; true: stop
   void save(int64_t step);
   // ---- report (trainer_report.cpp): console lines (rank 0), metrics.jsonl, TensorBoard
@@ -135,6 +139,7 @@ class Trainer {
   GPT model_{nullptr};
   TrainOptimizer topt_;
   std::unique_ptr<GradSync> ddp_;
+  std::unique_ptr<GradSync> expert_sync_;  // MoE under ep: the expert stacks' gradients summed over edp
   TrainState st_;
   std::filesystem::path run_dir_;
   std::string config_yaml_;

@@ -49,7 +49,7 @@ SavedLayout read_layout(const fs::path& ckpt) {
   try {
     const json meta = json::parse(f);
     const json& l = meta.at("layout");
-    out.mesh = {l.at("dp_size"), l.at("fs_size"), l.at("tp_size")};
+    out.mesh = {l.at("dp_size"), l.at("fs_size"), l.at("tp_size"), l.value("ep_size", int64_t(1))};
     out.world = l.at("world_size");
     if (out.world != out.mesh.world() || out.world < 1)
       throw CheckpointError(fmt::format("'{}': layout dp {} x fs {} x tp {} does not match its world size {}",
@@ -58,6 +58,7 @@ SavedLayout read_layout(const fs::path& ckpt) {
       ParamPlacement pl{p.at("name"), p.at("shape").get<std::vector<int64_t>>()};
       pl.fs_dim = p.value("fs_dim", int64_t(-1));
       pl.tp_dim = p.value("tp_dim", int64_t(-1));
+      pl.ep_dim = p.value("ep_dim", int64_t(-1));
       out.params[pl.name] = pl;
     }
   } catch (const json::exception& e) {
@@ -84,6 +85,12 @@ void load_model(const fs::path& ckpt, GPT& model, const Parallel* par) {
       const std::string name = rank_file(saved.world, r, "model");
       parts.push_back({ckpt / name, open_archive(ckpt, name), int(f), int(t)});
     }
+  // An MoE expert stack split over ep: the parts of ep ranks 0..ep-1 (data ranks 0..ep-1; tp is 1).
+  std::vector<Part> ep_parts;
+  for (int64_t e = 0; e < saved.mesh.ep && saved.mesh.ep > 1; ++e) {
+    const std::string name = rank_file(saved.world, int(e), "model");
+    ep_parts.push_back({ckpt / name, open_archive(ckpt, name), int(e), 0});
+  }
   at::NoGradGuard no_grad;
   for (auto& item : model->named_parameters()) {
     const std::string& name = item.key();
@@ -100,16 +107,18 @@ void load_model(const fs::path& ckpt, GPT& model, const Parallel* par) {
                       (ckpt / "meta.json").string(), name, shape_text(sp.global_shape), shape_text(want)));
     // Reassemble the whole tensor from the saved parts, then cut this rank's part.
     at::Tensor full;
-    for (Part& part : parts) {
+    const bool by_ep = sp.ep_dim >= 0;
+    for (Part& part : by_ep ? ep_parts : parts) {
       at::Tensor t;
       if (!part.archive.try_read(name, t))
         throw CheckpointError(
             fmt::format("'{}': no tensor '{}' (a checkpoint of another model?)", part.file.string(), name));
-      const Box box = local_box(sp, int(saved.mesh.fs), part.fs_rank, int(saved.mesh.tp), part.tp_rank);
+      const Box box = by_ep ? local_box(sp, 1, 0, 1, 0, int(saved.mesh.ep), part.fs_rank)  // fs_rank: the ep rank
+                            : local_box(sp, int(saved.mesh.fs), part.fs_rank, int(saved.mesh.tp), part.tp_rank);
       if (t.sizes().vec() != box.length)
         throw CheckpointError(fmt::format("'{}': tensor '{}' has shape {}, its place in the layout says {}",
                                           part.file.string(), name, shape_text(t.sizes()), shape_text(box.length)));
-      if (parts.size() == 1) {
+      if (!by_ep && parts.size() == 1) {
         full = t;
         break;
       }
@@ -121,9 +130,17 @@ void load_model(const fs::path& ckpt, GPT& model, const Parallel* par) {
     at::Tensor mine = full;
     if (par && par->world_size() > 1) {
       const ParamPlacement& pl = par->placement(item.value());
-      mine = local_part(full, pl, par->fs_group()->size(), par->fs_rank(), int(par->shape().tp), par->tp_rank());
+      mine = local_part(full, pl, par->fs_group()->size(), par->fs_rank(), int(par->shape().tp), par->tp_rank(),
+                        int(par->shape().ep), int(par->ep_rank()));
     }
     item.value().copy_(mine);
+  }
+  for (auto& item : model->named_buffers()) {  // whole on every rank: rank 0's
+    at::Tensor t;
+    if (!parts[0].archive.try_read(item.key(), t))
+      throw CheckpointError(fmt::format("'{}': no buffer '{}' (a checkpoint of another model?)",
+                                        parts[0].file.string(), item.key()));
+    item.value().copy_(t);
   }
 }
 

@@ -61,6 +61,12 @@ std::string meta_problem(const json& meta, const fs::path& file, CheckpointMeta*
     const json& md = meta.at("model");
     m.model = {md.at("sequence_len").get<int64_t>(), md.at("vocab_size").get<int64_t>(),
                md.at("n_layer").get<int64_t>(), md.at("n_head").get<int64_t>(), md.at("n_embd").get<int64_t>()};
+    if (md.contains("moe")) {
+      const json& e = md.at("moe");
+      m.model.moe = MoEConfig{e.at("n_experts").get<int64_t>(), e.at("top_k").get<int64_t>(),
+                              e.at("expert_dim").get<int64_t>(), e.at("n_shared_experts").get<int64_t>(),
+                              e.at("every").get<int64_t>(), e.at("sigmoid").get<bool>()};
+    }
     const json& lay = meta.at("layout");
     m.dp_size = lay.at("dp_size").get<int64_t>();
     m.fs_size = lay.at("fs_size").get<int64_t>();

@@ -101,6 +101,8 @@ RankDigests write_rank_files(const fs::path& tmp, GPT& model, const dion::Optimi
   out.d[0] = write_file_checked(tmp / rank_file(world, rank, "model"), [&](const Sink& sink) {
     torch::serialize::OutputArchive ar;  // name -> this rank's part (whole for one process), CPU
     for (const auto& item : model->named_parameters()) ar.write(item.key(), item.value().detach().to(at::kCPU));
+    // Buffers (an MoE's expert_bias), whole and equal on every rank.
+    for (const auto& item : model->named_buffers()) ar.write(item.key(), item.value().detach().to(at::kCPU));
     ar.save_to(sink);
   });
   out.d[1] = write_file_checked(tmp / rank_file(world, rank, "optimizer"), [&](const Sink& sink) {
@@ -137,11 +139,21 @@ json make_meta(GPT& model, const TrainState& s, const std::string& config_yaml, 
       p["shape"] = pl.global_shape;
       p["fs_dim"] = pl.fs_dim;
       p["tp_dim"] = pl.tp_dim;
+      if (pl.ep_dim >= 0) p["ep_dim"] = pl.ep_dim;
     }
     params.push_back(p);
   }
   const MeshShape mesh = par ? par->shape() : MeshShape{};
   const GPTConfig& m = model->config();
+  json model_json = {{"vocab_size", m.vocab_size},
+                     {"n_layer", m.n_layer},
+                     {"n_head", m.n_head},
+                     {"n_embd", m.n_embd},
+                     {"sequence_len", m.sequence_len}};
+  if (m.moe.n_experts > 0)  // the MoE's shape (moe.h): sample / export rebuild the model from it
+    model_json["moe"] = {{"n_experts", m.moe.n_experts},   {"top_k", m.moe.top_k},
+                         {"expert_dim", m.moe.expert_dim}, {"n_shared_experts", m.moe.n_shared_experts},
+                         {"every", m.moe.every},           {"sigmoid", m.moe.sigmoid}};
   return {
       {"format", "dion-train checkpoint"},
       {"version", kCheckpointVersion},
@@ -155,16 +167,12 @@ json make_meta(GPT& model, const TrainState& s, const std::string& config_yaml, 
        {{"dp_size", mesh.dp},
         {"fs_size", mesh.fs},
         {"tp_size", mesh.tp},
+        {"ep_size", mesh.ep},
         {"world_size", world},
         {"note", world == 1 ? "tensors are whole (global shapes); one file per checkpoint"
                             : "rank_RRRRR.*.pt per rank: its parts of the tensors (fs_dim, tp_dim: "
                               "FSDP2 chunks over fs and tp, mesh (dp, fs, tp) with tp fastest)"}}},
-      {"model",
-       {{"vocab_size", m.vocab_size},
-        {"n_layer", m.n_layer},
-        {"n_head", m.n_head},
-        {"n_embd", m.n_embd},
-        {"sequence_len", m.sequence_len}}},
+      {"model", model_json},
       {"params", params},
       {"data_fingerprint", data_fingerprint},
       {"config_yaml", config_yaml},

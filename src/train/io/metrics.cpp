@@ -39,7 +39,8 @@ MetricsWriter::MetricsWriter(const fs::path& file, int64_t keep_through_step) {
 }
 
 void MetricsWriter::train(int64_t step, double loss, double grad_norm, double lr, int64_t tokens, double tokens_per_s,
-                          double ms_per_step, double time_s, double fwd_bwd_ms, bool skipped) {
+                          double ms_per_step, double time_s, double fwd_bwd_ms, bool skipped,
+                          const std::vector<double>& moe_imbalance) {
   json j = {{"kind", "train"},
             {"step", step},
             {"loss", loss},
@@ -51,6 +52,7 @@ void MetricsWriter::train(int64_t step, double loss, double grad_norm, double lr
             {"time_s", time_s},
             {"fwd_bwd_ms", fwd_bwd_ms}};
   if (skipped) j["skipped"] = true;
+  if (!moe_imbalance.empty()) j["moe_load_imbalance"] = moe_imbalance;
   out_ << j.dump() << std::endl;
 }
 

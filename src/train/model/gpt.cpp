@@ -6,6 +6,8 @@
 // Kernels::fast the linears and the lm_head + loss go through dion/train/kernels.h instead.
 #include "dion/train/gpt.h"
 
+#include "dion/train/moe.h"
+
 #include <ATen/ATen.h>
 #include <torch/nn/init.h>
 
@@ -35,6 +37,10 @@ at::Tensor tp_exit(ModelParallel* par, const at::Tensor& x) { return par ? par->
 
 at::Tensor ModelParallel::linear(const at::Tensor& x, const at::Tensor& param) {
   return dion::train::linear(x, weight(param), kernels);
+}
+
+at::Tensor ModelParallel::ep_exchange(const at::Tensor& x, const std::vector<int64_t>&, const std::vector<int64_t>&) {
+  return x;
 }
 
 // ---------------------------------------------------------------------------- rotary
@@ -91,10 +97,10 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   return tp_exit(par, linear(par, kernels_, c_proj, y));  // [B, T, C]
 }
 
-MLPImpl::MLPImpl(const GPTConfig& cfg) : kernels_(cfg.kernels) {
-  c_fc = register_module("c_fc", torch::nn::Linear(torch::nn::LinearOptions(cfg.n_embd, 4 * cfg.n_embd).bias(false)));
-  c_proj =
-      register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * cfg.n_embd, cfg.n_embd).bias(false)));
+MLPImpl::MLPImpl(const GPTConfig& cfg, int64_t hidden) : kernels_(cfg.kernels) {
+  if (hidden == 0) hidden = 4 * cfg.n_embd;
+  c_fc = register_module("c_fc", torch::nn::Linear(torch::nn::LinearOptions(cfg.n_embd, hidden).bias(false)));
+  c_proj = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(hidden, cfg.n_embd).bias(false)));
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
@@ -103,14 +109,17 @@ at::Tensor MLPImpl::forward(const at::Tensor& x) {
   return tp_exit(par, linear(par, kernels_, c_proj, h));
 }
 
-BlockImpl::BlockImpl(const GPTConfig& cfg) {
+BlockImpl::BlockImpl(const GPTConfig& cfg, int64_t layer) {
   attn = register_module("attn", CausalSelfAttention(cfg));
-  mlp = register_module("mlp", MLP(cfg));
+  if (cfg.moe.on_layer(layer))
+    moe = register_module("mlp", std::make_shared<MoEImpl>(cfg));
+  else
+    mlp = register_module("mlp", MLP(cfg));
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
   at::Tensor y = x + attn(rms_norm_last(x));
-  return y + mlp(rms_norm_last(y));
+  return y + (moe ? moe->forward(rms_norm_last(y)) : mlp(rms_norm_last(y)));
 }
 
 GPTImpl::GPTImpl(const GPTConfig& cfg) : config_(cfg) {
@@ -118,7 +127,7 @@ GPTImpl::GPTImpl(const GPTConfig& cfg) : config_(cfg) {
   wte = transformer_->register_module("wte", torch::nn::Embedding(cfg.vocab_size, cfg.n_embd));
   h = transformer_->register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
-    blocks_.push_back(Block(cfg));
+    blocks_.push_back(Block(cfg, i));
     h->push_back(blocks_.back());
   }
   lm_head =
@@ -135,10 +144,12 @@ void GPTImpl::init_weights(const KeepFn& keep) {
     at::Tensor full = at::empty(w.sizes(), w.options().memory_format(at::MemoryFormat::Contiguous)).normal_(0.0, std);
     w.set_data(keep ? keep(name, full) : full);
   };
-  auto init_linear = [&](const std::string& name, torch::nn::Linear& l) {
-    const double fan_out = double(l->weight.size(0)), fan_in = double(l->weight.size(1));
-    draw(name, l->weight, 1.0 / std::sqrt(fan_in) * std::min(1.0, std::sqrt(fan_out / fan_in)));
+  // The rule on [.., out, in]: every expert's matrix of a stack as one Linear.
+  auto init_matrix = [&](const std::string& name, at::Tensor& w) {
+    const double fan_out = double(w.size(-2)), fan_in = double(w.size(-1));
+    draw(name, w, 1.0 / std::sqrt(fan_in) * std::min(1.0, std::sqrt(fan_out / fan_in)));
   };
+  auto init_linear = [&](const std::string& name, torch::nn::Linear& l) { init_matrix(name, l->weight); };
   // The reference's Module.apply order: children first, depth first, in registration order.
   draw("transformer.wte.weight", wte->weight, 1.0);
   for (size_t i = 0; i < blocks_.size(); ++i) {
@@ -148,6 +159,16 @@ void GPTImpl::init_weights(const KeepFn& keep) {
     init_linear(pre + "attn.c_k.weight", b->attn->c_k);
     init_linear(pre + "attn.c_v.weight", b->attn->c_v);
     init_linear(pre + "attn.c_proj.weight", b->attn->c_proj);
+    if (b->moe) {
+      init_linear(pre + "mlp.router.weight", b->moe->router);
+      init_matrix(pre + "mlp.experts.w1", b->moe->w1);
+      init_matrix(pre + "mlp.experts.w2", b->moe->w2);
+      if (b->moe->shared) {
+        init_linear(pre + "mlp.shared.c_fc.weight", b->moe->shared->c_fc);
+        init_linear(pre + "mlp.shared.c_proj.weight", b->moe->shared->c_proj);
+      }
+      continue;
+    }
     init_linear(pre + "mlp.c_fc.weight", b->mlp->c_fc);
     init_linear(pre + "mlp.c_proj.weight", b->mlp->c_proj);
   }
@@ -159,7 +180,11 @@ void GPTImpl::set_parallel(std::shared_ptr<ModelParallel> parallel) {
   if (parallel_) parallel_->kernels = config_.kernels;
   for (Block& b : blocks_) {
     b->attn->parallel = parallel;
-    b->mlp->parallel = parallel;
+    if (b->mlp) b->mlp->parallel = parallel;
+    if (b->moe) {
+      b->moe->parallel = parallel;
+      if (b->moe->shared) b->moe->shared->parallel = parallel;
+    }
   }
 }
 
@@ -170,14 +195,50 @@ at::Tensor GPTImpl::hidden(const at::Tensor& idx) {
 }
 
 at::Tensor GPTImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {
+  at::Tensor loss;
   if (config_.kernels == Kernels::fast) {  // the lm_head and the loss fused; no [B, T, V] logits
     const at::Tensor h = hidden(idx);
-    return linear_cross_entropy(h.view({-1, h.size(-1)}), weight_of(parallel_.get(), lm_head->weight),
+    loss = linear_cross_entropy(h.view({-1, h.size(-1)}), weight_of(parallel_.get(), lm_head->weight),
                                 targets.view({-1}), Kernels::fast, /*ignore_index=*/-1);
+  } else {
+    at::Tensor logits =
+        linear(parallel_.get(), Kernels::exact, lm_head, hidden(idx)).to(at::kFloat);  // [B, T, V] fp32
+    loss = at::cross_entropy_loss(logits.view({-1, logits.size(-1)}), targets.view({-1}), /*weight=*/{},
+                                  at::Reduction::Mean, /*ignore_index=*/-1);
   }
-  at::Tensor logits = linear(parallel_.get(), Kernels::exact, lm_head, hidden(idx)).to(at::kFloat);  // [B, T, V] fp32
-  return at::cross_entropy_loss(logits.view({-1, logits.size(-1)}), targets.view({-1}), /*weight=*/{},
-                                at::Reduction::Mean, /*ignore_index=*/-1);
+  for (const auto& m : moe_layers())  // the MoE balance loss, while training (moe.h)
+    if (m->aux_loss().defined()) loss = loss + m->aux_loss();
+  return loss;
+}
+
+std::vector<std::shared_ptr<MoEImpl>> GPTImpl::moe_layers() const {
+  std::vector<std::shared_ptr<MoEImpl>> out;
+  for (const Block& b : blocks_)
+    if (b->moe) out.push_back(b->moe);
+  return out;
+}
+
+std::vector<at::Tensor> GPTImpl::router_params() {
+  std::vector<at::Tensor> out;
+  for (const auto& m : moe_layers()) out.push_back(m->router->weight);
+  return out;
+}
+
+at::Tensor GPTImpl::take_expert_load() {
+  std::vector<at::Tensor> rows;
+  for (const auto& m : moe_layers()) rows.push_back(m->take_load());
+  return rows.empty() ? at::zeros({0, 0}, at::kLong) : at::stack(rows);
+}
+
+void GPTImpl::update_expert_bias(const at::Tensor& load, double rate) {
+  at::NoGradGuard no_grad;
+  const auto layers = moe_layers();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const at::Tensor l = load[int64_t(i)].to(at::kFloat);
+    at::Tensor delta = at::sign(l.mean() - l) * rate;
+    delta = delta - delta.mean();
+    layers[i]->expert_bias.add_(delta.to(layers[i]->expert_bias.device()));
+  }
 }
 
 at::Tensor GPTImpl::logits(const at::Tensor& idx) {
@@ -186,9 +247,20 @@ at::Tensor GPTImpl::logits(const at::Tensor& idx) {
 
 std::vector<at::Tensor> GPTImpl::block_params() { return h->parameters(); }
 
-int64_t gpt_param_count(const GPTConfig& c) {
-  const int64_t per_block = 4 * c.n_embd * c.n_embd + 2 * 4 * c.n_embd * c.n_embd;
-  return 2 * c.vocab_size * c.n_embd + c.n_layer * per_block;
+namespace {
+int64_t param_count(const GPTConfig& c, bool active) {
+  const int64_t C = c.n_embd, attn = 4 * C * C, mlp = 2 * 4 * C * C;
+  const MoEConfig& m = c.moe;
+  const int64_t H = m.expert_dim;
+  const int64_t routed = (active ? m.top_k : m.n_experts) * 2 * H * C;
+  const int64_t moe = m.n_experts * C + routed + m.n_shared_experts * 2 * H * C;
+  int64_t n = 2 * c.vocab_size * C;
+  for (int64_t i = 0; i < c.n_layer; ++i) n += attn + (m.on_layer(i) ? moe : mlp);
+  return n;
 }
+}  // namespace
+
+int64_t gpt_param_count(const GPTConfig& c) { return param_count(c, false); }
+int64_t gpt_active_param_count(const GPTConfig& c) { return param_count(c, true); }
 
 }  // namespace dion::train

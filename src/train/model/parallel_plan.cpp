@@ -28,9 +28,19 @@ std::string unit_of(const std::string& name) {
 ParamPlacement placement_of(const std::string& name, const std::vector<int64_t>& global_shape, const MeshShape& m) {
   ParamPlacement p{name, global_shape};
   const bool column = ends_with(name, "attn.c_q.weight") || ends_with(name, "attn.c_k.weight") ||
-                      ends_with(name, "attn.c_v.weight") || ends_with(name, "mlp.c_fc.weight");
+                      ends_with(name, "attn.c_v.weight") || ends_with(name, "mlp.c_fc.weight") ||
+                      ends_with(name, "mlp.shared.c_fc.weight") || ends_with(name, "mlp.router.weight");
   const bool row = ends_with(name, "c_proj.weight");
   const bool vocab = ends_with(name, "wte.weight") || ends_with(name, "lm_head.weight");
+  const bool experts = ends_with(name, "mlp.experts.w1") || ends_with(name, "mlp.experts.w2");
+  if (experts) {  // MoE stacks [E, .., ..]: over ep when there is one, else FSDP's dim 0 (moe.h)
+    if (m.tp > 1) throw std::logic_error("parallel layout: MoE expert stack '" + name + "' under tp");
+    if (m.ep > 1)
+      p.ep_dim = 0;
+    else if (m.fs > 1)
+      p.fs_dim = 0;
+    return p;
+  }
   if (!column && !row && !vocab) throw std::logic_error("parallel layout: no placement for parameter '" + name + "'");
   if (m.tp > 1) {
     p.tp_dim = row ? 1 : 0;
@@ -41,15 +51,22 @@ ParamPlacement placement_of(const std::string& name, const std::vector<int64_t>&
 }
 
 at::Tensor local_part(const at::Tensor& full, const ParamPlacement& p, int fs_size, int fs_rank, int tp_size,
-                      int tp_rank) {
+                      int tp_rank, int ep_size, int ep_rank) {
   at::Tensor t = full;
+  if (p.ep_dim >= 0) t = comm::shard_tensor(t, p.ep_dim, ep_size, ep_rank);
   if (p.tp_dim >= 0) t = comm::shard_tensor(t, p.tp_dim, tp_size, tp_rank);
   if (p.fs_dim >= 0) t = comm::shard_tensor(t, p.fs_dim, fs_size, fs_rank);
   return t.contiguous();
 }
 
-Box local_box(const ParamPlacement& p, int fs_size, int fs_rank, int tp_size, int tp_rank) {
+Box local_box(const ParamPlacement& p, int fs_size, int fs_rank, int tp_size, int tp_rank, int ep_size,
+              int ep_rank) {
   Box b{std::vector<int64_t>(p.global_shape.size(), 0), p.global_shape};
+  if (p.ep_dim >= 0) {
+    const comm::Chunk c = comm::shard_range(b.length[p.ep_dim], ep_size, ep_rank);
+    b.start[p.ep_dim] = c.start;
+    b.length[p.ep_dim] = c.length;
+  }
   if (p.tp_dim >= 0) {
     const comm::Chunk c = comm::shard_range(b.length[p.tp_dim], tp_size, tp_rank);
     b.start[p.tp_dim] += c.start;

@@ -28,6 +28,30 @@ Parallel::Parallel(comm::Group world, MeshShape shape) : world_(std::move(world)
   fs_ = mesh_->axis("fs");
   tp_ = mesh_->axis("tp");
   data_ = mesh_->flatten({"dp", "fs"});
+  if (shape_.ep > 1) {
+    // config_validate has refused the rest; a logic error here means a caller skipped it.
+    if (shape_.tp != 1 || (shape_.dp * shape_.fs) % shape_.ep != 0)
+      throw std::logic_error("parallel layout: ep must divide dp x fs, with tp 1");
+    ep_mesh_ = std::make_unique<comm::DeviceMesh>(
+        world_,
+        std::vector<std::pair<std::string, int>>{{"edp", int(shape_.dp * shape_.fs / shape_.ep)}, {"ep", int(shape_.ep)}});
+    ep_ = ep_mesh_->axis("ep");
+    edp_ = ep_mesh_->axis("edp");
+  }
+}
+
+std::vector<at::Tensor> Parallel::expert_params(GPT& model) const {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : model->parameters())
+    if (placement(p).ep_dim >= 0) out.push_back(p);
+  return out;
+}
+
+std::vector<at::Tensor> Parallel::dense_params(GPT& model) const {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : model->parameters())
+    if (placement(p).ep_dim < 0) out.push_back(p);
+  return out;
 }
 
 int Parallel::data_rank() const { return int(mesh_->coordinate("dp") * shape_.fs + mesh_->coordinate("fs")); }
@@ -53,7 +77,8 @@ void Parallel::shard_model(GPT& model) {
   for (auto& item : model->named_parameters()) {
     at::Tensor& p = item.value();
     // A copy, so that the whole tensor is freed.
-    p.set_data(local_part(p, placement(p), fs_->size(), fs_->rank(), tp_->size(), tp_->rank()).clone());
+    p.set_data(local_part(p, placement(p), fs_->size(), fs_->rank(), tp_->size(), tp_->rank(), int(shape_.ep),
+                          ep_rank()).clone());
   }
   model->set_parallel(std::shared_ptr<ModelParallel>(this, [](ModelParallel*) {}));
 }
@@ -70,7 +95,7 @@ void Parallel::init_model(GPT& model) {
     auto it = by_name.find(name);
     if (it == by_name.end())
       throw std::logic_error("parallel layout: init_weights drew an unknown parameter '" + name + "'");
-    return local_part(full, *it->second, fs_->size(), fs_->rank(), tp_->size(), tp_->rank()).clone();
+    return local_part(full, *it->second, fs_->size(), fs_->rank(), tp_->size(), tp_->rank(), int(shape_.ep), ep_rank()).clone();
   });
   model->set_parallel(std::shared_ptr<ModelParallel>(this, [](ModelParallel*) {}));
 }
@@ -89,12 +114,17 @@ std::shared_ptr<Distribution> Parallel::distribution(GPT& model, bool optimizer_
   } else if (shape_.fs > 1) {
     d = std::make_shared<dion::Distributed>(fs_);
   } else {
-    return std::make_shared<dion::Distributed>(dp_, optimizer_syncs_gradients);  // DDP
+    d = std::make_shared<dion::Distributed>(dp_, optimizer_syncs_gradients);  // DDP
   }
-  if (shape_.dp > 1) d->replicate(dp_, optimizer_syncs_gradients);
+  if (shape_.dp > 1 && (shape_.fs > 1 || shape_.tp > 1)) d->replicate(dp_, optimizer_syncs_gradients);
+  const auto ep_axis = ep_ ? std::make_shared<dion::GroupAxis>(ep_) : nullptr;
   for (auto& item : model->named_parameters()) {
     const ParamPlacement& pl = placement(item.value());
-    if (shape_.tp > 1) {
+    if (pl.ep_dim >= 0) {  // an expert stack: this rank's experts, orthogonalized where they are
+      d->shard_over(ep_axis, item.value(), pl.global_shape, pl.ep_dim);
+    } else if (shape_.fs == 1 && shape_.tp == 1) {
+      continue;  // DDP: replicated over dp
+    } else if (shape_.tp > 1) {
       // 2-D: outer (fs) dim = the one tp does not split, even when fs is 1.
       d->shard(item.value(), pl.global_shape, pl.tp_dim == 0 ? 1 : 0, pl.tp_dim);
     } else {

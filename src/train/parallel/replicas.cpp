@@ -45,28 +45,43 @@ int64_t replicas_bit_hash(const at::Tensor& t) {
   return hash.item<int64_t>();
 }
 
-void replicas_check(GPT& model, Parallel& par, int64_t step) {
-  const std::shared_ptr<comm::Group>& dp = par.dp_group();
-  if (!dp || dp->size() == 1) return;
-  std::vector<std::string> names;
-  std::vector<int64_t> hashes;
-  for (const auto& item : model->named_parameters()) {
-    names.push_back(item.key());
-    hashes.push_back(replicas_bit_hash(item.value()));
-  }
-  at::Tensor mine = at::tensor(hashes, at::kLong);
-  const at::Tensor all = dp->all_gather(mine).contiguous();  // [dp, params]
+namespace {
+// The first parameter whose hash differs from group rank 0's ("" when none): collective over `g`.
+std::string first_drift(comm::Group& g, const char* axis, const std::vector<std::string>& names,
+                        const std::vector<int64_t>& hashes, int64_t step, int rank) {
+  const at::Tensor all = g.all_gather(at::tensor(hashes, at::kLong)).contiguous();  // [size, params]
   const auto h = all.accessor<int64_t, 2>();
-  std::string message;
-  for (int r = 1; r < dp->size() && message.empty(); ++r)
-    for (size_t i = 0; i < names.size() && message.empty(); ++i)
+  for (int r = 1; r < g.size(); ++r)
+    for (size_t i = 0; i < names.size(); ++i)
       if (h[r][int64_t(i)] != h[0][int64_t(i)])
-        message = fmt::format(
-            "after step {}: the data-parallel replicas differ: parameter '{}' on dp rank {} is not bit-identical to "
-            "dp rank 0's (this is global rank {}). The ranks computed the same update differently (different CPUs or "
+        return fmt::format(
+            "after step {}: the data-parallel replicas differ: parameter '{}' on {} rank {} is not bit-identical to "
+            "{} rank 0's (this is global rank {}). The ranks computed the same update differently (different CPUs or "
             "library versions on the hosts, or a bug); resume from the last checkpoint on uniform hosts "
             "(docs/train.md \"Replica check\")",
-            step, names[i], r, par.rank());
+            step, names[i], axis, r, axis, rank);
+  return "";
+}
+}  // namespace
+
+void replicas_check(GPT& model, Parallel& par, int64_t step) {
+  const std::shared_ptr<comm::Group>& dp = par.dp_group();
+  const std::shared_ptr<comm::Group>& edp = par.edp_group();  // MoE experts under ep: their replicas
+  const bool by_dp = dp && dp->size() > 1, by_edp = edp && edp->size() > 1;
+  if (!by_dp && !by_edp) return;
+  std::vector<std::string> names[2];  // [dense (replicated over dp), experts (over edp)]
+  std::vector<int64_t> hashes[2];
+  for (const auto& item : model->named_parameters()) {
+    const int k = par.placement(item.value()).ep_dim >= 0 ? 1 : 0;
+    names[k].push_back(item.key());
+    hashes[k].push_back(replicas_bit_hash(item.value()));
+  }
+  std::string message;
+  if (by_dp) message = first_drift(*dp, "dp", names[0], hashes[0], step, par.rank());
+  if (by_edp) {
+    const std::string m = first_drift(*edp, "edp", names[1], hashes[1], step, par.rank());
+    if (message.empty()) message = m;
+  }
   // Every rank stops, also those of dp groups whose replicas agree (they would wait in the next
   // collective otherwise).
   at::Tensor bad = at::tensor({message.empty() ? int64_t(0) : int64_t(1)}, at::kLong);

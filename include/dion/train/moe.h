@@ -1,0 +1,72 @@
+// dion/train/moe.h — the mixture-of-experts feed-forward of dion-train's GPT (gpt.h), with
+// expert parallelism through ModelParallel.
+//
+//   x [B, T, C] -> tokens [N, C] (N = B x T)
+//   router:  scores = softmax(x Wr^T) or sigmoid(x Wr^T)            Wr [E, C], fp32 scores [N, E]
+//            experts = top_k(scores + expert_bias)                 the bias only selects (no grad)
+//            weights = scores of those experts / their sum         renormalised, [N, top_k]
+//   experts: y_t = sum_k weights[t, k] * W2[e] relu(W1[e] x_t)^2   W1 [E, H, C], W2 [E, C, H]
+//            dropless: every token reaches its top_k experts (no capacity, no dropped tokens)
+//   shared:  + the dense MLP of n_shared_experts x H hidden, on every token (when n_shared > 0)
+//
+// Tokens are grouped by expert (stable sort: token order within an expert) and each expert runs
+// one GEMM pair on its group. Under expert parallelism (ModelParallel::ep_size() > 1) this rank
+// holds experts [ep_rank * E / ep, +E / ep) of the stacks: the counts per expert go to their
+// ranks first (one all_to_all), then the tokens (an all_to_all with those split sizes), each rank
+// runs its experts on what it received, and the results come back the same way; backward sends
+// the gradients along the reverse path (dion/train/parallel.h). The collectives are issued in
+// layer order in forward and reverse layer order in backward, the same on every rank.
+//
+// Load balancing: the auxiliary-loss-free bias (DeepSeek-V3): the trainer sums the tokens routed
+// to each expert over the step and over every data-parallel rank and calls
+// GPT::update_expert_bias (bias_i += rate x sign(mean - load_i), centred). Optionally a
+// sequence-wise balance loss, aux_loss_coef x sum_i f_i P_i per sequence (f_i: E / (top_k T) x
+// tokens of the sequence routed to i; P_i: mean normalised score of i), averaged over sequences,
+// added to the loss while training. Both are independent of the parallel layout.
+//
+// What it is not: the optimizer's view of the stacks (each expert's matrix is orthogonalized
+// apart, docs/train.md "Mixture of experts"), collectives of its own.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "dion/train/gpt.h"
+
+namespace dion::train {
+
+class MoEImpl : public torch::nn::Module {
+ public:
+  explicit MoEImpl(const GPTConfig& config);
+  at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
+
+  torch::nn::Linear router{nullptr};  // [E, C]
+  at::Tensor w1, w2;                  // "experts.w1" [E, H, C], "experts.w2" [E, C, H] (this rank's experts under EP)
+  MLP shared{nullptr};                // n_shared_experts x H hidden, or null
+  at::Tensor expert_bias;             // buffer [E] fp32: added to the scores for the top_k selection only
+  std::shared_ptr<ModelParallel> parallel;  // null: one process holds every expert
+
+  // Tokens routed to each expert since the last take_load(), int64 [E]; resets.
+  at::Tensor take_load();
+  // The last training forward's balance loss x aux_loss_coef (0-d fp32), undefined when off.
+  const at::Tensor& aux_loss() const { return aux_loss_; }
+  const MoEConfig& config() const { return cfg_; }
+  int64_t expert_dim() const { return hidden_; }
+
+ private:
+  // The routed experts' output for tokens xf [N, C] with experts sel [N, K] and weights w [N, K].
+  at::Tensor routed(const at::Tensor& xf, const at::Tensor& sel, const at::Tensor& w);
+  // Rows xs grouped by local expert (counts[e] rows each) through their experts.
+  at::Tensor grouped(const at::Tensor& xs, const std::vector<int64_t>& counts, int64_t first_expert);
+
+  MoEConfig cfg_;
+  int64_t hidden_;
+  Kernels kernels_;
+  at::Tensor load_;
+  at::Tensor aux_loss_;
+};
+
+}  // namespace dion::train

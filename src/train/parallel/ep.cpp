@@ -1,0 +1,46 @@
+// src/train/parallel/ep.cpp — expert parallelism's exchanges (parallel.h, moe.h): the tokens'
+// all_to_all to the ranks of their experts, differentiable (backward sends the gradient back
+// along the reverse splits), and the exchange of the counts that sizes it.
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include "detail.h"
+
+namespace dion::train {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using namespace detail;
+
+namespace {
+
+struct EpExchangeFn : torch::autograd::Function<EpExchangeFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group, std::vector<int64_t> send,
+                            std::vector<int64_t> recv) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["send"] = send;
+    ctx->saved_data["recv"] = recv;
+    return reinterpret_cast<comm::Group*>(intptr_t(group))->all_to_all_async(x, send, recv).wait();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    comm::Group& g = from_handle(ctx->saved_data["group"]);
+    const std::vector<int64_t> send = ctx->saved_data["send"].toIntVector();
+    const std::vector<int64_t> recv = ctx->saved_data["recv"].toIntVector();
+    return {g.all_to_all_async(grads[0], recv, send).wait(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor Parallel::ep_exchange(const at::Tensor& x, const std::vector<int64_t>& send,
+                                 const std::vector<int64_t>& recv) {
+  if (!ep_ || ep_->size() == 1) return x;
+  return EpExchangeFn::apply(x, to_handle(ep_.get()), send, recv);
+}
+
+at::Tensor Parallel::ep_exchange_counts(const at::Tensor& counts) {
+  if (!ep_ || ep_->size() == 1) return counts;
+  return ep_->all_to_all(counts.to(ep_->control_device()));
+}
+
+}  // namespace dion::train
