@@ -26,13 +26,15 @@
 // intermittent hang of earlier versions, docs/distributed.md); set_sharded_distribution(outer, ...,
 // inner, ..., replicate, ...) does the same for the outer / inner shard meshes and
 // replicate mesh of a class with the "meshes" behaviour (Distributed(outer, inner).replicate(...));
-// shard(local, global_shape, dim, inner_dim) registers a DTensor's local shard. Python (_optimizers.py) decides what is sharded.
+// shard(local, global_shape, dim, inner_dim) registers a DTensor's local shard, shard_over(group, ...)
+// an expert stack split over its own (EP) group. Python (_optimizers.py) decides what is sharded.
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -156,6 +158,25 @@ class PyOptimizer {
     dist_->shard(local, std::move(global_shape), dim, inner_dim);
   }
 
+  // Expert parallelism (torchtitan's EP mesh): `local` is this rank's chunk along `dim` of a
+  // parameter of `global_shape` split over `process_group` (not the optimizer's distribution
+  // group): Distribution::shard_over. Without a distribution yet (no distributed_mesh) the dense
+  // parameters stay local: a one-process outer group. One AxisGroup per ProcessGroup, so every
+  // stack on one EP group shares its one-time shard check.
+  void shard_over(const py::object& process_group, std::vector<int> ranks, const at::Tensor& local,
+                  std::vector<int64_t> global_shape, int64_t dim) {
+    if (!dist_) {
+      dist_ = std::make_shared<dion::Distributed>(std::make_shared<dion::comm::Group>());
+      dist_->overlap(kTasksInFlight);
+      live()->set_distribution(dist_);
+    }
+    const c10d::ProcessGroup* key = process_group_of(process_group).get();
+    auto it = expert_groups_.find(key);
+    if (it == expert_groups_.end())
+      it = expert_groups_.emplace(key, std::make_shared<dion::GroupAxis>(wrap(process_group, std::move(ranks)))).first;
+    dist_->shard_over(it->second, local, std::move(global_shape), dim);
+  }
+
   // Drop the C++ optimizer and its distribution now (the module's atexit handler, for every
   // distributed optimizer still alive at interpreter exit): the references to torch's
   // ProcessGroups (and through them Gloo's worker threads) go while the interpreter and c10d
@@ -166,9 +187,12 @@ class PyOptimizer {
   void release() {
     std::unique_ptr<dion::Optimizer> opt = std::move(opt_);
     std::shared_ptr<dion::Distributed> d = std::move(dist_);
+    auto experts = std::move(expert_groups_);
+    expert_groups_.clear();
     py::gil_scoped_release no_gil;
     opt.reset();
     d.reset();
+    experts.clear();
   }
 
   void synchronize_for_checkpoint() {
@@ -298,6 +322,8 @@ class PyOptimizer {
   dion::Options defaults_;
   std::unique_ptr<dion::Optimizer> opt_;
   std::shared_ptr<dion::Distributed> dist_;  // null: single process
+  // shard_over's groups, by the ProcessGroup they wrap (also held by dist_).
+  std::map<const c10d::ProcessGroup*, std::shared_ptr<dion::AxisGroup>> expert_groups_;
 };
 
 }  // namespace
@@ -447,6 +473,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("sync_gradients"))
       .def("shard", &PyOptimizer::shard, py::arg("local"), py::arg("global_shape"), py::arg("dim"),
            py::arg("inner_dim") = -1)
+      .def("shard_over", &PyOptimizer::shard_over, py::arg("process_group"), py::arg("ranks"), py::arg("local"),
+           py::arg("global_shape"), py::arg("dim"))
       .def("synchronize_for_checkpoint", &PyOptimizer::synchronize_for_checkpoint)
       .def("release", &PyOptimizer::release)
       .def("state", &PyOptimizer::state, py::arg("param"))

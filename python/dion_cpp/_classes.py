@@ -175,6 +175,9 @@ class _ShardMeshes:
                 raise RuntimeError(
                     "Cannot have outer and inner sharding over the same process group.")
             if mesh.size(mesh_dim) > 1 and not is_outer and not is_inner:
+                local = self._local_of(p)
+                if self._register_expert(p, local):  # an expert stack on its EP mesh
+                    return local
                 raise RuntimeError(
                     f"Got DTensor sharded on unrecognized mesh_dim={mesh_dim}, which does not "
                     "match outer_shard_mesh or inner_shard_mesh.")

@@ -26,7 +26,10 @@ torch.distributed ProcessGroup (DDP: parameters replicated, gradients already av
 DeviceMesh (its group). DTensor parameters (FSDP2 fully_shard, distribute_tensor) with one
 Shard(dim) placement over that group are sharded: the C++ optimizer works on their local
 tensors (`_local_tensor`, the same storage), registered with the global shape and dim, and
-receives their local gradients before each step; Replicate() placements are replicated. The
+receives their local gradients before each step; Replicate() placements are replicated.
+Expert stacks (torchtitan's expert parallelism): a 3-D+ DTensor Shard(0) on a 1-D mesh that
+is none of the optimizer's (the EP mesh) is split over that mesh's group (shard_over), its
+matrices whole on every rank; with or without a distributed_mesh for the dense parameters. The
 C++ step then runs its DDP / FSDP layouts (docs/distributed.md) over the group's own backends
 (Gloo for CPU tensors, NCCL for CUDA tensors), from the thread that calls step().
 State tensors of DTensor parameters are handed back as DTensors over the same local storage.
@@ -51,7 +54,7 @@ from torch.optim.optimizer import Optimizer, ParamsT
 
 from . import _C
 from . import _checks
-from ._dist import _DTensor, _distributed_optimizers, _is_dtensor
+from ._dist import _DTensor, _StridedShard, _distributed_optimizers, _is_dtensor
 from ._state_dict import _StateDict
 
 
@@ -84,6 +87,7 @@ class _CppOptimizer(_StateDict, Optimizer):
         self.replica_check = None
         self.replica_check_timeout = _checks.DEFAULT_TIMEOUT_S
         self._local = {}  # DTensor parameter -> its local tensor (what C++ holds)
+        self._expert_groups = []  # ProcessGroups of expert stacks (_register_expert), per stack
         self._distribute(group, sync_gradients)
         hyper = dict(hyper)
         beta1, beta2 = hyper.pop("betas", (0.9, 0.95))  # the table's default for classes without it
@@ -118,7 +122,8 @@ class _CppOptimizer(_StateDict, Optimizer):
             self._sync_hyperparam_tensors()
 
     def _distributed(self) -> bool:
-        return self._group is not None or getattr(self, "_sharding", None) is not None
+        return (self._group is not None or getattr(self, "_sharding", None) is not None
+                or bool(self._expert_groups))
 
     def _sync_structure(self) -> None:
         """Follow edits of param_groups since the last step, as torch.optim does (its step reads
@@ -279,13 +284,33 @@ class _CppOptimizer(_StateDict, Optimizer):
         local = p._local_tensor  # the storage the DTensor reads (to_local() may return a view)
         if sharded:
             axis, placement = sharded[0]
-            if self._group is None or mesh.get_group(axis) != self._group:
+            if self._group is not None and mesh.get_group(axis) == self._group:
+                self._cpp.shard(local, list(p.shape), placement.dim % p.dim())
+            elif not self._register_expert(p, local):
                 raise RuntimeError(
                     f"Got a DTensor sharded over mesh dimension {axis} of {mesh} that is not the "
-                    f"optimizer's distributed_mesh: create the optimizer with that (1-D) mesh")
-            self._cpp.shard(local, list(p.shape), placement.dim % p.dim())
+                    f"optimizer's distributed_mesh: create the optimizer with that (1-D) mesh (expert "
+                    f"stacks: 3-D+, Shard(0) on a 1-D mesh of their own)")
         self._local[p] = local
         return local
+
+    def _register_expert(self, p: torch.Tensor, local: torch.Tensor) -> bool:
+        """torchtitan's expert parallelism: a 3-D+ DTensor [E, ...] placed Shard(0) on a 1-D
+        mesh of more than one rank (the EP mesh) that is not one of the optimizer's meshes is an
+        expert stack split over that mesh's group (C++ Distribution::shard_over): its matrices
+        are whole on every rank and orthogonalized where they are. False: not one."""
+        mesh = p.device_mesh
+        if (p.dim() < 3 or mesh.ndim != 1 or mesh.size() < 2 or not p.placements[0].is_shard()
+                or p.placements[0].dim % p.dim() != 0
+                or (_StridedShard is not None and isinstance(p.placements[0], _StridedShard))):
+            return False
+        group = mesh.get_group()
+        if group in [g for g in (self._group, *(getattr(self, "_sharding", None) or ())) if g is not None]:
+            return False  # sharded over one of the optimizer's own meshes: not an expert stack
+        self._cpp.shard_over(group, dist.get_process_group_ranks(group), local, list(p.shape), 0)
+        self._expert_groups.append(group)
+        _distributed_optimizers.add(self)
+        return True
 
     def _local_of(self, p: torch.Tensor) -> torch.Tensor:
         """A DTensor parameter's local tensor, remembered as what C++ holds for `p`."""
