@@ -19,7 +19,8 @@
 // matrices FSDP-sharded beside the experts differ from one process as FSDP does alone, per
 // tests/optim/test_fake_dist.cpp: not this test's subject.)
 //
-// Also pinned: the expert stacks issue no collective (their EP group sees only the one-time
+// Also pinned: uneven and empty EP chunks (E = 3 and 1 over 2 ranks) equal one process too; the
+// expert stacks issue no collective (their EP group sees only the one-time
 // shard-spec check, and an optimizer over experts alone issues only the per-step agreement
 // check); a wrong local shape raises ValueError on every rank (also on the ranks that reach it
 // only through the EP group); layouts that would communicate, and legacy Dion, are refused with
@@ -45,10 +46,10 @@ using dion::Axis;
 using dion::testing::FakeWorld;
 using Calls = std::map<std::string, int>;
 
-// Parameters 0 and 1: expert stacks; 2 and 3: dense matrices of one shape (a DDP megabatch of 2,
-// split across the ranks).
-const std::vector<std::vector<int64_t>> kShapes = {{4, 24, 40}, {4, 40, 24}, {32, 48}, {32, 48}};
-constexpr size_t kExperts = 2;
+// Parameters 0 to 2: expert stacks (0 and 2 one megabatch of two stacks); 3 and 4: dense
+// matrices of one shape (a DDP megabatch of 2, split across the ranks).
+const std::vector<std::vector<int64_t>> kShapes = {{4, 24, 40}, {4, 40, 24}, {4, 24, 40}, {32, 48}, {32, 48}};
+constexpr size_t kExperts = 3;
 constexpr int kSteps = 3;
 
 struct Problem {
@@ -203,6 +204,45 @@ TEST(ExpertParallel, StepsEqualOneProcessHoldingEveryExpert) {
       }
       EXPECT_GT(w.distribution(0)->calls().count("all_gather"), 0u);
     }
+  }
+}
+
+// E not divisible by the EP size: FSDP2 chunks of 2 + 1 experts, and 1 + 0 (rank 1 holds an empty
+// [0, 40, 24] stack); still one process's result, bit for bit.
+TEST(ExpertParallel, UnevenAndEmptyExpertChunksEqualOneProcess) {
+  const std::vector<std::vector<int64_t>> shapes = {{3, 24, 40}, {1, 40, 24}};
+  for (const Algo& a : algorithms()) {
+    SCOPED_TRACE(a.label);
+    at::manual_seed(37);
+    std::vector<at::Tensor> start, want;
+    std::vector<std::vector<at::Tensor>> grads(kSteps);
+    for (const auto& s : shapes) start.push_back(at::randn(s));
+    for (auto& g : grads)
+      for (const auto& s : shapes) g.push_back(at::randn(s));
+    for (const auto& p : start) want.push_back(p.clone());
+    dion::Optimizer one(want, a.options);
+    for (const auto& g : grads) {
+      for (size_t i = 0; i < want.size(); ++i) want[i].mutable_grad() = g[i].clone();
+      one.step();
+    }
+    FakeWorld w(2);
+    std::vector<std::vector<at::Tensor>> locals(2);
+    w.run([&](int r) {
+      auto& mine = locals[static_cast<size_t>(r)];
+      auto ep = w.axis_group(r, Axis::OUTER, nullptr, "ep");
+      for (const auto& p : start) {
+        mine.push_back(chunk_of(p, 0, 2, r));
+        w.distribution(r)->shard_over(ep, mine.back(), p.sizes().vec(), 0);
+      }
+      dion::Optimizer opt(mine, a.options, {}, w.distribution(r));
+      for (const auto& g : grads) {
+        for (size_t i = 0; i < mine.size(); ++i) mine[i].mutable_grad() = chunk_of(g[i], 0, 2, r);
+        opt.step();
+      }
+    });
+    EXPECT_EQ(locals[1][1].size(0), 0);
+    for (size_t i = 0; i < shapes.size(); ++i)
+      EXPECT_TRUE(at::cat({locals[0][i], locals[1][i]}, 0).equal(want[i])) << "p" << i;
   }
 }
 

@@ -18,7 +18,8 @@
 //   HSDP:              give the shard sub-group (mesh.axis("fs")) and replicate(mesh.axis("dp"));
 //                      gradients must already be reduced over the replicate axis unless the
 //                      optimizer syncs them;
-//   batch-sharded 3-D+ and num_heads: whole matrices on every rank, no communication.
+//   batch-sharded 3-D+ and num_heads: whole matrices on every rank, no communication; so are
+//                      expert stacks split over their own EP group (shard_over, distribution.h).
 // Sharding follows FSDP2 (dion/comm/chunks.h). Errors: see dion/optim/distribution.h.
 #pragma once
 
