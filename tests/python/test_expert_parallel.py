@@ -9,8 +9,9 @@ matrices are whole on one rank and every algorithm treats the matrices of a stac
 weight: a plain tensor with no distributed_mesh (the optimizer has no DDP group; the experts
 bring their own) and DDP over a distributed_mesh that is a different ProcessGroup of the same
 ranks (so the EP mesh is not the optimizer's: shard_over, not shard). The ranks must have held
-different experts. The momentum of an expert stack is handed back as a DTensor of its placement.
-Also: legacy Dion refuses an expert stack with the message naming what to use instead.
+different experts. The momentum of an expert stack is handed back as a DTensor of its placement,
+and a state_dict() round trip continues bit-identically (checkpoint_*). Also: legacy Dion
+refuses an expert stack with the message naming what to use instead.
 
 How: one 2-process job (spawn_job.run_job) runs every case and reports {case: (ok, detail)}.
 """
@@ -103,6 +104,34 @@ def case_experts(name, dense_ddp):
                 f"ranks' experts differ: {distinct}; expert momentum a DTensor equal to one process's: {state_ok}")
 
 
+def case_checkpoint(name):
+    """state_dict() of an optimizer over expert stacks (DTensor state) loads into a fresh one
+    over copies of the same stacks, and both take the next step bit-identically."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    ep = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("ep",))
+
+    def place(tensors):
+        return [distribute_tensor(t, ep, [Shard(0)]) if i in EXPERTS else t for i, t in enumerate(tensors)]
+
+    params = [torch.nn.Parameter(t) for t in place(full_params())]
+    opt = train(name, params, lambda step: place(full_grads(step)))
+    copies = [torch.nn.Parameter(t) for t in place([p.detach().full_tensor() if i in EXPERTS else p.detach().clone()
+                                                    for i, p in enumerate(params)])]
+    cls, kwargs = CLASSES[name]
+    fresh = cls(copies, lr=0.02, weight_decay=0.01, **kwargs)
+    fresh.load_state_dict(opt.state_dict())
+    for o, ps in ((opt, params), (fresh, copies)):
+        for p, g in zip(ps, place(full_grads(STEPS))):
+            p.grad = g
+        o.step()
+    local = [p.to_local() if i in EXPERTS else p.detach() for i, p in enumerate(params)]
+    same = all(torch.equal(a, b.to_local() if i in EXPERTS else b.detach())
+               for i, (a, b) in enumerate(zip(local, copies)))
+    return same, "the next step after load_state_dict is bit-identical" if same else "differs"
+
+
 def case_dion_refused():
     """Legacy Dion on an expert stack: NotImplementedError naming what to use instead."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -125,6 +154,7 @@ def case_dion_refused():
 CASES = {
     **{f"experts_{name}_{how}": (lambda name=name, ddp=ddp: case_experts(name, ddp))
        for name in CLASSES for how, ddp in (("no_mesh", False), ("ddp", True))},
+    **{f"checkpoint_{name}": (lambda name=name: case_checkpoint(name)) for name in ("normuon", "dion3")},
     "dion_refused": case_dion_refused,
 }
 
