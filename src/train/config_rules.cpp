@@ -89,10 +89,11 @@ void moe_validate(const Config& c, Fail fail) {
     fail(fmt::format("key 'ep_size': value {} does not divide the data-parallel ranks dp_size {} x fs_size {} = {} "
                      "(ep borrows them); valid: a divisor of {}",
                      c.ep_size, c.dp_size, c.fs_size, data, data));
-  if (c.tp_size > 1)
-    fail(fmt::format("keys 'n_experts' {} and 'tp_size' {}: tensor parallelism of an MoE model is not supported; "
-                     "valid: tp_size 1 with ep_size and fs_size / dp_size",
-                     c.n_experts, c.tp_size));
+  if (c.n_shared_experts > 0 && (c.n_shared_experts * c.resolved_expert_dim()) % c.tp_size != 0)
+    fail(fmt::format("keys 'n_shared_experts' {} x 'expert_dim' {} = {} (the shared experts' hidden size, split "
+                     "over tp like the dense MLP's) is not divisible by tp_size {}; valid: a multiple of {}",
+                     c.n_shared_experts, c.resolved_expert_dim(), c.n_shared_experts * c.resolved_expert_dim(),
+                     c.tp_size, c.tp_size));
   if (c.optimizer == "dion")
     fail(fmt::format("key 'optimizer': legacy Dion ('dion') cannot step the MoE expert stacks "
                      "(transformer.h.*.mlp.experts.w1/w2, 3-D [n_experts, out, in]); valid: muon, normuon, dion2, "

@@ -19,7 +19,10 @@ GradNorm grad_norm(const std::vector<at::Tensor>& params, Parallel& par, bool gr
   for (const at::Tensor& p : params) {
     const at::Tensor& g = p.grad();
     if (!g.defined() || g.numel() == 0) continue;
-    const int k = par.world_size() > 1 && par.placement(p).ep_dim >= 0 ? 1 : 0;
+    const ParamPlacement* pl = par.world_size() > 1 ? &par.placement(p) : nullptr;
+    // Whole on every tp rank (an MoE's experts and routers under tp): counted on tp rank 0 only.
+    if (pl && pl->tp_dim < 0 && par.shape().tp > 1 && par.tp_rank() != 0) continue;
+    const int k = pl && pl->ep_dim >= 0 ? 1 : 0;
     const at::Tensor flat = g.detach().reshape({-1});
     for (int64_t start = 0; start < flat.numel(); start += kChunk)
       sums[k].push_back(

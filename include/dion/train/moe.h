@@ -49,7 +49,7 @@ class MoEImpl : public torch::nn::Module {
   at::Tensor expert_bias;             // buffer [E] fp32: added to the scores for the top_k selection only
   std::shared_ptr<ModelParallel> parallel;  // null: one process holds every expert
 
-  // Tokens routed to each expert since the last take_load(), int64 [E]; resets.
+  // Tokens routed to each expert by training forwards since the last take_load(), int64 [E]; resets.
   at::Tensor take_load();
   // The last training forward's balance loss x aux_loss_coef (0-d fp32), undefined when off.
   const at::Tensor& aux_loss() const { return aux_loss_; }

@@ -71,7 +71,8 @@
 
 namespace dion::train {
 
-// ep: expert parallelism borrows ranks from the data-parallel ones (it divides dp x fs; tp 1):
+// ep: expert parallelism borrows ranks from the data-parallel ones (it divides dp x fs; the tp ranks
+// of a data rank each run its MoE whole, tp_dim -1 for the experts and routers):
 // the data ranks d = b * ep + e form ep groups of consecutive ranks (the b-th), and rank e of each
 // holds the experts [e * E / ep, +E / ep) of every MoE stack; the ranks holding the same experts
 // (same e) form the "edp" group over which the experts' gradients are summed. The dense part keeps

@@ -85,10 +85,10 @@ void load_model(const fs::path& ckpt, GPT& model, const Parallel* par) {
       const std::string name = rank_file(saved.world, r, "model");
       parts.push_back({ckpt / name, open_archive(ckpt, name), int(f), int(t)});
     }
-  // An MoE expert stack split over ep: the parts of ep ranks 0..ep-1 (data ranks 0..ep-1; tp is 1).
+  // An MoE expert stack split over ep: the parts of ep ranks 0..ep-1 (data ranks 0..ep-1, tp rank 0).
   std::vector<Part> ep_parts;
   for (int64_t e = 0; e < saved.mesh.ep && saved.mesh.ep > 1; ++e) {
-    const std::string name = rank_file(saved.world, int(e), "model");
+    const std::string name = rank_file(saved.world, int(e * saved.mesh.tp), "model");
     ep_parts.push_back({ckpt / name, open_archive(ckpt, name), int(e), 0});
   }
   at::NoGradGuard no_grad;

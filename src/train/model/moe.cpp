@@ -48,8 +48,10 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
   {
     at::NoGradGuard no_grad;
     sel = std::get<1>(at::topk(scores.detach() + expert_bias, K, -1, /*largest=*/true, /*sorted=*/true));
-    const at::Tensor counts = at::bincount(sel.reshape({-1}).cpu(), {}, E);
-    load_ = load_.defined() ? load_ + counts : counts;
+    if (is_training()) {  // the step's load (validation's forwards do not count)
+      const at::Tensor counts = at::bincount(sel.reshape({-1}).cpu(), {}, E);
+      load_ = load_.defined() ? load_ + counts : counts;
+    }
   }
   at::Tensor w = scores.gather(1, sel);
   w = w / w.sum(-1, /*keepdim=*/true);  // renormalised over the chosen experts

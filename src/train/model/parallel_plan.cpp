@@ -29,13 +29,15 @@ ParamPlacement placement_of(const std::string& name, const std::vector<int64_t>&
   ParamPlacement p{name, global_shape};
   const bool column = ends_with(name, "attn.c_q.weight") || ends_with(name, "attn.c_k.weight") ||
                       ends_with(name, "attn.c_v.weight") || ends_with(name, "mlp.c_fc.weight") ||
-                      ends_with(name, "mlp.shared.c_fc.weight") || ends_with(name, "mlp.router.weight");
+                      ends_with(name, "mlp.shared.c_fc.weight");
   const bool row = ends_with(name, "c_proj.weight");
   const bool vocab = ends_with(name, "wte.weight") || ends_with(name, "lm_head.weight");
   const bool experts = ends_with(name, "mlp.experts.w1") || ends_with(name, "mlp.experts.w2");
-  if (experts) {  // MoE stacks [E, .., ..]: over ep when there is one, else FSDP's dim 0 (moe.h)
-    if (m.tp > 1) throw std::logic_error("parallel layout: MoE expert stack '" + name + "' under tp");
-    if (m.ep > 1)
+  // MoE (moe.h): the expert stacks [E, .., ..] over ep when there is one, else FSDP's dim 0; the
+  // router [E, C] FSDP's dim 0. Neither is split over tp: the MoE runs whole on every tp rank of a
+  // data rank (its input and output are the replicated residual stream).
+  if (experts || ends_with(name, "mlp.router.weight")) {
+    if (experts && m.ep > 1)
       p.ep_dim = 0;
     else if (m.fs > 1)
       p.fs_dim = 0;

@@ -30,11 +30,11 @@ Parallel::Parallel(comm::Group world, MeshShape shape) : world_(std::move(world)
   data_ = mesh_->flatten({"dp", "fs"});
   if (shape_.ep > 1) {
     // config_validate has refused the rest; a logic error here means a caller skipped it.
-    if (shape_.tp != 1 || (shape_.dp * shape_.fs) % shape_.ep != 0)
-      throw std::logic_error("parallel layout: ep must divide dp x fs, with tp 1");
+    if ((shape_.dp * shape_.fs) % shape_.ep != 0) throw std::logic_error("parallel layout: ep must divide dp x fs");
+    // rank = (b * ep + e) * tp + t = data rank * tp + t, as the (dp, fs, tp) mesh.
     ep_mesh_ = std::make_unique<comm::DeviceMesh>(
-        world_,
-        std::vector<std::pair<std::string, int>>{{"edp", int(shape_.dp * shape_.fs / shape_.ep)}, {"ep", int(shape_.ep)}});
+        world_, std::vector<std::pair<std::string, int>>{
+                    {"edp", int(shape_.dp * shape_.fs / shape_.ep)}, {"ep", int(shape_.ep)}, {"tp", int(shape_.tp)}});
     ep_ = ep_mesh_->axis("ep");
     edp_ = ep_mesh_->axis("edp");
   }

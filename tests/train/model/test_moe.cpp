@@ -60,6 +60,10 @@ TEST(TrainMoE, EveryTokenReachesItsTopKExpertsWeightedByItsRenormalisedScores) {
       // Dropless: every token was routed K times (21 tokens).
       EXPECT_EQ(m.take_load().sum().item<int64_t>(), 21 * K);
       EXPECT_EQ(m.take_load().sum().item<int64_t>(), 0);  // take_load resets
+      m.eval();  // validation's forwards are not the step's load
+      (void)m.forward(x);
+      EXPECT_EQ(m.take_load().sum().item<int64_t>(), 0);
+      m.train();
     }
 }
 

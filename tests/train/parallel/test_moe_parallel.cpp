@@ -42,8 +42,8 @@ std::vector<std::string> moe_run(const fs::path& data, const fs::path& run_dir, 
                                   "--optimizer", optimizer, "--moe_bias_rate", "0.01", "--router_opt", "matrix"};
 }
 
-std::vector<std::string> mesh(int dp, int fs, int ep) {
-  return test::layout_flags(dp, fs, 1) + std::vector<std::string>{"--ep_size", std::to_string(ep)};
+std::vector<std::string> mesh(int dp, int fs, int tp, int ep) {
+  return test::layout_flags(dp, fs, tp) + std::vector<std::string>{"--ep_size", std::to_string(ep)};
 }
 
 void expect_all_ok(const std::vector<ProcResult>& rs) {
@@ -107,14 +107,23 @@ TEST_F(MoeRun, EveryExpertParallelLayoutEqualsOneProcess) {
   ASSERT_EQ(ref.size(), size_t(kSteps + 1));
   struct Case {
     const char* name;
-    int dp, fs, ep;
+    int dp, fs, tp, ep;
   };
-  for (const Case& c : {Case{"dp2 ep2", 2, 1, 2}, Case{"fs2 ep2", 1, 2, 2}, Case{"fs2 (experts fsdp)", 1, 2, 1},
-                        Case{"dp2 ep1", 2, 1, 1}, Case{"dp2 x fs2 ep2", 2, 2, 2}}) {
+  for (const Case& c : {Case{"dp2 ep2", 2, 1, 1, 2}, Case{"fs2 ep2", 1, 2, 1, 2}, Case{"fs2 (experts fsdp)", 1, 2, 1, 1},
+                        Case{"dp2 ep1", 2, 1, 1, 1}, Case{"dp2 x fs2 ep2", 2, 2, 1, 2}, Case{"tp2", 1, 1, 2, 1},
+                        Case{"fs2 x tp2 ep2", 1, 2, 2, 2}}) {
     TempDir run("moe_layout");
-    const auto rs = test::run_train_ranks(c.dp * c.fs, moe_run(data(), run / "run", "muon") + mesh(c.dp, c.fs, c.ep));
+    const auto rs =
+        test::run_train_ranks(c.dp * c.fs * c.tp, moe_run(data(), run / "run", "muon") + mesh(c.dp, c.fs, c.tp, c.ep));
     expect_all_ok(rs);
     expect_close(ref, test::read_metrics(run / "run" / "metrics.jsonl"), std::string("muon ") + c.name);
+    // The global gradient norm counts every part once: the experts once per ep group (edp rank 0),
+    // the MoE's tp-replicated experts and routers on tp rank 0 only (grad_norm.cpp).
+    const auto got = test::read_metrics(run / "run" / "metrics.jsonl");
+    for (size_t i = 0; i < got.size() && i < ref.size(); ++i) {
+      if (got[i].kind != "train") continue;
+      EXPECT_NEAR(got[i].grad_norm, ref[i].grad_norm, 1e-3 * ref[i].grad_norm) << c.name << " step " << got[i].step;
+    }
     // The global expert load is the same numbers at every layout (counts summed over the data ranks).
     const auto load = imbalances(run / "run" / "metrics.jsonl");
     ASSERT_EQ(load.size(), load_one.size());
@@ -130,7 +139,7 @@ TEST_F(MoeRun, Dion2NorMuonAndDion3OnExpertStacksUnderEpEqualOneProcess) {
   for (const char* opt : {"dion2", "normuon", "dion3"}) {
     const std::vector<Record> ref = one(opt);
     TempDir run("moe_opt");
-    const auto rs = test::run_train_ranks(2, moe_run(data(), run / "run", opt) + mesh(2, 1, 2));
+    const auto rs = test::run_train_ranks(2, moe_run(data(), run / "run", opt) + mesh(2, 1, 1, 2));
     expect_all_ok(rs);
     expect_close(ref, test::read_metrics(run / "run" / "metrics.jsonl"), std::string(opt) + " dp2 ep2");
   }
@@ -142,7 +151,7 @@ TEST_F(MoeRun, CheckpointsMoveBetweenExpertParallelSizes) {
   // Saved at dp 2 x ep 2 after step 1 (each rank holds 2 of the 4 experts and their Dion2 state),
   // resumed in one process ...
   const fs::path ck = tmp / "ck_ep2";
-  expect_all_ok(test::run_train_ranks(2, moe_run(data(), tmp / "save", "dion2") + mesh(2, 1, 2) +
+  expect_all_ok(test::run_train_ranks(2, moe_run(data(), tmp / "save", "dion2") + mesh(2, 1, 1, 2) +
                                              std::vector<std::string>{"--checkpoint_dir", ck.string(), "--stop_after",
                                                                       "2"}));
   ASSERT_TRUE(fs::exists(ck / "step_00000001" / "rank_00001.model.pt"));
@@ -160,7 +169,7 @@ TEST_F(MoeRun, CheckpointsMoveBetweenExpertParallelSizes) {
                                    std::vector<std::string>{"--checkpoint_dir", ck1.string(), "--stop_after", "2"});
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
-  auto rs = test::run_train_ranks(2, moe_run(data(), tmp / "to_ep2", "dion2") + mesh(2, 1, 2) +
+  auto rs = test::run_train_ranks(2, moe_run(data(), tmp / "to_ep2", "dion2") + mesh(2, 1, 1, 2) +
                                          std::vector<std::string>{"--checkpoint_dir", ck1.string()});
   expect_all_ok(rs);
   EXPECT_NE(rs[0].output.find("resumed from"), std::string::npos) << rs[0].output;
@@ -173,11 +182,11 @@ TEST_F(MoeRun, BadExpertLayoutsFailAtStartOnEveryRank) {
     const char* message;
   };
   const std::vector<Case> cases = {
-      {mesh(2, 1, 2) + std::vector<std::string>{"--n_experts", "3"}, "key 'n_experts': value 3 is not divisible by ep_size 2"},
-      {mesh(2, 1, 2) + std::vector<std::string>{"--top_k", "5"}, "key 'top_k': value 5 is more than n_experts 4"},
+      {mesh(2, 1, 1, 2) + std::vector<std::string>{"--n_experts", "3"}, "key 'n_experts': value 3 is not divisible by ep_size 2"},
+      {mesh(2, 1, 1, 2) + std::vector<std::string>{"--top_k", "5"}, "key 'top_k': value 5 is more than n_experts 4"},
       {test::layout_flags(1, 1, 2) + std::vector<std::string>{"--ep_size", "2"},
        "key 'ep_size': value 2 does not divide the data-parallel ranks"},
-      {mesh(2, 1, 2) + std::vector<std::string>{"--optimizer", "dion"}, "legacy Dion ('dion') cannot step the MoE"},
+      {mesh(2, 1, 1, 2) + std::vector<std::string>{"--optimizer", "dion"}, "legacy Dion ('dion') cannot step the MoE"},
   };
   for (const Case& c : cases) {
     TempDir run("moe_bad");
