@@ -57,6 +57,8 @@ const std::vector<Key>& keys() {
        .help = "optimizer of the routers: scalar (scalar_opt at lr) or matrix (the matrix optimizer)",
        .check = Check::CHOICE,
        .choices = {"scalar", "matrix"}},
+      {"router_lr", &Config::router_lr, "the routers' learning rate with router_opt scalar (0: lr)",
+       Check::NON_NEGATIVE},
       // evaluation, checkpoints, logging
       {"val_loss_every", &Config::val_loss_every, "validation every N steps (0: only at the end)", Check::NON_NEGATIVE},
       {"val_tokens", &Config::val_tokens, "tokens per validation (a multiple of device_batch_size * sequence_length)",

@@ -78,6 +78,10 @@ void moe_validate(const Config& c, Fail fail) {
                        c.ep_size));
     return;
   }
+  if (c.router_lr > 0 && c.router_opt != "scalar")
+    fail(fmt::format("key 'router_lr': value {} sets the routers' AdamW / Lion rate, but router_opt is '{}' (the "
+                     "matrix optimizer steps them at lr); valid: router_lr 0, or router_opt scalar",
+                     format_double(c.router_lr), c.router_opt));
   if (c.top_k > c.n_experts)
     fail(fmt::format("key 'top_k': value {} is more than n_experts {}; valid: 1..{}", c.top_k, c.n_experts,
                      c.n_experts));

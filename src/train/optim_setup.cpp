@@ -79,8 +79,9 @@ TrainOptimizer build_optimizer(const Config& c, GPT& model) {
       {matrices}, {embedding, scalar_group(c, embed_lr)}, {lm_head, scalar_group(c, lm_head_lr)}};
   out.base_lrs = {c.lr, embed_lr, lm_head_lr};
   if (!routers.empty()) {
-    groups.push_back({routers, scalar_group(c, c.lr)});
-    out.base_lrs.push_back(c.lr);
+    const double router_lr = c.router_lr > 0 ? c.router_lr : c.lr;
+    groups.push_back({routers, scalar_group(c, router_lr)});
+    out.base_lrs.push_back(router_lr);
   }
   out.optimizer = std::make_unique<NamedOptimizer>(spec.name, groups, defaults, ortho, nullptr);
   return out;

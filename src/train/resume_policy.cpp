@@ -78,6 +78,7 @@ const std::map<std::string, Row>& table() {
       {"moe_bias_rate", {P::LOGGED, ""}},
       {"moe_aux_loss_coef", {P::LOGGED, ""}},
       {"router_opt", {P::MUST_MATCH, "the routers' optimizer state is this optimizer's"}},
+      {"router_lr", {P::LOGGED, ""}},
       {"ep_size", {P::LAYOUT, ""}},
       {"replica_check_every", {P::FREE, ""}},
       {"ddp_bucket_mb", {P::FREE, ""}},

@@ -62,6 +62,7 @@ struct Config {
   double moe_bias_rate = 1e-3;           // auxiliary-loss-free balancing: expert bias step per optimizer step
   double moe_aux_loss_coef = 0;          // sequence-wise balance loss coefficient (0: off)
   std::string router_opt = "scalar";     // scalar (scalar_opt, as the embedding) | matrix (the matrix optimizer)
+  double router_lr = 0;                  // the routers' lr with router_opt scalar (0: lr)
   int64_t ep_size = 1;                   // expert-parallel ranks, borrowed from dp x fs
   // ---- evaluation, checkpoints, logging
   int64_t val_loss_every = 125;

@@ -187,6 +187,8 @@ TEST_F(MoeRun, BadExpertLayoutsFailAtStartOnEveryRank) {
       {test::layout_flags(1, 1, 2) + std::vector<std::string>{"--ep_size", "2"},
        "key 'ep_size': value 2 does not divide the data-parallel ranks"},
       {mesh(2, 1, 1, 2) + std::vector<std::string>{"--optimizer", "dion"}, "legacy Dion ('dion') cannot step the MoE"},
+      {mesh(2, 1, 1, 2) + std::vector<std::string>{"--router_lr", "0.001"},  // moe_run: router_opt matrix
+       "key 'router_lr': value 0.001 sets the routers' AdamW / Lion rate, but router_opt is 'matrix'"},
   };
   for (const Case& c : cases) {
     TempDir run("moe_bad");
