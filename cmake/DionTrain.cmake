@@ -108,6 +108,7 @@ if(DION_BUILD_TESTS)
     ${DION_TRAIN_ROOT}/tests/train/model/test_kernels.cpp
     ${DION_TRAIN_ROOT}/tests/train/model/test_moe.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_graphs.cpp
+    ${DION_TRAIN_ROOT}/tests/train/test_loader.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_run.cpp
     ${DION_TRAIN_ROOT}/tests/train/io/test_train_checkpoint.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_trainer.cpp

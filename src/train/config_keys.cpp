@@ -189,6 +189,10 @@ const std::vector<Key>& keys() {
        .check = Check::CHOICE,
        .choices = {"fast", "exact"}},
       {"seed", &Config::seed, "seed of the initialization and of debug mode's tokens", Check::NON_NEGATIVE},
+      {"data_seed", &Config::data_seed,
+       "the train data's order: 0 reads it from its first token; another value starts at a token offset drawn from "
+       "it (a new cut of the stream into batches; validation unchanged)",
+       Check::NON_NEGATIVE},
       {"resume", &Config::resume, "resume from checkpoint_dir when it holds a checkpoint (false: start over)"},
       {"resume_fallback", &Config::resume_fallback,
        "when checkpoint_dir's newest step_* folder is not a complete good checkpoint: resume from the newest good one, "

@@ -116,6 +116,18 @@ void ShardLoader::restore(const LoaderPosition& pos) {
   offset_ = mine;
 }
 
+void ShardLoader::start_at_seed(uint64_t data_seed) {
+  if (data_seed == 0) return;
+  // splitmix64: one well-mixed draw from the seed (no generator state to save: the checkpoint
+  // keeps the position itself).
+  uint64_t z = data_seed + 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  const int64_t last = token_counts_[0] - B_ * T_ * world_ - 1;  // the largest offset that fits
+  restore({0, last > 0 ? int64_t(z % uint64_t(last + 1)) : 0, files_[0].filename().string()});
+}
+
 std::string ShardLoader::describe() const {
   int64_t total = 0;
   for (int64_t c : token_counts_) total += c;

@@ -92,6 +92,7 @@ const std::map<std::string, Row>& table() {
       {"seed",
        {P::MUST_MATCH,
         "debug mode's synthetic tokens are drawn from it (the generators are restored from the checkpoint)"}},
+      {"data_seed", {P::FREE, "it places only the first batch; a resumed run reads on from the checkpoint's position"}},
       {"resume", {P::FREE, ""}},
       {"resume_fallback", {P::FREE, ""}},
       {"stop_after", {P::FREE, ""}},

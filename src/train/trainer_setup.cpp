@@ -94,8 +94,9 @@ void Trainer::open_data() {
     val_loader_ = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed) + 1, drank,
                                                     dsize, c.vocab_size);
   } else {
-    train_loader_ =
-        std::make_unique<ShardLoader>(c.data_dir, "train", c.device_batch_size, c.sequence_length, drank, dsize);
+    auto train = std::make_unique<ShardLoader>(c.data_dir, "train", c.device_batch_size, c.sequence_length, drank, dsize);
+    train->start_at_seed(uint64_t(c.data_seed));  // key data_seed (a resumed run restores its position later)
+    train_loader_ = std::move(train);
     val_loader_ =
         std::make_unique<ShardLoader>(c.data_dir, "val", c.device_batch_size, c.sequence_length, drank, dsize);
   }

@@ -112,6 +112,7 @@ struct Config {
   std::string dtype = "auto";          // auto | fp32 | bf16 (autocast)
   std::string model_kernels = "fast";  // fast | exact (dion/train/kernels.h)
   int64_t seed = 1337;
+  int64_t data_seed = 0;  // 0: the train data from its first token; else a seeded start (loader.h)
   bool resume = true;
   bool resume_fallback = false;  // resume from the newest GOOD checkpoint when the newest is bad
   int64_t stop_after = 0;

@@ -26,6 +26,11 @@
 // rank adds rank * B * T itself, so that a position saved at one world size restores at
 // another (at a shard boundary the rank-count-dependent wrap rule can differ: see docs/train.md).
 //
+// Data order (key data_seed): start_at_seed(s) moves the first batch to a global offset drawn
+// from s in [0, tokens of shard 0 - B*T*world - 1]: another cut of the stream into windows and
+// another order of them; at the end of the shard the next one starts at its first token as
+// always. s = 0 keeps the reference's order.
+//
 // What it does not do: shuffle, or decide rank / world (the caller passes them).
 #pragma once
 
@@ -87,6 +92,7 @@ class ShardLoader : public Loader {
   void reset() override;
   LoaderPosition position() const override;
   void restore(const LoaderPosition& pos) override;
+  void start_at_seed(uint64_t data_seed);  // see above; 0: no change
   std::string describe() const override;
   int64_t tokens() const override;
   int64_t vocab() const override { return data::shard_tokenizer_vocab(tokenizer_); }
