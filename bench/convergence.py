@@ -111,9 +111,9 @@ def cost_matrices(p):
     return [(d, d, 4 * L), (4 * d, d, L), (d, 4 * d, L)]
 
 
-def fsdp_bytes(p, name):
-    """Bytes the optimizer sends per step per rank at 8 ranks, FSDP (fs 8), from the cost model;
-    None for AdamW (elementwise, no communication)."""
+def fsdp_bytes(p, name, ranks=8):
+    """Bytes the optimizer sends per step per rank at `ranks` ranks, FSDP (fs = ranks), from the
+    cost model; None for AdamW (elementwise, no communication)."""
     import cost_model
     algo_keys = OPTIMIZERS[name][0]
     opt = algo_keys["optimizer"]
@@ -122,7 +122,7 @@ def fsdp_bytes(p, name):
     algo = {"muon": "muon", "normuon": "muon", "dion2": "dion2", "dion3": "dion2", "nordion2": "dion2",
             "dion": "dion"}[opt]
     frac = algo_keys.get("ortho_fraction", 0.25)
-    c = cost_model.step_cost(cost_matrices(p), algo, 1, 8, 1, cost_model.HARDWARE["h100"], fraction=frac,
+    c = cost_model.step_cost(cost_matrices(p), algo, 1, ranks, 1, cost_model.HARDWARE["h100"], fraction=frac,
                              rank_div=round(1 / frac))
     return c.total_bytes
 
@@ -201,14 +201,16 @@ def optimizer_share(log):
     return opt / total if total > 0 else None
 
 
-def train_one(build, data, out, p, phase, name, lr, seed, path="exact"):
-    """One dion-train run; returns its record (final val loss, curve, optimizer share, error)."""
-    rd = os.path.join(out, "runs", run_dir_name(name, lr, seed, path))
+def train_one(build, data, out, p, phase, name, lr, seed, path="exact", extra=None, run_name=None):
+    """One dion-train run; returns its record (final val loss, curve, optimizer share, error).
+    `extra`: more dion-train keys (they win over the preset's); `run_name`: the run folder's
+    name under OUT/runs (default: run_dir_name)."""
+    rd = os.path.join(out, "runs", run_name or run_dir_name(name, lr, seed, path))
     metrics = os.path.join(rd, "metrics.jsonl")
     log = os.path.join(rd, "train.log")
-    N = p["num_iterations"]
+    N = int((extra or {}).get("num_iterations", p["num_iterations"]))
     val, last = read_metrics(metrics)
-    rec = {"name": name, "lr": lr, "seed": seed, "path": path, "phase": phase, "run_dir": rd}
+    rec = {"name": name, "lr": lr, "seed": seed, "path": path, "phase": phase, "run_dir": rd, "steps": N}
     if not (val and val[-1][0] == N and last == N - 1):  # a val line's step: steps done (0 .. N)
         os.makedirs(rd, exist_ok=True)
         if os.path.exists(metrics):
@@ -221,6 +223,7 @@ def train_one(build, data, out, p, phase, name, lr, seed, path="exact"):
                     val_tokens=p["val_batches"] * p["batch_size"] * p["sequence_length"],
                     time_optimizer="true", log_every=1, checkpoint_freq=0, dtype="fp32",
                     replica_check_every=0, ortho_path=path)
+        keys.update(extra or {})
         cmd = [os.path.join(build, "dion-train")]
         for k, v in keys.items():
             cmd += [f"--{k}", str(v)]

@@ -11,7 +11,8 @@ if(NOT TARGET dion_launch)
   return()
 endif()
 dion_executable(dion-bench tools/dion-bench/main.cpp tools/dion-bench/measure.cpp tools/dion-bench/gpt_params.cpp
-                tools/dion-bench/dist.cpp tools/dion-bench/args.cpp tools/dion-bench/step.cpp)
+                tools/dion-bench/dist.cpp tools/dion-bench/args.cpp tools/dion-bench/step.cpp
+                tools/dion-bench/algorithms.cpp)
 # dist starts its ranks with the launcher library (dion/launch/launch.h, dion_launch).
 target_include_directories(dion-bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tools/dion-bench)
 target_link_libraries(dion-bench PRIVATE dion dion_launch CLI11::CLI11 nlohmann_json::nlohmann_json)

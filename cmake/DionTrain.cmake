@@ -33,6 +33,7 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/config_keys.cpp
   ${DION_TRAIN_ROOT}/src/train/config_rules.cpp
   ${DION_TRAIN_ROOT}/src/train/optimizer_catalog.cpp
+  ${DION_TRAIN_ROOT}/src/train/optimizer_entries.cpp
   ${DION_TRAIN_ROOT}/src/train/io/fs_util.cpp
   ${DION_TRAIN_ROOT}/src/train/model/generate.cpp
   ${DION_TRAIN_ROOT}/src/train/model/gpt.cpp

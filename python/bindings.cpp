@@ -375,24 +375,22 @@ PYBIND11_MODULE(_C, m) {
       py::arg("process_group"), py::arg("values"), py::arg("device"), py::arg("timeout_s"),
       "elementwise MAX of `values` (int64) over the ranks of `process_group`, waiting at most timeout_s");
 
-  // The algorithm registry (dion/optim/algorithm.h): one dict per algorithm, in order, with what
-  // the Python classes are generated from (python/dion_cpp/_optimizers.py).
+  // The algorithm registry (dion/optim/algorithm.h): one dict per algorithm, in order; the Python
+  // classes are generated from it and python/dion_cpp/_class_table.py.
   m.def("algorithms", [] {
     py::list out;
     for (const dion::Algorithm a : dion::algorithms()) {
       const dion::AlgorithmSpec& s = a.spec();
-      py::list keywords;
-      for (const dion::PythonKeyword& k : s.python.keywords)
-        keywords.append(py::make_tuple(k.name, k.default_value, k.target, k.option.empty() ? k.name : k.option));
+      const dion::Options o = dion::Options().algorithm(a);
+      py::dict defaults;
+      defaults["lr"] = o.lr();
+      defaults["mu"] = o.mu();
+      defaults["weight_decay"] = o.weight_decay();
       py::dict d;
       d["name"] = s.name;
       d["aliases"] = s.aliases;
-      d["class_name"] = s.class_name;
-      d["class_aliases"] = s.class_aliases;
       d["matrix"] = s.matrix;
-      d["keywords"] = keywords;
-      d["doc"] = s.python.doc;
-      d["behaviours"] = s.python.behaviours;
+      d["defaults"] = defaults;  // a class with no entry in _class_table.py takes these
       out.append(d);
     }
     return out;

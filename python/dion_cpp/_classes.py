@@ -1,14 +1,10 @@
 """The optimizer classes of dion_cpp, generated from the C++ algorithm registry.
 
-Each registered matrix algorithm with a class name (dion/optim/algorithm.h, AlgorithmSpec) becomes
-a class here: a _CppOptimizer (_optimizers.py) whose constructor has the reference's keywords,
-in the reference's order and with its defaults (AlgorithmSpec::python), and whose behaviours the
-spec names: "mesh" (one distributed_mesh: DDP / FSDP), "meshes" (replicate / outer / inner shard
-meshes), "selection_report" (verbose prints which slices are selected), "lazy_state" (state at
-the first step), "float_hyperparams" (group lr stays a float). Keyword targets: "option" (the
-hyperparameter), "float" (the hyperparameter, as float(value)), "extra" (a constructor keyword the
-C++ optimizer reads: the orthogonalizer's), "fixed" (the reference accepts one value only),
-"mesh", "ignored", "attribute" (kept on the object).
+Each registered matrix algorithm (dion/optim/algorithm.h) becomes a class here: a _CppOptimizer
+(_optimizers.py) whose constructor has the keywords of its entry in _class_table.py (the
+reference's, in its order and with its defaults) and the behaviours the entry asks for (a
+ClassEntry's flags: meshes, selection_report, lazy_state, float_hyperparams). An algorithm with no
+entry (a plugin's) gets _class_table.default_entry.
 
 classes() is every generated class by name (class aliases included); load_algorithm_plugin adds
 the classes of a plugin's algorithms.
@@ -26,6 +22,7 @@ import torch.distributed as dist
 from . import _C
 from ._dist import (_DTensor, _StridedShard, _distributed_optimizers, _group_of, _is_dtensor,
                     _shard_mesh_group)
+from ._class_table import CLASSES, ClassEntry, Target, default_entry
 from ._optimizers import _CppOptimizer
 
 
@@ -201,42 +198,39 @@ class _ShardMeshes:
 
 
 # ---------------------------------------------------------------------------- generation
-_BEHAVIOURS = {"selection_report": _SelectionReport, "meshes": _ShardMeshes}
 
-
-def _make_class(info: dict) -> type:
-    """The class of one registered algorithm (a dict of _C.algorithms())."""
-    keywords = info["keywords"]  # (name, default literal, target, option)
-    behaviours = set(info["behaviours"])
-    defaults = {name: ast.literal_eval(default) for name, default, _, _ in keywords}
+def _make_class(algorithm: str, entry: ClassEntry) -> type:
+    """The class of one registered algorithm from its entry."""
+    keywords = entry.keywords
+    defaults = {k.name: ast.literal_eval(k.default) for k in keywords}
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
               inspect.Parameter("params", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    params += [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=defaults[name])
-               for name, _, _, _ in keywords]
+    params += [inspect.Parameter(k.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=defaults[k.name])
+               for k in keywords]
     signature = inspect.Signature(params)
-    class_name = info["class_name"]
+    class_name = entry.name
 
     def __init__(self, *args, **kwargs):
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
         given = bound.arguments
         hyper, extra, mesh, attributes = {}, {}, {}, {}
-        for name, default, target, option in keywords:
-            value = given[name]
-            if target == "option":
-                hyper[option] = value
-            elif target == "float":
-                hyper[option] = float(value)
-            elif target == "extra":
-                extra[name] = value
-            elif target == "mesh":
-                mesh[name] = value
-            elif target == "attribute":
-                attributes[name] = value
-            elif target == "fixed" and value != defaults[name]:
-                raise ValueError(f"{class_name} supports {name}={default} only, got {value!r}")
+        for k in keywords:
+            value = given[k.name]
+            if k.target is Target.OPTION:
+                hyper[k.option or k.name] = value
+            elif k.target is Target.FLOAT:
+                hyper[k.option or k.name] = float(value)
+            elif k.target is Target.EXTRA:
+                extra[k.name] = value
+            elif k.target is Target.MESH:
+                mesh[k.name] = value
+            elif k.target is Target.ATTRIBUTE:
+                attributes[k.name] = value
+            elif k.target is Target.FIXED and value != defaults[k.name]:
+                raise ValueError(f"{class_name} supports {k.name}={k.default} only, got {value!r}")
         sync_gradients = False
-        if "meshes" in behaviours:
+        if entry.meshes:
             group = self._resolve_meshes(mesh.get("replicate_mesh"), mesh.get("outer_shard_mesh"),
                                          mesh.get("inner_shard_mesh"))
             sync_gradients = bool(mesh.get("replicate_mesh_grad_sync", False))
@@ -247,18 +241,18 @@ def _make_class(info: dict) -> type:
             setattr(self, name, value)
 
     __init__.__signature__ = signature
-    __init__.__doc__ = info["doc"]
-    bases = tuple(_BEHAVIOURS[b] for b in sorted(behaviours) if b in _BEHAVIOURS) + (_CppOptimizer,)
+    __init__.__doc__ = entry.doc
+    bases = ((_ShardMeshes,) if entry.meshes else ()) + ((_SelectionReport,) if entry.selection_report else ())
     namespace = {
         "__init__": __init__,
-        "__doc__": info["doc"],
+        "__doc__": entry.doc,
         "__module__": "dion_cpp",
-        "kind": info["name"],
-        "algorithm": info["name"],
-        "eager_state": "lazy_state" not in behaviours,
-        "live_hyperparams": "float_hyperparams" not in behaviours,
+        "kind": algorithm,
+        "algorithm": algorithm,
+        "eager_state": not entry.lazy_state,
+        "live_hyperparams": not entry.float_hyperparams,
     }
-    return type(class_name, bases, namespace)
+    return type(class_name, bases + (_CppOptimizer,), namespace)
 
 
 _classes: Dict[str, type] = {}
@@ -268,11 +262,14 @@ def _generate() -> Dict[str, type]:
     """Classes for every registered algorithm that has none yet (by class name, aliases too)."""
     added = {}
     for info in _C.algorithms():
-        if not info["matrix"] or not info["class_name"] or info["class_name"] in _classes:
+        if not info["matrix"]:
             continue
-        cls = _make_class(info)
-        added[info["class_name"]] = cls
-        for alias in info["class_aliases"]:  # the same class under another name
+        entry = CLASSES.get(info["name"]) or default_entry(info)
+        if entry.name in _classes:
+            continue
+        cls = _make_class(info["name"], entry)
+        added[entry.name] = cls
+        for alias in entry.aliases:  # the same class under another name
             added[alias] = cls
     _classes.update(added)
     return added

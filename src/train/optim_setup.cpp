@@ -1,6 +1,8 @@
 // src/train/optim_setup.cpp — param groups and optimizer per `optimizer` key (optim_setup.h).
 #include "dion/train/optim_setup.h"
 
+#include "dion/train/optimizer_entry.h"
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -21,7 +23,7 @@ Options matrix_defaults(const Config& c, const AlgorithmSpec& spec) {
   const TrainKnobs knobs{
       c.lr, c.mu, c.weight_decay, c.ortho_fraction, c.rcqr_oversample, c.adjust_lr, c.mixed_precision};
   Options defaults = NamedOptimizer::defaults_of(spec.name).lr(c.lr).weight_decay(c.weight_decay);
-  if (spec.train_options) spec.train_options(defaults, knobs);
+  if (const TrainEntry& e = train_entry(spec.name); e.options) e.options(defaults, knobs);
   return defaults;
 }
 }  // namespace
@@ -42,7 +44,7 @@ TrainOptimizer build_optimizer(const Config& c, GPT& model) {
   ortho.path = math::ortho_path_from_string(c.ortho_path);  // config_validate has checked the value
   ortho.cuda_kernels = c.cuda_kernels;                      // the own CUDA kernels: opt-in (dion/math/own_kernels.h)
   // train.py passes use_gram_newton_schulz to some classes only; the others ignore it there, and so here.
-  ortho.use_gram_newton_schulz = c.use_gram_newton_schulz && spec.train_gram_newton_schulz;
+  ortho.use_gram_newton_schulz = c.use_gram_newton_schulz && train_entry(spec.name).gram_newton_schulz;
   const Options defaults = matrix_defaults(c, spec);
 
   std::vector<at::Tensor> matrices = model->block_params();

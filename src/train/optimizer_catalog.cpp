@@ -5,6 +5,7 @@
 // LibTorch; this file is their window onto the library.
 #include "dion/optim/algorithm.h"
 #include "dion/train/optim_setup.h"
+#include "dion/train/optimizer_entry.h"
 #include "config_keys.h"
 
 #include <fmt/format.h>
@@ -18,7 +19,7 @@ const std::vector<OptimizerChoice>& optimizer_catalog() {
     std::vector<OptimizerChoice> out;
     for (const Algorithm a : algorithms()) {
       const AlgorithmSpec& s = a.spec();
-      out.push_back({s.name, s.matrix, s.aliases, s.train_reference_variants, s.optimizer_grad_sync});
+      out.push_back({s.name, s.matrix, s.aliases, train_entry(s.name).reference_variants, s.optimizer_grad_sync});
     }
     return out;
   }();

@@ -39,7 +39,7 @@ grep "sign_descent" "$WORK/bench.log"
 if "$BUILD/dion-bench" step --algos sgd --sets 64x1 > "$WORK/bad.log" 2>&1; then echo "FAIL: --algos sgd accepted"; exit 1; fi
 grep -q "sign_descent" "$WORK/bad.log" || { cat "$WORK/bad.log"; echo "FAIL: the error does not list sign_descent"; exit 1; }
 # dion-bench dist takes any registered matrix algorithm, ALGORITHM@F for those with a size_option
-# (AlgorithmSpec): the plugin's, a builtin's alias, legacy Dion with the optimizer's own
+# (tools/dion-bench/algorithms.h): the plugin's, a builtin's alias, legacy Dion with the optimizer's own
 # gradient sync over 2 ranks.
 "$BUILD/dion-bench" dist --ranks 1,2 --sets 64x1 --layouts ddp --reps 1 \
   --variants sign_descent,dion3@1/2,dion@0.5 > "$WORK/dist.log" 2>&1 ||

@@ -30,7 +30,6 @@ void sign_descent_update(const driver::Batch& batch, const Options& o, const dri
 AlgorithmSpec sign_descent_spec() {
   AlgorithmSpec s;
   s.name = "sign_descent";
-  s.class_name = "SignDescent";
   s.uses_orthogonalizer = false;
   s.state = [](const ParamView& p, const Options&) {
     return std::vector<StateSpec>{{"momentum", p.param.sizes().vec(), p.param.scalar_type()}};
@@ -40,10 +39,6 @@ AlgorithmSpec sign_descent_spec() {
     return std::nullopt;
   };
   s.update = sign_descent_update;
-  s.train_options = [](Options& d, const TrainKnobs& k) { d.mu(k.mu); };
-  s.python.doc = "Sign descent with momentum (a test's toy algorithm).";
-  s.python.keywords = {{"distributed_mesh", "None", "mesh"}, {"lr", "0.01"}, {"mu", "0.9"}, {"weight_decay", "0.0"}};
-  s.python.behaviours = {"mesh"};
   return s;
 }
 

@@ -22,9 +22,13 @@ def _plugin():
 
 
 def test_builtin_classes_come_from_the_registry():
-    names = [a["class_name"] for a in _C.algorithms() if a["class_name"]]
-    assert names[:5] == ["Muon", "NorMuon", "Dion2", "NorDion2", "Dion"]
+    assert list(dion_cpp.classes())[:6] == ["Muon", "NorMuon", "Dion2", "NorDion2", "Dion3", "Dion"]
     assert dion_cpp.Dion3 is dion_cpp.NorDion2
+    # Every built-in matrix algorithm has its entry in the class table, and only those do.
+    from dion_cpp._class_table import CLASSES
+    builtin = [a["name"] for a in _C.algorithms() if a["matrix"] and a["name"] != "sign_descent"]
+    assert sorted(builtin) == sorted(CLASSES)
+    assert [dion_cpp.classes()[CLASSES[n].name].algorithm for n in builtin] == builtin
     sig = inspect.signature(dion_cpp.Muon)
     assert list(sig.parameters)[:4] == ["params", "distributed_mesh", "lr", "mu"]
     assert sig.parameters["use_polar_express"].default is True
@@ -38,6 +42,9 @@ def test_builtin_classes_come_from_the_registry():
 def test_plugin_algorithm_is_a_class():
     added = dion_cpp.load_algorithm_plugin(_plugin())
     assert "SignDescent" in added and dion_cpp.SignDescent is added["SignDescent"]
+    # No entry in the class table: the default class (distributed_mesh, lr, mu, weight_decay).
+    assert list(inspect.signature(dion_cpp.SignDescent).parameters) == ["params", "distributed_mesh", "lr", "mu",
+                                                                        "weight_decay"]
     assert dion_cpp.load_algorithm_plugin(_plugin()) == {}  # loaded once
     torch.manual_seed(0)
     W = torch.randn(6, 4, requires_grad=True)

@@ -23,7 +23,9 @@
 #include "dion/cuda/fused.h"
 #include "dion/train/config.h"
 #include "dion/train/gpt.h"
+#include "dion/optim/algorithm.h"
 #include "dion/train/optim_setup.h"
+#include "dion/train/optimizer_entry.h"
 #include "dion/train/schedule.h"
 #include "dion/train/train.h"
 #include "train_test_util.h"
@@ -464,7 +466,8 @@ TEST(TrainOptimizer, EmbedAndLmHeadLearningRatesSetTheirGroupsApart) {
   EXPECT_DOUBLE_EQ(t.optimizer->options(1).lr(), 0.02);   // embedding: the rule
   EXPECT_DOUBLE_EQ(t.optimizer->options(2).lr(), 0.005);  // lm_head: the key, not 0.02 / sqrt(32)
   for (const std::string key : {"embed_lr", "lm_head_lr"})
-    EXPECT_NE(error_of({"--" + key, "-0.1"}).find("key '" + key + "'"), std::string::npos) << error_of({"--" + key, "-0.1"});
+    EXPECT_NE(error_of({"--" + key, "-0.1"}).find("key '" + key + "'"), std::string::npos)
+        << error_of({"--" + key, "-0.1"});
 }
 
 // The losses of `steps` optimizer steps on the batch (idx, idx).
@@ -521,6 +524,27 @@ TEST(TrainOptimizer, GramNewtonSchulzWhereTrainPyPassesIt) {
     EXPECT_TRUE(std::isfinite(loss_gram.back()));
     EXPECT_LT(loss_gram.back(), loss_gram.front());  // it trains
   }
+}
+
+// dion-train's table (dion/train/optimizer_entry.h): every built-in algorithm has its entry; one
+// without (a plugin's) gets lr, mu and weight_decay; a registered entry is what build_optimizer uses.
+TEST(TrainOptimizer, EntriesLiveWithTheTrainerAndDefaultForOthers) {
+  for (const dion::Algorithm a : dion::algorithms()) EXPECT_NE(find_train_entry(a.name()), nullptr) << a.name();
+  EXPECT_EQ(train_entry("muon").reference_variants, std::vector<std::string>{"muon_reference"});
+  EXPECT_EQ(find_train_entry("no_such_algorithm"), nullptr);
+  dion::Options d = dion::Options().algorithm("muon").mu(0.5).nesterov(false);
+  train_entry("no_such_algorithm").options(d, TrainKnobs{.mu = 0.8, .ortho_fraction = 0.5});
+  EXPECT_EQ(d.mu(), 0.8);
+  EXPECT_FALSE(d.nesterov());  // the default entry sets mu only (lr and weight decay: build_optimizer)
+  // A registered entry replaces the built-in one: here Muon without Nesterov, at a fixed mu.
+  const TrainEntry muon = train_entry("muon");
+  register_train_entry("muon", {.options = [](dion::Options& o, const TrainKnobs&) { o.mu(0.25).nesterov(false); }});
+  const TrainGroupOptions g = train_group_options(parse({"--optimizer", "muon"}), dion::find_algorithm("muon").spec());
+  register_train_entry("muon", muon);
+  EXPECT_EQ(g.matrix.mu(), 0.25);
+  EXPECT_FALSE(g.matrix.nesterov());
+  EXPECT_TRUE(
+      train_group_options(parse({"--optimizer", "muon"}), dion::find_algorithm("muon").spec()).matrix.nesterov());
 }
 
 // cuda_kernels (the project's own CUDA kernels, dion/math/own_kernels.h): off by default, reaches

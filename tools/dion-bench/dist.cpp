@@ -22,6 +22,7 @@
 #include "dion/optim/algorithm.h"
 #include "dion/optim/distributed.h"
 #include "dion/optim/optimizer.h"
+#include "algorithms.h"
 #include "gpt_params.h"
 #include "measure.h"
 
@@ -320,7 +321,7 @@ DistVariant parse_dist_variant(const std::string& text) {
                                 "), with '@' and a fraction in (0, 1] for those that orthogonalize a part of "
                                 "each matrix (e.g. dion2@0.25, dion@1/16)");
   v.algorithm = algo.name();
-  v.size_option = algo.spec().size_option;
+  v.size_option = bench_entry(algo.name()).size_option;
   if (at_sign == std::string::npos) {
     if (!v.size_option.empty())
       throw std::invalid_argument("'" + text + "': " + name + " needs '@' and its " + v.size_option + " (e.g. " + name +

@@ -34,7 +34,7 @@ namespace dion::bench {
 struct DistVariant {
   std::string name;         // as given: "muon", "dion2@0.25", "dion@1/16"
   std::string algorithm;    // a registered matrix algorithm (its name, not an alias)
-  std::string size_option;  // its AlgorithmSpec::size_option ("" : whole matrices)
+  std::string size_option;  // its bench_entry's size_option (algorithms.h; "": whole matrices)
   double size = 1.0;        // that hyperparameter's value (the F of ALGORITHM@F)
 };
 

@@ -8,6 +8,7 @@
 
 #include "dion/optim/algorithm.h"
 #include "dion/optim/optimizer.h"
+#include "algorithms.h"
 #include "gpt_params.h"
 #include "measure.h"
 
@@ -39,8 +40,8 @@ Built build(const ParamSet& base, const std::string& algo, const std::string& pa
   };
   dion::Options o(0.02);
   o.algorithm(algo).weight_decay(0.01);
-  const dion::AlgorithmSpec& spec = dion::find_algorithm(algo).spec();
-  if (spec.benchmark_options) spec.benchmark_options(o);  // e.g. a low-rank algorithm's rank
+  const dion::Algorithm a = dion::find_algorithm(algo);
+  if (const auto set = bench_entry(a.name()).step_options) set(o);  // e.g. a low-rank algorithm's rank
   dion::math::OrthoConfig ortho;
   ortho.path = path == "exact" ? dion::math::OrthoPath::EXACT : dion::math::OrthoPath::FAST;
   ortho.use_gram_newton_schulz = path == "gram";

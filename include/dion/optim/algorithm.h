@@ -9,16 +9,21 @@
 //   dion::load_algorithm_plugin("libmy_algo.so")         // algorithms from a shared library
 //
 // An algorithm is one AlgorithmSpec, defined next to its driver (src/optim/drivers/<family>.cpp)
-// and registered there with DION_REGISTER_ALGORITHM. The spec says everything generic code asks:
-// its name and aliases, matrix or scalar (and so which parameters it takes), the state it keeps
-// (keys, shapes, dtypes, how each starts), its own checks of hyperparameters,
-// parameters and layouts, when its tasks run in step(), the update itself, and how the Python
-// module and the trainer construct it. The optimizer, the checkpoints, the Python bindings and
-// classes, the trainer's config and dion-bench ask the registry; none names an algorithm.
+// and registered there with DION_REGISTER_ALGORITHM. The spec is the optimizer's contract: its
+// name and aliases, matrix or scalar (and so which parameters it takes), the state it keeps
+// (keys, shapes, dtypes, how each starts), its own checks of hyperparameters, parameters and
+// layouts, when its tasks run in step(), and the update itself. The optimizer and the
+// checkpoints ask the registry; none names an algorithm. What a tool needs beyond the contract
+// lives with the tool, keyed by the algorithm's name, with a default for an algorithm it has no
+// entry for: dion-train's (how train.py constructs the class: dion/train/optimizer_entry.h), the
+// Python module's (class names and signatures: python/dion_cpp/_class_table.py) and dion-bench's
+// (tools/dion-bench/algorithms.h).
 //
 // Adding an algorithm: write its math (dion/math/<name>.h), a driver file with its update and
-// its spec, and export its class (DION_OPTIMIZER_CLASS in dion/dion.h; the Python package's
-// list). tests/optim/sign_descent.cpp is a whole algorithm in one file, registered from a test.
+// its spec, and export its class (DION_OPTIMIZER_CLASS in dion/dion.h), then, where the defaults
+// are not enough, an entry in each tool's table. tests/optim/sign_descent.cpp is a whole
+// algorithm in one file: it runs through the C++ API, Python, dion-train and dion-bench with the
+// tools' defaults.
 //
 // Plugins: a shared library whose static initializers register specs (DION_REGISTER_ALGORITHM)
 // and which exports dion_algorithm_plugin (DION_ALGORITHM_PLUGIN()) adds its algorithms to a
@@ -97,46 +102,11 @@ struct OptionError {
   std::string valid;
 };
 
-// The trainer's knobs (train.py's command line) an algorithm's class is built from; `to_options`
-// writes them into the class's defaults as train.py's constructor call does.
-struct TrainKnobs {
-  double lr = 0.0, mu = 0.0, weight_decay = 0.0, ortho_fraction = 0.0, rcqr_oversample = 0.0;
-  std::string adjust_lr;
-  bool mixed_precision = false;
-};
-
-// One keyword of a Python class's constructor, in the reference's order. `target`: "option"
-// (the hyperparameter of the same name, or `option` when set), "float" (likewise, as
-// float(value)), "fixed" (the reference accepts its default only), "extra" (a constructor keyword
-// the C++ optimizer reads itself: the orthogonalizer's use_polar_express,
-// use_gram_newton_schulz, newton_schulz_func, use_triton; mixed_precision_config), "mesh" (the distribution keywords), "ignored" (accepted for the
-// reference's signature, no effect) or "attribute" (kept on the Python object: verbose).
-// `default_value`: a Python literal ("0.01", "(0.9, 0.95)", "None", "'spectral_norm'").
-struct PythonKeyword {
-  std::string name;
-  std::string default_value;
-  std::string target = "option";
-  std::string option = {};
-};
-
-// The Python class of an algorithm (python/dion_cpp: generated from this).
-struct PythonClass {
-  std::vector<PythonKeyword> keywords;  // after `params`
-  std::string doc;                      // the class docstring
-  // Behaviours of the generated class, by name (python/dion_cpp/_optimizers.py): "mesh" (one
-  // distributed_mesh: DDP / FSDP) or "meshes" (replicate / outer / inner shard meshes);
-  // "selection_report" (verbose prints the selection choice); "lazy_state" (state created at the
-  // first step, not at construction); "float_hyperparams" (group lr stays a float).
-  std::vector<std::string> behaviours;
-};
-
 struct AlgorithmSpec {
   using Update = void (*)(const driver::Batch& batch, const Options& options, const driver::Env& env);
 
-  std::string name;                        // "muon": Options::algorithm(name), the checkpoints' name
-  std::vector<std::string> aliases;        // other names the trainer's config accepts
-  std::string class_name;                  // the C++ / Python class ("Muon"); empty: none (adamw, lion)
-  std::vector<std::string> class_aliases;  // other names of the class ("Dion3")
+  std::string name;                  // "muon": Options::algorithm(name), the checkpoints' name
+  std::vector<std::string> aliases;  // other names it is found by ("dion3")
   // Matrix algorithms take parameters of ndim >= 2, batched into megabatches (same shape, dtype,
   // layout); scalar ones take any parameter, one task per group.
   bool matrix = true;
@@ -160,20 +130,9 @@ struct AlgorithmSpec {
   std::function<void(const Plan& plan, const Options& o, const std::string& where)> check_plan;
   Update update = nullptr;  // one task: a megabatch (matrix) or a group (scalar)
 
-  // The trainer: the class as train.py builds it. null: the defaults with lr and weight decay.
-  std::function<void(Options& defaults, const TrainKnobs& knobs)> train_options;
-  bool train_gram_newton_schulz = false;  // train.py passes use_gram_newton_schulz to this class
-  // train.py's names of variants of this algorithm that are not implemented here: the trainer's
-  // config refuses them and names this one as the nearest.
-  std::vector<std::string> train_reference_variants;
-  // The optimizer averages the gradients over the replicas itself (replicate_mesh_grad_sync).
+  // It averages the gradients over the replicas itself (Distributed's sync_gradients; legacy
+  // Dion's replicate_mesh_grad_sync): the caller does not all-reduce them.
   bool optimizer_grad_sync = false;
-  PythonClass python;
-  // dion-bench step: settings its rows use beyond the defaults (null: none).
-  std::function<void(Options& options)> benchmark_options;
-  // The hyperparameter that sets how much of each matrix it orthogonalizes and communicates
-  // ("fraction", "rank_fraction"; "": the whole matrix): dion-bench dist's ALGORITHM@F.
-  std::string size_option;
 };
 
 // The registry. Registration order is the listing order. register_algorithm throws

@@ -58,9 +58,6 @@ StateSpec momentum_like(const ParamView& p, std::optional<at::ScalarType> dtype 
 // dtype; [.., m, 0] for an empty parameter (the reference's p[..., 0:1]). A shard holding none of
 // the columns still keeps its rows' [.., m, 1] (state_layout.h).
 StateSpec neuron_variance(const ParamView& p);
-// The Python keywords of the orthonormal family's classes, in the reference's order, picked by name
-// (python_keywords({"lr", "mu", ...})): each name's default is the reference's.
-std::vector<PythonKeyword> python_keywords(const std::vector<std::string>& names);
 
 // ---- shared by the matrix drivers (operands.cpp)
 

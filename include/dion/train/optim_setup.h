@@ -8,10 +8,9 @@
 //                             default (0.9, 0.95): what train.py runs; weight decay 0
 //   2  lm_head             -> scalar_opt, lr * lm_head_lr_scale(scalar_opt, model_dim) (or
 //                             lm_head_lr), the same betas, weight decay 0
-// Per optimizer: its class as train.py constructs it, from the algorithm's spec
-// (AlgorithmSpec::train_options: which of lr, mu, weight_decay, ortho_fraction, rcqr_oversample,
-// adjust_lr and mixed_precision it takes, and how; train_gram_newton_schulz: whether
-// use_gram_newton_schulz reaches it). A scalar algorithm as `optimizer` runs every group
+// Per optimizer: its class as train.py constructs it, from dion-train's entry for the algorithm
+// (dion/train/optimizer_entry.h: which of lr, mu, weight_decay, ortho_fraction, rcqr_oversample,
+// adjust_lr and mixed_precision it takes, and how; whether use_gram_newton_schulz reaches it). A scalar algorithm as `optimizer` runs every group
 // (scalar_opt ignored, as torch.optim.AdamW in train.py). Orthogonalization: Newton-Schulz, or
 // Polar Express with use_polar_express; ortho_path -> OrthoConfig::path (exact | fast) of the
 // orthogonalizing algorithms (a QR-based one ignores it).

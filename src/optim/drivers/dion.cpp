@@ -99,13 +99,9 @@ void dion_update(const Batch& batch, const Options& o, const Env& env) {
 AlgorithmSpec dion_spec() {
   AlgorithmSpec s;
   s.name = "dion";
-  s.size_option = "rank_fraction";
-  s.train_reference_variants = {"dion_reference", "dion_simple"};
   s.optimizer_grad_sync = true;
-  s.class_name = "Dion";
   s.serial = true;                // Q is drawn at random when the state is created
   s.uses_orthogonalizer = false;  // randomized QR
-  s.benchmark_options = [](Options& o) { o.rank_fraction(0.25); };
   s.state = [](const ParamView& p, const Options& o) {
     // Q [n', r] for the whole matrix; a sharded parameter keeps the rows of its outer chunk.
     const Layout L = layout_of(p.dist, p.param);
@@ -139,39 +135,6 @@ AlgorithmSpec dion_spec() {
     if (p.param.dim() != 2) throw NotImplementedError(what + ": legacy 'dion' supports 2-D parameters only" + instead);
   };
   s.update = dion_update;
-  s.train_options = [](Options& d, const TrainKnobs& k) {
-    d.mu(k.mu).rank_fraction(k.ortho_fraction).oversample(k.rcqr_oversample);
-    // train.py's DionMixedPrecisionConfig(momentum, variance, Q: bf16); the variance is the
-    // scalar groups' (their momentum stays the parameter's: docs/train.md).
-    if (k.mixed_precision) d.momentum_dtype(at::kBFloat16).Q_dtype(at::kBFloat16).variance_dtype(at::kBFloat16);
-  };
-  s.python.doc =
-      "Legacy Dion: low-rank power iteration (reference: dion/dion.py). 2-D matrices only. Meshes as in the "
-      "reference: replicate_mesh (DDP, or HSDP's replicate dim; replicate_mesh_grad_sync: the optimizer averages "
-      "the gradients, or only its compressed P and R), outer_shard_mesh (FSDP) and inner_shard_mesh (TP), the "
-      "latter two 1-D sub-meshes of the DTensor parameters' mesh. A parameter's tensor dim that is Shard over the "
-      "outer mesh's dim is the outer-sharded dim, likewise inner. Not supported: inner sharding without an outer "
-      "shard mesh of more than one rank (NotImplementedError). cqr_warmup_steps is accepted and ignored; "
-      "power_iters must be 1 and qr_method 'rcqr', as in the reference.";
-  s.python.keywords = {
-      {"replicate_mesh", "None", "mesh"},
-      {"outer_shard_mesh", "None", "mesh"},
-      {"inner_shard_mesh", "None", "mesh"},
-      {"replicate_mesh_grad_sync", "True", "mesh"},
-      {"rank_fraction", "1.0"},
-      {"rank_multiple_of", "1"},
-      {"lr", "0.01"},
-      {"mu", "0.95"},
-      {"betas", "(0.9, 0.95)"},
-      {"weight_decay", "0.01"},
-      {"epsilon", "1e-08"},
-      {"power_iters", "1", "fixed"},
-      {"qr_method", "'rcqr'", "fixed"},
-      {"cqr_warmup_steps", "150", "ignored"},
-      {"rcqr_oversample", "1.25", "option", "oversample"},
-      {"mixed_precision_config", "None", "extra"},
-  };
-  s.python.behaviours = {"meshes", "lazy_state", "float_hyperparams"};
   return s;
 }
 

@@ -235,25 +235,9 @@ void dion2_check_plan(const Plan& plan, const Options&, const std::string& where
 AlgorithmSpec dion2_spec() {
   AlgorithmSpec s;
   s.name = "dion2";
-  s.size_option = "fraction";
-  s.class_name = "Dion2";
   s.state = [](const ParamView& p, const Options&) { return std::vector<StateSpec>{momentum_like(p)}; };
   s.check_plan = dion2_check_plan;
   s.update = dion2_step;
-  s.train_options = [](Options& d, const TrainKnobs& k) {
-    d.fraction(k.ortho_fraction).ef_decay(k.mu).adjust_lr(k.adjust_lr);
-  };
-  s.train_gram_newton_schulz = true;
-  s.python.doc =
-      "Dion2 (reference: dion/dion2.py). verbose=True prints, once per matrix shape and layout, whether rows or "
-      "columns are selected (as the reference). triton_post_ortho is accepted and ignored. selection_dim "
-      "(dion_cpp's own): on a sharded matrix, select along the dim one process would (\"shorter\", the default: "
-      "equal to one process) or along the sharded dim as the reference does (\"shard\"); docs/distributed.md.";
-  s.python.keywords =
-      python_keywords({"distributed_mesh", "lr", "fraction", "ef_decay", "betas", "weight_decay", "epsilon",
-                       "adjust_lr", "flatten", "use_triton", "use_polar_express", "use_gram_newton_schulz",
-                       "newton_schulz_func", "verbose", "triton_post_ortho", "selection_scope", "selection_dim"});
-  s.python.behaviours = {"mesh", "selection_report"};
   return s;
 }
 
@@ -261,8 +245,6 @@ AlgorithmSpec nordion2_spec() {
   AlgorithmSpec s = dion2_spec();
   s.name = "nordion2";
   s.aliases = {"dion3"};
-  s.class_name = "NorDion2";
-  s.class_aliases = {"Dion3"};
   s.state = [](const ParamView& p, const Options&) {
     return std::vector<StateSpec>{momentum_like(p), neuron_variance(p)};
   };
@@ -276,17 +258,6 @@ AlgorithmSpec nordion2_spec() {
                                 "supported (the row selection would not equal one process's); shard another dim");
   };
   s.update = nordion2_step;
-  s.train_options = [](Options& d, const TrainKnobs& k) {
-    d.fraction(k.ortho_fraction).mu(k.mu).muon_beta2(0.95).adjust_lr(k.adjust_lr);
-  };
-  s.python.doc =
-      "NorDion2 (reference: dion/nordion2.py); also exported as Dion3. mu is the error-feedback decay "
-      "here. triton_post_ortho is accepted and ignored.";
-  s.python.keywords =
-      python_keywords({"distributed_mesh", "lr", "fraction", "mu", "muon_beta2", "betas", "weight_decay", "epsilon",
-                       "adjust_lr", "flatten", "use_triton", "use_polar_express", "use_gram_newton_schulz",
-                       "newton_schulz_func", "triton_post_ortho", "selection_scope"});
-  s.python.behaviours = {"mesh"};
   return s;
 }
 

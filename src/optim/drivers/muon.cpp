@@ -66,26 +66,15 @@ void normuon_step(const Batch& b, const Options& o, const Env& e) { muon_family_
 AlgorithmSpec muon_spec() {
   AlgorithmSpec s;
   s.name = "muon";
-  s.train_reference_variants = {"muon_reference"};
-  s.class_name = "Muon";
   s.supports_split_sizes = true;
   s.state = [](const ParamView& p, const Options&) { return std::vector<StateSpec>{momentum_like(p)}; };
   s.update = muon_step;
-  s.train_options = [](Options& d, const TrainKnobs& k) { d.mu(k.mu).nesterov(true).adjust_lr(k.adjust_lr); };
-  s.train_gram_newton_schulz = true;
-  s.python.doc = "Muon (reference: dion/muon.py).";
-  s.python.keywords = python_keywords({"distributed_mesh", "lr", "mu", "betas", "weight_decay", "cautious_wd",
-                                       "epsilon", "nesterov", "adjust_lr", "flatten", "use_gram_newton_schulz",
-                                       "use_triton", "use_polar_express", "newton_schulz_func"});
-  s.python.behaviours = {"mesh"};
   return s;
 }
 
 AlgorithmSpec normuon_spec() {
   AlgorithmSpec s = muon_spec();
   s.name = "normuon";
-  s.train_reference_variants = {};
-  s.class_name = "NorMuon";
   s.state = [](const ParamView& p, const Options&) {
     return std::vector<StateSpec>{momentum_like(p), neuron_variance(p)};
   };
@@ -98,14 +87,6 @@ AlgorithmSpec normuon_spec() {
                                 ") is not supported; shard the last dim instead");
   };
   s.update = normuon_step;
-  s.train_options = [](Options& d, const TrainKnobs& k) {
-    d.mu(k.mu).muon_beta2(0.95).nesterov(true).adjust_lr(k.adjust_lr);
-  };
-  s.train_gram_newton_schulz = false;  // train.py does not pass it to NorMuon
-  s.python.doc = "NorMuon (reference: dion/normuon.py).";
-  s.python.keywords = python_keywords(
-      {"distributed_mesh", "lr", "mu", "muon_beta2", "betas", "weight_decay", "cautious_wd", "epsilon", "nesterov",
-       "adjust_lr", "flatten", "use_gram_newton_schulz", "use_triton", "use_polar_express", "newton_schulz_func"});
   return s;
 }
 

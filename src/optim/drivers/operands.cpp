@@ -67,38 +67,4 @@ StateSpec neuron_variance(const ParamView& p) {
   return {"variance_neuron", std::move(shape), p.param.scalar_type(), StateLayout::NEURON};
 }
 
-std::vector<PythonKeyword> python_keywords(const std::vector<std::string>& names) {
-  // The reference's keywords and defaults (microsoft/dion: the classes of its orthonormal family).
-  static const std::vector<PythonKeyword> known = {
-      {"distributed_mesh", "None", "mesh"},
-      {"lr", "0.01"},
-      {"fraction", "0.25", "float"},
-      {"ef_decay", "0.95"},
-      {"mu", "0.95"},
-      {"muon_beta2", "0.95"},
-      {"betas", "(0.9, 0.95)"},
-      {"weight_decay", "0.01"},
-      {"cautious_wd", "False"},
-      {"epsilon", "1e-08"},
-      {"nesterov", "False"},
-      {"adjust_lr", "'spectral_norm'"},
-      {"flatten", "False"},
-      {"use_gram_newton_schulz", "False", "extra"},
-      {"use_triton", "False", "extra"},
-      {"use_polar_express", "True", "extra"},
-      {"newton_schulz_func", "None", "extra"},
-      {"verbose", "False", "attribute"},
-      {"triton_post_ortho", "False", "ignored"},
-      {"selection_scope", "'local'"},
-      {"selection_dim", "'shorter'"},
-  };
-  std::vector<PythonKeyword> out;
-  for (const std::string& n : names) {
-    auto it = std::find_if(known.begin(), known.end(), [&](const PythonKeyword& k) { return k.name == n; });
-    TORCH_CHECK(it != known.end(), "python_keywords: no keyword '", n, "'");
-    out.push_back(*it);
-  }
-  return out;
-}
-
 }  // namespace dion::driver

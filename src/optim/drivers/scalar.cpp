@@ -61,7 +61,6 @@ AlgorithmSpec adamw_spec() {
                        " must be a floating-point dtype (e.g. the parameter's, or bfloat16)");
   };
   s.update = adamw_update;
-  s.train_options = [](Options& d, const TrainKnobs&) { d.betas({0.9, 0.95}); };  // torch.optim.AdamW in train.py
   return s;
 }
 
@@ -74,7 +73,6 @@ AlgorithmSpec lion_spec() {
   s.lm_head_lr_scaled = true;  // the Dion paper's lm_head scale (App. D.2)
   s.state = [](const ParamView& p, const Options&) { return std::vector<StateSpec>{momentum_like(p)}; };
   s.update = lion_update;
-  s.train_options = [](Options& d, const TrainKnobs&) { d.betas({0.9, 0.99}); };
   return s;
 }
 

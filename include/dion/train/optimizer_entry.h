@@ -1,0 +1,50 @@
+// dion/train/optimizer_entry.h — what dion-train knows of an algorithm beyond the optimizer's
+// contract (dion/optim/algorithm.h): how the reference's train.py constructs its class.
+//
+// API summary
+// -----------
+//   const TrainEntry& e = dion::train::train_entry("dion2");  // the built-in table, or registered
+//   dion::train::find_train_entry("my_algo")                 // nullptr: it has none (the default)
+//   e.options(defaults, knobs)   // train.py's constructor call: which knobs reach the class, how
+//   dion::train::register_train_entry("my_algo", {...})       // an entry for a plugin's algorithm
+//
+// An algorithm with no entry (a plugin's) gets the default: the class's defaults with the
+// config's lr, mu and weight_decay, use_gram_newton_schulz not passed, no reference variants.
+// The built-in table is src/train/optimizer_entries.cpp, keyed by the algorithm's name.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dion/optim/options.h"
+
+namespace dion::train {
+
+// The config keys (train.py's command line) an algorithm's class is built from.
+struct TrainKnobs {
+  double lr = 0.0, mu = 0.0, weight_decay = 0.0, ortho_fraction = 0.0, rcqr_oversample = 0.0;
+  std::string adjust_lr = {};
+  bool mixed_precision = false;
+};
+
+struct TrainEntry {
+  // Writes the knobs into the class's defaults (lr and weight_decay are already set), as
+  // train.py's constructor call does. Null: nothing more.
+  std::function<void(Options& defaults, const TrainKnobs& knobs)> options = {};
+  bool gram_newton_schulz = false;  // train.py passes use_gram_newton_schulz to this class
+  // train.py's names of variants of this algorithm that are not implemented here: the config
+  // refuses them and names this one as the nearest.
+  std::vector<std::string> reference_variants = {};
+};
+
+// The entry of the algorithm `name` (its registered name, not an alias): a registered one, else
+// the built-in table's, else the default above. The reference stays valid until an entry of
+// the same name is registered.
+const TrainEntry& train_entry(const std::string& name);
+// The registered or built-in entry of `name`; nullptr when it has none (train_entry's default).
+const TrainEntry* find_train_entry(const std::string& name);
+// Adds or replaces the entry of `name` (a program's own algorithm, a test's).
+void register_train_entry(const std::string& name, TrainEntry entry);
+
+}  // namespace dion::train

@@ -1,0 +1,75 @@
+// src/train/optimizer_entries.cpp — dion-train's table of the built-in algorithms: how the
+// reference's train.py constructs each class (dion/train/optimizer_entry.h).
+#include "dion/train/optimizer_entry.h"
+
+#include <map>
+#include <mutex>
+
+namespace dion::train {
+
+namespace {
+
+std::map<std::string, TrainEntry> builtin_entries() {
+  std::map<std::string, TrainEntry> t;
+  t["muon"] = {.options = [](Options& d, const TrainKnobs& k) { d.mu(k.mu).nesterov(true).adjust_lr(k.adjust_lr); },
+               .gram_newton_schulz = true,
+               .reference_variants = {"muon_reference"}};
+  t["normuon"] = {
+      .options = [](Options& d,
+                    const TrainKnobs& k) { d.mu(k.mu).muon_beta2(0.95).nesterov(true).adjust_lr(k.adjust_lr); },
+      .gram_newton_schulz = false};  // train.py does not pass it to NorMuon
+  t["dion2"] = {
+      .options = [](Options& d,
+                    const TrainKnobs& k) { d.fraction(k.ortho_fraction).ef_decay(k.mu).adjust_lr(k.adjust_lr); },
+      .gram_newton_schulz = true};
+  t["nordion2"] = {.options =
+                       [](Options& d, const TrainKnobs& k) {
+                         d.fraction(k.ortho_fraction).mu(k.mu).muon_beta2(0.95).adjust_lr(k.adjust_lr);
+                       },
+                   .gram_newton_schulz = true};
+  t["dion"] = {.options =
+                   [](Options& d, const TrainKnobs& k) {
+                     d.mu(k.mu).rank_fraction(k.ortho_fraction).oversample(k.rcqr_oversample);
+                     // train.py's DionMixedPrecisionConfig(momentum, variance, Q: bf16); the variance is the
+                     // scalar groups' (their momentum stays the parameter's: docs/train.md).
+                     if (k.mixed_precision)
+                       d.momentum_dtype(at::kBFloat16).Q_dtype(at::kBFloat16).variance_dtype(at::kBFloat16);
+                   },
+               .reference_variants = {"dion_reference", "dion_simple"}};
+  // torch.optim.AdamW in train.py; Lion's betas are its class's.
+  t["adamw"] = {.options = [](Options& d, const TrainKnobs&) { d.betas({0.9, 0.95}); }};
+  t["lion"] = {.options = [](Options& d, const TrainKnobs&) { d.betas({0.9, 0.99}); }};
+  return t;
+}
+
+struct Table {
+  std::mutex mu;
+  std::map<std::string, TrainEntry> entries = builtin_entries();
+};
+Table& table() {
+  static Table t;
+  return t;
+}
+
+}  // namespace
+
+const TrainEntry* find_train_entry(const std::string& name) {
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  const auto it = t.entries.find(name);
+  return it == t.entries.end() ? nullptr : &it->second;
+}
+
+const TrainEntry& train_entry(const std::string& name) {
+  static const TrainEntry fallback{.options = [](Options& d, const TrainKnobs& k) { d.mu(k.mu); }};
+  const TrainEntry* e = find_train_entry(name);
+  return e ? *e : fallback;
+}
+
+void register_train_entry(const std::string& name, TrainEntry entry) {
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.entries.insert_or_assign(name, std::move(entry));
+}
+
+}  // namespace dion::train
