@@ -215,7 +215,7 @@ def train_one(build, data, out, p, phase, name, lr, seed, path="exact", extra=No
         os.makedirs(rd, exist_ok=True)
         if os.path.exists(metrics):
             os.remove(metrics)
-        keys = dict(OPTIMIZERS[name][0])
+        keys = dict(OPTIMIZERS[name][0]) if name in OPTIMIZERS else {}  # else `extra` names the optimizer
         keys.update(scalar_opt="adamw", lr=lr, seed=seed, data_dir=data, run_dir=rd, vocab_size=VOCAB,
                     n_layer=p["n_layer"], model_dim=p["model_dim"], n_head=p["n_head"],
                     sequence_length=p["sequence_length"], batch_size=p["batch_size"],

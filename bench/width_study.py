@@ -41,6 +41,9 @@ import width_report  # noqa: E402
 BenchError = convergence.BenchError
 
 STUDY_OPTIMIZERS = ["adamw", "muon", "dion2-1", "dion2-0.5", "dion2-0.25", "dion3-0.25"]
+# The study's optimizers as dion-train keys (convergence.OPTIMIZERS, and Dion2 at 0.5).
+OPTIMIZER_KEYS = dict({n: keys for n, (keys, _) in convergence.OPTIMIZERS.items()},
+                      **{"dion2-0.5": {"optimizer": "dion2", "ortho_fraction": 0.5}})
 # Which runs start first when several are ready: AdamW's sweeps (every matrix optimizer's scalar
 # lr waits on them), then width by width; the shorter schedules after the middle width, the "why"
 # runs last; within a width, the optimizers in this order.
@@ -143,7 +146,7 @@ class Study:
 
     def extra(self, i, name, seed):
         """The keys beside the preset's: data order from the seed; the scalars' lr from AdamW."""
-        keys = {"data_seed": seed}
+        keys = dict(OPTIMIZER_KEYS[name], data_seed=seed)
         if name != "adamw":
             a = self.tuned(i, "adamw")
             if a is None or not math.isfinite(a[0]):

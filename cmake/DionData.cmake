@@ -5,7 +5,7 @@
 # Defines:
 #   dion_data        static library (include/dion/data, src/data); no LibTorch
 #   dion-data        the command-line tool (tools/dion-data)
-#   dion_data_tests  GoogleTest suite (tests/data_tools), with DION_BUILD_TESTS
+#   dion_data_tests  GoogleTest suite (tests/data), with DION_BUILD_TESTS
 #   bench_tokenizer  Google Benchmark (bench/tokenizer), with DION_BUILD_BENCH and benchmark found
 #   fuzz_shard_header, fuzz_tokenizer  libFuzzer targets (tests/fuzz), with DION_FUZZ (clang)
 #   fuzz_config      libFuzzer target of dion-train's config parser (src/train/config_*.cpp have
@@ -75,15 +75,15 @@ target_link_libraries(dion-data PRIVATE dion_data CLI11::CLI11 fmt::fmt dion_war
 # ---------------------------------------------------------------------------- tests
 if(DION_BUILD_TESTS)
   add_executable(dion_data_tests
-    ${DION_DATA_ROOT}/tests/data_tools/http_server.cpp
-    ${DION_DATA_ROOT}/tests/data_tools/test_bytes.cpp
-    ${DION_DATA_ROOT}/tests/data_tools/test_cli.cpp
-    ${DION_DATA_ROOT}/tests/data_tools/test_download.cpp
-    ${DION_DATA_ROOT}/tests/data_tools/test_prepare.cpp
-    ${DION_DATA_ROOT}/tests/data_tools/test_prepare_safety.cpp
-    ${DION_DATA_ROOT}/tests/data_tools/test_shard.cpp
-    ${DION_DATA_ROOT}/tests/data_tools/test_tokenizer.cpp
-    ${DION_DATA_ROOT}/tests/data_tools/test_util.cpp)
+    ${DION_DATA_ROOT}/tests/data/http_server.cpp
+    ${DION_DATA_ROOT}/tests/data/test_bytes.cpp
+    ${DION_DATA_ROOT}/tests/data/test_cli.cpp
+    ${DION_DATA_ROOT}/tests/data/test_download.cpp
+    ${DION_DATA_ROOT}/tests/data/test_prepare.cpp
+    ${DION_DATA_ROOT}/tests/data/test_prepare_safety.cpp
+    ${DION_DATA_ROOT}/tests/data/test_shard.cpp
+    ${DION_DATA_ROOT}/tests/data/test_tokenizer.cpp
+    ${DION_DATA_ROOT}/tests/data/test_util.cpp)
   target_link_libraries(dion_data_tests PRIVATE
     dion_data GTest::gtest GTest::gtest_main nlohmann_json::nlohmann_json fmt::fmt dion_warnings)
   target_compile_definitions(dion_data_tests PRIVATE

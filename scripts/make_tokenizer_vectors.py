@@ -2,9 +2,9 @@
 """make_tokenizer_vectors.py — dev-time generator of the GPT-2 tokenizer test vectors.
 
 Writes, from tiktoken's `gpt2` encoding built offline from the local GPT-2 files:
-  tests/data/tokenizer/hard_strings.json    hard inputs (unicode, emoji, whitespace runs,
+  tests/vectors/tokenizer/hard_strings.json    hard inputs (unicode, emoji, whitespace runs,
                                             contractions, digits, invalid UTF-8, fuzz) + ids
-  tests/data/tokenizer/tinyshakespeare.json token count, FNV-1a-64 hashes, first/last 1000 ids
+  tests/vectors/tokenizer/tinyshakespeare.json token count, FNV-1a-64 hashes, first/last 1000 ids
 
 Invalid UTF-8: tiktoken encodes str, so the expected ids are those of
 bytes.decode("utf-8", errors="replace") — the rule dion's tokenizer implements.
@@ -151,7 +151,7 @@ def expected_ids(enc, data: bytes, special: bool):
 # ---------------------------------------------------------------------------- generate
 
 def generate(enc, args):
-    out_dir = os.path.join(REPO, "tests", "data", "tokenizer")
+    out_dir = os.path.join(REPO, "tests", "vectors", "tokenizer")
     os.makedirs(out_dir, exist_ok=True)
     cases = []
     for name, data, special in hard_cases() + fuzz_cases():

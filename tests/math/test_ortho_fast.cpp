@@ -8,7 +8,7 @@
 //     class (batched small, block-row square, wide, tall), and a bounded distance to the exact
 //     path's output;
 //   - gram_newton_schulz: its band, rank-deficient and zero inputs, and the gram-newton-schulz
-//     package's own output (tests/data/gram, tests/reference/make_gram_vectors.py);
+//     package's own output (tests/vectors/gram, tests/reference/make_gram_vectors.py);
 //   - workspaces: a second call does not overwrite the first call's result;
 //   - OrthoConfig: path / use_gram_newton_schulz dispatch, and an optimizer step on each path.
 //
@@ -341,7 +341,7 @@ TEST(GramNewtonSchulz, RankDeficientStaysBounded) {
   EXPECT_LE(svdvals(U).max().item<double>(), 1.20);
 }
 
-// Against the package itself (tests/data/gram, recorded in fp16 with its torch backend and no
+// Against the package itself (tests/vectors/gram, recorded in fp16 with its torch backend and no
 // compilation). With dtype fp16 we run the same operations in the same order and orientation
 // on the same kernels; only the square case differs (our normalization divides the fp16 copy,
 // the package divides in fp32 first). Measured max |diff|: 0 for wide and tall, 8.5e-4 for
@@ -356,7 +356,7 @@ TEST(GramNewtonSchulz, RankDeficientStaysBounded) {
 // 19x under one fp16 rounding of them (2^-11 x 0.39 = 1.9e-4), so a step left in fp16 fails.
 TEST(GramNewtonSchulz, MatchesTheGramNewtonSchulzPackage) {
   const auto st =
-      dion::testing::load_safetensors(std::string(DION_SOURCE_DIR) + "/tests/data/gram/gram_newton_schulz.safetensors");
+      dion::testing::load_safetensors(std::string(DION_SOURCE_DIR) + "/tests/vectors/gram/gram_newton_schulz.safetensors");
   for (const char* name : {"wide", "tall", "square", "wide_1to3"}) {
     const at::Tensor G = st.at(std::string(name) + ".G");
     const at::Tensor want = st.at(std::string(name) + ".U");

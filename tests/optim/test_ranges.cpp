@@ -1,4 +1,4 @@
-// The reference's ranges through the C++ API: the rows of tests/data/reference_ranges.json whose
+// The reference's ranges through the C++ API: the rows of tests/vectors/reference_ranges.json whose
 // option is a hyperparameter of the table (dion/optim/hyperparameters.h), set on a named
 // optimizer's defaults (its constructor's arguments) and on a param group (Override).
 //
@@ -28,8 +28,8 @@ using nlohmann::json;
 using Groups = std::vector<dion::ParamGroup>;
 
 json table() {
-  std::ifstream in(std::string(DION_SOURCE_DIR) + "/tests/data/reference_ranges.json");
-  EXPECT_TRUE(in.good()) << "tests/data/reference_ranges.json not found";
+  std::ifstream in(std::string(DION_SOURCE_DIR) + "/tests/vectors/reference_ranges.json");
+  EXPECT_TRUE(in.good()) << "tests/vectors/reference_ranges.json not found";
   return json::parse(in);
 }
 

@@ -1,6 +1,6 @@
 // Reference vectors: dion-cpp against microsoft/dion, step by step.
 //
-// Each tests/data/reference/<case>.safetensors was recorded by tests/reference/make_vectors.py
+// Each tests/vectors/reference/<case>.safetensors was recorded by tests/reference/make_vectors.py
 // running the reference optimizer on CPU (one process, torch.compile off). This test rebuilds
 // the same optimizer from the case's metadata, feeds the same gradients, and after every step
 // compares every parameter and every state tensor.
@@ -68,7 +68,7 @@ std::string key(const char* prefix, size_t i, const std::string& suffix) {
   return k;
 }
 
-std::string reference_dir() { return std::string(DION_SOURCE_DIR) + "/tests/data/reference"; }
+std::string reference_dir() { return std::string(DION_SOURCE_DIR) + "/tests/vectors/reference"; }
 
 std::vector<std::string> case_names() {
   std::vector<std::string> names;

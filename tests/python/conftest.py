@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-REFERENCE_DIR = os.path.join(os.path.dirname(__file__), "..", "data", "reference")
+REFERENCE_DIR = os.path.join(os.path.dirname(__file__), "..", "vectors", "reference")
 
 _DTYPES = {"F32": (np.float32, None), "F64": (np.float64, None), "I64": (np.int64, None),
            "BF16": (np.uint16, torch.bfloat16)}

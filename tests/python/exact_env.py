@@ -1,7 +1,7 @@
 """The exact environment on the Python side: the mirror of tests/support/exact_env.h.
 
 Every CPU-dependent choice of torch's CPU kernels pinned, so that the reference vectors
-(tests/data/reference, recorded by microsoft/dion under the same pins) reproduce bit for bit on
+(tests/vectors/reference, recorded by microsoft/dion under the same pins) reproduce bit for bit on
 any x86-64 CPU: ATen's scalar kernels (ATEN_CPU_CAPABILITY=default), MKL's reproducible code path
 (MKL_CBWR=COMPATIBLE), one thread, and oneDNN off (its bf16 GEMM kernels differ per CPU:
 AMX, AVX512-BF16, AVX512, AVX2). tests/reference/README.md, "Exactness", has the measurements.

@@ -3,7 +3,7 @@ reference (microsoft/dion) and dion_cpp.
 
 What it is: the case list and the run itself, shared by the recorder
 (tests/reference/make_scheduler_vectors.py, which runs the reference and writes
-tests/data/reference/scheduled/<case>.safetensors) and the tests (test_scheduled.py replays
+tests/vectors/reference/scheduled/<case>.safetensors) and the tests (test_scheduled.py replays
 the vectors through dion_cpp; test_live_reference.py runs both side by side when the reference
 is importable). A run: parameters and gradients drawn from a seed, groups of matrices plus an
 adamw and a lion vector group, the scheduler stepped after every optimizer step, the

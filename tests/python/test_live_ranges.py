@@ -1,4 +1,4 @@
-"""The reference's ranges table (tests/data/reference_ranges.json), checked against microsoft/dion
+"""The reference's ranges table (tests/vectors/reference_ranges.json), checked against microsoft/dion
 itself: every value the table says the reference accepts must build and step there, every value it
 says the reference refuses must raise there.
 

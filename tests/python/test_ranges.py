@@ -1,7 +1,7 @@
 """The reference's ranges: every constructor argument and param-group key of every class, with the
 values microsoft/dion accepts and refuses, against dion_cpp.
 
-The table is data, tests/data/reference_ranges.json: for each option and class the reference's
+The table is data, tests/vectors/reference_ranges.json: for each option and class the reference's
 rule with the line that decides it (file:line at the commit named there), dion_cpp's rule, and
 sample values at the boundaries (0, 1, negative, just above 1, NaN, inf), sorted into
   accepted  both accept them: dion_cpp constructs, steps once and keeps the weights finite;
@@ -28,7 +28,7 @@ import torch
 import dion_cpp
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-with open(os.path.join(ROOT, "tests", "data", "reference_ranges.json")) as f:
+with open(os.path.join(ROOT, "tests", "vectors", "reference_ranges.json")) as f:
     TABLE = json.load(f)
 SPECIAL = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 REFUSAL = (ValueError, TypeError, NotImplementedError)

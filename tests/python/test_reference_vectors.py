@@ -1,6 +1,6 @@
 """dion_cpp against microsoft/dion, through the committed vectors (no reference needed).
 
-Each tests/data/reference/<case>.safetensors holds a case description (the optimizer class,
+Each tests/vectors/reference/<case>.safetensors holds a case description (the optimizer class,
 its constructor keywords, the param groups with the reference's keys), the initial
 parameters, every step's gradients, and the reference's parameters and state after every
 step. We rebuild the same optimizer from dion_cpp with the same keywords and groups (so the

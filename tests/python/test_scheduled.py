@@ -1,6 +1,6 @@
 """dion_cpp under torch.optim LR schedulers, against recorded reference runs.
 
-tests/data/reference/scheduled/<case>.safetensors (tests/reference/make_scheduler_vectors.py)
+tests/vectors/reference/scheduled/<case>.safetensors (tests/reference/make_scheduler_vectors.py)
 holds a reference run of 30 steps under a scheduler (train.py's warmup/warmdown LambdaLR,
 CosineAnnealingLR, OneCycleLR): every step's gradients, parameters and group lrs, and the state
 every 10th step. The same run through dion_cpp (tests/python/scheduled_runs.py):

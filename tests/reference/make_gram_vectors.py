@@ -8,7 +8,7 @@ class on CPU with its torch backend (ns_use_kernels=False) and without torch.com
 outputs to one safetensors file. It needs the package (pip install gram-newton-schulz==0.1.6);
 the vectors it wrote are data, the package's code is not part of this repository.
 
-    python3 tests/reference/make_gram_vectors.py --out tests/data/gram/gram_newton_schulz.safetensors
+    python3 tests/reference/make_gram_vectors.py --out tests/vectors/gram/gram_newton_schulz.safetensors
 """
 import argparse
 import json

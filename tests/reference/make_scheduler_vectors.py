@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Record scheduled-run vectors from microsoft/dion: each optimizer class under an LR scheduler.
 
-What it is: the script that produced tests/data/reference/scheduled/*.safetensors. The cases and
+What it is: the script that produced tests/vectors/reference/scheduled/*.safetensors. The cases and
 the run itself are tests/python/scheduled_runs.py (shared with the test that replays them,
 tests/python/test_scheduled.py); this script runs them with the reference and writes the
 initial parameters, every step's gradients, and after every step the parameters, each group's
@@ -11,7 +11,7 @@ What it is not: it neither fetches nor builds the reference. Point PYTHONPATH at
 microsoft/dion (the commit used is recorded in each file's metadata) and run:
 
     TORCH_COMPILE_DISABLE=1 PYTHONPATH=/path/to/dion python3 tests/reference/make_scheduler_vectors.py \
-        --out tests/data/reference/scheduled
+        --out tests/vectors/reference/scheduled
 
 File format and tensor names as make_vectors.py (p{i}.init, g{i}.s{t}, p{i}.s{t}, and
 st{i}.{key}.s{t} at every 10th step), plus lr{g}.s{t}: group g's lr after step t's

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Record reference test vectors from microsoft/dion, run on CPU in one process.
 
-What it is: the script that produced tests/data/reference/*.safetensors. For every case below
+What it is: the script that produced tests/vectors/reference/*.safetensors. For every case below
 it builds parameters and gradients from a seed, runs the reference optimizer for a few steps,
 and writes the initial parameters, each step's gradients, and the parameters and optimizer
 state after each step. tests/optim/test_reference.cpp replays the same steps through dion-cpp and
@@ -11,7 +11,7 @@ What it is not: it neither fetches nor builds the reference. Point PYTHONPATH at
 microsoft/dion (the commit used is recorded in each file's metadata) and run:
 
     TORCH_COMPILE_DISABLE=1 PYTHONPATH=/path/to/dion python3 tests/reference/make_vectors.py \
-        --out tests/data/reference
+        --out tests/vectors/reference
 
 The script pins the exact environment itself before torch runs a kernel (tests/python/exact_env.py:
 ATen's scalar kernels, MKL's reproducible path, one thread, oneDNN off), so that the vectors

@@ -1,5 +1,5 @@
 // tests/support/exact_env.h — the exact environment: every CPU-dependent choice of LibTorch's CPU
-// kernels pinned, so that the reference vectors (tests/data/reference, recorded by
+// kernels pinned, so that the reference vectors (tests/vectors/reference, recorded by
 // microsoft/dion in the same environment) reproduce bit for bit on any x86-64 CPU.
 //
 // What depends on the CPU, and how each is pinned (tests/reference/README.md, "Exactness", has

@@ -1,5 +1,5 @@
 // tests/support/safetensors.h — the tests' name for the library's safetensors reader, which
-// loads the reference vectors (tests/data/reference/*.safetensors).
+// loads the reference vectors (tests/vectors/reference/*.safetensors).
 //
 // The reader itself is dion/train/safetensors.h (target dion_safetensors); this header only
 // keeps the tests' spelling: dion::testing::load_safetensors(path) -> SafeTensors with

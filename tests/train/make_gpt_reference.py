@@ -7,7 +7,7 @@ checks our C++ GPT against. Dev-time only: it imports microsoft/dion's models/gp
     PYTHONPATH=/tmp/dion_ref TORCH_COMPILE_DISABLE=1 python3 tests/train/make_gpt_reference.py           # write
     PYTHONPATH=/tmp/dion_ref TORCH_COMPILE_DISABLE=1 python3 tests/train/make_gpt_reference.py --check   # compare
 
-What it records (tests/data/train/gpt_reference.json):
+What it records (tests/vectors/train/gpt_reference.json):
   - the 160M config's parameter count (GPT built on the meta device);
   - for a small GPT (2 layers, 64 wide, 4 heads, T 32): the model built on the meta device,
     moved to CPU, torch.manual_seed(SEED), model.init_weights() — the reference's own init —
@@ -20,7 +20,7 @@ import json
 import os
 import sys
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "train", "gpt_reference.json")
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vectors", "train", "gpt_reference.json")
 SEED = 1234
 SMALL = dict(sequence_len=32, vocab_size=50304, n_layer=2, n_head=4, n_embd=64)
 B, T = 2, 32

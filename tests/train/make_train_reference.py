@@ -9,7 +9,7 @@ get_lr schedule, its loop and its torch.nn.utils.get_total_norm — on the CPU, 
     build/dion-data prepare -q -o /tmp/shakespeare_shards --shard-size 100000 \\
         --tokenizer data/gpt2 data/tinyshakespeare/input.txt
     python3 tests/train/make_train_reference.py --reference /tmp/dion_ref \\
-        --data-dir /tmp/shakespeare_shards            # writes tests/data/train/train_reference.json
+        --data-dir /tmp/shakespeare_shards            # writes tests/vectors/train/train_reference.json
     ... --check                                       # reruns and compares with the saved file
 
 train.py needs CUDA and torchrun; what this script changes around it, and nothing else:
@@ -38,7 +38,7 @@ import sys
 import tempfile
 import types
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "train", "train_reference.json")
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vectors", "train", "train_reference.json")
 SEED = 1337  # dion-train's default seed
 STEPS = 10
 # 2 layers, 64 wide, 2 heads, T 64, one micro-batch of 4 sequences; warmdown over the last 2 steps.

@@ -2,7 +2,7 @@
 // norm, grad_clip, the non-finite step guard, the scalar groups' betas. dion-train as real
 // processes on the committed Tiny Shakespeare (Gloo over loopback for the layouts).
 //
-// - train.py's own trajectory (tests/data/train/train_reference.json, recorded by
+// - train.py's own trajectory (tests/vectors/train/train_reference.json, recorded by
 //   tests/train/make_train_reference.py from the reference's train.py main() on the CPU): with
 //   the default scalar_beta1/2 (0.9, 0.95) every loss of 10 steps and the final val loss agree
 //   within 1e-6 relative (measured: bit-identical), and every grad_norm equals torch's
@@ -120,8 +120,8 @@ TEST_F(Numerics, ReplaysTrainPysTrajectoryLossesAndGradNorms) {
       }
     return std::string("avx2");
   }();
-  const std::string file = family == "avx512" ? "tests/data/train/train_reference.json"
-                                              : "tests/data/train/train_reference_" + family + ".json";
+  const std::string file = family == "avx512" ? "tests/vectors/train/train_reference.json"
+                                              : "tests/vectors/train/train_reference_" + family + ".json";
   std::ifstream f(test::source_dir() / file);
   ASSERT_TRUE(f) << file << " is missing (tests/train/make_train_reference.py writes it on such a CPU)";
   const nlohmann::json ref = nlohmann::json::parse(f);

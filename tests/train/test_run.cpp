@@ -392,7 +392,7 @@ TEST_F(TrainRun, InconsistentShardFolderIsRefusedNamingTheFiles) {
         {"fineweb_train_000002.bin", "fineweb_train_000003.bin"}},
        {"no shard number 2", "fineweb_train_000003.bin"}},
       // A consistent-looking set whose swap is unfinished (dion-data prepare killed mid-swap:
-      // the journal is there): the loader refuses it (tests/data_tools/test_prepare_safety.cpp
+      // the journal is there): the loader refuses it (tests/data/test_prepare_safety.cpp
       // kills the swap at each of its steps).
       {"half swapped",
        {{"fineweb_val_000000.bin", "fineweb_val_000000.bin"},

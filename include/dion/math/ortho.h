@@ -104,7 +104,7 @@ at::Tensor gram_newton_schulz(const at::Tensor& G, double epsilon = 1e-7,
 // So the FAST path and Gram NS pick their CPU compute dtype by what the CPU has:
 //   - the dtype they would use (Gram NS: fp16, the package's; FAST: OrthoConfig::dtype) when
 //     cpu_has_native_gemm says its GEMMs are native. For Gram NS that keeps the package's bits
-//     (tests/data/gram: max |diff| 0) at fp32's speed or better; native bf16 is kept as the
+//     (tests/vectors/gram: max |diff| 0) at fp32's speed or better; native bf16 is kept as the
 //     reference's dtype although on this AMX-less Xeon it is no faster than fp32;
 //   - else fp32: never a less precise type (bf16 instead of fp16 would break Gram NS's band),
 //     and there the fastest accurate one.

@@ -83,7 +83,7 @@ using OptionalDtype = std::optional<at::ScalarType>;  // nullopt: the parameter'
 //     or an AdamW element with zero variance then divides 0 by 0 and the weights turn NaN);
 //   - and a param group is checked like the constructor's arguments (the reference checks
 //     only those; torch.optim's add_param_group checks nothing).
-// tests/data/reference_ranges.json holds the reference's rule for each option, with its line.
+// tests/vectors/reference_ranges.json holds the reference's rule for each option, with its line.
 namespace rule {
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 

@@ -284,7 +284,7 @@ TEST(SafeTensors, HandMadeFileWithZeroSizeTensorsAndPadding) {
 
 // The reference vectors (written by tests/reference/make_vectors.py's own writer) all load.
 TEST(SafeTensors, ReferenceVectorsLoad) {
-  const fs::path dir = fs::path(DION_SOURCE_DIR) / "tests/data/reference";
+  const fs::path dir = fs::path(DION_SOURCE_DIR) / "tests/vectors/reference";
   size_t n = 0;
   for (const auto& e : fs::directory_iterator(dir)) {
     if (e.path().extension() != ".safetensors") continue;

@@ -1,6 +1,6 @@
 // tests/train/model/test_gpt.cpp — our GPT against the reference's (models/gpt_model.py).
 //
-// tests/data/train/gpt_reference.json was written by tests/train/make_gpt_reference.py with the
+// tests/vectors/train/gpt_reference.json was written by tests/train/make_gpt_reference.py with the
 // reference's own model (torch 2.11 CPU, fp32): the reference's init under torch.manual_seed,
 // the first values of every parameter, and the loss on a fixed batch. We build the same model
 // under the same seed and check:
@@ -24,7 +24,7 @@ namespace dion::train {
 namespace {
 
 nlohmann::json load_reference() {
-  std::ifstream f(test::source_dir() / "tests/data/train/gpt_reference.json");
+  std::ifstream f(test::source_dir() / "tests/vectors/train/gpt_reference.json");
   return nlohmann::json::parse(f);
 }
 

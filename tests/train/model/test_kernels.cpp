@@ -16,7 +16,7 @@
 //   applied (ATen's: after); 2e-2 of max|exact| allows that and another GEMM blocking (every
 //   output rounded to bf16, 2^-8 = 3.9e-3 relative, a few roundings deep; measured 6.3e-3).
 // The exact kind is ATen's own calls (at::linear, at::cross_entropy_loss), so the fast kind is
-// also checked against the reference GPT's recorded loss (tests/data/train/gpt_reference.json).
+// also checked against the reference GPT's recorded loss (tests/vectors/train/gpt_reference.json).
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -256,7 +256,7 @@ TEST(TrainKernels, Bf16OperandsLossEqualsAtenAndAllIgnoredIsNan) {
 // The whole GPT: fast against exact on every parameter's gradient, and against the reference's
 // recorded loss (the exact kind's tolerance there is 2e-5 absolute, test_gpt.cpp).
 TEST(TrainKernels, FastGptEqualsExactGptAndTheReferencesLoss) {
-  std::ifstream f(test::source_dir() / "tests/data/train/gpt_reference.json");
+  std::ifstream f(test::source_dir() / "tests/vectors/train/gpt_reference.json");
   const nlohmann::json ref = nlohmann::json::parse(f);
   const auto& c = ref.at("config");
   GPTConfig cfg{c.at("sequence_len"), c.at("vocab_size"), c.at("n_layer"), c.at("n_head"), c.at("n_embd")};

@@ -1,4 +1,4 @@
-// tests/data_tools/http_server.cpp — see http_server.h.
+// tests/data/http_server.cpp — see http_server.h.
 #include "http_server.h"
 
 #include <arpa/inet.h>

@@ -1,4 +1,4 @@
-// tests/data_tools/test_download.cpp — the downloader against a local server on 127.0.0.1
+// tests/data/test_download.cpp — the downloader against a local server on 127.0.0.1
 // (http_server.h): whole files, resume after a cut connection or from an old .part, servers that
 // ignore or botch Range, transient and permanent HTTP errors, bad content, redirects. Backoff
 // is shortened to milliseconds; nothing here leaves loopback.

@@ -1,4 +1,4 @@
-// tests/data_tools/http_server.h — a tiny HTTP/1.1 file server on 127.0.0.1 for the download
+// tests/data/http_server.h — a tiny HTTP/1.1 file server on 127.0.0.1 for the download
 // tests: serves in-memory files, honours "Range: bytes=N-" and If-Range (ETag or
 // Last-Modified), and can misbehave on purpose (cut the connection mid-body, fail with a status,
 // ignore Range, answer the wrong range, redirect, trickle the body, send huge headers).

@@ -1,4 +1,4 @@
-// tests/data_tools/test_util.cpp — see test_util.h.
+// tests/data/test_util.cpp — see test_util.h.
 #include "test_util.h"
 
 #include <algorithm>

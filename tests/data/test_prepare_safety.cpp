@@ -1,4 +1,4 @@
-// tests/data_tools/test_prepare_safety.cpp — prepare and the shard reader under hostile but
+// tests/data/test_prepare_safety.cpp — prepare and the shard reader under hostile but
 // realistic conditions (docs/errors.md): kill -9 during an --overwrite, two runs on
 // one folder, its own shards among the inputs, a FIFO, a shard truncated while read, the file
 // size limit, SIGTERM inside a long document, /dev/zero, NaN options, bad flags.

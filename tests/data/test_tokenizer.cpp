@@ -1,7 +1,7 @@
-// tests/data_tools/test_tokenizer.cpp — the GPT-2 tokenizer against tiktoken's ids.
+// tests/data/test_tokenizer.cpp — the GPT-2 tokenizer against tiktoken's ids.
 //
 // Expected ids come from scripts/make_tokenizer_vectors.py (tiktoken's gpt2 encoding built from
-// the same local files) and are committed under tests/data/tokenizer: ~420 hard strings
+// the same local files) and are committed under tests/vectors/tokenizer: ~420 hard strings
 // (unicode, emoji, whitespace runs, contractions, digits, invalid UTF-8, fuzz) and Tiny
 // Shakespeare (count, hash of all ids, first/last 1000). The tests read the repository's data/gpt2
 // and data/tinyshakespeare; a missing file fails the test, naming it.
@@ -48,7 +48,7 @@ std::string first_difference(const std::vector<uint32_t>& got, const std::vector
 
 TEST(Tokenizer, HardStringsMatchTiktoken) {
   DION_REQUIRE_TOKENIZER(tok);
-  const auto vectors = load_json(source_dir() / "tests/data/tokenizer/hard_strings.json");
+  const auto vectors = load_json(source_dir() / "tests/vectors/tokenizer/hard_strings.json");
   ASSERT_GE(vectors["cases"].size(), 400u);
   int failures = 0;
   for (const auto& c : vectors["cases"]) {
@@ -66,7 +66,7 @@ TEST(Tokenizer, HardStringsMatchTiktoken) {
 TEST(Tokenizer, TinyShakespeareMatchesTiktoken) {
   DION_REQUIRE_TOKENIZER(tok);
   const fs::path input = data_file("tinyshakespeare/input.txt");
-  const auto want = load_json(source_dir() / "tests/data/tokenizer/tinyshakespeare.json");
+  const auto want = load_json(source_dir() / "tests/vectors/tokenizer/tinyshakespeare.json");
   const std::string text = read_file(input);
   ASSERT_EQ(text.size(), want["input_bytes"].get<size_t>()) << input << " is not the file the vectors were made from";
   ASSERT_EQ(fmt_hex(fnv1a64(text)), want["input_fnv1a64"].get<std::string>())
@@ -89,7 +89,7 @@ TEST(Tokenizer, TinyShakespeareMatchesTiktoken) {
 
 TEST(Tokenizer, DecodeInvertsEncodeUpToInvalidUtf8) {
   DION_REQUIRE_TOKENIZER(tok);
-  const auto vectors = load_json(source_dir() / "tests/data/tokenizer/hard_strings.json");
+  const auto vectors = load_json(source_dir() / "tests/vectors/tokenizer/hard_strings.json");
   for (const auto& c : vectors["cases"]) {
     if (c["special"].get<bool>()) continue;
     const std::string input = from_hex(c["input_hex"]);

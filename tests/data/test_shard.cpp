@@ -1,4 +1,4 @@
-// tests/data_tools/test_shard.cpp — the FineWeb shard format: the bytes we write are the
+// tests/data/test_shard.cpp — the FineWeb shard format: the bytes we write are the
 // reference's layout, what we read is checked, and every corruption gives an error that names
 // the file and what is wrong.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// tests/data_tools/test_prepare.cpp — text -> shards: the token stream is EOT + tokens per
+// tests/data/test_prepare.cpp — text -> shards: the token stream is EOT + tokens per
 // document, shards are cut and named as the reference does, the val fraction routes whole
 // documents, the thread count does not change the output, and a failure leaves the output folder
 // as it was (no shard, no temporary).
@@ -286,7 +286,7 @@ TEST(Prepare, BadInputsAndOptionsAreRefusedUpFront) {
 TEST(Prepare, TinyShakespeareShardsHoldTiktokensIds) {
   DION_REQUIRE_TOKENIZER(tok);
   const fs::path input = data_file("tinyshakespeare/input.txt");
-  const auto want = nlohmann::json::parse(read_file(source_dir() / "tests/data/tokenizer/tinyshakespeare.json"));
+  const auto want = nlohmann::json::parse(read_file(source_dir() / "tests/vectors/tokenizer/tinyshakespeare.json"));
   TempDir out;
   data::PrepareOptions o;
   o.output_dir = out.path();

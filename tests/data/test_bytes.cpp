@@ -1,4 +1,4 @@
-// tests/data_tools/test_bytes.cpp — the byte tokenizer and the tokenizer slot of the shard
+// tests/data/test_bytes.cpp — the byte tokenizer and the tokenizer slot of the shard
 // header: byte shards of Tiny Shakespeare round-trip the text exactly, the header records the
 // tokenizer (and an old all-zero slot reads as GPT-2), a set mixing tokenizers is refused,
 // `inspect` decodes byte shards without the GPT-2 files and bounds their tokens by 257, and

@@ -1,4 +1,4 @@
-// tests/data_tools/test_cli.cpp — the dion-data program end to end: --help everywhere,
+// tests/data/test_cli.cpp — the dion-data program end to end: --help everywhere,
 // prepare + inspect on real text, a download from the local server, and the exit code and
 // message of each kind of bad input (the message names the file and what is wrong).
 #include <gtest/gtest.h>

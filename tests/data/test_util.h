@@ -1,8 +1,8 @@
-// tests/data_tools/test_util.h — what the data tools' tests share: where the data is, a
+// tests/data/test_util.h — what the data tools' tests share: where the data is, a
 // self-removing temporary folder, file helpers, hand-made shard bytes, and running dion-data.
 //
 // The tests never touch the network beyond 127.0.0.1 (see http_server.h) and never need
-// tiktoken: expected ids are committed under tests/data/tokenizer.
+// tiktoken: expected ids are committed under tests/vectors/tokenizer.
 #pragma once
 
 #include <cstdint>
