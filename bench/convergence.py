@@ -255,18 +255,36 @@ def run_all(build, data, out, p, jobs_list, jobs):
     return recs
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def common_args(doc, name, quick_help, smoke_help):
+    """The arguments every convergence study takes: --quick | --smoke, --out, --build, --jobs."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="the 10-minute version")
-    mode.add_argument("--smoke", action="store_true", help="plumbing only: 2 optimizers, 1 lr, a few steps")
-    ap.add_argument("--out", default="", help="output folder (default: runs/convergence[-quick|-smoke])")
+    mode.add_argument("--quick", action="store_true", help=quick_help)
+    mode.add_argument("--smoke", action="store_true", help=smoke_help)
+    ap.add_argument("--out", default="", help=f"output folder (default: runs/{name}[-quick|-smoke])")
     ap.add_argument("--build", default=os.environ.get("DION_BUILD_DIR", os.path.join(ROOT, "build")),
                     help="build folder with dion-train and dion-data")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    return ap
+
+
+def settle_args(args, name):
+    """(preset, absolute out folder) after checking --jobs and the two programs."""
+    if args.jobs < 1:
+        raise BenchError(f"--jobs {args.jobs}: must be >= 1")
+    for tool in ("dion-train", "dion-data"):
+        if not os.access(os.path.join(args.build, tool), os.X_OK):
+            raise BenchError(f"{os.path.join(args.build, tool)} is missing: build it (cmake --build {args.build} "
+                             f"--target dion-train dion-data) or pass --build")
+    preset = "smoke" if args.smoke else "quick" if args.quick else "full"
+    return preset, os.path.abspath(args.out or os.path.join(ROOT, "runs", name + ("" if preset == "full" else f"-{preset}")))
+
+
+def main():
+    ap = common_args(__doc__, "convergence", "the 10-minute version", "plumbing only: 2 optimizers, 1 lr, a few steps")
     ap.add_argument("--optimizers", default="", help=f"comma-separated subset of {','.join(OPTIMIZERS)}")
     args = ap.parse_args()
-    preset = "smoke" if args.smoke else "quick" if args.quick else "full"
+    preset, out = settle_args(args, "convergence")
     p = dict(PRESETS[preset])
     if args.optimizers:
         names = args.optimizers.split(",")
@@ -275,14 +293,7 @@ def main():
             raise BenchError(f"--optimizers: unknown {', '.join(bad)}; valid: {', '.join(OPTIMIZERS)}")
         p["optimizers"] = names
     p["fast"] = [n for n in p.get("fast", FAST_OPTIMIZERS) if n in p["optimizers"]]
-    if args.jobs < 1:
-        raise BenchError(f"--jobs {args.jobs}: must be >= 1")
     p["jobs"] = args.jobs
-    out = os.path.abspath(args.out or os.path.join(ROOT, "runs", "convergence" + ("" if preset == "full" else f"-{preset}")))
-    for tool in ("dion-train", "dion-data"):
-        if not os.access(os.path.join(args.build, tool), os.X_OK):
-            raise BenchError(f"{os.path.join(args.build, tool)} is missing: build it (cmake --build {args.build} "
-                             f"--target dion-train dion-data) or pass --build")
     os.makedirs(out, exist_ok=True)
     with open("/proc/loadavg") as f:
         p["load_before"] = " ".join(f.read().split()[:3])

@@ -7,8 +7,11 @@
 #   bench/convergence.sh --quick    # under 10 minutes (4 on a quiet machine)
 #   bench/convergence.sh --smoke    # the plumbing only (what ctest convergence_smoke runs)
 #   bench/convergence.sh --out DIR --jobs 2 --optimizers adamw,muon
+#   bench/convergence.sh --width [--quick | --smoke]   # the width study (bench/width_study.py):
+#                                   # widths 128, 256, 512; docs/convergence.md "Width study"
 #
-# Build folder: $DION_BUILD_DIR (default build/). Every other argument goes to convergence.py.
+# Build folder: $DION_BUILD_DIR (default build/). Every other argument goes to convergence.py
+# (width_study.py after --width).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${DION_BUILD_DIR:-build}
@@ -16,4 +19,6 @@ PYTHON=${PYTHON:-python3}
 if [ "${DION_CONVERGENCE_NO_BUILD:-0}" != 1 ]; then
   cmake --build "$BUILD" --target dion-train dion-data -j"${DION_BENCH_JOBS:-2}" >&2
 fi
-exec "$PYTHON" bench/convergence.py --build "$BUILD" "$@"
+SCRIPT=bench/convergence.py
+if [ "${1:-}" = "--width" ]; then SCRIPT=bench/width_study.py; shift; fi
+exec "$PYTHON" "$SCRIPT" --build "$BUILD" "$@"

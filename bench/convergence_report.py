@@ -257,6 +257,11 @@ def report(p, preset, recs, out, seconds, fsdp_bytes, param_split, vocab):
     if pairs:
         pngs.append(plot_paths(pairs, out))
     lines += [f"![{os.path.basename(x)[:-4].replace('_', ' ')}]({os.path.basename(x)})\n" for x in pngs]
+    return write(out, lines, preset, p, recs)
+
+
+def write(out, lines, preset, p, recs):
+    """OUT/report.md from the lines, OUT/runs.json from the records; returns the markdown."""
     md = "\n".join(lines)
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(md)

@@ -21,7 +21,6 @@ What it computes (docs/convergence.md "Width study"):
   - why: Dion2 0.25's paired gap to Muon at the study's steps, at mu 0.8, and at twice the steps
     (Muon at twice the steps too).
 """
-import json
 import math
 import os
 import statistics
@@ -228,9 +227,4 @@ def report(p, preset, recs, out, seconds):
                                            f"{r['variant']}: {r['error']}" for r in failed] + [""]
     png = plot(table, out)
     lines.append(f"![gap vs width]({os.path.basename(png)})\n")
-    md = "\n".join(lines)
-    with open(os.path.join(out, "report.md"), "w") as f:
-        f.write(md)
-    with open(os.path.join(out, "runs.json"), "w") as f:
-        json.dump({"preset": preset, "params": p, "runs": recs}, f, indent=1, default=str)
-    return md
+    return convergence_report.write(out, lines, preset, p, recs)

@@ -26,7 +26,6 @@ Everything is resumable: a run whose metrics.jsonl has its final val line is reu
 study can run in parts; delete OUT to start over. OUT/report.md, OUT/gap_vs_width.png and
 OUT/runs.json (bench/width_report.py).
 """
-import argparse
 import concurrent.futures
 import math
 import os
@@ -232,24 +231,11 @@ def run_study(build, data, out, p, jobs):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="the 10-minute version (widths 64 and 128)")
-    mode.add_argument("--smoke", action="store_true", help="plumbing only: tiny widths, a few steps")
-    ap.add_argument("--out", default="", help="output folder (default: runs/width[-quick|-smoke])")
-    ap.add_argument("--build", default=os.environ.get("DION_BUILD_DIR", os.path.join(ROOT, "build")),
-                    help="build folder with dion-train and dion-data")
-    ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    ap = convergence.common_args(__doc__, "width", "the 10-minute version (widths 64 and 128)",
+                                 "plumbing only: tiny widths, a few steps")
     args = ap.parse_args()
-    if args.jobs < 1:
-        raise BenchError(f"--jobs {args.jobs}: must be >= 1")
-    preset = "smoke" if args.smoke else "quick" if args.quick else "full"
+    preset, out = convergence.settle_args(args, "width")
     p = dict(PRESETS[preset], jobs=args.jobs)
-    for tool in ("dion-train", "dion-data"):
-        if not os.access(os.path.join(args.build, tool), os.X_OK):
-            raise BenchError(f"{os.path.join(args.build, tool)} is missing: build it (cmake --build {args.build} "
-                             f"--target dion-train dion-data) or pass --build")
-    out = os.path.abspath(args.out or os.path.join(ROOT, "runs", "width" + ("" if preset == "full" else f"-{preset}")))
     os.makedirs(out, exist_ok=True)
     with open("/proc/loadavg") as f:
         p["load_before"] = " ".join(f.read().split()[:3])

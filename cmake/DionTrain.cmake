@@ -170,6 +170,11 @@ if(DION_BUILD_TESTS)
            COMMAND sh ${DION_TRAIN_ROOT}/tests/scripts/convergence_smoke.sh ${DION_PYTHON3} ${DION_TRAIN_ROOT}
                    $<TARGET_FILE_DIR:dion-train> ${CMAKE_CURRENT_BINARY_DIR}/convergence-smoke)
   set_tests_properties(convergence_smoke PROPERTIES LABELS train TIMEOUT 180)
+  # bench/width_study.py --smoke: the width study's plumbing (tests/scripts/width_smoke.sh).
+  add_test(NAME width_smoke
+           COMMAND sh ${DION_TRAIN_ROOT}/tests/scripts/width_smoke.sh ${DION_PYTHON3} ${DION_TRAIN_ROOT}
+                   $<TARGET_FILE_DIR:dion-train> ${CMAKE_CURRENT_BINARY_DIR}/width-smoke)
+  set_tests_properties(width_smoke PROPERTIES LABELS train TIMEOUT 180)
   gtest_discover_tests(dion_train_tests
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
