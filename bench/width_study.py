@@ -45,7 +45,8 @@ OPTIMIZER_KEYS = dict({n: keys for n, (keys, _) in convergence.OPTIMIZERS.items(
                       **{"dion2-0.5": {"optimizer": "dion2", "ortho_fraction": 0.5}})
 # Which runs start first when several are ready: AdamW's sweeps (every matrix optimizer's scalar
 # lr waits on them), then width by width; the shorter schedules after the middle width, the "why"
-# runs last; within a width, the optimizers in this order.
+# runs last; within a width, optimizer by optimizer in this order (its sweep, then its seeds), so
+# that a study stopped early has whole optimizers.
 ORDER = ["adamw", "muon", "dion2-0.25", "dion2-1", "dion3-0.25", "dion2-0.5", "normuon"]
 PHASE_AT = {"schedule": 1.5, "why": 2.5}
 EDGE_FACTOR = 2.0  # a best lr at the edge of its grid: one more run beyond it, edge x or / this
@@ -191,7 +192,7 @@ class Study:
     def priority(phase, i, name):
         first = 0 if (phase == "sweep" and name == "adamw") else 1
         rank = ORDER.index(name) if name in ORDER else len(ORDER)
-        return (first, PHASE_AT.get(phase, i), phase == "seeds", rank)
+        return (first, PHASE_AT.get(phase, i), rank, phase == "seeds")
 
     def ready(self):
         runs = [r for r in self.all_runs() if self.run_name(*r[2:7]) not in self.started]

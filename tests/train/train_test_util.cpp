@@ -1,5 +1,6 @@
 // tests/train/train_test_util.cpp — helpers of the dion-train tests (train_test_util.h).
 #include "train_test_util.h"
+#include <gtest/gtest.h>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include <algorithm>
 #include <chrono>
@@ -268,6 +270,28 @@ std::vector<std::string> tiny_parallel_run(const std::filesystem::path& data, co
 
 std::vector<std::string> layout_flags(int dp, int fs, int tp) {
   return {"--dp_size", std::to_string(dp), "--fs_size", std::to_string(fs), "--tp_size", std::to_string(tp)};
+}
+
+void expect_all_ok(const std::vector<ProcResult>& rs) {
+  for (size_t r = 0; r < rs.size(); ++r) EXPECT_EQ(rs[r].exit_code, 0) << "rank " << r << ":\n" << rs[r].output;
+}
+
+void expect_close(const std::vector<Record>& ref, const std::vector<Record>& got, const std::string& what) {
+  ASSERT_FALSE(got.empty()) << what;
+  double worst = 0;
+  for (const Record& g : got) {
+    const Record* e = nullptr;
+    for (const Record& r : ref)
+      if (r.kind == g.kind && r.step == g.step) e = &r;
+    ASSERT_NE(e, nullptr) << what << ": no reference " << g.kind << " record at step " << g.step;
+    const double rel = std::abs(g.loss - e->loss) / std::abs(e->loss);
+    const double tol = g.kind == "train" && g.step == 0   ? kStep0Tol
+                       : g.kind == "train" && g.step == 1 ? kStep1Tol
+                                                          : kTol;
+    EXPECT_LE(rel, tol) << what << ": " << g.kind << " step " << g.step << " loss " << g.loss << " vs " << e->loss;
+    worst = std::max(worst, rel);
+  }
+  std::printf("%-40s %zu records, max relative difference %.2g\n", what.c_str(), got.size(), worst);
 }
 
 }  // namespace dion::train::test

@@ -94,4 +94,14 @@ std::vector<std::string> tiny_parallel_run(const std::filesystem::path& data, co
 // --dp_size dp --fs_size fs --tp_size tp
 std::vector<std::string> layout_flags(int dp, int fs, int tp);
 
+// The parallel layouts' equality with one process (docs/distributed.md): the relative loss
+// difference at train step 0, at train step 1, and at every later record (the fp32 sums' order
+// differs across layouts and the steps amplify it).
+inline constexpr double kStep0Tol = 1e-6, kStep1Tol = 1e-5, kTol = 3e-4;
+// Every rank exited 0 (else its output in the failure).
+void expect_all_ok(const std::vector<ProcResult>& rs);
+// Every record of `got` against the record of the same kind and step of `ref`, within the
+// tolerances above; prints the largest relative difference under `what`.
+void expect_close(const std::vector<Record>& ref, const std::vector<Record>& got, const std::string& what);
+
 }  // namespace dion::train::test

@@ -29,7 +29,8 @@ using test::ProcResult;
 using test::Record;
 using test::TempDir;
 
-constexpr double kStep0Tol = 1e-6, kStep1Tol = 1e-5, kTol = 3e-4;
+using test::expect_all_ok;
+using test::expect_close;
 constexpr int kSteps = 5;
 
 std::vector<std::string> moe_run(const fs::path& data, const fs::path& run_dir, const std::string& optimizer) {
@@ -44,29 +45,6 @@ std::vector<std::string> moe_run(const fs::path& data, const fs::path& run_dir, 
 
 std::vector<std::string> mesh(int dp, int fs, int tp, int ep) {
   return test::layout_flags(dp, fs, tp) + std::vector<std::string>{"--ep_size", std::to_string(ep)};
-}
-
-void expect_all_ok(const std::vector<ProcResult>& rs) {
-  for (size_t r = 0; r < rs.size(); ++r) EXPECT_EQ(rs[r].exit_code, 0) << "rank " << r << ":\n" << rs[r].output;
-}
-
-// Every record of `got` against the record of the same kind and step of `ref`.
-void expect_close(const std::vector<Record>& ref, const std::vector<Record>& got, const std::string& what) {
-  ASSERT_FALSE(got.empty()) << what;
-  double worst = 0;
-  for (const Record& g : got) {
-    const Record* e = nullptr;
-    for (const Record& r : ref)
-      if (r.kind == g.kind && r.step == g.step) e = &r;
-    ASSERT_NE(e, nullptr) << what << ": no reference " << g.kind << " record at step " << g.step;
-    const double rel = std::abs(g.loss - e->loss) / std::abs(e->loss);
-    const double tol = g.kind == "train" && g.step == 0   ? kStep0Tol
-                       : g.kind == "train" && g.step == 1 ? kStep1Tol
-                                                          : kTol;
-    EXPECT_LE(rel, tol) << what << ": " << g.kind << " step " << g.step << " loss " << g.loss << " vs " << e->loss;
-    worst = std::max(worst, rel);
-  }
-  std::printf("%-36s %zu records, max relative difference %.2g\n", what.c_str(), got.size(), worst);
 }
 
 // The expert load of every train line of metrics.jsonl (max / mean per MoE layer).
