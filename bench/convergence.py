@@ -201,10 +201,10 @@ def optimizer_share(log):
     return opt / total if total > 0 else None
 
 
-def train_one(build, data, out, p, phase, name, lr, seed, path="exact", extra=None, run_name=None):
+def train_one(build, data, out, p, phase, name, lr, seed, path="exact", extra=None, run_name=None, train=True):
     """One dion-train run; returns its record (final val loss, curve, optimizer share, error).
     `extra`: more dion-train keys (they win over the preset's); `run_name`: the run folder's
-    name under OUT/runs (default: run_dir_name)."""
+    name under OUT/runs (default: run_dir_name); train False: None unless it has finished."""
     rd = os.path.join(out, "runs", run_name or run_dir_name(name, lr, seed, path))
     metrics = os.path.join(rd, "metrics.jsonl")
     log = os.path.join(rd, "train.log")
@@ -212,6 +212,8 @@ def train_one(build, data, out, p, phase, name, lr, seed, path="exact", extra=No
     val, last = read_metrics(metrics)
     rec = {"name": name, "lr": lr, "seed": seed, "path": path, "phase": phase, "run_dir": rd, "steps": N}
     if not (val and val[-1][0] == N and last == N - 1):  # a val line's step: steps done (0 .. N)
+        if not train:
+            return None
         os.makedirs(rd, exist_ok=True)
         if os.path.exists(metrics):
             os.remove(metrics)

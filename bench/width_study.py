@@ -204,9 +204,23 @@ class Study:
         self.recs[self.run_name(w, name, lr, seed, variant)] = rec
 
 
-def run_study(build, data, out, p, jobs):
+def run_study(build, data, out, p, jobs, train=True):
+    """Every run the graph reaches (train False: only those that finished, nothing is trained)."""
     study = Study(p)
     t0 = time.time()
+    if not train:
+        progress = True
+        while progress:
+            progress = False
+            for run in study.ready():
+                _, phase, w, name, lr, seed, variant, extra = run
+                study.started.add(study.run_name(w, name, lr, seed, variant))
+                rec = convergence.train_one(build, data, out, width_params(p, w), phase, name, lr, seed, "exact",
+                                            extra, study.run_name(w, name, lr, seed, variant), train=False)
+                if rec is not None:
+                    study.record(run, rec)
+                    progress = True
+        return study
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         live = {}
         while True:
@@ -234,6 +248,8 @@ def run_study(build, data, out, p, jobs):
 def main():
     ap = convergence.common_args(__doc__, "width", "the 10-minute version (widths 64 and 128)",
                                  "plumbing only: tiny widths, a few steps")
+    ap.add_argument("--report", action="store_true",
+                    help="write the report from the runs that finished (a study in progress), train nothing")
     args = ap.parse_args()
     preset, out = convergence.settle_args(args, "width")
     p = dict(PRESETS[preset], jobs=args.jobs)
@@ -244,7 +260,7 @@ def main():
           f"{p['batch_size']} x {p['sequence_length']} bytes; out {out}", file=sys.stderr)
     t0 = time.time()
     data = convergence.prepare_data(args.build, out)
-    study = run_study(args.build, data, out, p, args.jobs)
+    study = run_study(args.build, data, out, p, args.jobs, train=not args.report)
     with open("/proc/loadavg") as f:
         p["load_after"] = " ".join(f.read().split()[:3])
     md = width_report.report(p, preset, list(study.recs.values()), out, time.time() - t0)

@@ -4,7 +4,7 @@
 # its numbers: the report's sections and a row per width and optimizer, the PNG, the lr grid of the
 # second width centred on the first width's best, the seeds moving the data order, the matrix
 # optimizers' embedding and lm_head at AdamW's tuned lr, the shorter schedules and the "why" runs,
-# and a second invocation that trains nothing again.
+# a second invocation that trains nothing again, and --report on a study with runs missing.
 set -eu
 PY=$1 SRC=$2 BUILD=$3 OUT=$4
 fail() { echo "width_smoke: FAIL: $*" >&2; exit 1; }
@@ -50,4 +50,9 @@ before=$(cat "$OUT"/runs/*/*/train.log | cksum)
 "$PY" "$SRC/bench/width_study.py" --smoke --build "$BUILD" --out "$OUT" > /dev/null 2>&1 || fail "second run failed"
 after=$(cat "$OUT"/runs/*/*/train.log | cksum)
 [ "$before" = "$after" ] || fail "the second run trained again"
+# --report on a study with runs missing: the report of what finished, and nothing trained.
+rm -rf "$OUT"/runs/w64
+"$PY" "$SRC/bench/width_study.py" --smoke --report --build "$BUILD" --out "$OUT" > /dev/null 2>&1 || fail "--report failed"
+[ ! -d "$OUT/runs/w64" ] || fail "--report trained the missing runs"
+grep -qF "| 32 | " "$R" && grep -q "| 64 | .* | — | 0 | — |" "$R" || { cat "$R" >&2; fail "--report: not the finished runs"; }
 echo "width_smoke: ok ($(ls -d "$OUT"/runs/*/*/ | wc -l) runs, $R)"
