@@ -56,12 +56,14 @@ PRESETS = {
     # Sized from timed runs on this project's 2-core machine (AMD EPYC Zen 5, one thread a run,
     # load 1; ms a step at 2 layers, T 128, B 16): width 128 Muon 50, Dion2 47, AdamW 45; 256:
     # 151 / 131 / 129; 512: 568 / 443 / 435 (2026-12-05). 1000 steps x 2048 tokens = 2.05 passes
-    # over the 997,084 train bytes. Width 512 (7 of the 12 core-hours a full protocol there would
-    # take) runs one lr per matrix optimizer, the lr tuned at 256 (adjust_lr spectral_norm is the
-    # width transfer), AdamW two, and two seeds: the cut keeps the study under 2 hours on two cores.
+    # over the 997,084 train bytes. A full protocol at width 512 would take 4 of the 6 hours on two
+    # cores: there the study runs AdamW (a 2-point grid), Muon and Dion2 0.25 (one lr each, the lr
+    # tuned at 256: adjust_lr spectral_norm is the width transfer), with two seeds.
     "full": dict(widths=[128, 256, 512], n_layer=2, sequence_length=128, batch_size=16,
                  num_iterations=1000, val_loss_every=50, val_batches=8, optimizers=STUDY_OPTIMIZERS,
-                 grid=[0.5, 1, 2], per_width={512: dict(grid=[1], adamw_grid=[0.5, 1], seeds=2)},
+                 grid=[0.5, 1, 2],
+                 per_width={512: dict(grid=[1], adamw_grid=[0.5, 1], seeds=2,
+                                      optimizers=["adamw", "muon", "dion2-0.25"])},
                  seeds=3, schedule_width=128, schedule_fractions=[0.5, 0.625, 0.75, 0.875],
                  schedule_optimizers=["muon", "dion2-0.25"], why=True),
     "quick": dict(widths=[64, 128], n_layer=2, sequence_length=64, batch_size=16, num_iterations=150,
@@ -159,6 +161,8 @@ class Study:
         p, out = self.p, []
         for i, w in enumerate(p["widths"]):
             for name in p["optimizers"]:
+                if name not in self.setting(w, "optimizers", name):
+                    continue
                 lrs = self.sweep_lrs(i, name)
                 if lrs is None:
                     continue
