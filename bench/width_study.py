@@ -44,11 +44,11 @@ STUDY_OPTIMIZERS = ["adamw", "muon", "dion2-1", "dion2-0.5", "dion2-0.25", "dion
 OPTIMIZER_KEYS = dict({n: keys for n, (keys, _) in convergence.OPTIMIZERS.items()},
                       **{"dion2-0.5": {"optimizer": "dion2", "ortho_fraction": 0.5}})
 # Which runs start first when several are ready: AdamW's sweeps (every matrix optimizer's scalar
-# lr waits on them), then width by width; the shorter schedules after the middle width, the "why"
-# runs last; within a width, optimizer by optimizer in this order (its sweep, then its seeds), so
+# lr waits on them), then width by width; the shorter schedules and the "why" runs (both at the
+# first width, cheap) after the middle width, before the largest; within a width, optimizer by optimizer in this order (its sweep, then its seeds), so
 # that a study stopped early has whole optimizers.
 ORDER = ["adamw", "muon", "dion2-0.25", "dion2-1", "dion3-0.25", "dion2-0.5", "normuon"]
-PHASE_AT = {"schedule": 1.5, "why": 2.5}
+PHASE_AT = {"schedule": 1.5, "why": 1.6}
 EDGE_FACTOR = 2.0  # a best lr at the edge of its grid: one more run beyond it, edge x or / this
 START_LRS = {"adamw": [0.001, 0.002, 0.004], "matrix": [0.01, 0.02, 0.04]}
 
