@@ -57,12 +57,14 @@ PRESETS = {
     # load 1; ms a step at 2 layers, T 128, B 16): width 128 Muon 50, Dion2 47, AdamW 45; 256:
     # 151 / 131 / 129; 512: 568 / 443 / 435 (2026-12-05). 1000 steps x 2048 tokens = 2.05 passes
     # over the 997,084 train bytes. A full protocol at width 512 would take 4 of the 6 hours on two
-    # cores: there the study runs AdamW (a 2-point grid), Muon and Dion2 0.25 (one lr each, the lr
-    # tuned at 256: adjust_lr spectral_norm is the width transfer), with two seeds.
+    # cores: there the study runs AdamW (a 2-point grid, one seed), Muon and Dion2 0.25 (one lr each,
+    # the lr tuned at 256: adjust_lr spectral_norm is the width transfer, two seeds); Dion2 0.5 runs
+    # at width 128 only.
     "full": dict(widths=[128, 256, 512], n_layer=2, sequence_length=128, batch_size=16,
                  num_iterations=1000, val_loss_every=50, val_batches=8, optimizers=STUDY_OPTIMIZERS,
                  grid=[0.5, 1, 2],
-                 per_width={512: dict(grid=[1], adamw_grid=[0.5, 1], seeds=2,
+                 per_width={256: dict(optimizers=["adamw", "muon", "dion2-1", "dion2-0.25", "dion3-0.25"]),
+                            512: dict(grid=[1], adamw_grid=[0.5, 1], seeds=2, adamw_seeds=1,
                                       optimizers=["adamw", "muon", "dion2-0.25"])},
                  seeds=3, schedule_width=128, schedule_fractions=[0.5, 0.625, 0.75, 0.875],
                  schedule_optimizers=["muon", "dion2-0.25"], why=True),
@@ -96,8 +98,8 @@ class Study:
 
     def setting(self, w, key, name):
         pw = self.p["per_width"].get(w, {})
-        if key == "grid" and name == "adamw":
-            return pw.get("adamw_grid", pw.get("grid", self.p["grid"]))
+        if key in ("grid", "seeds") and name == "adamw":  # AdamW's own, where the width sets one
+            return pw.get("adamw_" + key, pw.get(key, self.p[key]))
         return pw.get(key, self.p[key])
 
     def done(self, w, name, lr):
