@@ -137,11 +137,13 @@ def report(p, preset, recs, out, seconds):
               "|---|---|---|---|---|---|---|"]
     table = {n: [] for n in names}
     gaps = {}
+    muon_means = {}
     for w in widths:
         hidden, emb, head = convergence.param_split(dict(p, model_dim=w))
         total = hidden + emb + head
         muon = tuned(recs, w, "muon")[2]
         muon_mean = statistics.fmean(r["final"] for r in muon.values()) if muon else None
+        muon_means[w] = muon_mean
         for n in names:
             lr, sweep, runs = tuned(recs, w, n)
             cells = ", ".join((f"**{r['lr']:g}: {r['final']:.4f}**" if r["lr"] == lr else
@@ -165,10 +167,13 @@ def report(p, preset, recs, out, seconds):
         shrink = all(b[1][0] < a[1][0] for a, b in steps)
         clear = all(a[1][0] - b[1][0] > a[1][1] + b[1][1] for a, b in steps)
         lines += [f"**Expectation (Dion2 0.25's gap to Muon shrinks as width grows): "
-                  f"{'held' if shrink else 'did not hold'}** — gap "
+                  f"{('held' if clear else 'held only weakly') if shrink else 'did not hold'}** — gap "
                   + " → ".join(f"{g[0]:+.4f} at {w}" for w, g in d)
-                  + (f"; {'every' if clear else 'not every'} step down is larger than the two half ranges together."
-                     if shrink else "."), ""]
+                  + (f"; {'every' if clear else 'not every'} step down is larger than the two half ranges together"
+                     if shrink else "")
+                  + "; as a share of Muon's loss: "
+                  + " → ".join(f"{100 * g[0] / muon_means[w]:.1f}%" for w, g in d if muon_means.get(w))
+                  + ".", ""]
     sw = p["schedule_width"]
     adam = tuned(recs, sw, "adamw")[2]
     if adam and any(r["phase"] == "schedule" for r in recs):
