@@ -121,6 +121,12 @@ const std::vector<Key>& keys() {
        .help = "learning-rate scaling of the orthogonalized update",
        .check = Check::CHOICE,
        .choices = {"spectral_norm", "rms_norm", "none"}},
+      {.name = "selection_scope",
+       .field = &Config::selection_scope,
+       .help = "Dion2 / NorDion2 under FSDP: the top-k rows per shard (local, the reference's) or over the whole "
+               "matrix (global: equals one process)",
+       .check = Check::CHOICE,
+       .choices = {"local", "global"}},
       {"verbose", &Config::verbose, "accepted for the reference's configs; no effect"},
       {"time_optimizer", &Config::time_optimizer, "print forward/backward and optimizer time separately"},
       {"use_polar_express", &Config::use_polar_express,
@@ -142,7 +148,8 @@ const std::vector<Key>& keys() {
       {"tp_size", &Config::tp_size, "tensor-parallel size (divides n_head)", Check::POSITIVE},
       {"ep_size", &Config::ep_size,
        "expert-parallel size: MoE experts split over ep ranks borrowed from dp_size x fs_size (divides both it and "
-       "n_experts)",
+       "n_experts); when it divides fs_size, each ep rank's experts are split again over fs_size / ep_size ranks "
+       "(EP x FSDP; n_experts then a multiple of fs_size)",
        Check::POSITIVE},
       {"reshard_after_forward", &Config::reshard_after_forward,
        "FSDP: gather the blocks' weights again in backward instead of keeping them from forward (the reference's "

@@ -2,6 +2,7 @@
 // row's Check in config_keys.cpp) and the relations between keys (config_validate), with
 // messages that name the key, its value and what is valid. Also the values derived from keys.
 #include "config_keys.h"
+#include "dion/train/mesh_shape.h"
 #include "dion/train/train.h"
 
 #include <algorithm>
@@ -93,6 +94,13 @@ void moe_validate(const Config& c, Fail fail) {
     fail(fmt::format("key 'ep_size': value {} does not divide the data-parallel ranks dp_size {} x fs_size {} = {} "
                      "(ep borrows them); valid: a divisor of {}",
                      c.ep_size, c.dp_size, c.fs_size, data, data));
+  const int64_t efs = MeshShape{c.dp_size, c.fs_size, c.tp_size, c.ep_size}.efs();
+  if (efs > 1 && c.n_experts % c.fs_size != 0)
+    fail(fmt::format("key 'n_experts': value {} is not divisible by fs_size {}: with ep_size {} dividing fs_size, "
+                     "each ep rank's {} experts are split over fs_size / ep_size = {} ranks (EP x FSDP: whole "
+                     "experts on every rank); valid: n_experts a multiple of {}, or an ep_size that does not divide "
+                     "fs_size (experts replicated over the data ranks)",
+                     c.n_experts, c.fs_size, c.ep_size, c.n_experts / c.ep_size, efs, c.fs_size));
   if (c.n_shared_experts > 0 && (c.n_shared_experts * c.resolved_expert_dim()) % c.tp_size != 0)
     fail(fmt::format("keys 'n_shared_experts' {} x 'expert_dim' {} = {} (the shared experts' hidden size, split "
                      "over tp like the dense MLP's) is not divisible by tp_size {}; valid: a multiple of {}",

@@ -21,7 +21,8 @@ Override scalar_group(const Config& c, double lr) {
 // Group 0's hyperparameters: the class's defaults, then the knobs train.py's constructor call passes.
 Options matrix_defaults(const Config& c, const AlgorithmSpec& spec) {
   const TrainKnobs knobs{
-      c.lr, c.mu, c.weight_decay, c.ortho_fraction, c.rcqr_oversample, c.adjust_lr, c.mixed_precision};
+      c.lr, c.mu, c.weight_decay, c.ortho_fraction, c.rcqr_oversample, c.adjust_lr, c.mixed_precision,
+      c.selection_scope};
   Options defaults = NamedOptimizer::defaults_of(spec.name).lr(c.lr).weight_decay(c.weight_decay);
   if (const TrainEntry& e = train_entry(spec.name); e.options) e.options(defaults, knobs);
   return defaults;

@@ -20,11 +20,14 @@ std::map<std::string, TrainEntry> builtin_entries() {
       .gram_newton_schulz = false};  // train.py does not pass it to NorMuon
   t["dion2"] = {
       .options = [](Options& d,
-                    const TrainKnobs& k) { d.fraction(k.ortho_fraction).ef_decay(k.mu).adjust_lr(k.adjust_lr); },
+                    const TrainKnobs& k) {
+        d.fraction(k.ortho_fraction).ef_decay(k.mu).adjust_lr(k.adjust_lr).selection_scope(k.selection_scope);
+      },
       .gram_newton_schulz = true};
   t["nordion2"] = {.options =
                        [](Options& d, const TrainKnobs& k) {
                          d.fraction(k.ortho_fraction).mu(k.mu).muon_beta2(0.95).adjust_lr(k.adjust_lr);
+                         d.selection_scope(k.selection_scope);
                        },
                    .gram_newton_schulz = true};
   t["dion"] = {.options =

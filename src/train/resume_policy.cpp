@@ -56,6 +56,7 @@ const std::map<std::string, Row>& table() {
       {"replicate_mesh_grad_sync", {P::MUST_MATCH, "legacy Dion keeps decoupled momenta under it"}},
       {"mixed_precision", {P::MUST_MATCH, "the dtypes of Dion's momentum and Q"}},
       {"adjust_lr", {P::LOGGED, ""}},
+      {"selection_scope", {P::LOGGED, ""}},
       {"verbose", {P::FREE, ""}},
       {"time_optimizer", {P::FREE, ""}},
       {"use_polar_express", {P::LOGGED, ""}},

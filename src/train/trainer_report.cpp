@@ -53,7 +53,10 @@ void Trainer::report_start() {
                                    : fmt::format(" ({} active: MoE {} experts, top_k {}, expert_dim {}, {} shared{})",
                                                  gpt_active_param_count(gcfg_), c.n_experts, c.top_k,
                                                  gcfg_.moe.expert_dim, c.n_shared_experts,
-                                                 c.ep_size > 1 ? fmt::format(", ep {}", c.ep_size) : ""),
+                                                 c.ep_size > 1 ? fmt::format(", ep {}{}", c.ep_size, par_->shape().efs() > 1
+                                                                    ? fmt::format(" x efs {}", par_->shape().efs())
+                                                                    : "")
+                                              : ""),
                   c.optimizer, c.device, dtype_, device_note));
   say(
       fmt::format("  batch {} x {} tokens (device batch {}, {} accumulation steps), {} steps, lr {} "

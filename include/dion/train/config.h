@@ -85,6 +85,7 @@ struct Config {
   bool replicate_mesh_grad_sync = false;
   bool mixed_precision = false;
   std::string adjust_lr = "spectral_norm";
+  std::string selection_scope = "local";
   bool verbose = true;
   bool time_optimizer = false;
   bool use_polar_express = false;

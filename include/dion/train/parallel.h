@@ -67,20 +67,10 @@
 #include "dion/comm/mesh.h"
 #include "dion/comm/work.h"
 #include "dion/optim/distribution.h"
+#include "dion/train/mesh_shape.h"
 #include "dion/train/gpt.h"
 
 namespace dion::train {
-
-// ep: expert parallelism borrows ranks from the data-parallel ones (it divides dp x fs; the tp ranks
-// of a data rank each run its MoE whole, tp_dim -1 for the experts and routers):
-// the data ranks d = b * ep + e form ep groups of consecutive ranks (the b-th), and rank e of each
-// holds the experts [e * E / ep, +E / ep) of every MoE stack; the ranks holding the same experts
-// (same e) form the "edp" group over which the experts' gradients are summed. The dense part keeps
-// its (dp, fs) layout.
-struct MeshShape {
-  int64_t dp = 1, fs = 1, tp = 1, ep = 1;
-  int64_t world() const { return dp * fs * tp; }
-};
 
 // Where one parameter lives: global shape, the dim split over fs and over tp (-1: none), and
 // whether the tp shards are gathered for compute (wte, lm_head) or computed with as they are.
@@ -90,6 +80,7 @@ struct ParamPlacement {
   int64_t fs_dim = -1, tp_dim = -1;
   bool tp_gather = false;
   int64_t ep_dim = -1;  // an MoE expert stack split over ep (dim 0), not over fs or tp
+  int64_t efs = 1;      // ... and each ep rank's part split again along ep_dim over efs ranks (EP x FSDP)
 };
 
 // The placement of every GPT parameter (by name) at a layout; pure function of the names.
@@ -126,6 +117,11 @@ class Parallel : public ModelParallel {
   // that hold the same experts (their gradients are summed over it).
   const std::shared_ptr<comm::Group>& ep_group() const { return ep_; }
   const std::shared_ptr<comm::Group>& edp_group() const { return edp_; }
+  // EP x FSDP (MeshShape::efs() > 1; null otherwise): the efs ranks that split this rank's
+  // experts, and the ep x efs ranks that split a whole stack, member e * efs + b holding its
+  // (e * efs + b)-th chunk of dim 0 (the optimizer's group for the stacks).
+  const std::shared_ptr<comm::Group>& efs_group() const { return efs_; }
+  const std::shared_ptr<comm::Group>& expert_shard_group() const { return eshard_; }
   // The parameters split over ep (MoE expert stacks), and every other one.
   std::vector<at::Tensor> expert_params(GPT& model) const;
   std::vector<at::Tensor> dense_params(GPT& model) const;
@@ -196,8 +192,9 @@ class Parallel : public ModelParallel {
   MeshShape shape_;
   std::unique_ptr<comm::DeviceMesh> mesh_;
   std::shared_ptr<comm::Group> dp_, fs_, tp_, data_;
-  std::unique_ptr<comm::DeviceMesh> ep_mesh_;  // (edp, ep) over the data ranks, when ep > 1
-  std::shared_ptr<comm::Group> ep_, edp_;
+  // (edp, ep, tp) when ep > 1; (dp, efs, ep, tp) under EP x FSDP
+  std::unique_ptr<comm::DeviceMesh> ep_mesh_;
+  std::shared_ptr<comm::Group> ep_, edp_, efs_, eshard_;
   std::unordered_map<const void*, ParamPlacement> placements_;
   std::vector<ParamPlacement> ordered_;
 
@@ -217,6 +214,12 @@ class Parallel : public ModelParallel {
   // This rank's fs-gathered `param`: the prefetched gather when there is one.
   at::Tensor fs_gathered(Prefetch& pf, const at::Tensor& param, const ParamPlacement& pl);
   comm::Work gather_async(const at::Tensor& param, const ParamPlacement& pl);
+  // An FSDP-gathered parameter's group (fs, or efs for an expert stack under EP x FSDP), the dim
+  // it is split along there and that dim's gathered length.
+  bool gathered(const ParamPlacement& pl) const;
+  comm::Group& gather_group(const ParamPlacement& pl) const { return pl.efs > 1 ? *efs_ : *fs_; }
+  int64_t gather_dim(const ParamPlacement& pl) const { return pl.efs > 1 ? pl.ep_dim : pl.fs_dim; }
+  int64_t gathered_length(const ParamPlacement& pl) const;
   bool reshard_after_forward_ = false;
   at::ScalarType gather_dtype_ = at::kFloat;
   Prefetch fwd_, bwd_;

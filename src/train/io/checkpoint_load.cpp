@@ -59,6 +59,7 @@ SavedLayout read_layout(const fs::path& ckpt) {
       pl.fs_dim = p.value("fs_dim", int64_t(-1));
       pl.tp_dim = p.value("tp_dim", int64_t(-1));
       pl.ep_dim = p.value("ep_dim", int64_t(-1));
+      pl.efs = p.value("efs", int64_t(1));
       out.params[pl.name] = pl;
     }
   } catch (const json::exception& e) {
@@ -76,7 +77,7 @@ void load_model(const fs::path& ckpt, GPT& model, const Parallel* par) {
   struct Part {
     fs::path file;
     torch::serialize::InputArchive archive;
-    int fs_rank = 0, tp_rank = 0;
+    int fs_rank = 0, tp_rank = 0, ep_rank = 0;
   };
   std::vector<Part> parts;
   for (int64_t f = 0; f < saved.mesh.fs; ++f)
@@ -85,11 +86,13 @@ void load_model(const fs::path& ckpt, GPT& model, const Parallel* par) {
       const std::string name = rank_file(saved.world, r, "model");
       parts.push_back({ckpt / name, open_archive(ckpt, name), int(f), int(t)});
     }
-  // An MoE expert stack split over ep: the parts of ep ranks 0..ep-1 (data ranks 0..ep-1, tp rank 0).
+  // An MoE expert stack split over ep: the parts of ep ranks 0..ep-1 (data ranks 0..ep-1, tp rank
+  // 0); under EP x FSDP (efs > 1) over ep x efs = fs: data ranks 0..fs-1.
   std::vector<Part> ep_parts;
-  for (int64_t e = 0; e < saved.mesh.ep && saved.mesh.ep > 1; ++e) {
-    const std::string name = rank_file(saved.world, int(e * saved.mesh.tp), "model");
-    ep_parts.push_back({ckpt / name, open_archive(ckpt, name), int(e), 0});
+  const int64_t expert_parts = saved.mesh.ep > 1 ? saved.mesh.ep * saved.mesh.efs() : 0;
+  for (int64_t d = 0; d < expert_parts; ++d) {
+    const std::string name = rank_file(saved.world, int(d * saved.mesh.tp), "model");
+    ep_parts.push_back({ckpt / name, open_archive(ckpt, name), int(d % saved.mesh.fs), 0, int(d % saved.mesh.ep)});
   }
   at::NoGradGuard no_grad;
   for (auto& item : model->named_parameters()) {
@@ -113,7 +116,7 @@ void load_model(const fs::path& ckpt, GPT& model, const Parallel* par) {
       if (!part.archive.try_read(name, t))
         throw CheckpointError(
             fmt::format("'{}': no tensor '{}' (a checkpoint of another model?)", part.file.string(), name));
-      const Box box = by_ep ? local_box(sp, 1, 0, 1, 0, int(saved.mesh.ep), part.fs_rank)  // fs_rank: the ep rank
+      const Box box = by_ep ? local_box(sp, int(saved.mesh.fs), part.fs_rank, 1, 0, int(saved.mesh.ep), part.ep_rank)
                             : local_box(sp, int(saved.mesh.fs), part.fs_rank, int(saved.mesh.tp), part.tp_rank);
       if (t.sizes().vec() != box.length)
         throw CheckpointError(fmt::format("'{}': tensor '{}' has shape {}, its place in the layout says {}",

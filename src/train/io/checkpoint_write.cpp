@@ -140,6 +140,7 @@ json make_meta(GPT& model, const TrainState& s, const std::string& config_yaml, 
       p["fs_dim"] = pl.fs_dim;
       p["tp_dim"] = pl.tp_dim;
       if (pl.ep_dim >= 0) p["ep_dim"] = pl.ep_dim;
+      if (pl.efs > 1) p["efs"] = pl.efs;
     }
     params.push_back(p);
   }

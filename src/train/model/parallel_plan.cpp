@@ -37,9 +37,10 @@ ParamPlacement placement_of(const std::string& name, const std::vector<int64_t>&
   // router [E, C] FSDP's dim 0. Neither is split over tp: the MoE runs whole on every tp rank of a
   // data rank (its input and output are the replicated residual stream).
   if (experts || ends_with(name, "mlp.router.weight")) {
-    if (experts && m.ep > 1)
+    if (experts && m.ep > 1) {
       p.ep_dim = 0;
-    else if (m.fs > 1)
+      p.efs = m.efs();
+    } else if (m.fs > 1)
       p.fs_dim = 0;
     return p;
   }
@@ -56,6 +57,7 @@ at::Tensor local_part(const at::Tensor& full, const ParamPlacement& p, int fs_si
                       int tp_rank, int ep_size, int ep_rank) {
   at::Tensor t = full;
   if (p.ep_dim >= 0) t = comm::shard_tensor(t, p.ep_dim, ep_size, ep_rank);
+  if (p.efs > 1) t = comm::shard_tensor(t, p.ep_dim, int(p.efs), fs_rank / ep_size);  // fs rank b * ep + e
   if (p.tp_dim >= 0) t = comm::shard_tensor(t, p.tp_dim, tp_size, tp_rank);
   if (p.fs_dim >= 0) t = comm::shard_tensor(t, p.fs_dim, fs_size, fs_rank);
   return t.contiguous();
@@ -67,6 +69,11 @@ Box local_box(const ParamPlacement& p, int fs_size, int fs_rank, int tp_size, in
   if (p.ep_dim >= 0) {
     const comm::Chunk c = comm::shard_range(b.length[p.ep_dim], ep_size, ep_rank);
     b.start[p.ep_dim] = c.start;
+    b.length[p.ep_dim] = c.length;
+  }
+  if (p.efs > 1) {
+    const comm::Chunk c = comm::shard_range(b.length[p.ep_dim], int(p.efs), fs_rank / ep_size);
+    b.start[p.ep_dim] += c.start;
     b.length[p.ep_dim] = c.length;
   }
   if (p.tp_dim >= 0) {

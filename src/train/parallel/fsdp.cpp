@@ -70,16 +70,24 @@ struct GatheredLinearFn : torch::autograd::Function<GatheredLinearFn> {
 
 }  // namespace
 
+bool Parallel::gathered(const ParamPlacement& pl) const {
+  return (pl.fs_dim >= 0 && fs_->size() > 1) || pl.efs > 1;
+}
+
+int64_t Parallel::gathered_length(const ParamPlacement& pl) const {
+  return pl.efs > 1 ? pl.global_shape[pl.ep_dim] / shape_.ep : pl.global_shape[pl.fs_dim];
+}
+
 comm::Work Parallel::gather_async(const at::Tensor& param, const ParamPlacement& pl) {
   at::Tensor shard = param.detach();
   if (shard.is_floating_point() && gather_dtype_ != shard.scalar_type()) shard = shard.to(gather_dtype_);
-  return comm::gather_tensor_async(*fs_, shard, pl.fs_dim, pl.global_shape[pl.fs_dim]);
+  return comm::gather_tensor_async(gather_group(pl), shard, gather_dim(pl), gathered_length(pl));
 }
 
 at::Tensor Parallel::fs_gathered(Prefetch& pf, const at::Tensor& param, const ParamPlacement& pl) {
   ++pf.gathers;
   const void* key = param.unsafeGetTensorImpl();
-  const int64_t dim = pl.fs_dim, global = pl.global_shape[dim];
+  const int64_t dim = gather_dim(pl), global = gathered_length(pl);
   // A bf16 gather (gather_dtype_) is computed with in the parameter's dtype.
   auto join = [&](const at::Tensor& all) { return comm::join_gathered(all, dim, global).to(param.scalar_type()); };
   auto now = [&] { return join(gather_async(param, pl).wait()); };
@@ -128,9 +136,9 @@ at::Tensor Parallel::regathered(const at::Tensor& param) { return fs_gathered(bw
 at::Tensor Parallel::weight(const at::Tensor& param) {
   const ParamPlacement& pl = placement(param);
   at::Tensor w = param;
-  if (pl.fs_dim >= 0 && fs_->size() > 1) {
+  if (gathered(pl)) {
     const void* key = param.unsafeGetTensorImpl();
-    at::Tensor full;  // the whole weight along fs_dim
+    at::Tensor full;  // the whole weight along fs_dim (an expert stack: this ep rank's experts)
     if (auto it = kept_.find(key); it != kept_.end()) {
       full = it->second;  // gathered by an earlier micro-batch of this step
     } else {
@@ -186,7 +194,7 @@ at::Tensor Parallel::fs_reduce_gradient(const void* key, const at::Tensor& grad)
   if (pl == placements_.end())
     throw std::logic_error("parallel layout: a gradient for a parameter that shard_model did not place");
   ++reduce_scatters_;
-  return comm::reduce_scatter(*fs_, sum, pl->second.fs_dim);
+  return comm::reduce_scatter(gather_group(pl->second), sum, gather_dim(pl->second));
 }
 
 }  // namespace dion::train

@@ -31,12 +31,33 @@ Parallel::Parallel(comm::Group world, MeshShape shape) : world_(std::move(world)
   if (shape_.ep > 1) {
     // config_validate has refused the rest; a logic error here means a caller skipped it.
     if ((shape_.dp * shape_.fs) % shape_.ep != 0) throw std::logic_error("parallel layout: ep must divide dp x fs");
-    // rank = (b * ep + e) * tp + t = data rank * tp + t, as the (dp, fs, tp) mesh.
-    ep_mesh_ = std::make_unique<comm::DeviceMesh>(
-        world_, std::vector<std::pair<std::string, int>>{
-                    {"edp", int(shape_.dp * shape_.fs / shape_.ep)}, {"ep", int(shape_.ep)}, {"tp", int(shape_.tp)}});
-    ep_ = ep_mesh_->axis("ep");
-    edp_ = ep_mesh_->axis("edp");
+    const int ep = int(shape_.ep), efs = int(shape_.efs()), tp = int(shape_.tp);
+    if (efs == 1) {
+      // rank = (b * ep + e) * tp + t = data rank * tp + t, as the (dp, fs, tp) mesh.
+      ep_mesh_ = std::make_unique<comm::DeviceMesh>(
+          world_, std::vector<std::pair<std::string, int>>{
+                      {"edp", int(shape_.dp * shape_.fs / shape_.ep)}, {"ep", ep}, {"tp", tp}});
+      ep_ = ep_mesh_->axis("ep");
+      edp_ = ep_mesh_->axis("edp");
+    } else {
+      // EP x FSDP: rank = ((d * efs + b) * ep + e) * tp + t, fs rank f = b * ep + e.
+      ep_mesh_ = std::make_unique<comm::DeviceMesh>(
+          world_, std::vector<std::pair<std::string, int>>{
+                      {"dp", int(shape_.dp)}, {"efs", efs}, {"ep", ep}, {"tp", tp}});
+      ep_ = ep_mesh_->axis("ep");
+      edp_ = ep_mesh_->axis("dp");  // the replicas of this rank's expert shard
+      efs_ = ep_mesh_->axis("efs");
+      // The stack's group, e-major: member e * efs + b holds chunk e * efs + b of dim 0, which is
+      // chunk b of ep rank e's experts. Every rank creates every such group, in the same order.
+      for (int d = 0; d < int(shape_.dp); ++d)
+        for (int t = 0; t < tp; ++t) {
+          std::vector<int> ranks;
+          for (int e = 0; e < ep; ++e)
+            for (int b = 0; b < efs; ++b) ranks.push_back(((d * efs + b) * ep + e) * tp + t);
+          auto g = world_.subgroup(ranks, fmt::format("experts@{}.{}", d, t));
+          if (g) eshard_ = std::move(g);
+        }
+    }
   }
 }
 
@@ -117,7 +138,10 @@ std::shared_ptr<Distribution> Parallel::distribution(GPT& model, bool optimizer_
     d = std::make_shared<dion::Distributed>(dp_, optimizer_syncs_gradients);  // DDP
   }
   if (shape_.dp > 1 && (shape_.fs > 1 || shape_.tp > 1)) d->replicate(dp_, optimizer_syncs_gradients);
-  const auto ep_axis = ep_ ? std::make_shared<dion::GroupAxis>(ep_) : nullptr;
+  // Expert stacks: split over ep, or over ep x efs (EP x FSDP); whole experts either way.
+  const auto ep_axis = eshard_ ? std::make_shared<dion::GroupAxis>(eshard_)
+                       : ep_   ? std::make_shared<dion::GroupAxis>(ep_)
+                               : nullptr;
   for (auto& item : model->named_parameters()) {
     const ParamPlacement& pl = placement(item.value());
     if (pl.ep_dim >= 0) {  // an expert stack: this rank's experts, orthogonalized where they are

@@ -89,12 +89,16 @@ TEST_F(MoeRun, EveryExpertParallelLayoutEqualsOneProcess) {
   };
   for (const Case& c : {Case{"dp2 ep2", 2, 1, 1, 2}, Case{"fs2 ep2", 1, 2, 1, 2}, Case{"fs2 (experts fsdp)", 1, 2, 1, 1},
                         Case{"dp2 ep1", 2, 1, 1, 1}, Case{"dp2 x fs2 ep2", 2, 2, 1, 2}, Case{"tp2", 1, 1, 2, 1},
-                        Case{"fs2 x tp2 ep2", 1, 2, 2, 2}}) {
+                        Case{"fs2 x tp2 ep2", 1, 2, 2, 2}, Case{"fs4 ep2 (EP x FSDP: experts over ep 2 x efs 2)", 1, 4, 1, 2},
+                        Case{"dp4 ep2", 4, 1, 1, 2}}) {
     TempDir run("moe_layout");
     const auto rs =
         test::run_train_ranks(c.dp * c.fs * c.tp, moe_run(data(), run / "run", "muon") + mesh(c.dp, c.fs, c.tp, c.ep));
     expect_all_ok(rs);
     expect_close(ref, test::read_metrics(run / "run" / "metrics.jsonl"), std::string("muon ") + c.name);
+    if (c.fs == 4) {  // each rank holds one of the 4 experts (MeshShape::efs)
+      EXPECT_NE(rs[0].output.find(", ep 2 x efs 2)"), std::string::npos) << rs[0].output;
+    }
     // The global gradient norm counts every part once: the experts once per ep group (edp rank 0),
     // the MoE's tp-replicated experts and routers on tp rank 0 only (grad_norm.cpp).
     const auto got = test::read_metrics(run / "run" / "metrics.jsonl");
@@ -111,34 +115,67 @@ TEST_F(MoeRun, EveryExpertParallelLayoutEqualsOneProcess) {
 }
 
 // Dion2 and NorDion2 (dion3) with the reference's selection_scope "local" select per shard of a
-// dense matrix under FSDP (docs/train.md: ~1e-3 at fs 2, by design); under ep with the dense part
-// replicated (dp 2) every matrix, the experts included, is whole where it is selected.
+// dense matrix under FSDP (docs/train.md: ~1e-3 at fs 2, by design), so the FSDP layout here
+// selects over the whole matrix (selection_scope global); the expert stacks are whole matrices
+// wherever they are. EP 2, EP x FSDP 2 x 2 and EP with DP at 4 ranks (NorMuon: EP 2).
 TEST_F(MoeRun, Dion2NorMuonAndDion3OnExpertStacksUnderEpEqualOneProcess) {
+  struct Case {
+    const char* name;
+    int dp, fs, ep;
+  };
   for (const char* opt : {"dion2", "normuon", "dion3"}) {
     const std::vector<Record> ref = one(opt);
-    TempDir run("moe_opt");
-    const auto rs = test::run_train_ranks(2, moe_run(data(), run / "run", opt) + mesh(2, 1, 1, 2));
-    expect_all_ok(rs);
-    expect_close(ref, test::read_metrics(run / "run" / "metrics.jsonl"), std::string(opt) + " dp2 ep2");
+    for (const Case& c : {Case{"dp2 ep2", 2, 1, 2}, Case{"fs4 ep2", 1, 4, 2}, Case{"dp4 ep2", 4, 1, 2}}) {
+      if (std::string(opt) == "normuon" && c.dp * c.fs > 2) continue;
+      TempDir run("moe_opt");
+      const auto rs = test::run_train_ranks(c.dp * c.fs, moe_run(data(), run / "run", opt) + mesh(c.dp, c.fs, 1, c.ep) +
+                                                             std::vector<std::string>{"--selection_scope", "global"});
+      expect_all_ok(rs);
+      expect_close(ref, test::read_metrics(run / "run" / "metrics.jsonl"), std::string(opt) + " " + c.name);
+    }
   }
 }
 
 TEST_F(MoeRun, CheckpointsMoveBetweenExpertParallelSizes) {
   const std::vector<Record> ref = one("dion2");
   TempDir tmp("moe_reshard");
-  // Saved at dp 2 x ep 2 after step 1 (each rank holds 2 of the 4 experts and their Dion2 state),
-  // resumed in one process ...
+  const std::vector<std::string> global = {"--selection_scope", "global"};
+  // Saved at fs 4 x ep 2 after step 1 (EP x FSDP: each rank holds 1 of the 4 experts and its
+  // Dion2 state), resumed in one process and at dp 4 x ep 4 ...
   const fs::path ck = tmp / "ck_ep2";
-  expect_all_ok(test::run_train_ranks(2, moe_run(data(), tmp / "save", "dion2") + mesh(2, 1, 1, 2) +
+  expect_all_ok(test::run_train_ranks(4, moe_run(data(), tmp / "save", "dion2") + mesh(1, 4, 1, 2) + global +
                                              std::vector<std::string>{"--checkpoint_dir", ck.string(), "--stop_after",
                                                                       "2"}));
-  ASSERT_TRUE(fs::exists(ck / "step_00000001" / "rank_00001.model.pt"));
+  ASSERT_TRUE(fs::exists(ck / "step_00000001" / "rank_00003.model.pt"));
+  {  // the stacks are split over ep x efs: 1 expert of 4 a rank
+    std::ifstream meta(ck / "step_00000001" / "meta.json");
+    const auto j = nlohmann::json::parse(meta);
+    int experts = 0;
+    for (const auto& p : j.at("params"))
+      if (p.at("name").get<std::string>().find("mlp.experts.w") != std::string::npos) {
+        EXPECT_EQ(p.value("efs", 1), 2) << p.dump();
+        ++experts;
+      }
+    EXPECT_EQ(experts, 4);  // w1, w2 of 2 layers
+  }
+  // Each resume writes its own final checkpoint into its folder: the second starts from a copy.
+  const fs::path ck4 = tmp / "ck_ep2_copy";
+  fs::copy(ck, ck4, fs::copy_options::recursive);
   {
     ProcResult r = test::run_train(moe_run(data(), tmp / "to_one", "dion2") +
                                    std::vector<std::string>{"--checkpoint_dir", ck.string()});
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
-    expect_close(ref, test::read_metrics(tmp / "to_one" / "metrics.jsonl"), "ep2 -> 1");
+    expect_close(ref, test::read_metrics(tmp / "to_one" / "metrics.jsonl"), "fs4 ep2 -> 1");
+  }
+  {
+    auto rs = test::run_train_ranks(4, moe_run(data(), tmp / "to_ep4", "dion2") + mesh(4, 1, 1, 4) +
+                                           std::vector<std::string>{"--checkpoint_dir", ck4.string()});
+    expect_all_ok(rs);
+    EXPECT_NE(rs[0].output.find("resumed from " + (ck4 / "step_00000001").string()), std::string::npos)
+        << rs[0].output;
+    EXPECT_EQ(test::read_metrics(tmp / "to_ep4" / "metrics.jsonl").size(), size_t(kSteps - 1));  // steps 2-4, val
+    expect_close(ref, test::read_metrics(tmp / "to_ep4" / "metrics.jsonl"), "fs4 ep2 -> dp4 ep4");
   }
   // ... and the reverse: saved by one process, resumed at dp 2 x ep 2.
   const fs::path ck1 = tmp / "ck_one";
@@ -165,6 +202,8 @@ TEST_F(MoeRun, BadExpertLayoutsFailAtStartOnEveryRank) {
       {test::layout_flags(1, 1, 2) + std::vector<std::string>{"--ep_size", "2"},
        "key 'ep_size': value 2 does not divide the data-parallel ranks"},
       {mesh(2, 1, 1, 2) + std::vector<std::string>{"--optimizer", "dion"}, "legacy Dion ('dion') cannot step the MoE"},
+      {mesh(1, 4, 1, 2) + std::vector<std::string>{"--n_experts", "6"},  // EP x FSDP
+       "key 'n_experts': value 6 is not divisible by fs_size 4"},
       {mesh(2, 1, 1, 2) + std::vector<std::string>{"--router_lr", "0.001"},  // moe_run: router_opt matrix
        "key 'router_lr': value 0.001 sets the routers' AdamW / Lion rate, but router_opt is 'matrix'"},
   };
