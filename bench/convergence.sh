@@ -9,9 +9,11 @@
 #   bench/convergence.sh --out DIR --jobs 2 --optimizers adamw,muon
 #   bench/convergence.sh --width [--quick | --smoke]   # the width study (bench/width_study.py):
 #                                   # widths 128, 256, 512; docs/convergence.md "Width study"
+#   bench/convergence.sh --moe [--smoke]   # MoE vs dense of the same active parameters
+#                                   # (bench/moe_convergence.py; reuses the width study's dense runs)
 #
 # Build folder: $DION_BUILD_DIR (default build/). Every other argument goes to convergence.py
-# (width_study.py after --width).
+# (width_study.py after --width, moe_convergence.py after --moe).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${DION_BUILD_DIR:-build}
@@ -21,4 +23,5 @@ if [ "${DION_CONVERGENCE_NO_BUILD:-0}" != 1 ]; then
 fi
 SCRIPT=bench/convergence.py
 if [ "${1:-}" = "--width" ]; then SCRIPT=bench/width_study.py; shift; fi
+if [ "${1:-}" = "--moe" ]; then SCRIPT=bench/moe_convergence.py; shift; fi
 exec "$PYTHON" "$SCRIPT" --build "$BUILD" "$@"

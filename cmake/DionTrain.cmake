@@ -175,6 +175,11 @@ if(DION_BUILD_TESTS)
            COMMAND sh ${DION_TRAIN_ROOT}/tests/scripts/width_smoke.sh ${DION_PYTHON3} ${DION_TRAIN_ROOT}
                    $<TARGET_FILE_DIR:dion-train> ${CMAKE_CURRENT_BINARY_DIR}/width-smoke)
   set_tests_properties(width_smoke PROPERTIES LABELS train TIMEOUT 180)
+  # bench/moe_convergence.py and bench/moe_speed.py --smoke (tests/scripts/moe_bench_smoke.sh).
+  add_test(NAME moe_bench_smoke
+           COMMAND sh ${DION_TRAIN_ROOT}/tests/scripts/moe_bench_smoke.sh ${DION_PYTHON3} ${DION_TRAIN_ROOT}
+                   $<TARGET_FILE_DIR:dion-train> ${CMAKE_CURRENT_BINARY_DIR}/moe-bench-smoke)
+  set_tests_properties(moe_bench_smoke PROPERTIES LABELS train TIMEOUT 180 RESOURCE_LOCK multiprocess)
   gtest_discover_tests(dion_train_tests
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60

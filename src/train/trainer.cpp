@@ -96,8 +96,10 @@ Trainer::StepResult Trainer::step(int64_t step) {
   StepResult r;
   const Clock::time_point t0 = Clock::now();
   const int64_t bytes0 = par_->bytes_sent();
+  if (c_.n_experts > 0) model_->take_route_seconds();  // drops the validation forwards' routing
   const at::Tensor loss_sum = forward_backward();
   r.fwd_bwd_seconds = seconds_since(t0);
+  if (c_.n_experts > 0) r.route_seconds = model_->take_route_seconds();
   const int64_t bytes1 = par_->bytes_sent();
   // Before the optimizer step (dion/train/grad_norm.h): the loss and the global gradient norm,
   // identical on every rank (collectives), decide together whether the step is taken.

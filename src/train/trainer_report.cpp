@@ -129,7 +129,7 @@ void Trainer::report_step(int64_t step, const StepResult& r) {
   const double norm = r.grad_norm.norm;
   if (metrics_) {
     metrics_->train(step, r.loss, norm, lr, st_.tokens, double(tokens_per_step) / r.seconds, r.seconds * 1000,
-                    elapsed(), r.fwd_bwd_seconds * 1000, r.skipped, r.moe_imbalance);
+                    elapsed(), r.fwd_bwd_seconds * 1000, r.skipped, r.moe_imbalance, r.route_seconds * 1000);
     for (size_t i = 0; i < r.moe_imbalance.size(); ++i)
       tensorboard_->add_scalar(fmt::format("moe/load_imbalance_{}", i), r.moe_imbalance[i], step);
     tensorboard_->add_scalar("train/loss", r.loss, step);
@@ -163,7 +163,9 @@ void Trainer::report_step(int64_t step, const StepResult& r) {
     line += fmt::format(" | experts max/mean {:.2f}", worst);
   }
   if (c.time_optimizer)
-    line += fmt::format(" (fwd+bwd {:.0f} ms, optimizer {:.0f} ms)", r.fwd_bwd_seconds * 1000,
+    line += fmt::format(" (fwd+bwd {:.0f} ms{}, optimizer {:.0f} ms)", r.fwd_bwd_seconds * 1000,
+                        r.route_seconds >= 0 ? fmt::format(" of which MoE routing {:.0f} ms", r.route_seconds * 1000)
+                                             : std::string(),
                         (r.seconds - r.fwd_bwd_seconds) * 1000);
   say(line);
 }

@@ -79,6 +79,8 @@ class ModelParallel {
                                  const std::vector<int64_t>& recv);
   // int64 counts [ep * n]: chunk j goes to ep rank j; chunk i of the result came from rank i.
   virtual at::Tensor ep_exchange_counts(const at::Tensor& counts) { return counts; }
+  // Seconds the backward passes since the last call spent in ep_exchange's way back; resets.
+  virtual double take_exchange_backward_seconds() { return 0; }
 
   Kernels kernels = Kernels::exact;  // what the default linear() computes with (set by GPT::set_parallel)
 };
@@ -175,6 +177,9 @@ class GPTImpl : public torch::nn::Module {
   // The auxiliary-loss-free balancing step (DeepSeek-V3) from the GLOBAL load [MoE layers, E]:
   // expert_bias += rate * sign(mean - load), centred to mean 0.
   void update_expert_bias(const at::Tensor& load, double rate);
+  // Seconds spent routing tokens since the last call (dispatch and combine, MoEImpl::
+  // take_route_seconds, plus the expert-parallel exchanges of backward); resets.
+  double take_route_seconds();
 
   const GPTConfig& config() const { return config_; }
 

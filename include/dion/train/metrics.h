@@ -28,7 +28,8 @@ class MetricsWriter {
   // fwd_bwd_ms: the forward and backward passes' part of ms_per_step (the rest: the optimizer step).
   void train(int64_t step, double loss, double grad_norm, double lr, int64_t tokens, double tokens_per_s,
              double ms_per_step, double time_s, double fwd_bwd_ms, bool skipped = false,
-             const std::vector<double>& moe_imbalance = {});  // MoE: max / mean tokens per expert, per layer
+             const std::vector<double>& moe_imbalance = {},  // MoE: max / mean tokens per expert, per layer
+             double moe_route_ms = -1);  // MoE: dispatch + combine time of the step (GPT::take_route_seconds)
   void val(int64_t step, double val_loss, int64_t tokens, double time_s);
 
  private:

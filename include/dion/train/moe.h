@@ -51,6 +51,10 @@ class MoEImpl : public torch::nn::Module {
 
   // Tokens routed to each expert by training forwards since the last take_load(), int64 [E]; resets.
   at::Tensor take_load();
+  // Seconds the forwards since the last call spent routing (moe.h: dispatch = grouping the tokens by
+  // expert and sending them to their experts' ranks, combine = the way back and the weighted sum),
+  // not the experts' GEMMs; resets. Host wall clock (on CUDA: the host's side only).
+  double take_route_seconds();
   // The last training forward's balance loss x aux_loss_coef (0-d fp32), undefined when off.
   const at::Tensor& aux_loss() const { return aux_loss_; }
   const MoEConfig& config() const { return cfg_; }
@@ -67,6 +71,7 @@ class MoEImpl : public torch::nn::Module {
   Kernels kernels_;
   at::Tensor load_;
   at::Tensor aux_loss_;
+  double route_s_ = 0;
 };
 
 }  // namespace dion::train

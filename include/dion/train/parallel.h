@@ -186,6 +186,8 @@ class Parallel : public ModelParallel {
   at::Tensor ep_exchange(const at::Tensor& x, const std::vector<int64_t>& send,
                          const std::vector<int64_t>& recv) override;
   at::Tensor ep_exchange_counts(const at::Tensor& counts) override;
+  double take_exchange_backward_seconds() override;
+  void count_exchange_backward(double seconds) { exchange_backward_s_ += seconds; }  // ep.cpp's backward
 
  private:
   comm::Group world_;
@@ -228,6 +230,7 @@ class Parallel : public ModelParallel {
   bool sync_ = true;
   std::unordered_map<const void*, at::Tensor> kept_, grad_sum_;
   int64_t reduce_scatters_ = 0;
+  double exchange_backward_s_ = 0;
 };
 
 // Data-parallel gradient sum over `group` (DDP, HSDP's dp axis): bucketed all_reduce launched

@@ -89,6 +89,7 @@ class Trainer {
     bool skipped = false;  // not finite: nothing written to the weights or the optimizer state
     double seconds = 0, fwd_bwd_seconds = 0;
     std::vector<double> moe_imbalance;  // MoE: max / mean of the step's global tokens per expert, per layer
+    double route_seconds = -1;          // MoE: dispatch and combine (GPT::take_route_seconds), this rank
   };
 
   // ---- setup (trainer_setup.cpp), in the order run() calls them

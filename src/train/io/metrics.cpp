@@ -40,7 +40,7 @@ MetricsWriter::MetricsWriter(const fs::path& file, int64_t keep_through_step) {
 
 void MetricsWriter::train(int64_t step, double loss, double grad_norm, double lr, int64_t tokens, double tokens_per_s,
                           double ms_per_step, double time_s, double fwd_bwd_ms, bool skipped,
-                          const std::vector<double>& moe_imbalance) {
+                          const std::vector<double>& moe_imbalance, double moe_route_ms) {
   json j = {{"kind", "train"},
             {"step", step},
             {"loss", loss},
@@ -53,6 +53,7 @@ void MetricsWriter::train(int64_t step, double loss, double grad_norm, double lr
             {"fwd_bwd_ms", fwd_bwd_ms}};
   if (skipped) j["skipped"] = true;
   if (!moe_imbalance.empty()) j["moe_load_imbalance"] = moe_imbalance;
+  if (moe_route_ms >= 0) j["moe_route_ms"] = moe_route_ms;
   out_ << j.dump() << std::endl;
 }
 

@@ -230,6 +230,12 @@ at::Tensor GPTImpl::take_expert_load() {
   return rows.empty() ? at::zeros({0, 0}, at::kLong) : at::stack(rows);
 }
 
+double GPTImpl::take_route_seconds() {
+  double s = parallel_ ? parallel_->take_exchange_backward_seconds() : 0.0;
+  for (const auto& m : moe_layers()) s += m->take_route_seconds();
+  return s;
+}
+
 void GPTImpl::update_expert_bias(const at::Tensor& load, double rate) {
   at::NoGradGuard no_grad;
   const auto layers = moe_layers();

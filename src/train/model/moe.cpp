@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/modules/linear.h>
 
+#include <chrono>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -29,6 +30,12 @@ MoEImpl::MoEImpl(const GPTConfig& cfg) : cfg_(cfg.moe), hidden_(cfg.moe.expert_d
   w2 = experts->register_parameter("w2", at::empty({E, C, hidden_}));
   if (cfg_.n_shared_experts > 0) shared = register_module("shared", MLP(cfg, cfg_.n_shared_experts * hidden_));
   expert_bias = register_buffer("expert_bias", at::zeros({E}, at::kFloat));
+}
+
+double MoEImpl::take_route_seconds() {
+  const double s = route_s_;
+  route_s_ = 0;
+  return s;
 }
 
 at::Tensor MoEImpl::take_load() {
@@ -70,6 +77,15 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
 }
 
 at::Tensor MoEImpl::routed(const at::Tensor& xf, const at::Tensor& sel, const at::Tensor& w) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  Clock::duration experts{0};  // the grouped GEMMs: not routing
+  auto run_experts = [&](const at::Tensor& rows, const std::vector<int64_t>& counts) {
+    const auto t = Clock::now();
+    at::Tensor y = grouped(rows, counts, 0);
+    experts += Clock::now() - t;
+    return y;
+  };
   const int64_t E = cfg_.n_experts, K = cfg_.top_k;
   const at::Tensor flat = sel.reshape({-1});                           // [N K]
   const at::Tensor order = at::argsort(flat, /*stable=*/true, 0);      // grouped by expert, token order inside
@@ -80,7 +96,7 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const at::Tensor& sel, const at
   const int64_t ep = par ? par->ep_size() : 1;
   at::Tensor ys;
   if (ep == 1) {
-    ys = grouped(xs, counts, 0);
+    ys = run_experts(xs, counts);
   } else {
     // Counts first: recv_counts[s * El + e] = rows rank s sends to my local expert e.
     const int64_t El = E / ep;
@@ -102,12 +118,14 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const at::Tensor& sel, const at
       for (int64_t s = 0; s < ep; ++s)
         for (int64_t r = 0; r < rc[size_t(s * El + e)]; ++r) perm.push_back(start[size_t(s * El + e)] + r);
     const at::Tensor p = at::tensor(perm, at::kLong).to(xr.device());
-    const at::Tensor yg = grouped(xr.index_select(0, p), mine, 0);
+    const at::Tensor yg = run_experts(xr.index_select(0, p), mine);
     const at::Tensor yr = yg.index_select(0, at::argsort(p, /*stable=*/true, 0));  // back to (source, expert)
     ys = par->ep_exchange(yr, recv, send);
   }
   const at::Tensor wk = w.reshape({-1}).index_select(0, order).unsqueeze(1);  // [N K, 1] fp32
-  return at::zeros_like(xf).index_add(0, token, (ys.to(at::kFloat) * wk).to(xf.scalar_type()));
+  at::Tensor y = at::zeros_like(xf).index_add(0, token, (ys.to(at::kFloat) * wk).to(xf.scalar_type()));
+  route_s_ += std::chrono::duration<double>(Clock::now() - t0 - experts).count();
+  return y;
 }
 
 at::Tensor MoEImpl::grouped(const at::Tensor& xs, const std::vector<int64_t>& counts, int64_t first) {

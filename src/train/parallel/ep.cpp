@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <chrono>
+
 #include "detail.h"
 
 namespace dion::train {
@@ -15,8 +17,9 @@ using namespace detail;
 namespace {
 
 struct EpExchangeFn : torch::autograd::Function<EpExchangeFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group, std::vector<int64_t> send,
-                            std::vector<int64_t> recv) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t parallel, int64_t group,
+                            std::vector<int64_t> send, std::vector<int64_t> recv) {
+    ctx->saved_data["parallel"] = parallel;
     ctx->saved_data["group"] = group;
     ctx->saved_data["send"] = send;
     ctx->saved_data["recv"] = recv;
@@ -26,7 +29,11 @@ struct EpExchangeFn : torch::autograd::Function<EpExchangeFn> {
     comm::Group& g = from_handle(ctx->saved_data["group"]);
     const std::vector<int64_t> send = ctx->saved_data["send"].toIntVector();
     const std::vector<int64_t> recv = ctx->saved_data["recv"].toIntVector();
-    return {g.all_to_all_async(grads[0], recv, send).wait(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const auto t0 = std::chrono::steady_clock::now();
+    at::Tensor back = g.all_to_all_async(grads[0], recv, send).wait();
+    parallel_of(ctx->saved_data["parallel"])
+        .count_exchange_backward(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return {back, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -35,7 +42,13 @@ struct EpExchangeFn : torch::autograd::Function<EpExchangeFn> {
 at::Tensor Parallel::ep_exchange(const at::Tensor& x, const std::vector<int64_t>& send,
                                  const std::vector<int64_t>& recv) {
   if (!ep_ || ep_->size() == 1) return x;
-  return EpExchangeFn::apply(x, to_handle(ep_.get()), send, recv);
+  return EpExchangeFn::apply(x, int64_t(reinterpret_cast<intptr_t>(this)), to_handle(ep_.get()), send, recv);
+}
+
+double Parallel::take_exchange_backward_seconds() {
+  const double s = exchange_backward_s_;
+  exchange_backward_s_ = 0;
+  return s;
 }
 
 at::Tensor Parallel::ep_exchange_counts(const at::Tensor& counts) {

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""MoE training speed next to the dense model of the same active parameters, at 1 and 2 ranks.
+
+    python3 bench/moe_speed.py [--build build] [--out runs/moe_speed] [--steps 20] [--rounds 2]
+                               [--json FILE] [--smoke]
+
+Sides: configs/shakespeare_bytes_dion2.yaml (the main job: dense, 4 x 128) and
+configs/shakespeare_bytes_moe.yaml (8 experts of 170 hidden, top_k 2, one shared: about the dense
+MLP's active parameters), each in one process and in two (dense: dp 2; MoE: dp 2 x ep 2, the
+experts split over the two ranks and the tokens exchanged by all_to_all), one thread a process,
+the global batch the same (16 x 256 bytes). Every round runs every side for --steps steps, the
+order reversed every other round, so that the machine's load falls on all sides alike. A side's
+figures are medians over its steps after the first two: ms a step (dion-train's wall clock),
+tokens/s, and the share of the step spent routing tokens (metrics.jsonl moe_route_ms: grouping
+the tokens by expert, the all_to_all to the experts' ranks and back in forward and backward, the
+weighted sum; not the experts' GEMMs). Prints a markdown table and appends one JSON object to
+--json. Not a test: nothing asserts on time. --smoke: a tiny model, 3 steps, one round (ctest
+moe_speed_smoke: the plumbing).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import convergence  # noqa: E402
+import machine  # noqa: E402
+
+SIDES = [  # (name, config, ranks, layout keys)
+    ("dense, 1 rank", "configs/shakespeare_bytes_dion2.yaml", 1, {}),
+    ("MoE, 1 rank", "configs/shakespeare_bytes_moe.yaml", 1, {}),
+    ("dense, dp 2", "configs/shakespeare_bytes_dion2.yaml", 2, {"dp_size": 2}),
+    ("MoE, dp 2 x ep 2", "configs/shakespeare_bytes_moe.yaml", 2, {"dp_size": 2, "ep_size": 2}),
+]
+SMOKE = {"model_dim": 32, "n_layer": 1, "n_head": 1, "sequence_length": 32, "batch_size": 4, "val_tokens": 128,
+         "expert_dim": 16}
+
+
+def run_side(build, data, out, side, steps, rnd, smoke):
+    name, config, ranks, layout = side
+    rd = os.path.join(out, f"{name.replace(' ', '').replace(',', '_')}_r{rnd}")
+    keys = {"config": os.path.join(ROOT, config), "data_dir": data, "run_dir": rd, "num_iterations": steps,
+            "val_loss_every": 0, "log_every": 1, "checkpoint_freq": 0, "checkpoint_dir": "",
+            "time_optimizer": "true", "replica_check_every": 0}
+    if smoke:
+        keys.update(SMOKE)
+        if "moe" not in config:
+            keys.pop("expert_dim")
+    batch = SMOKE["batch_size"] if smoke else 16
+    keys.update(layout, device_batch_size=batch // ranks)
+    cmd = [os.path.join(build, "dion-train")] + (["--nproc", str(ranks)] if ranks > 1 else [])
+    for k, v in keys.items():
+        cmd += [f"--{k}", str(v)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if r.returncode != 0:
+        tail = "\n".join(r.stdout.strip().splitlines()[-12:])
+        raise convergence.BenchError(f"{name} failed (exit {r.returncode}): {' '.join(cmd)}\n{tail}")
+    lines = [json.loads(x) for x in open(os.path.join(rd, "metrics.jsonl"))]
+    return [x for x in lines if x["kind"] == "train"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=os.environ.get("DION_BUILD_DIR", os.path.join(ROOT, "build")))
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "moe_speed"))
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", default="")
+    ap.add_argument("--smoke", action="store_true", help="a tiny model, 3 steps, one round (the plumbing)")
+    args = ap.parse_args()
+    steps, rounds = (3, 1) if args.smoke else (args.steps, args.rounds)
+    if steps < 3 or rounds < 1:
+        raise convergence.BenchError(f"--steps {steps} --rounds {rounds}: need steps >= 3 and rounds >= 1")
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    load_before = machine.loadavg()
+    data = convergence.prepare_data(args.build, out)
+    got = {s[0]: [] for s in SIDES}
+    t0 = time.time()
+    for rnd in range(rounds):
+        order = SIDES if rnd % 2 == 0 else SIDES[::-1]
+        for side in order:
+            got[side[0]] += run_side(args.build, data, out, side, steps, rnd, args.smoke)[2:]
+            print(f"[moe_speed] round {rnd + 1}/{rounds}: {side[0]} done ({time.time() - t0:.0f} s)", file=sys.stderr)
+    cpu, flags = machine.cpu()
+    rows = []
+    for name, _, ranks, _ in SIDES:
+        recs = got[name]
+        ms = statistics.median(r["ms_per_step"] for r in recs)
+        route = [r["moe_route_ms"] / r["ms_per_step"] for r in recs if "moe_route_ms" in r]
+        rows.append({"side": name, "ranks": ranks, "ms_per_step": ms,
+                     "tokens_per_s": statistics.median(r["tokens_per_s"] for r in recs),
+                     "route_share": statistics.median(route) if route else None, "steps": len(recs)})
+    dense = {r["ranks"]: r for r in rows if r["side"].startswith("dense")}
+    table = {"bench": "moe_speed", "rows": rows, "steps": steps, "rounds": rounds, "smoke": args.smoke,
+             "machine": {"cpu": cpu, "cpu_flags": flags, "loadavg": f"{load_before} before; {machine.loadavg()} after",
+                         "time_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "threads_per_process": 1}}
+    print(f"- machine: {cpu} ({' '.join(flags)}); load average {table['machine']['loadavg']}; "
+          f"{table['machine']['time_utc']}")
+    shape = f"{SMOKE['batch_size']} x {SMOKE['sequence_length']} (smoke)" if args.smoke else "16 x 256"
+    print(f"- one thread a process; batch {shape} bytes; {steps} steps x {rounds} rounds, medians after "
+          "each run's first two steps")
+    print("")
+    print("| side | ms a step | tokens/s | vs dense at the same ranks | routing share of the step |")
+    print("|---|--:|--:|--:|--:|")
+    for r in rows:
+        d = dense[r["ranks"]]
+        share = f"{100 * r['route_share']:.1f}%" if r["route_share"] is not None else "—"
+        print(f"| {r['side']} | {r['ms_per_step']:.0f} | {r['tokens_per_s']:.0f} | "
+              f"{r['tokens_per_s'] / d['tokens_per_s']:.2f}x | {share} |")
+    machine.append_json(args.json, table)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except convergence.BenchError as e:
+        print(f"moe_speed.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
