@@ -74,9 +74,10 @@ class ModelParallel {
   virtual int64_t ep_rank() const { return 0; }
   // Rows of x to the ep ranks of their experts: send[j] rows (in order) to ep rank j; the result
   // holds recv[i] rows from rank i, in rank order. Differentiable: backward sends the gradient
-  // back the same way. The default (one rank) returns x.
+  // back the same way. `meanwhile`, when given, runs while the rows travel (the shared experts'
+  // forward overlaps the dispatch). The default (one rank) runs `meanwhile` and returns x.
   virtual at::Tensor ep_exchange(const at::Tensor& x, const std::vector<int64_t>& send,
-                                 const std::vector<int64_t>& recv);
+                                 const std::vector<int64_t>& recv, const std::function<void()>& meanwhile = {});
   // int64 counts [ep * n]: chunk j goes to ep rank j; chunk i of the result came from rank i.
   virtual at::Tensor ep_exchange_counts(const at::Tensor& counts) { return counts; }
   // Seconds the backward passes since the last call spent in ep_exchange's way back; resets.

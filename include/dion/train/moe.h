@@ -62,7 +62,9 @@ class MoEImpl : public torch::nn::Module {
 
  private:
   // The routed experts' output for tokens xf [N, C] with experts sel [N, K] and weights w [N, K].
-  at::Tensor routed(const at::Tensor& xf, const at::Tensor& sel, const at::Tensor& w);
+  // `meanwhile` runs while the tokens travel to their experts (the shared experts' forward).
+  at::Tensor routed(const at::Tensor& xf, const at::Tensor& sel, const at::Tensor& w,
+                    const std::function<void()>& meanwhile);
   // Rows xs grouped by local expert (counts[e] rows each) through their experts.
   at::Tensor grouped(const at::Tensor& xs, const std::vector<int64_t>& counts, int64_t first_expert);
 

@@ -183,8 +183,8 @@ class Parallel : public ModelParallel {
   int64_t tp_size() const override { return shape_.tp; }
   int64_t ep_size() const override { return shape_.ep; }
   int64_t ep_rank() const override { return ep_ ? ep_->rank() : 0; }
-  at::Tensor ep_exchange(const at::Tensor& x, const std::vector<int64_t>& send,
-                         const std::vector<int64_t>& recv) override;
+  at::Tensor ep_exchange(const at::Tensor& x, const std::vector<int64_t>& send, const std::vector<int64_t>& recv,
+                         const std::function<void()>& meanwhile = {}) override;
   at::Tensor ep_exchange_counts(const at::Tensor& counts) override;
   double take_exchange_backward_seconds() override;
   void count_exchange_backward(double seconds) { exchange_backward_s_ += seconds; }  // ep.cpp's backward

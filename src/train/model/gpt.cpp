@@ -39,7 +39,9 @@ at::Tensor ModelParallel::linear(const at::Tensor& x, const at::Tensor& param) {
   return dion::train::linear(x, weight(param), kernels);
 }
 
-at::Tensor ModelParallel::ep_exchange(const at::Tensor& x, const std::vector<int64_t>&, const std::vector<int64_t>&) {
+at::Tensor ModelParallel::ep_exchange(const at::Tensor& x, const std::vector<int64_t>&, const std::vector<int64_t>&,
+                                      const std::function<void()>& meanwhile) {
+  if (meanwhile) meanwhile();
   return x;
 }
 

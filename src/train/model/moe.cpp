@@ -71,12 +71,17 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
     f = f.scatter_add(1, sel.view({B, T * K}), at::ones({B, T * K}, scores.options())) * (double(E) / double(K * T));
     aux_loss_ = (f * P).sum(1).mean() * cfg_.aux_loss_coef;
   }
-  at::Tensor y = routed(xf, sel, w).view({B, T, C});
-  if (shared) y = y + shared(x);
+  // The shared experts compute while the routed tokens travel (expert parallelism).
+  at::Tensor y_shared;
+  at::Tensor y = routed(xf, sel, w, [&] {
+                   if (shared) y_shared = shared(x);
+                 }).view({B, T, C});
+  if (shared) y = y + y_shared;
   return y;
 }
 
-at::Tensor MoEImpl::routed(const at::Tensor& xf, const at::Tensor& sel, const at::Tensor& w) {
+at::Tensor MoEImpl::routed(const at::Tensor& xf, const at::Tensor& sel, const at::Tensor& w,
+                           const std::function<void()>& meanwhile) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   Clock::duration experts{0};  // the grouped GEMMs: not routing
@@ -85,6 +90,11 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const at::Tensor& sel, const at
     at::Tensor y = grouped(rows, counts, 0);
     experts += Clock::now() - t;
     return y;
+  };
+  auto overlapped = [&] {  // not routing either
+    const auto t = Clock::now();
+    meanwhile();
+    experts += Clock::now() - t;
   };
   const int64_t E = cfg_.n_experts, K = cfg_.top_k;
   const at::Tensor flat = sel.reshape({-1});                           // [N K]
@@ -96,6 +106,7 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const at::Tensor& sel, const at
   const int64_t ep = par ? par->ep_size() : 1;
   at::Tensor ys;
   if (ep == 1) {
+    overlapped();
     ys = run_experts(xs, counts);
   } else {
     // Counts first: recv_counts[s * El + e] = rows rank s sends to my local expert e.
@@ -108,7 +119,7 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const at::Tensor& sel, const at
         recv[size_t(s)] += rc[size_t(s * El + e)];
         mine[size_t(e)] += rc[size_t(s * El + e)];
       }
-    const at::Tensor xr = par->ep_exchange(xs, send, recv);  // [sum recv, C] in (source, expert) order
+    const at::Tensor xr = par->ep_exchange(xs, send, recv, overlapped);  // [sum recv, C] in (source, expert) order
     // Regroup by local expert (source order inside): perm lists the received rows expert by expert.
     std::vector<int64_t> start(size_t(ep * El)), perm;
     perm.reserve(size_t(xr.size(0)));
