@@ -10,7 +10,10 @@
 //   shared:  + the dense MLP of n_shared_experts x H hidden, on every token (when n_shared > 0)
 //
 // Tokens are grouped by expert (stable sort: token order within an expert) and each expert runs
-// one GEMM pair on its group. Under expert parallelism (ModelParallel::ep_size() > 1) this rank
+// one GEMM pair on its group. Not a padded batched GEMM: on one CPU thread (AMD Zen 5, torch 2.11,
+// fp32, C 128, H 170, max / mean load 1.14) bmm over experts padded to the fullest took 1.65x the
+// loop's time at 8 experts x 1024 rows and 0.94x at 64 experts x 16 rows (2026-12-05); ATen's
+// grouped GEMM (_grouped_mm) is CUDA-only. Under expert parallelism (ModelParallel::ep_size() > 1) this rank
 // holds experts [ep_rank * E / ep, +E / ep) of the stacks: the counts per expert go to their
 // ranks first (one all_to_all), then the tokens (an all_to_all with those split sizes), each rank
 // runs its experts on what it received, and the results come back the same way; backward sends
