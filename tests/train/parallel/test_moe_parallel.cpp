@@ -177,18 +177,28 @@ TEST_F(MoeRun, CheckpointsMoveBetweenExpertParallelSizes) {
     EXPECT_EQ(test::read_metrics(tmp / "to_ep4" / "metrics.jsonl").size(), size_t(kSteps - 1));  // steps 2-4, val
     expect_close(ref, test::read_metrics(tmp / "to_ep4" / "metrics.jsonl"), "fs4 ep2 -> dp4 ep4");
   }
-  // ... and the reverse: saved by one process, resumed at dp 2 x ep 2.
+  // ... and the reverse: saved by one process, resumed at dp 2 x ep 2 and at fs 4 x ep 2.
   const fs::path ck1 = tmp / "ck_one";
   {
     ProcResult r = test::run_train(moe_run(data(), tmp / "save1", "dion2") +
                                    std::vector<std::string>{"--checkpoint_dir", ck1.string(), "--stop_after", "2"});
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
+  const fs::path ck1_copy = tmp / "ck_one_copy";
+  fs::copy(ck1, ck1_copy, fs::copy_options::recursive);
   auto rs = test::run_train_ranks(2, moe_run(data(), tmp / "to_ep2", "dion2") + mesh(2, 1, 1, 2) +
                                          std::vector<std::string>{"--checkpoint_dir", ck1.string()});
   expect_all_ok(rs);
   EXPECT_NE(rs[0].output.find("resumed from"), std::string::npos) << rs[0].output;
   expect_close(ref, test::read_metrics(tmp / "to_ep2" / "metrics.jsonl"), "1 -> dp2 ep2");
+  // selection_scope global here, local (the default) in the checkpoint: this run's keys apply (the
+  // checkpoint's group options once did, and the per-shard selection ended 6e-3 off).
+  rs = test::run_train_ranks(4, moe_run(data(), tmp / "to_efs", "dion2") + mesh(1, 4, 1, 2) + global +
+                                    std::vector<std::string>{"--checkpoint_dir", ck1_copy.string()});
+  expect_all_ok(rs);
+  EXPECT_NE(rs[0].output.find("resumed from " + (ck1_copy / "step_00000001").string()), std::string::npos)
+      << rs[0].output;
+  expect_close(ref, test::read_metrics(tmp / "to_efs" / "metrics.jsonl"), "1 -> fs4 ep2");
 }
 
 TEST_F(MoeRun, BadExpertLayoutsFailAtStartOnEveryRank) {
