@@ -22,7 +22,8 @@
 #    orthogonalizers, its optimizer step per class; at most 3 minutes, DION_REFERENCE_TIMEOUT);
 # 4. trains the 160M model (configs/dion2_160m.yaml; batch 16 x 1024 tokens) for 50 steps on
 #    Tiny Shakespeare, eagerly, with cuda_graphs: true (the training step replayed from CUDA
-#    graphs) and with cuda_kernels: true (the own kernels; both CUDA only): tokens/s and the
+#    graphs) and with cuda_kernels: true (the own kernels; both CUDA only), and with an MoE
+#    feed-forward (8 experts, top_k 2, one shared; one process, so no all_to_all): tokens/s and the
 #    MFU its step lines print (dion/train/mfu.h:
 #    (6 N + 12 L T C) x tokens/s against the measured matmul peak, given as peak_tflops);
 # then prints one markdown table. Logs and the table go to $OUT (the device machine's output
@@ -140,19 +141,23 @@ mean_of() {  # mean_of LOG REGEX FORMAT (the number is the first one the regex's
 }
 peak_arg=()
 [ -n "$peak_tflops" ] && peak_arg=(--peak_tflops "$peak_tflops")
-train_row() {  # train_row NAME GRAPHS KERNELS: sets toks_NAME, mfu_NAME (log: train_NAME.log)
+train_row() {  # train_row NAME GRAPHS KERNELS [KEY VALUE...]: sets toks_NAME, mfu_NAME (log: train_NAME.log)
   local name=$1 graphs=$2 kernels=$3 log_file="$OUT/train_$1.log"
-  log "dion-train: configs/dion2_160m.yaml on $DEVICE, cuda_graphs $graphs, cuda_kernels $kernels, $steps steps (log: train_$name.log)"
+  shift 3
+  log "dion-train: configs/dion2_160m.yaml $* on $DEVICE, cuda_graphs $graphs, cuda_kernels $kernels, $steps steps (log: train_$name.log)"
   rm -rf "$OUT/train_$name"
   "$BUILD_DIR/dion-train" --config configs/dion2_160m.yaml --data_dir "$DATA" --device "$DEVICE" \
     --run_dir "$OUT/train_$name" --checkpoint_freq 0 --val_loss_every 0 --log_every 1 --cuda_graphs "$graphs" \
-    --cuda_kernels "$kernels" "${peak_arg[@]}" "${train_args[@]}" > "$log_file" 2>&1 ||
+    --cuda_kernels "$kernels" "${peak_arg[@]}" "${train_args[@]}" "$@" > "$log_file" 2>&1 ||
     { tail -10 "$log_file"; log "dion-train (cuda_graphs $graphs, cuda_kernels $kernels) FAILED"; failed+=("dion-train-$name"); }
   params=$(sed -n 's/.*, \([0-9]*\) parameters;.*/\1/p' "$log_file" | head -1)
   printf -v "toks_$name" '%s' "$(mean_of "$log_file" '| [0-9]* tok/s' %.0f)"
   printf -v "mfu_$name" '%s' "$(mean_of "$log_file" '| MFU [0-9.]*%' %.1f)"
 }
 train_row eager false false
+# The mixture of experts (routing, bincount, per-expert GEMMs, balance loss) on the device, one process.
+moe_args=(--n_experts 8 --top_k 2 --n_shared_experts 1 --router_opt matrix --moe_aux_loss_coef 0.01)
+train_row moe false false "${moe_args[@]}"
 if [ "$DEVICE" = cuda ]; then
   train_row graphs true false
   train_row kernels false true
@@ -168,6 +173,7 @@ fi
   cat "$OUT/device_bench.md" "$OUT/device_reference.md"
   model="dion-train dion2 160M$([ "$QUICK" = 1 ] && echo ' (quick: tiny model)'), $steps steps, ${params:-?} parameters"
   echo "| $model | ${toks_eager:-?} tokens/s | MFU ${mfu_eager:-?}% |"
+  echo "| $model, MoE 8 experts top_k 2 (+1 shared) | ${toks_moe:-?} tokens/s | MFU ${mfu_moe:-?}% (active) |"
   if [ "$DEVICE" = cuda ]; then
     echo "| $model, cuda_graphs: true | ${toks_graphs:-?} tokens/s | MFU ${mfu_graphs:-?}% |"
     echo "| $model, cuda_kernels: true | ${toks_kernels:-?} tokens/s | MFU ${mfu_kernels:-?}% |"
