@@ -150,7 +150,7 @@ train_row() {  # train_row NAME GRAPHS KERNELS [KEY VALUE...]: sets toks_NAME, m
     --run_dir "$OUT/train_$name" --checkpoint_freq 0 --val_loss_every 0 --log_every 1 --cuda_graphs "$graphs" \
     --cuda_kernels "$kernels" "${peak_arg[@]}" "${train_args[@]}" "$@" > "$log_file" 2>&1 ||
     { tail -10 "$log_file"; log "dion-train (cuda_graphs $graphs, cuda_kernels $kernels) FAILED"; failed+=("dion-train-$name"); }
-  params=$(sed -n 's/.*, \([0-9]*\) parameters;.*/\1/p' "$log_file" | head -1)
+  [ "$name" = eager ] && params=$(sed -n 's/.*, \([0-9]*\) parameters;.*/\1/p' "$log_file" | head -1)
   printf -v "toks_$name" '%s' "$(mean_of "$log_file" '| [0-9]* tok/s' %.0f)"
   printf -v "mfu_$name" '%s' "$(mean_of "$log_file" '| MFU [0-9.]*%' %.1f)"
 }
