@@ -1,6 +1,7 @@
 // src/train/parallel/fsdp.cpp — FSDP's side of Parallel (parallel.h): the fs all_gathers of the weights
 // (kept, prefetched by unit, or re-gathered in backward with reshard_after_forward), bf16
-// gathers, deferred gradient sync, and the gradient reduce-scatter.
+// gathers, deferred gradient sync, and the gradient reduce-scatter. An MoE expert stack under EP
+// x FSDP (mesh_shape.h) goes the same way over its efs group along dim 0 (gather_group).
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
