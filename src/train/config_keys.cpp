@@ -123,8 +123,8 @@ const std::vector<Key>& keys() {
        .choices = {"spectral_norm", "rms_norm", "none"}},
       {.name = "selection_scope",
        .field = &Config::selection_scope,
-       .help = "Dion2 / NorDion2 under FSDP: the top-k rows per shard (local, the reference's) or over the whole "
-               "matrix (global: equals one process)",
+       .help = "the row-selecting optimizers under FSDP: the top-k rows per shard (local, the reference's) or over "
+               "the whole matrix (global: equals one process)",
        .check = Check::CHOICE,
        .choices = {"local", "global"}},
       {"verbose", &Config::verbose, "accepted for the reference's configs; no effect"},

@@ -204,12 +204,17 @@ void Trainer::build_model() {
     expert_sync_ = std::make_unique<GradSync>(par.edp_group(), par.expert_params(model_), bucket);
   if (ckpt_) {
     checkpoint_load_model(*ckpt_, model_, &par);  // any layout -> this rank's parts
-    // The state from the checkpoint, the hyperparameters from this run's config: a key the resume
-    // policy lets change (mu, weight_decay, selection_scope, ...) takes effect, as its line says.
+    // The state from the checkpoint (the groups' step counters too), the hyperparameters from this
+    // run's config: a key the resume policy lets change (mu, weight_decay, selection_scope, ...)
+    // takes effect, as its line says. lr stays the checkpoint's until the schedule sets it.
     std::vector<dion::Options> configured;
     for (size_t g = 0; g < opt.param_groups().size(); ++g) configured.push_back(opt.options(g));
     checkpoint_load_training(*ckpt_, opt);
-    for (size_t g = 0; g < configured.size(); ++g) opt.set_options(g, configured[g]);
+    for (size_t g = 0; g < configured.size(); ++g) {
+      dion::Options o = configured[g];
+      o.step(opt.options(g).step()).lr(opt.options(g).lr());
+      opt.set_options(g, o);
+    }
     st_ = meta_->state;
     train_loader_->restore(st_.loader);
   }

@@ -26,7 +26,7 @@ struct TrainKnobs {
   double lr = 0.0, mu = 0.0, weight_decay = 0.0, ortho_fraction = 0.0, rcqr_oversample = 0.0;
   std::string adjust_lr = {};
   bool mixed_precision = false;
-  std::string selection_scope = "local";  // Dion2 / NorDion2: top-k per shard or over the whole matrix
+  std::string selection_scope = "local";  // row-selecting algorithms: top-k per shard or over the whole matrix
 };
 
 struct TrainEntry {
