@@ -24,6 +24,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import convergence  # noqa: E402
+import machine  # noqa: E402
 import width_study  # noqa: E402
 
 BenchError = convergence.BenchError
@@ -87,7 +88,7 @@ def report(p, recs, out, seconds, load_before):
     total_m, active_m = counts("moe")
     lines = ["# Mixture of experts vs dense, the same active parameters", "",
              f"Machine: {convergence_machine()}; load average before {load_before}, after "
-             f"{' '.join(open('/proc/loadavg').read().split()[:3])}; {seconds:.0f} s this invocation (finished runs "
+             f"{machine.loadavg()}; {seconds:.0f} s this invocation (finished runs "
              "are reused); one thread a run", "",
              f"Model: byte-level GPT, {p['n_layer']} layers x {p['model_dim']}, T {p['sequence_length']}, batch "
              f"{p['batch_size']}, {p['num_iterations']} steps. Dense: {total_d:,} parameters. MoE: {total_m:,} "
@@ -121,7 +122,6 @@ def report(p, recs, out, seconds, load_before):
 
 
 def convergence_machine():
-    import machine
     model, flags = machine.cpu()
     return f"{model} ({', '.join(flags)}), {os.cpu_count()} cores"
 
@@ -137,23 +137,14 @@ def main():
     p = PRESETS[preset]
     seeds = args.seeds or p["seeds"]
     os.makedirs(out, exist_ok=True)
-    load_before = " ".join(open("/proc/loadavg").read().split()[:3])
+    load_before = machine.loadavg()
     t0 = time.time()
     data = convergence.prepare_data(args.build, out)
     todo = runs(p, seeds)
     print(f"[moe] {preset}: {len(todo)} runs (dense runs of the width study in {out} are reused)", file=sys.stderr)
-    import concurrent.futures
-    recs = []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futs = {pool.submit(convergence.train_one, args.build, data, out, p, "moe", name, lr, s, "exact", keys,
-                            run_name): (model, name) for model, name, lr, s, run_name, keys in todo}
-        for f in concurrent.futures.as_completed(futs):
-            model, name = futs[f]
-            r = dict(f.result(), model=model)
-            recs.append(r)
-            status = r.get("error") or f"final val {r['final']:.4f}, {r['seconds']:.0f} s"
-            print(f"[moe] {time.time() - t0:6.0f} s  {model} {name} seed {r['seed']}: {status}", file=sys.stderr,
-                  flush=True)
+    jobs = [("moe", name, lr, s, "exact", keys, run_name) for _, name, lr, s, run_name, keys in todo]
+    recs = [dict(r, model=model) for r, (model, *_) in zip(convergence.run_all(args.build, data, out, p, jobs, args.jobs),
+                                                             todo)]
     print(report(p, recs, out, time.time() - t0, load_before))
     print(f"[moe] wrote {os.path.join(out, 'moe_report.md')}", file=sys.stderr)
 
