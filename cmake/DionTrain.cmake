@@ -97,7 +97,8 @@ if(DION_BUILD_TESTS)
     dion_executable(${name} ${ARGN} ${DION_TRAIN_ROOT}/tests/train/train_test_util.cpp)
     target_link_libraries(${name} PRIVATE
       dion_train GTest::gtest GTest::gtest_main nlohmann_json::nlohmann_json)
-    target_include_directories(${name} PRIVATE ${DION_TRAIN_ROOT}/tests/train)  # train_test_util.h
+    target_include_directories(${name} PRIVATE ${DION_TRAIN_ROOT}/tests/train   # train_test_util.h
+                                               ${DION_TRAIN_ROOT}/tests/support) # cpu_kind.h
     target_compile_definitions(${name} PRIVATE
       DION_SOURCE_DIR="${DION_TRAIN_ROOT}"
       DION_TRAIN_EXE="$<TARGET_FILE:dion-train>")

@@ -109,7 +109,17 @@ TEST(Symmetric, BlockRowsMatchTheFullProduct) {
     dion::math::gram_out(Q, X, /*tiled=*/false);
     const double scale = Q.abs().max().item<double>();
     EXPECT_LE(max_abs_diff(P, Q) / scale, 1e-5) << "gram m=" << m;
-    EXPECT_TRUE(at::equal(P, P.mT())) << "gram m=" << m;
+    // Exactly symmetric where the block rows and the mirror run (the rule below); below that,
+    // gram_out is one full GEMM, X X^T, which need not sum (i, j) and (j, i) in the same order:
+    // the AVX-512 kernels of an AMD Zen 4 / 5 and an AMX Xeon happen to, the AVX2 ones do not
+    // (m = 100 differed in the last bits under the AVX2 caps on an AMX Xeon, 2026-12-06). There
+    // it is symmetric to a few fp32 ulps of the largest entry.
+    const bool block_rows = m >= dion::math::kSymmetricMinRows ||
+                            (m >= dion::math::kSymmetricMinRowsLongK && k >= dion::math::kSymmetricLongK);
+    if (block_rows)
+      EXPECT_TRUE(at::equal(P, P.mT())) << "gram m=" << m;
+    else
+      EXPECT_LE(max_abs_diff(P, P.mT()) / scale, 1e-6) << "gram m=" << m;
     // b S + c S S, a symmetric product of two symmetric matrices.
     dion::math::symmetric_product_out(P, S, S, S, -2.5, 0.75, true);
     dion::math::symmetric_product_out(Q, S, S, S, -2.5, 0.75, false);
@@ -355,8 +365,8 @@ TEST(GramNewtonSchulz, RankDeficientStaysBounded) {
 // (2^-24 x 0.39 = 2.3e-8), some 20 for each of the ~20 products the iteration compounds, and
 // 19x under one fp16 rounding of them (2^-11 x 0.39 = 1.9e-4), so a step left in fp16 fails.
 TEST(GramNewtonSchulz, MatchesTheGramNewtonSchulzPackage) {
-  const auto st =
-      dion::testing::load_safetensors(std::string(DION_SOURCE_DIR) + "/tests/vectors/gram/gram_newton_schulz.safetensors");
+  const auto st = dion::testing::load_safetensors(std::string(DION_SOURCE_DIR) +
+                                                  "/tests/vectors/gram/gram_newton_schulz.safetensors");
   for (const char* name : {"wide", "tall", "square", "wide_1to3"}) {
     const at::Tensor G = st.at(std::string(name) + ".G");
     const at::Tensor want = st.at(std::string(name) + ".U");

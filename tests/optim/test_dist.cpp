@@ -34,6 +34,7 @@
 #include "dion/comm/chunks.h"
 #include "dion/comm/group.h"
 #include "dion/comm/mesh.h"
+#include "cpu_kind.h"
 #include "dion/dion.h"
 #include "dion/math/dion.h"
 #include "dion/optim/distributed.h"
@@ -41,6 +42,10 @@
 #include "threads.h"
 
 namespace {
+
+// One process and the ranks' shares run bf16 GEMMs over other batch sizes: oneDNN off, so that
+// both run ATen's gemm per matrix and compare at tolerance 0 (tests/support/cpu_kind.h).
+[[maybe_unused]] const bool kBatchInvariantGemms = dion::testing::pin_batch_invariant_bf16_gemms();
 
 using dion::Distributed;
 using dion::comm::Group;

@@ -37,10 +37,15 @@
 #include <string>
 #include <vector>
 
+#include "cpu_kind.h"
 #include "dion/dion.h"
 #include "fake_distribution.h"
 
 namespace {
+
+// One process and the ranks' shares run bf16 GEMMs over other batch sizes: oneDNN off, so that
+// both run ATen's gemm per matrix and compare at tolerance 0 (tests/support/cpu_kind.h).
+[[maybe_unused]] const bool kBatchInvariantGemms = dion::testing::pin_batch_invariant_bf16_gemms();
 
 using dion::Axis;
 using dion::testing::FakeWorld;

@@ -189,15 +189,31 @@ def child(reference, data_dir, name):
     }))
 
 
+def capped_to_avx2() -> bool:
+    """True when a kernel library is capped at AVX2 or below (scripts/test_avx2.sh's caps), as
+    tests/support/cpu_kind.h's capped_to_avx2()."""
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").upper()
+    mkl = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "").upper()
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    return aten in ("AVX2", "DEFAULT") or mkl in ("AVX2", "AVX", "SSE4_2") or onednn in ("AVX2", "AVX", "SSE41")
+
+
 def kernel_isa() -> str:
     """The family of fp32 CPU kernels a run takes: "amx" (an Intel Xeon with AMX, Sapphire Rapids
     and later: MKL takes its newest paths there), "avx512" (AVX-512 without AMX: an AMD EPYC Zen 4
     / Zen 5) or "avx2" (a CPU without AVX-512). They round fp32 sums differently, and 10 training
     steps carry that to ~5e-4 in the losses and grad norms (train.py against itself: AVX2-only
     EPYC vs the avx512 file 5.5e-4, this AMX Xeon vs it 4.9e-4, measured), so each family has its
-    own recording (test_numerics.cpp picks it the same way)."""
+    own recording (test_numerics.cpp picks it the same way, tests/support/cpu_kind.h).
+    An AVX-512 CPU under the AVX2 caps is a family of its own, by vendor: MKL's AVX2 path on an
+    Intel CPU is not its path on an AMD one (an AMX Xeon capped against the AVX2-only EPYC's file:
+    2e-5 in the losses by step 10, measured 2026-12-06): "avx2cap_intel" or "avx2cap_amd"."""
     with open("/proc/cpuinfo") as f:
-        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+        lines = f.read().splitlines()
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    vendor = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("vendor_id")), "")
+    if "avx512f" in flags and capped_to_avx2():
+        return "avx2cap_intel" if vendor == "GenuineIntel" else "avx2cap_amd"
     if "amx_tile" in flags and "avx512f" in flags:
         return "amx"
     return "avx512" if "avx512f" in flags else "avx2"
@@ -208,12 +224,13 @@ def kernel_isa() -> str:
 # from step 1: 8.2e-5 in the losses over 10 steps); with MKL_CBWR=AVX512,STRICT both are
 # deterministic and equal (0 in the losses, 3e-15 in the grad norms, measured 2026-12-04).
 # test_numerics.cpp runs dion-train with the same setting.
-MKL_ENV = {"amx": {"MKL_CBWR": "AVX512,STRICT"}, "avx512": {}, "avx2": {}}
+MKL_ENV = {"amx": {"MKL_CBWR": "AVX512,STRICT"}, "avx512": {}, "avx2": {},
+           "avx2cap_intel": {"MKL_CBWR": "AVX2,STRICT"}, "avx2cap_amd": {}}
 
 
 def kernel_file() -> str:
-    return {"avx512": OUT, "avx2": OUT.replace(".json", "_avx2.json"),
-            "amx": OUT.replace(".json", "_amx.json")}[kernel_isa()]
+    isa = kernel_isa()
+    return OUT if isa == "avx512" else OUT.replace(".json", f"_{isa}.json")
 
 
 def main():

@@ -45,6 +45,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cpu_kind.h"
 #include "dion/train/checkpoint.h"
 #include "dion/train/config.h"
 #include "dion/train/gpt.h"
@@ -110,19 +111,17 @@ TEST_F(Numerics, ReplaysTrainPysTrajectoryLossesAndGradNorms) {
   // train.py's own losses and grad norms (train.py on an AVX2-only EPYC, and on an AMX Xeon,
   // against the AVX-512 recording: 5.5e-4 and 4.9e-4, measured), so each is compared with
   // train.py on its own kind of CPU, at 1e-6.
-  const std::string family = [] {
-    std::ifstream cpuinfo("/proc/cpuinfo");
-    for (std::string line; std::getline(cpuinfo, line);)
-      if (line.rfind("flags", 0) == 0) {
-        const bool avx512 = line.find(" avx512f") != std::string::npos;
-        if (avx512 && line.find(" amx_tile") != std::string::npos) return std::string("amx");
-        return std::string(avx512 ? "avx512" : "avx2");
-      }
-    return std::string("avx2");
-  }();
+  // The kind the kernels run as (tests/support/cpu_kind.h): under scripts/test_avx2.sh's caps an
+  // AVX-512 CPU is a family of its own per vendor (avx2cap_intel, avx2cap_amd).
+  const std::string family = dion::testing::kernel_family();
   const std::string file = family == "avx512" ? "tests/vectors/train/train_reference.json"
                                               : "tests/vectors/train/train_reference_" + family + ".json";
   std::ifstream f(test::source_dir() / file);
+  // Every real CPU kind has its recording; a capped one may not yet (recorded so far: an Intel
+  // Xeon's, avx2cap_intel).
+  if (!f && family.rfind("avx2cap_", 0) == 0)
+    GTEST_SKIP() << "no train.py recording for capped kernels of this vendor (" << family
+                 << "): tests/train/make_train_reference.py writes " << file << " under scripts/test_avx2.sh's caps";
   ASSERT_TRUE(f) << file << " is missing (tests/train/make_train_reference.py writes it on such a CPU)";
   const nlohmann::json ref = nlohmann::json::parse(f);
   std::printf("train.py's recording for %s kernels: %s\n", family.c_str(), file.c_str());
@@ -132,6 +131,7 @@ TEST_F(Numerics, ReplaysTrainPysTrajectoryLossesAndGradNorms) {
   // made with MKL_CBWR=AVX512,STRICT (make_train_reference.py, MKL_ENV), and dion-train runs
   // with it here: then the two agree to 0 in the losses (measured), as on the other families.
   if (family == "amx") ::setenv("MKL_CBWR", "AVX512,STRICT", 1);
+  if (family == "avx2cap_intel") ::setenv("MKL_CBWR", "AVX2,STRICT", 1);  // the same, capped
   const double loss_tol = 1e-6, norm_tol = 1e-6, norm_fp32_tol = 1e-4;
   ASSERT_EQ(ref.at("runs").size(), 2u);
   for (const auto& run : ref.at("runs")) {

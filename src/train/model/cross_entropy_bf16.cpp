@@ -13,6 +13,7 @@
 #include "cross_entropy_bf16.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
@@ -85,8 +86,10 @@ DION_AVX512 double row_loss(uint16_t* x, int64_t V, int64_t target, float scale,
 }  // namespace
 
 bool cross_entropy_bf16_available() {
-  static const bool ok =
-      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  // The CPU's flags, and ATen's own capability: ATEN_CPU_CAPABILITY=avx2 (scripts/test_avx2.sh)
+  // makes an AVX-512 CPU an AVX2-only one for ATen's kernels, and for this one too.
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && at::get_cpu_capability() == "AVX512";
   return ok;
 }
 

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../../../src/train/model/cross_entropy_bf16.h"
+#include "cpu_kind.h"
 #include "dion/train/autocast.h"
 #include "dion/train/gpt.h"
 #include "dion/train/kernels.h"
@@ -151,16 +152,11 @@ TEST(TrainKernels, BadShapesNameThem) {
   }
 }
 
-bool cpu_flag(const std::string& flag) {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("flags", 0) == 0) return (line + " ").find(" " + flag + " ") != std::string::npos;
-  return false;
-}
-
 TEST(TrainKernels, Bf16LossKernelRunsWhereTheCpuHasAvx512) {
-  const bool avx512 = cpu_flag("avx512f") && cpu_flag("avx512bw") && cpu_flag("avx512vl");
+  using dion::testing::cpu_flag;
+  // ... and ATen runs its AVX-512 kernels (not under ATEN_CPU_CAPABILITY=avx2: scripts/test_avx2.sh).
+  const bool avx512 =
+      cpu_flag("avx512f") && cpu_flag("avx512bw") && cpu_flag("avx512vl") && dion::testing::aten_avx512();
   EXPECT_EQ(cross_entropy_bf16_available(), avx512);
   std::printf("AVX-512 F/BW/VL: %s\n", avx512 ? "yes, the bf16 loss kernel runs" : "no, ATen's loss instead");
 }
