@@ -21,18 +21,21 @@ group["lr"] of the DistributedOrthoBase family is a persistent 0-d float32 tenso
 schedulers compute exactly as there); state_dict() writes it as a number. Copies and pickles
 of an optimizer are refused (TypeError): the state lives in C++.
 
-Distributed (the reference's conventions, megabatch_base.py): `distributed_mesh` is a
-torch.distributed ProcessGroup (DDP: parameters replicated, gradients already averaged) or a 1-D
-DeviceMesh (its group). DTensor parameters (FSDP2 fully_shard, distribute_tensor) with one
-Shard(dim) placement over that group are sharded: the C++ optimizer works on their local
-tensors (`_local_tensor`, the same storage), registered with the global shape and dim, and
-receives their local gradients before each step; Replicate() placements are replicated.
-Expert stacks (torchtitan's expert parallelism): a 3-D+ DTensor Shard(0) on a 1-D mesh that
-is none of the optimizer's (the EP mesh) is split over that mesh's group (shard_over), its
-matrices whole on every rank; with or without a distributed_mesh for the dense parameters. The
-C++ step then runs its DDP / FSDP layouts (docs/distributed.md) over the group's own backends
+Distributed (the reference's conventions, megabatch_base.py, extended to torchtitan's meshes):
+`distributed_mesh` is a torch.distributed ProcessGroup (DDP: parameters replicated, gradients
+already averaged), a 1-D DeviceMesh (its group), an N-D DeviceMesh or sub-mesh, or omitted.
+DTensor parameters (FSDP2 fully_shard, distribute_tensor) are read first (_layouts.py): their
+placements choose each one's layout — FSDP over one mesh dim (HSDP's Replicate() dims ignored),
+FSDP x TP over two (the outer and inner groups), expert stacks over their EP mesh or, with
+torchtitan's EP x FSDP placements (_StridedShard(0), Shard(0)), over the flattened 2-D mesh
+(shard_over: whole experts where they are) — and, unless distributed_mesh fixes it, the outer
+group; Partial and the layouts C++ cannot run are refused there, on every rank, before any
+collective. The C++ optimizer works on their local tensors (`_local_tensor`, the same storage),
+registered with the global shape and dims, and receives their local gradients before each step.
+The C++ step then runs its DDP / FSDP layouts (docs/distributed.md) over the group's own backends
 (Gloo for CPU tensors, NCCL for CUDA tensors), from the thread that calls step().
 State tensors of DTensor parameters are handed back as DTensors over the same local storage.
+describe() lists each parameter's layout and how it is orthogonalized.
 Legacy Dion takes the reference's replicate_mesh / outer_shard_mesh / inner_shard_mesh instead:
 DTensor parameters on a mesh whose dims are those 1-D sub-meshes are registered with their
 outer- (FSDP) and inner- (TP) sharded tensor dims; replicate_mesh adds HSDP's replicas.
