@@ -353,6 +353,8 @@ def _ortho_text(algorithm: str, group: dict, p: torch.Tensor, L: Optional[ParamL
     kind = L.kind if L is not None else LOCAL
     if heads > 1:
         text = f"per head: num_heads={heads}, {heads} x [{shape[0] // heads}, {', '.join(map(str, shape[1:]))}]"
+        if kind in (TWO_D, BATCH, EXPERTS) or (kind == SHARD and L.dim != 0):
+            text += " (refused at step(): num_heads needs whole heads on every rank: Shard(0) or none)"
     elif len(shape) >= 3 and group.get("flatten"):
         rest = 1
         for d in shape[1:]:

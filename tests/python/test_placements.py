@@ -18,6 +18,8 @@ kernels run on them); NorMuon and Dion3 within RTOL relative to the largest elem
 each neuron's squared norms over the shards of a matrix (Dion3 also its selection norms), whose
 float32 sums round differently from one process's (measured: 1.2e-7 absolute on elements of
 about 1).
+A state_dict() of the EP x FSDP stacks (DTensor state of FSDP2's strided placements) loads into
+a fresh optimizer and the next step is bit-identical (experts_checkpoint_*).
 Refusals (errors): Partial, the Shard(1)-over-efsdp expert variant (built with fully_shard),
 experts split unevenly, two outer groups, a matrix dim sharded twice, TP-only sharding: every
 rank raises, with the parameter's shape, its placements and what works. describe(): one row per
@@ -208,6 +210,42 @@ def case_experts(name, mesh_shape):
             f"expert momentum a DTensor equal to one process's: {state_ok}; over their own group: {over}")
 
 
+def case_experts_checkpoint(name):
+    """state_dict() of an optimizer over EP x FSDP expert stacks (DTensor state of FSDP2's
+    strided placements) loads into a fresh one over copies, and both take the next step
+    bit-identically."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    emesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("efsdp", "ep"))
+    start = tensors(EXPERTS, 0)
+    cls, kwargs = CLASSES[name]
+
+    def local_grads(stacks, step):
+        out = []
+        for p, g in zip(stacks, tensors(EXPERTS, 100 + step)):
+            mine = held_experts(p._local_tensor, p.full_tensor())
+            out.append(DTensor.from_local(g[mine], p.device_mesh, p.placements, run_check=False,
+                                          shape=p.shape, stride=p.stride()))
+        return out
+
+    stacks = expert_stacks(start, emesh)
+    opt = cls(stacks, lr=0.02, **kwargs)
+    for step in range(STEPS):
+        for p, g in zip(stacks, local_grads(stacks, step)):
+            p.grad = g
+        opt.step()
+    copies = expert_stacks([p.full_tensor() for p in stacks], emesh)
+    fresh = cls(copies, lr=0.02, **kwargs)
+    fresh.load_state_dict(opt.state_dict())
+    for o, ps in ((opt, stacks), (fresh, copies)):
+        for p, g in zip(ps, local_grads(ps, STEPS)):
+            p.grad = g
+        o.step()
+    same = all(torch.equal(a._local_tensor, b._local_tensor) for a, b in zip(stacks, copies))
+    return same, "the next step after load_state_dict is bit-identical" if same else "differs"
+
+
 def expect_error(make, error, *texts):
     """None when make() raises `error` whose message contains every text, else what went wrong."""
     try:
@@ -308,6 +346,7 @@ CASES4 = {
     **{f"hsdp_{k}": (lambda k=k: case_dense(k, "hsdp", (2, 2))) for k in CLASSES},
     **{f"fsdp_tp_{k}": (lambda k=k: case_dense(k, "fsdp_tp", (2, 2))) for k in CLASSES},
     **{f"experts_{k}": (lambda k=k: case_experts(k, (2, 2))) for k in CLASSES},
+    **{f"experts_checkpoint_{k}": (lambda k=k: case_experts_checkpoint(k)) for k in ("normuon", "dion3")},
     "refusals": case_refusals,
     "describe": case_describe,
 }
