@@ -11,7 +11,8 @@ one process:
            itself (fully_shard(..., mesh=efsdp, shard_placement_fn=lambda p: Shard(0))) on
            ("efsdp", "ep"): placements (_StridedShard(0, sf=2), Shard(0)), one whole expert per
            rank (the rank at (f, e) holds expert e * 2 + f), next to dense matrices FSDP-sharded over
-           a 1-D mesh of all 4 ranks;
+           a 1-D mesh of all 4 ranks; also HSDP of the experts: (Replicate(), _StridedShard(0),
+           Shard(0)) on ("dp_replicate", "efsdp", "ep") (the replicate dim of one rank here);
   and at 2 ranks: FSDP without distributed_mesh, the same meshes with a dim of one rank.
 Equal means: the matrices bit for bit for Muon and Dion2 (whole matrices are assembled exactly and the same
 kernels run on them); NorMuon and Dion3 within RTOL relative to the largest element: they sum
@@ -21,7 +22,8 @@ about 1).
 A state_dict() of the EP x FSDP stacks (DTensor state of FSDP2's strided placements) loads into
 a fresh optimizer and the next step is bit-identical (experts_checkpoint_*).
 Refusals (errors): Partial, the Shard(1)-over-efsdp expert variant (built with fully_shard),
-experts split unevenly, two outer groups, a matrix dim sharded twice, TP-only sharding: every
+experts split unevenly, two outer groups, a matrix dim sharded twice, TP-only sharding, a sharded
+parameter added after construction to an optimizer without its group: every
 rank raises, with the parameter's shape, its placements and what works. describe(): one row per
 parameter with its name, algorithm, placement and how it is orthogonalized.
 
@@ -148,14 +150,16 @@ class Experts(torch.nn.Module):
 
 def expert_stacks(stacks, mesh, placement_dim=0):
     """torchtitan's EP x FSDP: each stack Shard(0) over mesh["ep"], then fully_shard over
-    mesh["efsdp"] with shard_placement_fn Shard(placement_dim): FSDP2's own placements."""
+    mesh["efsdp"] (HSDP: mesh["dp_replicate", "efsdp"]) with shard_placement_fn
+    Shard(placement_dim): FSDP2's own placements."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Shard, distribute_tensor
 
     module = Experts(stacks)
     for key in ("w1", "w2"):
         setattr(module, key, torch.nn.Parameter(distribute_tensor(getattr(module, key).data, mesh["ep"], [Shard(0)])))
-    fully_shard(module, mesh=mesh["efsdp"], shard_placement_fn=lambda p: Shard(placement_dim))
+    fsdp_mesh = mesh["dp_replicate", "efsdp"] if "dp_replicate" in mesh.mesh_dim_names else mesh["efsdp"]
+    fully_shard(module, mesh=fsdp_mesh, shard_placement_fn=lambda p: Shard(placement_dim))
     return [module.w1, module.w2]
 
 
@@ -174,7 +178,8 @@ def case_experts(name, mesh_shape):
     shapes = EXPERTS + DENSE[:2] + [VECTOR]
     want = tensors(shapes, 0)
     want_opt = train(name, want, lambda step: tensors(shapes, 100 + step), len(shapes) - 1)
-    emesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("efsdp", "ep"))
+    names = ("dp_replicate", "efsdp", "ep")[-len(mesh_shape):]  # 3 dims: HSDP of the experts
+    emesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
     dmesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
     start = tensors(shapes, 0)
     stacks = expert_stacks(start[:2], emesh)
@@ -191,8 +196,8 @@ def case_experts(name, mesh_shape):
         return out + [distribute_tensor(g, dmesh, [Shard(0)]) for g in full[2:]]
 
     held = {id(p): held_experts(p._local_tensor, w) for p, w in zip(stacks, start)}
-    f, e = emesh.get_coordinate()
-    F = mesh_shape[0]
+    f, e = emesh.get_coordinate()[-2:]
+    F = mesh_shape[-2]
     per_rank = EXPERTS[0][0] // world
     expected = [(e * F + f) * per_rank + i for i in range(per_rank)]  # strided: e-major
     layout_ok = all(held[id(p)] == expected for p in stacks)
@@ -203,7 +208,7 @@ def case_experts(name, mesh_shape):
                 and torch.equal(m.full_tensor(), want_opt.state[want[0]]["momentum"]))
     # Over their own group (shard_over) when split over both mesh dims; with a mesh dim of one
     # rank, a Shard(0) over the other, which is the dense matrices' outer group here: FSDP's.
-    over = len(opt._expert_groups) == 2 if 1 not in mesh_shape else len(opt._expert_groups) in (0, 2)
+    over = len(opt._expert_groups) == 2 if 1 not in mesh_shape[-2:] else len(opt._expert_groups) in (0, 2)
     placements = repr(tuple(stacks[0].placements))
     return (ok and layout_ok and state_ok and over,
             f"{detail}; placements {placements}; held experts {held[id(stacks[0])]} (want {expected}); "
@@ -302,6 +307,14 @@ def case_refusals():
             lambda: muon(everyone, distributed_mesh=emesh), ValueError, "no dim of distributed_mesh",
             "DeviceMesh(efsdp=2, ep=2)", "DeviceMesh(dp_shard=4)"),
     }
+
+    def add_late():
+        opt = muon(torch.randn(8, 8))  # no distribution: nothing sharded at construction
+        opt.add_param_group({"params": [torch.nn.Parameter(a)]})
+
+    checks["sharded parameter added after construction"] = expect_error(
+        add_late, NotImplementedError, "parameter of param group 1", "(added after construction)",
+        "mesh dim 'fs'", "pass every parameter at construction")
     bad = {k: v for k, v in checks.items() if v is not None}
     return not bad, str(bad) if bad else "ok"
 
@@ -346,6 +359,9 @@ CASES4 = {
     **{f"hsdp_{k}": (lambda k=k: case_dense(k, "hsdp", (2, 2))) for k in CLASSES},
     **{f"fsdp_tp_{k}": (lambda k=k: case_dense(k, "fsdp_tp", (2, 2))) for k in CLASSES},
     **{f"experts_{k}": (lambda k=k: case_experts(k, (2, 2))) for k in CLASSES},
+    # HSDP of the experts (fully_shard over ("dp_replicate", "efsdp")): (Replicate(),
+    # _StridedShard(0), Shard(0)) on a 3-D mesh, the stacks over its last two dims.
+    **{f"experts_hsdp_{k}": (lambda k=k: case_experts(k, (1, 2, 2))) for k in ("muon", "dion3")},
     **{f"experts_checkpoint_{k}": (lambda k=k: case_experts_checkpoint(k)) for k in ("normuon", "dion3")},
     "refusals": case_refusals,
     "describe": case_describe,
