@@ -24,8 +24,14 @@ averaged the gradients over it). What remains is one of:
            (E divisible by the ranks): then every length matches whatever the order, and nothing
            else in the C++ step depends on which experts a rank holds (they are orthogonalized
            where they are; no collective but the one-time check).
-Anything else (Partial, a _StridedShard of another pattern, a matrix dim and a batch dim split
-together, the same matrix dim split twice, three sharded mesh dims) is refused here, with the
+  EXPERT_SHARDS  an expert stack with its experts (dim 0) split over one mesh dim and a matrix
+           dim over another: torchtitan's EP x FSDP with shard_placement_fn Shard(1),
+           (Shard(1), Shard(0)) on ("efsdp", "ep"). This EP rank's experts are registered as a
+           stack of their own ([E / ep, out, in]; equal on every rank: E divisible by ep) split on
+           the matrix dim over the other mesh dim's group (shard_over; the C++ step assembles
+           them over that group as FSDP shards over the outer one).
+Anything else (Partial, a _StridedShard of another pattern, the same matrix dim split twice,
+three sharded mesh dims) is refused here, with the
 parameter's shape, its placements and what works, before any collective: every rank sees the
 same placements and so raises the same error.
 
@@ -46,7 +52,7 @@ import torch.distributed as dist
 
 from ._dist import _DeviceMesh, _StridedShard, _is_dtensor
 
-LOCAL, SHARD, TWO_D, BATCH, EXPERTS = "local", "shard", "2-D", "batch", "experts"
+LOCAL, SHARD, TWO_D, BATCH, EXPERTS, EXPERT_SHARDS = "local", "shard", "2-D", "batch", "experts", "expert shards"
 
 WHAT_WORKS = (
     "what works: Replicate() on any mesh dim; Shard(d) over one mesh dim (FSDP; HSDP's "
@@ -210,9 +216,21 @@ def classify(p: torch.Tensor, where: str, owner: str) -> ParamLayout:
         refuse(f"tensor dim {da} is sharded over two mesh dims ({_axis_names(mesh, [i, j])}); shard the "
                "two matrix dims (FSDP x TP) or, for an expert stack, dim 0 over both")
     if {da, db} != {nd - 2, nd - 1}:
-        refuse(f"a batch dim and a matrix dim are split over two mesh dims ({_axis_names(mesh, [i, j])}: "
-               "an expert stack with a matrix dim split over FSDP); shard the experts on dim 0 over both "
-               "mesh dims (torchtitan: fully_shard(..., shard_placement_fn=lambda p: Shard(0)))")
+        (b, db_), (m, dm) = ((i, da), (j, db)) if da < db else ((j, db), (i, da))
+        if db_ >= nd - 2 or dm < nd - 2:
+            refuse(f"tensor dims {da} and {db} are split over two mesh dims ({_axis_names(mesh, [i, j])})")
+        # An expert stack with its experts (a batch dim) over one mesh dim and a matrix dim over
+        # the other (torchtitan's EP x FSDP with shard_placement_fn Shard(1)): this EP rank's
+        # experts, whole along the batch dim, registered as a stack of their own split on the
+        # matrix dim over the other mesh dim's group (shard_over; assembled over that group).
+        if p.shape[db_] % mesh.size(b) != 0:
+            refuse(f"its {p.shape[db_]} experts (dim {db_}) are split over {mesh.size(b)} ranks "
+                   f"({_axis_names(mesh, [b])}) unevenly; dion_cpp needs the same number of experts on "
+                   f"every rank (dim {db_} divisible by {mesh.size(b)})")
+        return ParamLayout(EXPERT_SHARDS, desc, dim=dm, axis=mesh_dim_axis(mesh, m), inner_dim=db_,
+                           mesh=mesh, mesh_dims=(b, m),
+                           placement=f"experts over {_axis_names(mesh, [b])}, Shard({dm}) over "
+                                     f"{_axis_names(mesh, [m])}")
     return ParamLayout(TWO_D, desc, dim=da, axis=mesh_dim_axis(mesh, i), inner_dim=db,
                        inner_axis=mesh_dim_axis(mesh, j), mesh_dims=(i, j),
                        placement=f"Shard({da}) over {_axis_names(mesh, [i])}, "
@@ -334,6 +352,8 @@ def _layout_text(opt, p, L: Optional[ParamLayout]) -> str:
         return f"{L.placement}: FSDP x TP (outer x inner group)"
     if L.kind == BATCH:
         return f"{L.placement}: " + ("FSDP (outer group)" if L.on_outer else "expert parallelism (shard_over)")
+    if L.kind == EXPERT_SHARDS:
+        return f"{L.placement}: this rank's experts, assembled over {L.axis.label} (shard_over)"
     ranks = 1
     for i in L.mesh_dims:
         ranks *= L.mesh.size(i)
@@ -355,6 +375,8 @@ def _ortho_text(algorithm: str, group: dict, p: torch.Tensor, L: Optional[ParamL
         text = f"per head: num_heads={heads}, {heads} x [{shape[0] // heads}, {', '.join(map(str, shape[1:]))}]"
         if kind in (TWO_D, BATCH, EXPERTS) or (kind == SHARD and L.dim != 0):
             text += " (refused at step(): num_heads needs whole heads on every rank: Shard(0) or none)"
+        elif kind == EXPERT_SHARDS:
+            text += " (refused at step(): num_heads on expert shards)"
     elif len(shape) >= 3 and group.get("flatten"):
         rest = 1
         for d in shape[1:]:
@@ -367,6 +389,10 @@ def _ortho_text(algorithm: str, group: dict, p: torch.Tensor, L: Optional[ParamL
         if kind in (BATCH, EXPERTS):
             here = p._local_tensor.shape[0] if _is_dtensor(p) else shape[0]
             text = f"{count} experts, each [{m}, {n}], whole where they are ({here} on this rank), batched"
+        elif kind == EXPERT_SHARDS:
+            here = p._local_tensor.shape[L.inner_dim]
+            text = (f"{count} experts, each [{m}, {n}], batched; this rank's {here} assembled from their "
+                    f"shards on dim {L.dim}")
         else:
             text = f"{count} matrices [{m}, {n}], batched"
     elif splits:

@@ -338,6 +338,9 @@ class _CppOptimizer(_StateDict, Optimizer):
             self._shard_over(layout.axis, local, shape, layout.dim)
         elif layout.kind == _layouts.EXPERTS:
             self._shard_over(_layouts.experts_axis(layout), local, shape, 0)
+        elif layout.kind == _layouts.EXPERT_SHARDS:  # this rank's experts, split on a matrix dim
+            shape[layout.inner_dim] = local.shape[layout.inner_dim]
+            self._shard_over(layout.axis, local, shape, layout.dim)
         self._local[p] = local
         return local
 

@@ -215,6 +215,40 @@ def case_experts(name, mesh_shape):
             f"expert momentum a DTensor equal to one process's: {state_ok}; over their own group: {over}")
 
 
+def case_expert_shards(name, stack_shapes=EXPERTS):
+    """torchtitan's other EP x FSDP: fully_shard(..., shard_placement_fn=lambda p: Shard(1)) on
+    stacks Shard(0) over "ep": (Shard(1), Shard(0)) on ("efsdp", "ep"), each rank half the rows
+    of its EP rank's experts, assembled over "efsdp"; dense matrices FSDP-sharded beside them.
+    Dion2 on tall stacks only: it selects their columns, across the row shards (one process's
+    selection); along the sharded rows (wide stacks, and NorDion2 / Dion3 always) 3-D stacks take
+    the assembled global scope of 1-D FSDP, which is not one process's (docs/distributed.md)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    world = dist.get_world_size()
+    shapes = list(stack_shapes) + DENSE[:2] + [VECTOR]
+    want = tensors(shapes, 0)
+    want_opt = train(name, want, lambda step: tensors(shapes, 100 + step), len(shapes) - 1)
+    emesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("efsdp", "ep"))
+    dmesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
+    start = tensors(shapes, 0)
+    stacks = expert_stacks(start[:2], emesh, placement_dim=1)
+    params = stacks + [torch.nn.Parameter(distribute_tensor(t, dmesh, [Shard(0)])) for t in start[2:]]
+
+    def grads(step):
+        full = tensors(shapes, 100 + step)
+        return ([distribute_tensor(g, p.device_mesh, p.placements) for p, g in zip(stacks, full[:2])]
+                + [distribute_tensor(g, dmesh, [Shard(0)]) for g in full[2:]])
+
+    opt = train(name, params, grads, len(shapes) - 1)
+    ok, detail = compare(name, [full_of(p) for p in params], want, len(shapes) - 1)
+    m = opt.state[stacks[0]]["momentum"]
+    state_ok = (m.placements == stacks[0].placements
+                and (m.full_tensor() - want_opt.state[want[0]]["momentum"]).abs().max().item() <= RTOL)
+    placements = repr(tuple(stacks[0].placements))
+    return ok and state_ok, f"{detail}; placements {placements}; expert momentum equal to one process's: {state_ok}"
+
+
 def case_experts_checkpoint(name):
     """state_dict() of an optimizer over EP x FSDP expert stacks (DTensor state of FSDP2's
     strided placements) loads into a fresh one over copies, and both take the next step
@@ -278,7 +312,7 @@ def case_refusals():
                               for p in params], lr=0.02, **kw)
 
     partial = DTensor.from_local(torch.randn(8, 16), fs_tp, [Shard(0), Partial()], run_check=False)
-    shard1 = expert_stacks(tensors(EXPERTS, 0), emesh, placement_dim=1)[0]
+    shard1 = expert_stacks(tensors([(3, 96, 32), (3, 32, 96)], 0), emesh, placement_dim=1)[0]
     uneven = expert_stacks(tensors([(2, 96, 32), (2, 32, 96)], 0), emesh)[0]
     a = distribute_tensor(torch.randn(8, 16), fs_tp, [Shard(0), Replicate()])
     b = distribute_tensor(torch.randn(8, 16), fs_tp, [Replicate(), Shard(0)])
@@ -289,9 +323,9 @@ def case_refusals():
     checks = {
         "partial": expect_error(lambda: muon(partial), ValueError, "shape [16, 16]", "Partial()",
                                 "Partial() parameters are not supported", works),
-        "experts Shard(1) over efsdp": expect_error(
-            lambda: muon(shard1), NotImplementedError, "shape [4, 96, 32]", "(Shard(dim=1), Shard(dim=0))",
-            "a batch dim and a matrix dim", "shard_placement_fn=lambda p: Shard(0)", works),
+        "experts Shard(1) over efsdp, uneven over ep": expect_error(
+            lambda: muon(shard1), NotImplementedError, "shape [3, 96, 32]", "(Shard(dim=1), Shard(dim=0))",
+            "its 3 experts (dim 0) are split over 2 ranks ('ep') unevenly", works),
         "experts uneven": expect_error(
             lambda: muon(uneven), NotImplementedError, "shape [2, 96, 32]", "_StridedShard(dim=0, sf=2)",
             "unevenly", "dim 0 divisible by 4", works),
@@ -362,6 +396,8 @@ CASES4 = {
     # HSDP of the experts (fully_shard over ("dp_replicate", "efsdp")): (Replicate(),
     # _StridedShard(0), Shard(0)) on a 3-D mesh, the stacks over its last two dims.
     **{f"experts_hsdp_{k}": (lambda k=k: case_experts(k, (1, 2, 2))) for k in ("muon", "dion3")},
+    **{f"expert_shards_{k}": (lambda k=k: case_expert_shards(k)) for k in ("muon", "normuon")},
+    "expert_shards_dion2_tall": lambda: case_expert_shards("dion2", [(4, 96, 32), (4, 64, 32)]),
     **{f"experts_checkpoint_{k}": (lambda k=k: case_experts_checkpoint(k)) for k in ("normuon", "dion3")},
     "refusals": case_refusals,
     "describe": case_describe,
