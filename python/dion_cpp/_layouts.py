@@ -58,8 +58,9 @@ WHAT_WORKS = (
     "what works: Replicate() on any mesh dim; Shard(d) over one mesh dim (FSDP; HSDP's "
     "(Replicate(), Shard(d))); Shard on the two matrix dims over two mesh dims (FSDP x TP: "
     "(Shard(0), Shard(1)) or (Shard(1), Shard(0))); an expert stack [E, out, in] Shard(0) over an EP "
-    "mesh, or split on dim 0 over two mesh dims ((_StridedShard(0, sf=ep), Shard(0)): torchtitan's "
-    "EP x FSDP with fully_shard(..., shard_placement_fn=lambda p: Shard(0))); docs/distributed.md")
+    "mesh, split on dim 0 over two mesh dims ((_StridedShard(0, sf=ep), Shard(0)): torchtitan's "
+    "EP x FSDP with fully_shard(..., shard_placement_fn=lambda p: Shard(0))), or on dim 0 over one and "
+    "a matrix dim over the other ((Shard(1), Shard(0)): shard_placement_fn Shard(1)); docs/distributed.md")
 
 
 def _is_strided(pl) -> bool:

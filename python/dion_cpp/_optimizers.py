@@ -28,7 +28,8 @@ DTensor parameters (FSDP2 fully_shard, distribute_tensor) are read first (_layou
 placements choose each one's layout — FSDP over one mesh dim (HSDP's Replicate() dims ignored),
 FSDP x TP over two (the outer and inner groups), expert stacks over their EP mesh or, with
 torchtitan's EP x FSDP placements (_StridedShard(0), Shard(0)), over the flattened 2-D mesh
-(shard_over: whole experts where they are) — and, unless distributed_mesh fixes it, the outer
+(shard_over: whole experts where they are), or with (Shard(1), Shard(0)) each EP rank's experts
+split on their rows over the efsdp group — and, unless distributed_mesh fixes it, the outer
 group; Partial and the layouts C++ cannot run are refused there, on every rank, before any
 collective. The C++ optimizer works on their local tensors (`_local_tensor`, the same storage),
 registered with the global shape and dims, and receives their local gradients before each step.

@@ -25,8 +25,8 @@
 // check); a wrong local shape raises ValueError on every rank (also on the ranks that reach it
 // only through the EP group); a matrix dim split over the stack's own group is assembled there
 // (FSDP over a group of its own: AMatrixDimSplitOverItsOwnGroupIsAssembledThere); flatten, and
-// legacy Dion, are refused with what would work; a checkpoint saved at EP 2 loads at EP 1 (one process) and the reverse, and
-// continues exactly as an unsplit run.
+// legacy Dion, are refused with what would work; a checkpoint saved at EP 2 loads at EP 1 (one
+// process) and the reverse, and continues exactly as an unsplit run.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/serialize.h>

@@ -13,6 +13,9 @@ one process:
            rank (the rank at (f, e) holds expert e * 2 + f), next to dense matrices FSDP-sharded over
            a 1-D mesh of all 4 ranks; also HSDP of the experts: (Replicate(), _StridedShard(0),
            Shard(0)) on ("dp_replicate", "efsdp", "ep") (the replicate dim of one rank here);
+  expert_shards  torchtitan's other EP x FSDP, shard_placement_fn Shard(1): (Shard(1), Shard(0))
+           on ("efsdp", "ep"), each EP rank's experts assembled over "efsdp" (Muon, NorMuon;
+           Dion2 on tall stacks, whose columns it selects across the row shards);
   and at 2 ranks: FSDP without distributed_mesh, the same meshes with a dim of one rank.
 Equal means: the matrices bit for bit for Muon and Dion2 (whole matrices are assembled exactly and the same
 kernels run on them); NorMuon and Dion3 within RTOL relative to the largest element: they sum
@@ -21,8 +24,8 @@ float32 sums round differently from one process's (measured: 1.2e-7 absolute on 
 about 1).
 A state_dict() of the EP x FSDP stacks (DTensor state of FSDP2's strided placements) loads into
 a fresh optimizer and the next step is bit-identical (experts_checkpoint_*).
-Refusals (errors): Partial, the Shard(1)-over-efsdp expert variant (built with fully_shard),
-experts split unevenly, two outer groups, a matrix dim sharded twice, TP-only sharding, a sharded
+Refusals (errors): Partial, experts split unevenly (both EP x FSDP variants, built with
+fully_shard), two outer groups, a matrix dim sharded twice, TP-only sharding, a sharded
 parameter added after construction to an optimizer without its group: every
 rank raises, with the parameter's shape, its placements and what works. describe(): one row per
 parameter with its name, algorithm, placement and how it is orthogonalized.
