@@ -30,8 +30,13 @@ averaged the gradients over it). What remains is one of:
            stack of their own ([E / ep, out, in]; equal on every rank: E divisible by ep) split on
            the matrix dim over the other mesh dim's group (shard_over; the C++ step assembles
            them over that group as FSDP shards over the outer one).
-Anything else (Partial, a _StridedShard of another pattern, the same matrix dim split twice,
-three sharded mesh dims) is refused here, with the
+  SPLIT_TWICE  a matrix dim split over two mesh dims: FSDP2 over TP on the same dim (torchtitan's
+           column-parallel weights under FSDP x TP, (_StridedShard(0, sf=tp), Shard(0)) on
+           ("fsdp", "tp")), or nested Shard(d)s; equal chunks (the dim divisible by the ranks).
+           shard_over every rank of the two mesh dims with the members in chunk order (the
+           bindings' OrderedAxis): the assembly concatenates chunks in group-rank order.
+Anything else (Partial, a _StridedShard of another pattern, a dim split unevenly where equal
+chunks are needed, three sharded mesh dims) is refused here, with the
 parameter's shape, its placements and what works, before any collective: every rank sees the
 same placements and so raises the same error.
 
@@ -52,7 +57,8 @@ import torch.distributed as dist
 
 from ._dist import _DeviceMesh, _StridedShard, _is_dtensor
 
-LOCAL, SHARD, TWO_D, BATCH, EXPERTS, EXPERT_SHARDS = "local", "shard", "2-D", "batch", "experts", "expert shards"
+LOCAL, SHARD, TWO_D, BATCH, EXPERTS, EXPERT_SHARDS, SPLIT_TWICE = (
+    "local", "shard", "2-D", "batch", "experts", "expert shards", "split twice")
 
 WHAT_WORKS = (
     "what works: Replicate() on any mesh dim; Shard(d) over one mesh dim (FSDP; HSDP's "
@@ -60,7 +66,8 @@ WHAT_WORKS = (
     "(Shard(0), Shard(1)) or (Shard(1), Shard(0))); an expert stack [E, out, in] Shard(0) over an EP "
     "mesh, split on dim 0 over two mesh dims ((_StridedShard(0, sf=ep), Shard(0)): torchtitan's "
     "EP x FSDP with fully_shard(..., shard_placement_fn=lambda p: Shard(0))), or on dim 0 over one and "
-    "a matrix dim over the other ((Shard(1), Shard(0)): shard_placement_fn Shard(1)); docs/distributed.md")
+    "a matrix dim over the other ((Shard(1), Shard(0)): shard_placement_fn Shard(1)); a matrix dim over two "
+    "mesh dims in equal chunks (FSDP over TP: (_StridedShard(0, sf=tp), Shard(0))); docs/distributed.md")
 
 
 def _is_strided(pl) -> bool:
@@ -122,15 +129,34 @@ def whole_mesh_axis(mesh) -> Axis:
                 f"every rank of {mesh_str(mesh)} ({mesh.size()} ranks, flattened)")
 
 
-def experts_axis(L: "ParamLayout") -> Axis:
-    """The group of an EXPERTS stack: every rank of its two mesh dims (the flattened sub-mesh)."""
+def _two_dims(L: "ParamLayout"):
+    """The 2-D (sub)mesh of the two mesh dims that split L's parameter."""
     mesh = L.mesh
     if mesh.ndim > 2:
         if mesh.mesh_dim_names is None:
-            raise ValueError(f"{L.desc}: dion_cpp slices the expert stack's two mesh dims out of "
+            raise ValueError(f"{L.desc}: dion_cpp slices the parameter's two mesh dims out of "
                              f"{mesh_str(mesh)} by name: give the mesh dim names")
         mesh = mesh[tuple(mesh.mesh_dim_names[i] for i in L.mesh_dims)]
-    return whole_mesh_axis(mesh)
+    return mesh
+
+
+def experts_axis(L: "ParamLayout") -> Axis:
+    """The group of an EXPERTS stack: every rank of its two mesh dims (the flattened sub-mesh)."""
+    return whole_mesh_axis(_two_dims(L))
+
+
+def split_twice_axis(L: "ParamLayout") -> Tuple[Axis, List[int]]:
+    """The group of a SPLIT_TWICE parameter (every rank of its two mesh dims) and its members
+    (global ranks) in the order of the chunks they hold: strided (FSDP2 over TP), the rank at
+    (f, t) holds chunk t * F + f; nested Shard(d)s, chunk f * T + t."""
+    mesh = _two_dims(L)
+    grid = mesh.mesh
+    n_i, n_j = grid.shape
+    if L.strided:
+        order = [int(grid[c % n_i, c // n_i]) for c in range(n_i * n_j)]
+    else:
+        order = [int(grid[c // n_j, c % n_j]) for c in range(n_i * n_j)]
+    return whole_mesh_axis(mesh), order
 
 
 @dataclass(eq=False)
@@ -148,6 +174,7 @@ class ParamLayout:
     # Resolved (Plan.add): SHARD / TWO_D register over the outer (inner) group; BATCH over the
     # outer group when it is that group (`on_outer`), else shard_over.
     swapped: bool = False            # TWO_D: `inner_axis` is the outer group
+    strided: bool = False            # SPLIT_TWICE: FSDP2 over TP (chunk t * F + f)
     on_outer: bool = False
 
 
@@ -208,10 +235,22 @@ def classify(p: torch.Tensor, where: str, owner: str) -> ParamLayout:
                    f"experts on every rank (dim 0 divisible by {ranks})")
         return ParamLayout(EXPERTS, desc, dim=0, mesh=mesh, mesh_dims=(i, j),
                            placement=f"experts over {_axis_names(mesh, [i, j])}")
+    if da == db and da >= nd - 2 and not _is_strided(b) and (
+            not _is_strided(a) or a.split_factor in (1, mesh.size(j))):
+        # One matrix dim split over two mesh dims: FSDP2 over TP on the same dim (torchtitan's
+        # column-parallel weights: (_StridedShard(0, sf=tp), Shard(0)) on ("fsdp", "tp"): the rank
+        # at (f, t) holds chunk t * F + f), or nested Shard(d)s (chunk f * T + t). Registered over
+        # every rank of the two mesh dims, the members in chunk order (shard_over with `order`).
+        ranks = mesh.size(i) * mesh.size(j)
+        if p.shape[da] % ranks != 0:
+            refuse(f"its dim {da} ({p.shape[da]}) is split over {ranks} ranks ({_axis_names(mesh, [i, j])}) "
+                   f"unevenly; dion_cpp needs equal chunks there (dim {da} divisible by {ranks})")
+        L = ParamLayout(SPLIT_TWICE, desc, dim=da, mesh=mesh, mesh_dims=(i, j),
+                        placement=f"Shard({da}) over {_axis_names(mesh, [i, j])}"
+                                  + (" (FSDP over TP: strided)" if _is_strided(a) and a.split_factor != 1 else ""))
+        L.strided = _is_strided(a) and a.split_factor != 1  # the chunk order: t * F + f
+        return L
     if strided:
-        if da == db and da >= nd - 2:
-            refuse(f"matrix dim {da} is split over two mesh dims ({_axis_names(mesh, [i, j])}: FSDP over "
-                   "TP on the same dim, _StridedShard); shard the two matrix dims over the two mesh dims")
         refuse(f"this _StridedShard pattern over {_axis_names(mesh, [i, j])} is not supported")
     if da == db:
         refuse(f"tensor dim {da} is sharded over two mesh dims ({_axis_names(mesh, [i, j])}); shard the "
@@ -355,6 +394,8 @@ def _layout_text(opt, p, L: Optional[ParamLayout]) -> str:
         return f"{L.placement}: " + ("FSDP (outer group)" if L.on_outer else "expert parallelism (shard_over)")
     if L.kind == EXPERT_SHARDS:
         return f"{L.placement}: this rank's experts, assembled over {L.axis.label} (shard_over)"
+    if L.kind == SPLIT_TWICE:
+        return f"{L.placement}: assembled over every rank of the two mesh dims, in chunk order (shard_over)"
     ranks = 1
     for i in L.mesh_dims:
         ranks *= L.mesh.size(i)
@@ -400,7 +441,7 @@ def _ortho_text(algorithm: str, group: dict, p: torch.Tensor, L: Optional[ParamL
         text = f"split_sizes={tuple(splits)}: {len(splits)} matrices [s, {n}] along dim 0"
     else:
         text = f"whole matrix [{m}, {n}]"
-        if kind == SHARD:
+        if kind in (SHARD, SPLIT_TWICE):
             text += ", assembled from its FSDP shards"
         elif kind == TWO_D:
             text += ", assembled from its FSDP x TP shards"

@@ -342,12 +342,16 @@ class _CppOptimizer(_StateDict, Optimizer):
         elif layout.kind == _layouts.EXPERT_SHARDS:  # this rank's experts, split on a matrix dim
             shape[layout.inner_dim] = local.shape[layout.inner_dim]
             self._shard_over(layout.axis, local, shape, layout.dim)
+        elif layout.kind == _layouts.SPLIT_TWICE:  # members in chunk order
+            axis, order = _layouts.split_twice_axis(layout)
+            self._shard_over(axis, local, shape, layout.dim, order)
         self._local[p] = local
         return local
 
-    def _shard_over(self, axis, local: torch.Tensor, shape, dim: int) -> None:
-        """An expert stack split over its own group (C++ Distribution::shard_over)."""
-        self._cpp.shard_over(axis.group, list(axis.ranks), local, shape, dim)
+    def _shard_over(self, axis, local: torch.Tensor, shape, dim: int, order=None) -> None:
+        """A parameter split over a group of its own (C++ Distribution::shard_over): an expert
+        stack, or a matrix dim over two mesh dims (`order`: the members in chunk order)."""
+        self._cpp.shard_over(axis.group, list(axis.ranks), local, shape, dim, list(order or []))
         self._expert_groups.append(axis.group)
         _distributed_optimizers.add(self)
 

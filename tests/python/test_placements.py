@@ -67,11 +67,14 @@ def tensors(shapes, seed):
     return [torch.randn(s, generator=g) for s in shapes]
 
 
-def train(name, params, grads_of, n_matrices, **mesh):
-    """STEPS steps; params[:n_matrices] in the class's group, the rest in an AdamW group."""
+def train(name, params, grads_of, n_matrices, split_first=None, **mesh):
+    """STEPS steps; params[:n_matrices] in the class's group, the rest in an AdamW group;
+    `split_first`: the first matrix alone in a group of those split_sizes."""
     cls, kwargs = CLASSES[name]
-    opt = cls([{"params": params[:n_matrices]}, {"params": params[n_matrices:], "algorithm": "adamw"}],
-              lr=0.02, weight_decay=0.01, **kwargs, **mesh)
+    groups = [{"params": params[:n_matrices]}, {"params": params[n_matrices:], "algorithm": "adamw"}]
+    if split_first:
+        groups = [{"params": params[:1], "split_sizes": split_first}, {"params": params[1:n_matrices]}, groups[1]]
+    opt = cls(groups, lr=0.02, weight_decay=0.01, **kwargs, **mesh)
     for step in range(STEPS):
         for p, g in zip(params, grads_of(step)):
             p.grad = g
@@ -252,6 +255,54 @@ def case_expert_shards(name, stack_shapes=EXPERTS):
     return ok and state_ok, f"{detail}; placements {placements}; expert momentum equal to one process's: {state_ok}"
 
 
+class TpBlock(torch.nn.Module):
+    def __init__(self, weights):
+        super().__init__()
+        self.colwise = torch.nn.Parameter(weights[0].clone())  # [out, in], TP on the rows
+        self.rowwise = torch.nn.Parameter(weights[1].clone())  # [out, in], TP on the columns
+
+
+def case_fsdp_over_tp(name, split=None):
+    """torchtitan's FSDP x TP: a column-parallel weight Shard(0) and a row-parallel one Shard(1)
+    over "tp", then fully_shard over "fs" (FSDP2's default Shard(0)): (_StridedShard(0, sf=2),
+    Shard(0)) — the rows split over both mesh dims, chunk t * 2 + f on the rank at (f, t) — and
+    (Shard(0), Shard(1)); vectors (Shard(0), Replicate()) beside them. Orthogonalization does not
+    see a permutation of the rows but for rounding; `split` (split_sizes of the column-parallel
+    weight: blocks of rows, a fused QKV) does: the rows must be assembled in one process's order
+    (the group in chunk order, the bindings' OrderedAxis), not the ProcessGroup's."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    shapes = [(32, 48), (48, 32), VECTOR]
+    want = tensors(shapes, 0)
+    train(name, want, lambda step: tensors(shapes, 100 + step), 2, split)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("fs", "tp"))
+    block = TpBlock(tensors(shapes, 0))
+    block.colwise = torch.nn.Parameter(distribute_tensor(block.colwise.data, mesh["tp"], [Shard(0)]))
+    block.rowwise = torch.nn.Parameter(distribute_tensor(block.rowwise.data, mesh["tp"], [Shard(1)]))
+    fully_shard(block, mesh=mesh["fs"])
+    vector = torch.nn.Parameter(distribute_tensor(tensors(shapes, 0)[2], mesh, [Shard(0), Replicate()]))
+    params = [block.colwise, block.rowwise, vector]
+    f, t = mesh.get_coordinate()
+    rows = shapes[0][0] // 4
+    chunk = t * 2 + f
+
+    def grads(step):
+        full = tensors(shapes, 100 + step)
+        col = block.colwise
+        return [DTensor.from_local(full[0][chunk * rows:(chunk + 1) * rows], col.device_mesh, col.placements,
+                                   run_check=False, shape=col.shape, stride=col.stride()),
+                distribute_tensor(full[1], block.rowwise.device_mesh, block.rowwise.placements),
+                distribute_tensor(full[2], mesh, [Shard(0), Replicate()])]
+
+    held = torch.equal(block.colwise._local_tensor, tensors(shapes, 0)[0][chunk * rows:(chunk + 1) * rows])
+    train(name, params, grads, 2, split)
+    ok, detail = compare(name, [full_of(p) for p in params], want, 2)
+    placements = [repr(tuple(p.placements)) for p in params[:2]]
+    return ok and held, f"{detail}; placements {placements}; the rank at (f, t) held rows chunk t * 2 + f: {held}"
+
+
 def case_experts_checkpoint(name):
     """state_dict() of an optimizer over EP x FSDP expert stacks (DTensor state of FSDP2's
     strided placements) loads into a fresh one over copies, and both take the next step
@@ -319,7 +370,7 @@ def case_refusals():
     uneven = expert_stacks(tensors([(2, 96, 32), (2, 32, 96)], 0), emesh)[0]
     a = distribute_tensor(torch.randn(8, 16), fs_tp, [Shard(0), Replicate()])
     b = distribute_tensor(torch.randn(8, 16), fs_tp, [Replicate(), Shard(0)])
-    twice = distribute_tensor(torch.randn(8, 16), fs_tp, [Shard(0), Shard(0)])
+    twice = distribute_tensor(torch.randn(6, 16), fs_tp, [Shard(0), Shard(0)])
     both = distribute_tensor(torch.randn(8, 16), fs_tp, [Shard(0), Shard(1)])
     dmesh = init_device_mesh("cpu", (4,), mesh_dim_names=("dp_shard",))
     everyone = distribute_tensor(torch.randn(8, 16), dmesh, [Shard(0)])
@@ -335,8 +386,9 @@ def case_refusals():
         "two outer groups": expect_error(
             lambda: muon(a, b), NotImplementedError, "shape [8, 16]", "(Shard(dim=0), Replicate())",
             "(Replicate(), Shard(dim=0))", "mesh dim 'fs'", "mesh dim 'tp'", "own optimizer"),
-        "matrix dim sharded twice": expect_error(
-            lambda: muon(twice), NotImplementedError, "(Shard(dim=0), Shard(dim=0))", "tensor dim 0", works),
+        "matrix dim split over two mesh dims unevenly": expect_error(
+            lambda: muon(twice), NotImplementedError, "shape [6, 16]", "(Shard(dim=0), Shard(dim=0))",
+            "its dim 0 (6) is split over 4 ranks ('fs' x 'tp') unevenly", works),
         "TP only next to FSDP and FSDP x TP": expect_error(
             lambda: muon(a, both, b), NotImplementedError, "(Replicate(), Shard(dim=0))", "inner (TP) group only",
             works),
@@ -401,6 +453,8 @@ CASES4 = {
     **{f"experts_hsdp_{k}": (lambda k=k: case_experts(k, (1, 2, 2))) for k in ("muon", "dion3")},
     **{f"expert_shards_{k}": (lambda k=k: case_expert_shards(k)) for k in ("muon", "normuon")},
     "expert_shards_dion2_tall": lambda: case_expert_shards("dion2", [(4, 96, 32), (4, 64, 32)]),
+    **{f"fsdp_over_tp_{k}": (lambda k=k: case_fsdp_over_tp(k)) for k in CLASSES},
+    "fsdp_over_tp_muon_split_sizes": lambda: case_fsdp_over_tp("muon", (16, 16)),
     **{f"experts_checkpoint_{k}": (lambda k=k: case_experts_checkpoint(k)) for k in ("normuon", "dion3")},
     "refusals": case_refusals,
     "describe": case_describe,
