@@ -260,19 +260,20 @@ class TpBlock(torch.nn.Module):
         super().__init__()
         self.colwise = torch.nn.Parameter(weights[0].clone())  # [out, in], TP on the rows
         self.rowwise = torch.nn.Parameter(weights[1].clone())  # [out, in], TP on the columns
+        self.bias = torch.nn.Parameter(weights[2].clone())  # the column-parallel bias, TP on dim 0
 
 
 def case_fsdp_over_tp(name, split=None):
     """torchtitan's FSDP x TP: a column-parallel weight Shard(0) and a row-parallel one Shard(1)
     over "tp", then fully_shard over "fs" (FSDP2's default Shard(0)): (_StridedShard(0, sf=2),
     Shard(0)) — the rows split over both mesh dims, chunk t * 2 + f on the rank at (f, t) — and
-    (Shard(0), Shard(1)); vectors (Shard(0), Replicate()) beside them. Orthogonalization does not
+    (Shard(0), Shard(1)); the column-parallel bias strided as its weight (AdamW). Orthogonalization does not
     see a permutation of the rows but for rounding; `split` (split_sizes of the column-parallel
     weight: blocks of rows, a fused QKV) does: the rows must be assembled in one process's order
     (the group in chunk order, the bindings' OrderedAxis), not the ProcessGroup's."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
     shapes = [(32, 48), (48, 32), VECTOR]
     want = tensors(shapes, 0)
@@ -281,25 +282,29 @@ def case_fsdp_over_tp(name, split=None):
     block = TpBlock(tensors(shapes, 0))
     block.colwise = torch.nn.Parameter(distribute_tensor(block.colwise.data, mesh["tp"], [Shard(0)]))
     block.rowwise = torch.nn.Parameter(distribute_tensor(block.rowwise.data, mesh["tp"], [Shard(1)]))
+    block.bias = torch.nn.Parameter(distribute_tensor(block.bias.data, mesh["tp"], [Shard(0)]))
     fully_shard(block, mesh=mesh["fs"])
-    vector = torch.nn.Parameter(distribute_tensor(tensors(shapes, 0)[2], mesh, [Shard(0), Replicate()]))
-    params = [block.colwise, block.rowwise, vector]
+    params = [block.colwise, block.rowwise, block.bias]
     f, t = mesh.get_coordinate()
-    rows = shapes[0][0] // 4
     chunk = t * 2 + f
+
+    def strided(full, p):  # this rank's chunk t * 2 + f of dim 0, as FSDP2 leaves the gradient
+        n = full.shape[0] // 4
+        return DTensor.from_local(full[chunk * n:(chunk + 1) * n], p.device_mesh, p.placements,
+                                  run_check=False, shape=p.shape, stride=p.stride())
 
     def grads(step):
         full = tensors(shapes, 100 + step)
-        col = block.colwise
-        return [DTensor.from_local(full[0][chunk * rows:(chunk + 1) * rows], col.device_mesh, col.placements,
-                                   run_check=False, shape=col.shape, stride=col.stride()),
+        return [strided(full[0], block.colwise),
                 distribute_tensor(full[1], block.rowwise.device_mesh, block.rowwise.placements),
-                distribute_tensor(full[2], mesh, [Shard(0), Replicate()])]
+                strided(full[2], block.bias)]
+
+    rows = shapes[0][0] // 4
 
     held = torch.equal(block.colwise._local_tensor, tensors(shapes, 0)[0][chunk * rows:(chunk + 1) * rows])
     train(name, params, grads, 2, split)
     ok, detail = compare(name, [full_of(p) for p in params], want, 2)
-    placements = [repr(tuple(p.placements)) for p in params[:2]]
+    placements = [repr(tuple(p.placements)) for p in params]
     return ok and held, f"{detail}; placements {placements}; the rank at (f, t) held rows chunk t * 2 + f: {held}"
 
 
