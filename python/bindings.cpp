@@ -27,7 +27,8 @@
 // inner, ..., replicate, ...) does the same for the outer / inner shard meshes and
 // replicate mesh of a class with the "meshes" behaviour (Distributed(outer, inner).replicate(...));
 // shard(local, global_shape, dim, inner_dim) registers a DTensor's local shard, shard_over(group, ...)
-// an expert stack split over its own (EP) group. Python (_optimizers.py) decides what is sharded.
+// a stack split over its own group (an EP group; or a matrix dim split over two mesh dims, with the
+// members in chunk order: OrderedAxis). Python (_optimizers.py, _layouts.py) decides what is sharded.
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -37,6 +38,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dion/dion.h"
@@ -48,6 +50,45 @@ namespace py = pybind11;
 namespace {
 
 using namespace dion_python;  // convert.h
+
+// ---------------------------------------------------------------------------- a group in another order
+
+// An AxisGroup whose member order is not its ProcessGroup's: logical rank l is the ProcessGroup's
+// member perm[l]. A ProcessGroup orders its members by global rank; a dim split over two mesh
+// dims by FSDP2 over TP (torchtitan's (_StridedShard(0, sf=tp), Shard(0)) on ("fsdp", "tp")) puts
+// chunk t * F + f on the rank at (f, t): the assembly concatenates chunks in group-rank order, so
+// it needs the group in chunk order. all_reduce is order-free; all_gather and all_to_all
+// reorder their dim-0 chunks.
+class OrderedAxis : public dion::AxisGroup {
+ public:
+  OrderedAxis(std::shared_ptr<dion::AxisGroup> base, std::vector<int64_t> perm)
+      : base_(std::move(base)), perm_(std::move(perm)), inverse_(perm_.size()) {
+    for (size_t l = 0; l < perm_.size(); ++l) inverse_[static_cast<size_t>(perm_[l])] = static_cast<int64_t>(l);
+  }
+  int size() const override { return base_->size(); }
+  int rank() const override { return static_cast<int>(inverse_[static_cast<size_t>(base_->rank())]); }
+  std::string name() const override { return base_->name() + " (in chunk order)"; }
+  c10::Device control_device() const override { return base_->control_device(); }
+  void all_reduce_(at::Tensor& x) override { base_->all_reduce_(x); }
+  at::Tensor all_gather(const at::Tensor& x) override {
+    at::Tensor physical = base_->all_gather(x);  // [W, ...], the ProcessGroup's order
+    return physical.index_select(0, index(perm_, physical.device()));
+  }
+  at::Tensor all_to_all(const at::Tensor& x) override {
+    const int64_t W = size();
+    // Physical member p gets logical chunk inverse[p]; logical chunk l comes from member perm[l].
+    at::Tensor send = x.unflatten(0, {W, x.size(0) / W}).index_select(0, index(inverse_, x.device())).flatten(0, 1);
+    at::Tensor recv = base_->all_to_all(send.contiguous());
+    return recv.unflatten(0, {W, recv.size(0) / W}).index_select(0, index(perm_, recv.device())).flatten(0, 1);
+  }
+
+ private:
+  static at::Tensor index(const std::vector<int64_t>& order, c10::Device device) {
+    return at::tensor(order, at::kLong).to(device);
+  }
+  std::shared_ptr<dion::AxisGroup> base_;
+  std::vector<int64_t> perm_, inverse_;
+};
 
 // ---------------------------------------------------------------------------- the optimizer
 
@@ -163,17 +204,31 @@ class PyOptimizer {
   // group): Distribution::shard_over. Without a distribution yet (no distributed_mesh) the dense
   // parameters stay local: a one-process outer group. One AxisGroup per ProcessGroup, so every
   // stack on one EP group shares its one-time shard check.
+  // `order`: the group's members (global ranks) in the order of the chunks they hold, when that
+  // is not the ProcessGroup's (OrderedAxis); empty: the ProcessGroup's order.
   void shard_over(const py::object& process_group, std::vector<int> ranks, const at::Tensor& local,
-                  std::vector<int64_t> global_shape, int64_t dim) {
+                  std::vector<int64_t> global_shape, int64_t dim, const std::vector<int>& order) {
     if (!dist_) {
       dist_ = std::make_shared<dion::Distributed>(std::make_shared<dion::comm::Group>());
       dist_->overlap(kTasksInFlight);
       live()->set_distribution(dist_);
     }
-    const c10d::ProcessGroup* key = process_group_of(process_group).get();
+    std::vector<int64_t> perm;
+    if (!order.empty()) {
+      std::vector<int> sorted_order = order, sorted_ranks = ranks;
+      std::sort(sorted_order.begin(), sorted_order.end());
+      std::sort(sorted_ranks.begin(), sorted_ranks.end());
+      if (sorted_order != sorted_ranks)
+        throw dion::ValueError("shard_over: `order` must list the group's ranks, each once");
+      for (int g : order) perm.push_back(std::find(ranks.begin(), ranks.end(), g) - ranks.begin());
+    }
+    const auto key = std::make_pair(process_group_of(process_group).get(), perm);
     auto it = expert_groups_.find(key);
-    if (it == expert_groups_.end())
-      it = expert_groups_.emplace(key, std::make_shared<dion::GroupAxis>(wrap(process_group, std::move(ranks)))).first;
+    if (it == expert_groups_.end()) {
+      std::shared_ptr<dion::AxisGroup> axis = std::make_shared<dion::GroupAxis>(wrap(process_group, std::move(ranks)));
+      if (!perm.empty()) axis = std::make_shared<OrderedAxis>(std::move(axis), perm);
+      it = expert_groups_.emplace(key, std::move(axis)).first;
+    }
     dist_->shard_over(it->second, local, std::move(global_shape), dim);
   }
 
@@ -323,7 +378,7 @@ class PyOptimizer {
   std::unique_ptr<dion::Optimizer> opt_;
   std::shared_ptr<dion::Distributed> dist_;  // null: single process
   // shard_over's groups, by the ProcessGroup they wrap (also held by dist_).
-  std::map<const c10d::ProcessGroup*, std::shared_ptr<dion::AxisGroup>> expert_groups_;
+  std::map<std::pair<const c10d::ProcessGroup*, std::vector<int64_t>>, std::shared_ptr<dion::AxisGroup>> expert_groups_;
 };
 
 }  // namespace
@@ -472,7 +527,7 @@ PYBIND11_MODULE(_C, m) {
       .def("shard", &PyOptimizer::shard, py::arg("local"), py::arg("global_shape"), py::arg("dim"),
            py::arg("inner_dim") = -1)
       .def("shard_over", &PyOptimizer::shard_over, py::arg("process_group"), py::arg("ranks"), py::arg("local"),
-           py::arg("global_shape"), py::arg("dim"))
+           py::arg("global_shape"), py::arg("dim"), py::arg("order") = std::vector<int>{})
       .def("synchronize_for_checkpoint", &PyOptimizer::synchronize_for_checkpoint)
       .def("release", &PyOptimizer::release)
       .def("state", &PyOptimizer::state, py::arg("param"))

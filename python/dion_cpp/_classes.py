@@ -128,6 +128,13 @@ class _ShardMeshes:
         self._inner_ranks = dist.get_process_group_ranks(inner) if inner is not None else None
         return replicate
 
+    def _plan_layouts(self, param_groups: list, group):
+        """With sharding meshes their groups are the layouts' (_register); else as the base."""
+        if self._sharding is None:
+            return super()._plan_layouts(param_groups, group)
+        self._plan = None
+        return group
+
     def _distribute(self, group, sync_gradients: bool) -> None:
         if self._sharding is None:
             return super()._distribute(group, sync_gradients)
@@ -235,7 +242,7 @@ def _make_class(algorithm: str, entry: ClassEntry) -> type:
                                          mesh.get("inner_shard_mesh"))
             sync_gradients = bool(mesh.get("replicate_mesh_grad_sync", False))
         else:
-            group = _group_of(mesh.get("distributed_mesh"), "distributed_mesh")
+            group = mesh.get("distributed_mesh")  # resolved with the parameters' placements
         _CppOptimizer.__init__(self, given["params"], hyper, extra, group, sync_gradients)
         for name, value in attributes.items():
             setattr(self, name, value)

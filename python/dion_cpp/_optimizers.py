@@ -21,18 +21,22 @@ group["lr"] of the DistributedOrthoBase family is a persistent 0-d float32 tenso
 schedulers compute exactly as there); state_dict() writes it as a number. Copies and pickles
 of an optimizer are refused (TypeError): the state lives in C++.
 
-Distributed (the reference's conventions, megabatch_base.py): `distributed_mesh` is a
-torch.distributed ProcessGroup (DDP: parameters replicated, gradients already averaged) or a 1-D
-DeviceMesh (its group). DTensor parameters (FSDP2 fully_shard, distribute_tensor) with one
-Shard(dim) placement over that group are sharded: the C++ optimizer works on their local
-tensors (`_local_tensor`, the same storage), registered with the global shape and dim, and
-receives their local gradients before each step; Replicate() placements are replicated.
-Expert stacks (torchtitan's expert parallelism): a 3-D+ DTensor Shard(0) on a 1-D mesh that
-is none of the optimizer's (the EP mesh) is split over that mesh's group (shard_over), its
-matrices whole on every rank; with or without a distributed_mesh for the dense parameters. The
-C++ step then runs its DDP / FSDP layouts (docs/distributed.md) over the group's own backends
+Distributed (the reference's conventions, megabatch_base.py, extended to torchtitan's meshes):
+`distributed_mesh` is a torch.distributed ProcessGroup (DDP: parameters replicated, gradients
+already averaged), a 1-D DeviceMesh (its group), an N-D DeviceMesh or sub-mesh, or omitted.
+DTensor parameters (FSDP2 fully_shard, distribute_tensor) are read first (_layouts.py): their
+placements choose each one's layout — FSDP over one mesh dim (HSDP's Replicate() dims ignored),
+FSDP x TP over two (the outer and inner groups), expert stacks over their EP mesh or, with
+torchtitan's EP x FSDP placements (_StridedShard(0), Shard(0)), over the flattened 2-D mesh
+(shard_over: whole experts where they are), or with (Shard(1), Shard(0)) each EP rank's experts
+split on their rows over the efsdp group — and, unless distributed_mesh fixes it, the outer
+group; Partial and the layouts C++ cannot run are refused there, on every rank, before any
+collective. The C++ optimizer works on their local tensors (`_local_tensor`, the same storage),
+registered with the global shape and dims, and receives their local gradients before each step.
+The C++ step then runs its DDP / FSDP layouts (docs/distributed.md) over the group's own backends
 (Gloo for CPU tensors, NCCL for CUDA tensors), from the thread that calls step().
 State tensors of DTensor parameters are handed back as DTensors over the same local storage.
+describe() lists each parameter's layout and how it is orthogonalized.
 Legacy Dion takes the reference's replicate_mesh / outer_shard_mesh / inner_shard_mesh instead:
 DTensor parameters on a mesh whose dims are those 1-D sub-meshes are registered with their
 outer- (FSDP) and inner- (TP) sharded tensor dims; replicate_mesh adds HSDP's replicas.
@@ -54,7 +58,8 @@ from torch.optim.optimizer import Optimizer, ParamsT
 
 from . import _C
 from . import _checks
-from ._dist import _DTensor, _StridedShard, _distributed_optimizers, _is_dtensor
+from . import _layouts
+from ._dist import _DTensor, _StridedShard, _distributed_optimizers, _group_of, _is_dtensor
 from ._state_dict import _StateDict
 
 
@@ -75,9 +80,14 @@ class _CppOptimizer(_StateDict, Optimizer):
                  sync_gradients: bool = False):
         # C++ first: it validates the constructor's hyperparameters (betas included) and then
         # receives every group through add_param_group, which Optimizer.__init__ calls.
-        # `group`: the ProcessGroup to distribute over (None: single process).
+        # `group`: distributed_mesh (None, a ProcessGroup, a 1-D or N-D DeviceMesh), or the
+        # ProcessGroup to distribute over (legacy Dion's replicate mesh). The DTensor parameters'
+        # placements are read first (_layouts): they choose the outer / inner groups when
+        # distributed_mesh does not, and what is not supported is refused before any collective.
         self._ctor_kwargs = {**hyper, **extra}  # a rebuild after param_groups edits needs them
         self._cpp = _C.Optimizer(self.kind, self._ctor_kwargs)
+        params = _materialize(params)
+        group = self._plan_layouts(params, group)
         self._group = group
         self._registered = []  # (group dict, its parameters) as C++ holds them (_sync_structure)
         # The cross-rank check of step() (_checks.ReplicaCheck): None = automatic (over the
@@ -99,11 +109,48 @@ class _CppOptimizer(_StateDict, Optimizer):
             self.init_state()
         self._sync_hyperparam_tensors()
 
+    def _plan_layouts(self, param_groups: list, mesh):
+        """Read every DTensor parameter's placements (_layouts.classify: refusals first, no
+        collective), choose the outer and inner groups (_layouts.Plan) and return the outer
+        ProcessGroup (None: nothing to distribute over)."""
+        owner = type(self).__name__
+        fixed = nd_mesh = None
+        if _layouts.is_mesh(mesh) and mesh.ndim > 1:
+            nd_mesh = mesh
+        else:
+            group = _group_of(mesh, "distributed_mesh")
+            if group is not None:
+                fixed = _layouts.group_axis(group, f"distributed_mesh's group ({dist.get_world_size(group)} ranks)")
+        self._plan = _layouts.Plan(owner, fixed, nd_mesh)
+        found = []
+        for g, group_dict in enumerate(param_groups if isinstance(param_groups, list) else []):
+            if not isinstance(group_dict, dict) or "params" not in group_dict:
+                continue  # Optimizer.__init__ raises its error
+            for j, (name, p) in enumerate(_named(group_dict["params"])):
+                if _is_dtensor(p) and all(p is not q for q, _ in found):
+                    where = f"param group {g}, parameter {j}" + (f" '{name}'" if name else "")
+                    found.append((p, _layouts.classify(p, where, owner)))
+        self._plan.add(found)
+        self._plan.frozen = True
+        outer = self._plan.outer
+        if outer is None and nd_mesh is not None and nd_mesh.size() > 1:
+            outer = _layouts.whole_mesh_axis(nd_mesh)  # DDP over every rank of the mesh
+            self._plan.outer = outer
+        return outer.group if outer is not None else None
+
     def _distribute(self, group, sync_gradients: bool) -> None:
-        """Give the C++ optimizer its distribution (DDP / FSDP over `group`), if any."""
-        if group is not None:
-            self._cpp.set_distribution(group, dist.get_process_group_ranks(group), sync_gradients)
-            _distributed_optimizers.add(self)
+        """Give the C++ optimizer its distribution (DDP / FSDP over `group`, FSDP x TP with the
+        parameters' inner group), if any."""
+        if group is None:
+            return
+        inner = self._plan.inner if getattr(self, "_plan", None) is not None else None
+        ranks = dist.get_process_group_ranks(group)
+        if inner is not None:
+            self._cpp.set_sharded_distribution(group, ranks, inner.group, list(inner.ranks), None, [],
+                                               sync_gradients)
+        else:
+            self._cpp.set_distribution(group, ranks, sync_gradients)
+        _distributed_optimizers.add(self)
 
     # ------------------------------------------------------------------ groups
     def add_param_group(self, param_group: dict) -> None:
@@ -200,6 +247,9 @@ class _CppOptimizer(_StateDict, Optimizer):
             return
         if setting is None or setting is True:
             groups = [self._group] if self._group is not None else []
+            inner = self._plan.inner if getattr(self, "_plan", None) is not None else None
+            if inner is not None:
+                groups.append(inner.group)
             for g in getattr(self, "_sharding", None) or ():
                 if g is not None and all(g is not h for h in groups):
                     groups.append(g)
@@ -268,31 +318,42 @@ class _CppOptimizer(_StateDict, Optimizer):
 
     # ------------------------------------------------------------------ DTensor parameters
     def _register(self, p: torch.Tensor) -> torch.Tensor:
-        """The tensor C++ holds for `p`: p itself, or a DTensor's local tensor (registered as a
-        shard of p's global shape when p is sharded over the optimizer's group)."""
+        """The tensor C++ holds for `p`: p itself, or a DTensor's local tensor, registered with
+        the layout its placements map to (_layouts: FSDP over the outer group, FSDP x TP over
+        outer and inner, an expert stack over its own group; replicated otherwise)."""
         if not _is_dtensor(p):
             return p
-        if any(pl.is_partial() for pl in p.placements):
-            raise ValueError(f"DTensor parameter with placements {p.placements}: Partial() "
-                             "parameters are not supported (Shard or Replicate only)")
-        mesh = p.device_mesh
-        sharded = [(i, pl) for i, pl in enumerate(p.placements) if pl.is_shard() and mesh.size(i) > 1]
-        if len(sharded) > 1:
-            raise NotImplementedError(
-                f"{type(self).__name__} does not support parameters with multiple sharded "
-                f"dimensions (placements {p.placements})")
+        layout = self._plan.layouts.get(p)
+        if layout is None:  # added after construction: the groups cannot change any more
+            where = f"parameter of param group {len(self.param_groups) - 1}"
+            layout = _layouts.classify(p, where, type(self).__name__)
+            self._plan.add([(p, layout)])
         local = p._local_tensor  # the storage the DTensor reads (to_local() may return a view)
-        if sharded:
-            axis, placement = sharded[0]
-            if self._group is not None and mesh.get_group(axis) == self._group:
-                self._cpp.shard(local, list(p.shape), placement.dim % p.dim())
-            elif not self._register_expert(p, local):
-                raise RuntimeError(
-                    f"Got a DTensor sharded over mesh dimension {axis} of {mesh} that is not the "
-                    f"optimizer's distributed_mesh: create the optimizer with that (1-D) mesh (expert "
-                    f"stacks: 3-D+, Shard(0) on a 1-D mesh of their own)")
+        shape = list(p.shape)
+        if layout.kind == _layouts.SHARD or (layout.kind == _layouts.BATCH and layout.on_outer):
+            self._cpp.shard(local, shape, layout.dim)
+        elif layout.kind == _layouts.TWO_D:
+            dims = (layout.inner_dim, layout.dim) if layout.swapped else (layout.dim, layout.inner_dim)
+            self._cpp.shard(local, shape, *dims)
+        elif layout.kind == _layouts.BATCH:
+            self._shard_over(layout.axis, local, shape, layout.dim)
+        elif layout.kind == _layouts.EXPERTS:
+            self._shard_over(_layouts.experts_axis(layout), local, shape, 0)
+        elif layout.kind == _layouts.EXPERT_SHARDS:  # this rank's experts, split on a matrix dim
+            shape[layout.inner_dim] = local.shape[layout.inner_dim]
+            self._shard_over(layout.axis, local, shape, layout.dim)
+        elif layout.kind == _layouts.SPLIT_TWICE:  # members in chunk order
+            axis, order = _layouts.split_twice_axis(layout)
+            self._shard_over(axis, local, shape, layout.dim, order)
         self._local[p] = local
         return local
+
+    def _shard_over(self, axis, local: torch.Tensor, shape, dim: int, order=None) -> None:
+        """A parameter split over a group of its own (C++ Distribution::shard_over): an expert
+        stack, or a matrix dim over two mesh dims (`order`: the members in chunk order)."""
+        self._cpp.shard_over(axis.group, list(axis.ranks), local, shape, dim, list(order or []))
+        self._expert_groups.append(axis.group)
+        _distributed_optimizers.add(self)
 
     def _register_expert(self, p: torch.Tensor, local: torch.Tensor) -> bool:
         """torchtitan's expert parallelism: a 3-D+ DTensor [E, ...] placed Shard(0) on a 1-D
@@ -344,7 +405,7 @@ class _CppOptimizer(_StateDict, Optimizer):
         local = self._local[p]
         shape = list(t.shape)
         for pl in p.placements:
-            if pl.is_shard():
+            if _layouts._splits(pl):
                 d = pl.dim % p.dim()
                 if t.size(d) != local.size(d):
                     return t
@@ -396,6 +457,29 @@ class _CppOptimizer(_StateDict, Optimizer):
         return loss
 
 
+    # ------------------------------------------------------------------ describe
+    def describe(self, named_parameters=None) -> "_layouts.Description":
+        """One row per parameter: its name, param group, algorithm, global and local shape, its
+        placements, the layout the C++ optimizer gives it and how it is orthogonalized (whole,
+        batched over a stack's matrices or experts, per head, split, flattened; Dion2's selection;
+        element-wise for scalar algorithms): a list of dicts that prints as a table.
+        `named_parameters`: a {name: parameter} mapping or (name, parameter) pairs (e.g.
+        model.named_parameters()) to name the rows; else torch's param_names when the optimizer
+        was given named parameters, else param_groups[g][j]. Not collective."""
+        names = {}
+        if named_parameters is not None:
+            pairs = named_parameters.items() if isinstance(named_parameters, dict) else named_parameters
+            names = {id(p): name for name, p in pairs}
+        plan = getattr(self, "_plan", None)
+        rows = []
+        for g, group in enumerate(self.param_groups):
+            given = group.get("param_names") or []
+            for j, p in enumerate(group["params"]):
+                name = names.get(id(p)) or (given[j] if j < len(given) else f"param_groups[{g}][{j}]")
+                layout = plan.layouts.get(p) if plan is not None and _is_dtensor(p) else None
+                rows.append(_layouts.describe_row(self, name, g, group, p, layout))
+        return _layouts.Description(rows)
+
     # ------------------------------------------------------------------ copies
     def __getstate__(self):
         # torch.optim's copy / pickle support would copy the Python shell without the C++
@@ -405,3 +489,28 @@ class _CppOptimizer(_StateDict, Optimizer):
             "torch.save(optimizer)): its state lives in the C++ library. Save "
             "optimizer.state_dict() instead and load it into a new optimizer with load_state_dict()")
 
+
+
+def _materialize(params) -> list:
+    """The param groups as torch.optim.Optimizer.__init__ reads them (a list of dicts whose
+    "params" are lists), so that they can be read twice: first for their placements."""
+    if isinstance(params, torch.Tensor):
+        return params  # Optimizer.__init__ raises its TypeError
+    groups = list(params)
+    if groups and not isinstance(groups[0], dict):
+        groups = [{"params": groups}]
+    for g in groups:
+        if isinstance(g, dict) and "params" in g and not isinstance(g["params"], (list, torch.Tensor, set)):
+            g["params"] = list(g["params"])
+    return groups
+
+
+def _named(params):
+    """(name or None, tensor) of a group's "params" (tensors, or torch's (name, tensor) pairs)."""
+    if isinstance(params, torch.Tensor):
+        params = [params]
+    for p in params:
+        if isinstance(p, tuple) and len(p) == 2:
+            yield p[0], p[1]
+        else:
+            yield None, p

@@ -353,13 +353,36 @@ at::Tensor Optimizer::step(LossClosure closure) {
   // A matrix megabatch's plan is made here, on this thread, before any task runs: a layout the
   // algorithm refuses throws before any collective of this step is issued.
   const int64_t world = dist_ ? dist_->world_size() : 1;
+  // A stack split on a matrix dim over its own group (shard_over on dim -2 or -1: an expert
+  // stack whose experts are split over EP and whose rows are split by FSDP over another group,
+  // registered as this EP rank's experts) is assembled over that group as FSDP shards are over
+  // the outer one: its megabatches see a Distribution whose outer axis is that group (no inner,
+  // no replicas), through their own Collectives. Built here, for this step; every rank builds
+  // the same ones in the same order.
+  std::map<const AxisGroup*, std::pair<std::shared_ptr<Distribution>, std::unique_ptr<Collectives>>> over_own;
   auto add_task = [&](std::vector<at::Tensor> params, size_t index, const Options* opts) {
     driver::Batch batch{std::move(params), {}, index};
-    if (opts->spec().matrix) batch.plan = plan_for(layout(batch.params[0]), world, batch.params.size(), *opts, index);
+    driver::Env task_env = env;
+    if (opts->spec().matrix) {
+      Layout L = layout(batch.params[0]);
+      int64_t w = world;
+      if (L.own_group() && L.shard_dim >= static_cast<int64_t>(L.global_shape.size()) - 2) {
+        auto& own = over_own[L.group];
+        if (!own.first) {
+          own.first = std::make_shared<Distribution>(std::shared_ptr<AxisGroup>(std::shared_ptr<void>(), L.group));
+          own.second = std::make_unique<Collectives>(own.first.get());
+        }
+        w = L.group->size();
+        L.group = nullptr;
+        task_env.comm = own.second.get();
+      }
+      batch.plan = plan_for(L, w, batch.params.size(), *opts, index);
+    }
     for (const at::Tensor& p : batch.params) batch.state.push_back(&state_for(p, *opts));
     const AlgorithmSpec::Update run = opts->spec().update;
     // Algorithms that draw random numbers keep their draws in order (serial tasks).
-    tasks.push_back({[run, batch = std::move(batch), opts, env] { run(batch, *opts, env); }, opts->spec().serial});
+    tasks.push_back(
+        {[run, batch = std::move(batch), opts, task_env] { run(batch, *opts, task_env); }, opts->spec().serial});
   };
   // The phases in order (AlgorithmSpec::phase: the reference runs matrix groups, then lion,
   // then adamw), each group in its own phase.

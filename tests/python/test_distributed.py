@@ -187,14 +187,15 @@ def expect_error(make, error, text):
 
 
 def case_errors():
-    """A 2-D mesh is refused as the reference does; legacy Dion's shard meshes must be 1-D
-    DeviceMeshes and, with them, every parameter a DTensor (the reference's errors)."""
+    """Legacy Dion's replicate mesh must be 1-D (a 2-D distributed_mesh is dion_cpp's extension:
+    test_placements.py); its shard meshes must be 1-D DeviceMeshes and, with them, every
+    parameter a DTensor (the reference's errors)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh2d = init_device_mesh("cpu", (1, WORLD), mesh_dim_names=("dp", "fs"))
     checks = {
-        "2-D distributed_mesh": expect_error(
-            lambda: dion_cpp.Muon([torch.randn(4, 4)], distributed_mesh=mesh2d), ValueError,
+        "2-D replicate_mesh": expect_error(
+            lambda: dion_cpp.Dion([torch.randn(4, 4)], replicate_mesh=mesh2d), ValueError,
             "Only 1D DeviceMesh supported"),
         "2-D outer_shard_mesh": expect_error(
             lambda: dion_cpp.Dion([torch.randn(4, 4)], outer_shard_mesh=mesh2d), ValueError,

@@ -29,9 +29,9 @@
 //
 // Expert parallelism (shard_over): an MoE's expert stacks [E, out, in] split along a batch dim
 // over their own group (the EP group), which need not be the outer one. Whole matrices on every
-// rank: orthogonalized where they are, with no collective; a layout that would need one (a
-// matrix dim split, flatten) is refused at the step. The optimizer never averages their
-// gradients or state over the outer group (with sync_gradients they are left as they arrive,
+// rank: orthogonalized where they are, with no collective; a matrix dim split over the group is
+// assembled over it, as FSDP over the outer group (flatten refused). The optimizer never averages
+// their gradients or state over the outer group (with sync_gradients they are left as they arrive,
 // or averaged over replicate()'s axis like FSDP shards). Every member of an EP group registers
 // parameters over it, the groups in the same order on every rank (verify() reduces over each).
 #pragma once
@@ -104,8 +104,8 @@ class Distribution {
   void shard(const at::Tensor& local, std::vector<int64_t> global_shape, int64_t dim, int64_t inner_dim = -1);
   // Register a parameter split over its own `group` (expert parallelism: an [E, out, in] stack
   // split along dim 0 over the EP group): `local` holds this rank's FSDP2 chunk along `dim` of a
-  // tensor of `global_shape` over `group`. Only a batch dim (not one of the last two) with
-  // flatten off is supported (refused at the step otherwise). A null group throws at once.
+  // tensor of `global_shape` over `group`. A batch dim: whole matrices, no collective; a matrix
+  // dim: assembled over `group` (Optimizer::step); flatten refused at the step. A null group throws.
   void shard_over(std::shared_ptr<AxisGroup> group, const at::Tensor& local, std::vector<int64_t> global_shape,
                   int64_t dim);
   // The parameter's layout (not collective: the shard specs are checked in prepare()).
