@@ -7,8 +7,8 @@ optimizer, a learning-rate sweep each, seeds for the winners; val loss against s
 
 What it runs (docs/convergence.md):
   data     Tiny Shakespeare (data/tinyshakespeare/input.txt) as byte shards: `dion-data prepare
-           --tokenizer byte`, documents split on blank lines, 10% of them to val (one val and one
-           train shard), written once into OUT/data.
+           --tokenizer byte`, documents split on blank lines, 10% of the tokens to val in whole
+           documents (one val and one train shard), written once into OUT/data.
   model    dion-train's GPT with vocab_size 320 (the byte vocabulary 257 rounded up to a multiple
            of 64); the preset's layers and width put most parameters in the hidden matrices (the
            split is printed and goes into the report).
