@@ -2,13 +2,13 @@
 """Convergence benchmark: the same byte-level GPT, data, batch, steps and schedule for every
 optimizer, a learning-rate sweep each, seeds for the winners; val loss against steps and time.
 
-    python3 bench/convergence.py [--quick | --smoke] [--out DIR] [--build DIR] [--jobs N]
+    python3 bench/convergence.py [--quick | --smoke] [--out DIR] [--build DIR] [--jobs N] [--results DIR]
     bench/convergence.sh ...     (the same, building dion-train and dion-data first)
 
 What it runs (docs/convergence.md):
   data     Tiny Shakespeare (data/tinyshakespeare/input.txt) as byte shards: `dion-data prepare
-           --tokenizer byte`, documents split on blank lines, 10% of them to val (one val and one
-           train shard), written once into OUT/data.
+           --tokenizer byte`, documents split on blank lines, 10% of the tokens to val in whole
+           documents (one val and one train shard), written once into OUT/data.
   model    dion-train's GPT with vocab_size 320 (the byte vocabulary 257 rounded up to a multiple
            of 64); the preset's layers and width put most parameters in the hidden matrices (the
            split is printed and goes into the report).
@@ -31,7 +31,8 @@ What it runs (docs/convergence.md):
            OUT/val_loss_vs_step.png and OUT/val_loss_vs_time.png: every optimizer's tuned runs
            (mean over seeds); OUT/val_loss_fast_vs_exact.png. OUT/runs.json: every run's final
            numbers. A run that fails or diverges is listed with its error, and takes no part in
-           the choice of lr.
+           the choice of lr. The full preset copies report.md, runs.json and the PNGs into
+           bench/results/convergence (--results), where they are committed.
 
 Presets (--quick: under 10 minutes on two cores, 4 when quiet; full: 43 measured, at most 60; --smoke: the plumbing only, two
 optimizers, one lr, a few steps, for the test) are in PRESETS below. Re-running with the same OUT
@@ -47,6 +48,7 @@ import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -267,6 +269,9 @@ def common_args(doc, name, quick_help, smoke_help):
     ap.add_argument("--build", default=os.environ.get("DION_BUILD_DIR", os.path.join(ROOT, "build")),
                     help="build folder with dion-train and dion-data")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    ap.add_argument("--results", default=None,
+                    help="folder that the report, runs.json and PNGs are copied into, to be committed (default: "
+                         "bench/results/STUDY for the full preset, none for --quick and --smoke; 'none': none)")
     return ap
 
 
@@ -280,6 +285,25 @@ def settle_args(args, name):
                              f"--target dion-train dion-data) or pass --build")
     preset = "smoke" if args.smoke else "quick" if args.quick else "full"
     return preset, os.path.abspath(args.out or os.path.join(ROOT, "runs", name + ("" if preset == "full" else f"-{preset}")))
+
+
+def results_dir(args, preset, study):
+    """The folder publish() copies into: --results, else bench/results/STUDY for the full preset; None: none."""
+    r = args.results if args.results is not None else (
+        os.path.join(ROOT, "bench", "results", study) if preset == "full" else "none")
+    return None if r == "none" else os.path.abspath(r)
+
+
+def publish(out, dest, names, tag):
+    """Copies OUT's report files `names` (those that exist) into dest (bench/results/STUDY), so
+    that the raw numbers behind the docs are committed; nothing when dest is None."""
+    if not dest:
+        return
+    os.makedirs(dest, exist_ok=True)
+    copied = [n for n in names if os.path.isfile(os.path.join(out, n))]
+    for n in copied:
+        shutil.copyfile(os.path.join(out, n), os.path.join(dest, n))
+    print(f"[{tag}] copied {', '.join(copied)} to {dest} (commit them)", file=sys.stderr)
 
 
 def main():
@@ -324,6 +348,9 @@ def main():
     md = convergence_report.report(p, preset, recs, out, time.time() - t0, fsdp_bytes, param_split, VOCAB)
     print(md)
     print(f"[convergence] wrote {os.path.join(out, 'report.md')} and the PNGs beside it", file=sys.stderr)
+    publish(out, results_dir(args, preset, "convergence"), ["report.md", "runs.json", "val_loss_vs_step.png",
+                                                            "val_loss_vs_time.png", "val_loss_fast_vs_exact.png"],
+            "convergence")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 """The convergence benchmark's MoE row: a mixture-of-experts GPT against the dense GPT of the
 same active parameters, trained the same way, under AdamW, Muon and Dion2.
 
-    python3 bench/moe_convergence.py [--smoke] [--out DIR] [--build DIR] [--jobs N] [--seeds S]
+    python3 bench/moe_convergence.py [--smoke] [--out DIR] [--build DIR] [--jobs N] [--seeds S] [--results DIR]
     bench/convergence.sh --moe ...   (the same, building dion-train and dion-data first)
 
 What it runs (docs/convergence.md "Mixture of experts"): the width study's model at width 128
@@ -13,8 +13,11 @@ matrix optimizers, balance loss 0.01 and bias rate 0.001, as configs/shakespeare
 each optimizer at the learning rates the width study tuned on the dense model at this width
 (matrices; the embedding and lm_head at AdamW's), seeds 0 .. S-1 moving the weights and the data
 order. The same out folder as the width study (default runs/width) reuses its dense runs.
-Writes OUT/moe_report.md; resumable like the study (finished runs are reused).
+Writes OUT/moe_report.md and OUT/moe_runs.json (every run's record: val curve, final, seconds);
+the full preset copies both into bench/results/moe (--results), where they are committed.
+Resumable like the study (finished runs are reused).
 """
+import json
 import os
 import re
 import statistics
@@ -146,7 +149,10 @@ def main():
     recs = [dict(r, model=model) for r, (model, *_) in zip(convergence.run_all(args.build, data, out, p, jobs, args.jobs),
                                                              todo)]
     print(report(p, recs, out, time.time() - t0, load_before))
-    print(f"[moe] wrote {os.path.join(out, 'moe_report.md')}", file=sys.stderr)
+    with open(os.path.join(out, "moe_runs.json"), "w") as f:
+        json.dump({"preset": preset, "params": p, "runs": recs}, f, indent=1, default=str)
+    print(f"[moe] wrote {os.path.join(out, 'moe_report.md')} and moe_runs.json", file=sys.stderr)
+    convergence.publish(out, convergence.results_dir(args, preset, "moe"), ["moe_report.md", "moe_runs.json"], "moe")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Width study: does Dion2's gap to Muon at a small fraction shrink as the model grows?
 
-    python3 bench/width_study.py [--quick | --smoke] [--out DIR] [--build DIR] [--jobs N]
+    python3 bench/width_study.py [--quick | --smoke] [--out DIR] [--build DIR] [--jobs N] [--results DIR]
     bench/convergence.sh --width ...   (the same, building dion-train and dion-data first)
 
 What it runs (docs/convergence.md "Width study"):
@@ -24,7 +24,8 @@ What it runs (docs/convergence.md "Width study"):
            steps: 80 at mu 0.95, 20 at 0.8) and Dion2 0.25 and Muon at twice the steps.
 Everything is resumable: a run whose metrics.jsonl has its final val line is reused, so the
 study can run in parts; delete OUT to start over. OUT/report.md, OUT/gap_vs_width.png and
-OUT/runs.json (bench/width_report.py).
+OUT/runs.json (bench/width_report.py); the full preset copies them into bench/results/width
+(--results), where they are committed.
 """
 import concurrent.futures
 import math
@@ -272,6 +273,8 @@ def main():
     md = width_report.report(p, preset, list(study.recs.values()), out, time.time() - t0)
     print(md)
     print(f"[width] wrote {os.path.join(out, 'report.md')} and gap_vs_width.png beside it", file=sys.stderr)
+    convergence.publish(out, convergence.results_dir(args, preset, "width"),
+                        ["report.md", "runs.json", "gap_vs_width.png"], "width")
 
 
 if __name__ == "__main__":

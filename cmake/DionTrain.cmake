@@ -181,6 +181,12 @@ if(DION_BUILD_TESTS)
            COMMAND sh ${DION_TRAIN_ROOT}/tests/scripts/moe_bench_smoke.sh ${DION_PYTHON3} ${DION_TRAIN_ROOT}
                    $<TARGET_FILE_DIR:dion-train> ${CMAKE_CURRENT_BINARY_DIR}/moe-bench-smoke)
   set_tests_properties(moe_bench_smoke PROPERTIES LABELS train TIMEOUT 180 RESOURCE_LOCK multiprocess)
+  # bench/ngram_baseline.py at order 3 on a small byte shard set, against a plain rewrite
+  # (tests/scripts/ngram_smoke.sh).
+  add_test(NAME ngram_smoke
+           COMMAND sh ${DION_TRAIN_ROOT}/tests/scripts/ngram_smoke.sh ${DION_PYTHON3} ${DION_TRAIN_ROOT}
+                   $<TARGET_FILE_DIR:dion-train> ${CMAKE_CURRENT_BINARY_DIR}/ngram-smoke)
+  set_tests_properties(ngram_smoke PROPERTIES LABELS train TIMEOUT 120)
   gtest_discover_tests(dion_train_tests
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60

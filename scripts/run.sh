@@ -7,7 +7,8 @@
 #   scripts/run.sh --num_iterations 50  # extra arguments go to dion-train (docs/train.md keys)
 #
 # Steps: 1. scripts/setup.sh  2. data/tinyshakespeare into byte shards in data/shakespeare_bytes
-# (dion-data prepare --tokenizer byte; paragraphs are documents, the first 10% of them val; once)
+# (dion-data prepare --tokenizer byte; paragraphs are documents; a paragraph goes to val while val
+# holds under 10% of the tokens so far: 278 of the 7,222, spread through the text; once)
 # 3. dion-train --config configs/shakespeare_bytes_dion2.yaml (a fresh run in
 # runs/shakespeare_bytes_dion2)  4. dion-train plot -> runs/shakespeare_bytes_dion2/curves.png
 # 5. dion-train sample from the final checkpoint. The GPT-2 BPE setup of the reference is
@@ -24,7 +25,7 @@ log() { printf '[run] %s\n' "$*"; }
 }
 
 if ! compgen -G "data/shakespeare_bytes/fineweb_train_*.bin" > /dev/null; then
-  log "tokenizing Tiny Shakespeare into byte shards in data/shakespeare_bytes (paragraphs; the first 10% are val)"
+  log "tokenizing Tiny Shakespeare into byte shards in data/shakespeare_bytes (paragraphs; val: 10% of the tokens, whole paragraphs spread through the text)"
   "$BUILD_DIR/dion-data" prepare data/tinyshakespeare/input.txt -o data/shakespeare_bytes \
     --tokenizer byte --delimiter '\n\n' --val-fraction 0.1 --overwrite --quiet
 fi

@@ -4,12 +4,14 @@
 # model, two seeds) into OUT and checks its plumbing, not its numbers: the report has the
 # parameter split, the sweep and the tuned table with a row per optimizer, the fast vs exact table
 # (Dion2 0.25 again with ortho_path fast), the three PNGs are PNGs, every run finished with the
-# ortho_path it was given, and a second run reuses the finished runs (none trained again).
+# ortho_path it was given, --results copies the report files, and a second run reuses the finished
+# runs (none trained again).
 set -eu
 PY=$1 SRC=$2 BUILD=$3 OUT=$4
 fail() { echo "convergence_smoke: FAIL: $*" >&2; exit 1; }
 rm -rf "$OUT"
-"$PY" "$SRC/bench/convergence.py" --smoke --build "$BUILD" --out "$OUT" --jobs 2 > "$OUT.stdout" 2> "$OUT.stderr" ||
+"$PY" "$SRC/bench/convergence.py" --smoke --build "$BUILD" --out "$OUT" --jobs 2 --results "$OUT/published" \
+  > "$OUT.stdout" 2> "$OUT.stderr" ||
   { cat "$OUT.stderr" >&2; fail "convergence.py --smoke exited $?"; }
 R=$OUT/report.md
 [ -f "$R" ] || fail "no $R"
@@ -20,6 +22,10 @@ for want in "Parameters:" "hidden matrices" "## Sweep" "## Tuned" "| adamw |" "|
   grep -qF -- "$want" "$R" || { cat "$R" >&2; fail "'$want' not in $R"; }
 done
 grep -qF "## Failed runs" "$R" && { cat "$R" >&2; fail "a smoke run failed"; }
+# --results: the report, runs.json and the PNGs copied for committing (bench/results/STUDY).
+for f in report.md runs.json val_loss_vs_step.png val_loss_fast_vs_exact.png; do
+  cmp -s "$OUT/$f" "$OUT/published/$f" || fail "--results: $f not copied to $OUT/published"
+done
 for png in val_loss_vs_step.png val_loss_vs_time.png val_loss_fast_vs_exact.png; do
   [ -s "$OUT/$png" ] || fail "no $OUT/$png"
   head -c 8 "$OUT/$png" | od -An -c | grep -q "P   N   G" || fail "$OUT/$png is not a PNG"
