@@ -3,7 +3,7 @@
 What it is: the mapping from each DTensor parameter's (device mesh, placements) to one of the C++
 Distribution's layouts (include/dion/optim/distribution.h), and the choice of the Distribution's
 OUTER (FSDP) and INNER (TP) groups from the parameters, for the DistributedOrthoBase family
-(Muon, NorMuon, Dion2, Dion3 / NorDion2; legacy Dion's shard meshes are _classes._ShardMeshes').
+(the matrix algorithms but legacy Dion, whose shard meshes are _classes._ShardMeshes).
 Mesh dims of one rank and Replicate() dims are ignored (HSDP's replicate dim: FSDP2 has already
 averaged the gradients over it). What remains is one of:
   LOCAL    nothing sharded: the local tensor is the whole parameter (replicated: DDP over the
@@ -357,7 +357,6 @@ def is_mesh(obj) -> bool:
 
 
 # ---------------------------------------------------------------------------- describe()
-_SELECTING = {"dion2", "nordion2"}  # the algorithms that orthogonalize a selected fraction
 _COLUMNS = ("name", "group", "algorithm", "shape", "local", "placements", "layout", "orthogonalized")
 
 
@@ -445,10 +444,12 @@ def _ortho_text(algorithm: str, group: dict, p: torch.Tensor, L: Optional[ParamL
             text += ", assembled from its FSDP shards"
         elif kind == TWO_D:
             text += ", assembled from its FSDP x TP shards"
-    if algorithm in _SELECTING:
+    # What the group's own keys say (the class table gives a group only its algorithm's keys: a
+    # selecting algorithm's group has `fraction`, a low-rank one's `rank_fraction`).
+    if "fraction" in group:
         text += (f"; selects fraction={group.get('fraction')} of the {group.get('selection_dim', 'shorter')} dim's "
                  f"slices, selection_scope={group.get('selection_scope')}")
-    elif algorithm == "dion":
+    elif "rank_fraction" in group:
         text += f"; low rank: rank_fraction={group.get('rank_fraction')}"
     return text
 
