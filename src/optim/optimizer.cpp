@@ -131,8 +131,9 @@ void Optimizer::check_group(size_t g, const std::vector<at::Tensor>& params, con
     const std::string what = where + ", parameter " + std::to_string(i) + " of shape " + shape_str(shape);
     if (!p.is_floating_point()) throw TypeError(what + ": parameters must be floating point");
     if (p.is_meta())
-      throw ValueError(what + ": is on the meta device (it has no data): materialize the model (to_empty(), then "
-                              "load or initialize its weights) before building the optimizer");
+      throw ValueError(what +
+                       ": is on the meta device (it has no data): materialize the model (to_empty(), then "
+                       "load or initialize its weights) before building the optimizer");
     if (p.device() != params[0].device())
       throw ValueError(what + ": is on " + p.device().str() + " but parameter 0 of the group is on " +
                        params[0].device().str() +
