@@ -44,3 +44,42 @@ def run_job(worker, world, arg, timeout_s, what, join_timeout_s=10):
         pytest.fail(f"{what} did not report within {timeout_s} s "
                     f"(ranks that did: {sorted(out)}; exit codes {[p.exitcode for p in procs]})")
     return out
+
+
+def run_cases(rank, world, port, report, cases, group_timeout_s):
+    """A rank's body for run_job: join a Gloo group of `world` ranks on 127.0.0.1:`port`, run each
+    of `cases` ({name: function returning (ok, detail)}) in order, and put (rank, {name: (ok,
+    detail)}) on `report`. A case that raises is reported with its traceback; the other cases
+    still run (every rank runs the same cases, so their collectives stay in step)."""
+    import datetime
+    import os
+    import traceback
+
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.manual_seed(0)
+    results = {}
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=group_timeout_s))
+        for name, run in cases.items():
+            try:
+                results[name] = run()
+            except Exception:  # noqa: BLE001  (reported per case)
+                results[name] = (False, traceback.format_exc())
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        results["setup"] = (False, traceback.format_exc())
+    report.put((rank, results))
+
+
+def check_case(report, world, case):
+    """Fails the test unless every one of `world` ranks reported `case` ok in `report` (run_job's
+    result of run_cases); a rank whose setup failed fails it with that traceback."""
+    for rank in range(world):
+        if "setup" in report[rank]:
+            pytest.fail(f"rank {rank}: {report[rank]['setup'][1]}")
+        ok, detail = report[rank][case]
+        assert ok, f"rank {rank}, {case}: {detail}"

@@ -23,16 +23,13 @@ How: one 2-process job (torch.multiprocessing, spawn) runs every case and report
 the 4-process job). A job is killed and the tests fail if it takes longer than JOB_TIMEOUT_S; collectives time out after
 GROUP_TIMEOUT_S, so a failing rank cannot leave its peer waiting forever.
 """
-import datetime
-import os
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import dion_cpp
-from spawn_job import free_port, run_job
+from spawn_job import check_case, free_port, run_cases, run_job
 
 WORLD = 2
 STEPS = 3
@@ -342,24 +339,9 @@ JOBS = {WORLD: CASES, WORLD4: CASES4}
 
 
 def _worker(rank, world, port, report):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     if world > 2:
         torch.set_num_threads(1)  # more ranks than the test machine has cores
-    torch.manual_seed(0)
-    results = {}
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
-        for name, run in JOBS[world].items():
-            try:
-                results[name] = run()
-            except Exception:  # noqa: BLE001  (reported per case)
-                results[name] = (False, traceback.format_exc())
-        dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
-        results["setup"] = (False, traceback.format_exc())
-    report.put((rank, results))
+    run_cases(rank, world, port, report, JOBS[world], GROUP_TIMEOUT_S)
 
 
 def _run_job(world):
@@ -377,12 +359,7 @@ def report4():
     return _run_job(WORLD4)
 
 
-def check(report, world, case):
-    for rank in range(world):
-        if "setup" in report[rank]:
-            pytest.fail(f"rank {rank}: {report[rank]['setup'][1]}")
-        ok, detail = report[rank][case]
-        assert ok, f"rank {rank}, {case}: {detail}"
+check = check_case
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -15,16 +15,13 @@ refuses an expert stack with the message naming what to use instead.
 
 How: one 2-process job (spawn_job.run_job) runs every case and reports {case: (ok, detail)}.
 """
-import datetime
-import os
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import dion_cpp
-from spawn_job import run_job
+from spawn_job import run_cases, run_job
 
 WORLD = 2
 STEPS = 3
@@ -160,28 +157,13 @@ CASES = {
 
 
 def _worker(rank, world, port, report):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     # One process and a rank's share run bf16 GEMMs over other batch sizes (Dion3's 12-row
     # selection: A.A is 12x12x12, 4 experts in one process, 2 on a rank); ATen sends a batch to
     # oneDNN only above 4096 multiply-adds (mkldnn/Matmul.cpp) and oneDNN's AVX-512 / AMX kernels
     # round a few elements otherwise than ATen's gemm. Off: both sides run ATen's gemm per matrix
     # and compare bit for bit (tests/support/cpu_kind.h says the same for the C++ tests).
     torch.backends.mkldnn.enabled = False
-    torch.manual_seed(0)
-    results = {}
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
-        for name, run in CASES.items():
-            try:
-                results[name] = run()
-            except Exception:  # noqa: BLE001  (reported per case)
-                results[name] = (False, traceback.format_exc())
-        dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
-        results["setup"] = (False, traceback.format_exc())
-    report.put((rank, results))
+    run_cases(rank, world, port, report, CASES, GROUP_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

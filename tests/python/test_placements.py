@@ -33,16 +33,13 @@ parameter with its name, algorithm, placement and how it is orthogonalized.
 How: one 4-process and one 2-process Gloo job (spawn_job.run_job) run every case and report
 {case: (ok, detail)} per rank.
 """
-import datetime
-import os
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import dion_cpp
-from spawn_job import run_job
+from spawn_job import check_case, run_cases, run_job
 
 STEPS = 3
 JOB_TIMEOUT_S = 150
@@ -476,23 +473,8 @@ JOBS = {4: CASES4, 2: CASES2}
 
 
 def _worker(rank, world, port, report):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)  # up to twice as many ranks as the test machine has cores
-    torch.manual_seed(0)
-    results = {}
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
-        for name, run in JOBS[world].items():
-            try:
-                results[name] = run()
-            except Exception:  # noqa: BLE001  (reported per case)
-                results[name] = (False, traceback.format_exc())
-        dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
-        results["setup"] = (False, traceback.format_exc())
-    report.put((rank, results))
+    run_cases(rank, world, port, report, JOBS[world], GROUP_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -505,12 +487,7 @@ def report2():
     return run_job(_worker, 2, 2, JOB_TIMEOUT_S, "the 2-process placements job", join_timeout_s=5)
 
 
-def check(report, world, case):
-    for rank in range(world):
-        if "setup" in report[rank]:
-            pytest.fail(f"rank {rank}: {report[rank]['setup'][1]}")
-        ok, detail = report[rank][case]
-        assert ok, f"rank {rank}, {case}: {detail}"
+check = check_case
 
 
 @pytest.mark.parametrize("case", list(CASES4))

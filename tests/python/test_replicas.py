@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 import dion_cpp
-from spawn_job import free_port, run_job
+from spawn_job import check_case, free_port, run_job
 
 WORLD = 2
 JOB_TIMEOUT_S = 150
@@ -223,11 +223,7 @@ def report():
 
 
 def check(report, case):
-    for rank in range(WORLD):
-        if "setup" in report[rank]:
-            pytest.fail(f"rank {rank}: {report[rank]['setup'][1]}")
-        ok, detail = report[rank][case]
-        assert ok, f"rank {rank}, {case}: {detail}"
+    check_case(report, WORLD, case)
 
 
 @pytest.mark.parametrize("case", list(CASES))
