@@ -368,9 +368,7 @@ class _CppOptimizer(_StateDict, Optimizer):
         group = mesh.get_group()
         if group in [g for g in (self._group, *(getattr(self, "_sharding", None) or ())) if g is not None]:
             return False  # sharded over one of the optimizer's own meshes: not an expert stack
-        self._cpp.shard_over(group, dist.get_process_group_ranks(group), local, list(p.shape), 0)
-        self._expert_groups.append(group)
-        _distributed_optimizers.add(self)
+        self._shard_over(_layouts.group_axis(group, "the EP mesh"), local, list(p.shape), 0)
         return True
 
     def _local_of(self, p: torch.Tensor) -> torch.Tensor:
