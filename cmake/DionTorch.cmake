@@ -68,6 +68,7 @@ add_library(dion
   src/math/ortho_fast.cpp
   src/math/cpu_dtype.cpp
   src/math/symmetric.cpp
+  src/math/qk_clip.cpp
   src/math/lr.cpp
   src/math/rates.cpp
   src/math/muon.cpp
@@ -82,6 +83,7 @@ add_library(dion
   src/optim/options.cpp
   src/optim/optimizer.cpp
   src/optim/plan.cpp
+  src/optim/qk_clip.cpp
   src/optim/distribution.cpp
   src/optim/distributed.cpp
   src/optim/assembly.cpp

@@ -13,6 +13,7 @@
 //   dion/optim/optimizer.h  Optimizer (any mix of algorithms), ParamGroup, lm_head_lr_scale
 //   dion/optim/algorithm.h  the algorithm registry (register your own: its API summary)
 //   dion/optim/options.h    Options (per-group hyperparameters), Override, ParamState
+//   dion/optim/qk_clip.h    QK-clip (MuonClip) of attention weights after the step, any layout
 //   dion/math/*.h           the algorithms' math over lists of tensors, and the orthogonalizers
 //   dion/errors.h           ValueError, TypeError, NotImplementedError
 //   torch/nn/modules/linear.h  torch::nn::Linear; with the optimizer headers this brings the
@@ -30,6 +31,7 @@
 #include "dion/math/own_kernels.h"
 #include "dion/optim/optimizer.h"
 #include "dion/optim/options.h"
+#include "dion/optim/qk_clip.h"
 
 // A class of one registered matrix algorithm, named `Class` (C++) and `name` (the registry).
 #define DION_OPTIMIZER_CLASS(Class, name)                                                                              \
