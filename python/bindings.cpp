@@ -29,6 +29,8 @@
 // shard(local, global_shape, dim, inner_dim) registers a DTensor's local shard, shard_over(group, ...)
 // a stack split over its own group (an EP group; or a matrix dim split over two mesh dims, with the
 // members in chunk order: OrderedAxis). Python (_optimizers.py, _layouts.py) decides what is sharded.
+//
+// QkClip: dion::QkClip (dion/optim/qk_clip.h) over a ProcessGroup, for dion_cpp.QKClip (_qk_clip.py).
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -92,7 +94,11 @@ class OrderedAxis : public dion::AxisGroup {
 
 // ---------------------------------------------------------------------------- the optimizer
 
+class PyQkClip;
+
 class PyOptimizer {
+  friend class PyQkClip;  // wrap()
+
  public:
   // kind: a registered matrix algorithm's name (its class), or "any" (dion::Optimizer);
   // kwargs: the Python constructor's keywords (hyperparameters and orthogonalizer choice).
@@ -381,6 +387,44 @@ class PyOptimizer {
   std::map<std::pair<const c10d::ProcessGroup*, std::vector<int64_t>>, std::shared_ptr<dion::AxisGroup>> expert_groups_;
 };
 
+// ---------------------------------------------------------------------------- QK-clip
+
+// dion::QkClip over a torch ProcessGroup (dion_cpp.QKClip, python/dion_cpp/_qk_clip.py builds the
+// layers: each DTensor's local part and the global row of each local row). apply() releases the
+// GIL as step() does; the maxima are copied into a tensor made here before the collective.
+class PyQkClip {
+ public:
+  PyQkClip(double tau, const py::list& layers, const py::object& process_group, std::vector<int> ranks) {
+    std::vector<dion::QkClipLayer> ls;
+    for (const py::handle& h : layers) {
+      const py::dict d = py::reinterpret_borrow<py::dict>(h);
+      auto tensor = [&](const char* key) {
+        return d.contains(key) && !d[key].is_none() ? d[key].cast<at::Tensor>() : at::Tensor();
+      };
+      ls.push_back({d["name"].cast<std::string>(), tensor("wq"), tensor("wk"), tensor("wq_rows"), tensor("wk_rows"),
+                    d["n_heads"].cast<int64_t>(), d["n_kv_heads"].cast<int64_t>(), d["head_dim"].cast<int64_t>()});
+    }
+    std::shared_ptr<dion::AxisGroup> group;
+    if (!process_group.is_none())
+      group = std::make_shared<dion::GroupAxis>(PyOptimizer::wrap(process_group, std::move(ranks)));
+    clip_ = std::make_unique<dion::QkClip>(tau, std::move(ls), std::move(group));
+  }
+  at::Tensor apply(const std::vector<at::Tensor>& max_logits) {
+    if (!clip_) throw dion::ValueError("QKClip: released (the interpreter is exiting)");
+    std::vector<at::Tensor> copies;
+    for (const at::Tensor& t : max_logits) copies.push_back(t.defined() ? t.detach().to(at::kCPU, at::kFloat).clone() : t);
+    py::gil_scoped_release no_gil;
+    return clip_->apply(copies);
+  }
+  void release() {
+    py::gil_scoped_release no_gil;
+    clip_.reset();
+  }
+
+ private:
+  std::unique_ptr<dion::QkClip> clip_;
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------- module
@@ -507,6 +551,11 @@ PYBIND11_MODULE(_C, m) {
       "(dtype, reason): what the fast path (wanting 'bf16') and Gram Newton-Schulz (wanting 'fp16') compute in on "
       "this CPU, and why");
 
+  py::class_<PyQkClip>(m, "QkClip")
+      .def(py::init<double, const py::list&, const py::object&, std::vector<int>>(), py::arg("tau"), py::arg("layers"),
+           py::arg("process_group"), py::arg("ranks"))
+      .def("apply", &PyQkClip::apply, py::arg("max_logits"))
+      .def("release", &PyQkClip::release);
   py::class_<PyOptimizer>(m, "Optimizer")
       .def(py::init<const std::string&, const py::dict&>(), py::arg("kind"), py::arg("kwargs"))
       .def("add_param_group", &PyOptimizer::add_param_group, py::arg("params"), py::arg("group"))

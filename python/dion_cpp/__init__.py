@@ -4,6 +4,7 @@
     opt = Dion2([{"params": matrices}, {"params": vectors, "algorithm": "adamw"}], lr=0.02)
 
     from dion_cpp.opt_utils import lm_head_lr_scale   # as the reference's train.py does
+    clip = dion_cpp.QKClip(tau, [(wq, wk, n_heads, n_kv_heads), ...])   # after opt.step(): clip.apply(max_logits)
 
 Each class is a torch.optim.Optimizer with the reference's constructor and param-group keys;
 the math runs in the C++ library (libdion) over the same parameter tensors. Dion3 is NorDion2.
@@ -26,9 +27,10 @@ from ._classes import (  # noqa: E402
     classes,
     load_algorithm_plugin,
 )
+from ._qk_clip import QKClip  # noqa: E402
 from .opt_utils import lm_head_lr_scale  # noqa: E402
 
 __all__ = ["Muon", "NorMuon", "Dion2", "Dion3", "NorDion2", "Dion", "DionMixedPrecisionConfig",
-           "classes", "load_algorithm_plugin", "lm_head_lr_scale", "__version__"]
+           "classes", "load_algorithm_plugin", "lm_head_lr_scale", "QKClip", "__version__"]
 
 globals().update({name: cls for name, cls in classes().items() if name not in globals()})

@@ -75,7 +75,7 @@ at::Tensor QkClip::apply(const std::vector<at::Tensor>& max_logits) {
     packed[i].narrow(0, 0, l.n_heads).copy_(s.detach().reshape({-1}).to(at::kCPU, at::kFloat));
   }
   if (group_ && group_->size() > 1) {  // one collective for every layer: the max over the ranks
-    at::Tensor all = group_->all_gather(packed.to(group_->control_device()).unsqueeze(0));
+    at::Tensor all = group_->all_gather(packed.to(group_->control_device()));  // [W, L, H]
     packed = std::get<0>(all.max(0)).to(at::kCPU);
   }
   for (int64_t i = 0; i < L; ++i) {  // after the gather: every rank sees the same values and throws alike

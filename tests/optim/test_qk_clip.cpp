@@ -112,8 +112,8 @@ class FakeGroup : public dion::AxisGroup {
   void all_reduce_(at::Tensor&) override { ADD_FAILURE() << "QK-clip's one collective is an all_gather"; }
   at::Tensor all_gather(const at::Tensor& x) override {
     ++calls;
-    std::vector<at::Tensor> all{x[0]};
-    for (const at::Tensor& o : others_) all.push_back(o.view_as(x[0]));
+    std::vector<at::Tensor> all{x};
+    for (const at::Tensor& o : others_) all.push_back(o.view_as(x));
     return at::stack(all);
   }
   at::Tensor all_to_all(const at::Tensor& x) override { return x; }
