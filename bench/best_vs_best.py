@@ -12,7 +12,8 @@ What it runs (docs/convergence.md "Best against best"):
   timing   first, alone on the machine (nothing else of the study runs): Muon and Dion2 0.25,
            a short run each, one after the other; their median ms a step set the equal-time
            budget: Dion2 gets round(steps x Muon's ms / Dion2's ms) steps.
-  mu       each optimizer at its mu grid (Muon 0.8 / 0.9 / 0.95, Dion2 0.25 0.7 / 0.8 / 0.9), lr 0.02.
+  mu       each optimizer at its mu grid (Muon 0.8 / 0.9 / 0.95, Dion2 0.25 0.7 / 0.8 / 0.9), lr 0.02;
+           a best mu at an edge gets one more run beyond it (mu - 0.1 below, halfway to 1 above).
   lr       the best mu at half and double the lr; a best lr at an edge gets one more run beyond.
   seeds    each winner (mu, lr) with two more seeds (seed s moves the initial weights and the data
            order, the same for both optimizers, so gaps are paired by seed).
@@ -104,9 +105,23 @@ class Study:
         b = self.best([self.get(w, name, mu, lr, 0) for lr in grid])
         return None if b is None or self.lr_grid(w, name, mu, lrs) != grid else b
 
+    def mu_grid(self, name):
+        """The mu grid at the base lr, and once it finished with its best at an edge, one more mu
+        beyond that edge (mu - 0.1 below; halfway to 1 above)."""
+        p, mus = self.p, list(self.p["mus"][name])
+        b = self.best([self.get(p["width"], name, mu, p["base_lr"], 0) for mu in mus])
+        if b is None or not math.isfinite(b["final"]) or len(mus) < 2:
+            return mus
+        if b["mu"] == min(mus):
+            return [round(b["mu"] - 0.1, 10)] + mus
+        if b["mu"] == max(mus):
+            return mus + [round(1 - (1 - b["mu"]) / 2, 10)]
+        return mus
+
     def best_mu(self, name):
-        p = self.p
-        return self.best([self.get(p["width"], name, mu, p["base_lr"], 0) for mu in p["mus"][name]])
+        p, mus = self.p, self.mu_grid(name)
+        b = self.best([self.get(p["width"], name, mu, p["base_lr"], 0) for mu in mus])
+        return None if b is None or self.mu_grid(name) != mus else b
 
     def winner(self, name):
         """(mu, lr) of the large width's best, None until its mu and lr runs finished."""
@@ -121,7 +136,7 @@ class Study:
         """Every run definable now: (priority, phase, width, name, mu, lr, seed, steps)."""
         p, w, out = self.p, self.p["width"], []
         for k, name in enumerate(p["mus"]):
-            out += [((0, k, 0), "mu", w, name, mu, p["base_lr"], 0, None) for mu in p["mus"][name]]
+            out += [((0, k, 0), "mu", w, name, mu, p["base_lr"], 0, None) for mu in self.mu_grid(name)]
             m = self.best_mu(name)
             if m is None or not math.isfinite(m["final"]):
                 continue
@@ -272,7 +287,7 @@ def report(study, preset, out, seconds):
             mark = []
             if win and (r["mu"], r["lr"]) == win:
                 mark.append("**winner**")
-                if r["mu"] in (min(p["mus"][name]), max(p["mus"][name])):
+                if r["mu"] in (min(study.mu_grid(name)), max(study.mu_grid(name))):
                     mark.append("mu at its grid's edge")
                 lrs = [x["lr"] for x in rows if x["mu"] == r["mu"]]
                 if len(lrs) > 1 and r["lr"] in (min(lrs), max(lrs)):

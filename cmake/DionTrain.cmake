@@ -58,7 +58,8 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/train.cpp
   ${DION_TRAIN_ROOT}/src/train/trainer.cpp
   ${DION_TRAIN_ROOT}/src/train/trainer_report.cpp
-  ${DION_TRAIN_ROOT}/src/train/trainer_setup.cpp)
+  ${DION_TRAIN_ROOT}/src/train/trainer_setup.cpp
+  ${DION_TRAIN_ROOT}/src/train/qk_clip.cpp)
 target_link_libraries(dion_train
   PUBLIC dion dion_data dion_tb dion_safetensors
   PRIVATE yaml-cpp ZLIB::ZLIB CLI11::CLI11 nlohmann_json::nlohmann_json dion_warnings)

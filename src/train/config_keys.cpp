@@ -33,6 +33,9 @@ const std::vector<Key>& keys() {
        "embedding / lm_head rows: at least the data's vocabulary (GPT-2 shards 50257, byte shards 257); the reference "
        "pads 50257 to 50304",
        Check::POSITIVE},
+      {"qk_norm", &Config::qk_norm,
+       "RMS-normalize q and k per head before the attention (the reference); false: as projected and rotated, the "
+       "logits unbounded (what qk_clip_tau bounds)"},
       // mixture of experts (dion/train/moe.h)
       {"n_experts", &Config::n_experts, "routed experts per MoE layer (0: the dense MLP everywhere)",
        Check::NON_NEGATIVE},
@@ -223,6 +226,11 @@ const std::vector<Key>& keys() {
       {"grad_clip", &Config::grad_clip,
        "clip the global gradient norm to this before each optimizer step, as torch.nn.utils.clip_grad_norm_ (0: off; "
        "the norm is logged either way)",
+       Check::NON_NEGATIVE},
+      {"qk_clip_tau", &Config::qk_clip_tau,
+       "QK-clip (MuonClip) after each optimizer step: every attention head whose largest logit in the step's "
+       "forwards went above this has its c_q and c_k rows scaled so that it would be this (0: off; needs qk_norm "
+       "false; docs/optimizers.md \"QK-clip\")",
        Check::NON_NEGATIVE},
       {"max_nonfinite_steps", &Config::max_nonfinite_steps,
        "a step whose loss or gradient is not finite is skipped (weights and optimizer state untouched); this many in a "

@@ -6,6 +6,7 @@
 #include "dion/train/train.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fmt/format.h>
 
 namespace dion::train {
@@ -141,6 +142,14 @@ void config_validate(const Config& c) {
   if ((c.model_dim / c.n_head) % 2 != 0)
     fail(fmt::format("model_dim {} / n_head {} = head size {} is odd; rotary embeddings need an even head size",
                      c.model_dim, c.n_head, c.model_dim / c.n_head));
+  if (c.qk_clip_tau > 0 && c.qk_norm)
+    fail(fmt::format("key 'qk_clip_tau': value {} needs qk_norm false: with q and k RMS-normed the logits are at most "
+                     "sqrt(head size) = {:.3g} and scaling c_q or c_k changes nothing the softmax sees; valid: qk_norm "
+                     "false, or qk_clip_tau 0",
+                     format_double(c.qk_clip_tau), std::sqrt(double(c.model_dim / c.n_head))));
+  if (c.qk_clip_tau > 0 && c.cuda_graphs)
+    fail("key 'qk_clip_tau': not supported with cuda_graphs true (the attention's running max of the logits is "
+         "state outside the captured graph); valid: cuda_graphs false, or qk_clip_tau 0");
   if (c.warmup_ratio + c.warmdown_ratio > 1 + 1e-12)  // (0.3 + 0.7 may round above 1)
     fail(
         fmt::format("keys 'warmup_ratio' {} + 'warmdown_ratio' {} = {} > 1: the warmup and the warmdown would "

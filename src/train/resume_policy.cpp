@@ -37,6 +37,7 @@ const std::map<std::string, Row>& table() {
       {"model_dim", {P::MUST_MATCH, "the saved tensors have its shape"}},
       {"n_layer", {P::MUST_MATCH, "the saved tensors are its layers"}},
       {"n_head", {P::MUST_MATCH, "the attention and the optimizer's per-head state depend on it"}},
+      {"qk_norm", {P::MUST_MATCH, "the attention computes another function without it"}},
       {"val_loss_every", {P::FREE, ""}},
       {"val_tokens", {P::LOGGED, ""}},
       {"checkpoint_freq", {P::FREE, ""}},
@@ -103,6 +104,7 @@ const std::map<std::string, Row>& table() {
       {"peak_tflops", {P::FREE, ""}},
       // numerics keys
       {"grad_clip", {P::LOGGED, ""}},
+      {"qk_clip_tau", {P::LOGGED, ""}},
       {"max_nonfinite_steps", {P::FREE, ""}},
       {"scalar_beta1", {P::LOGGED, ""}},
       {"scalar_beta2", {P::LOGGED, ""}},

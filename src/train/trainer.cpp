@@ -17,6 +17,7 @@
 #include "dion/train/replicas.h"
 #include "dion/train/schedule.h"
 #include "dion/train/tensorboard.h"
+#include "qk_clip.h"
 
 namespace dion::train {
 
@@ -76,6 +77,7 @@ RunSummary Trainer::run() {
     if (save_or_stop(s)) break;
   }
   if (!sum_.stopped_early && !c_.checkpoint_dir.empty() && last_saved_ != st_.step && st_.step >= 0) save(st_.step);
+  if (qk_clip_) say(qk_clip_->summary());
   report_end();
   sum_.last_step = st_.step;
   sum_.best_val_loss = st_.best_val_loss;
@@ -153,12 +155,14 @@ void Trainer::update_or_skip(int64_t step, const StepResult& r) {
     if (c_.grad_clip > 0) clip_gradients(params_, r.grad_norm.norm, c_.grad_clip);
     for (size_t g = 0; g < topt_.base_lrs.size(); ++g) topt_.optimizer->options(g).lr(topt_.base_lrs[g] * r.factor);
     micro_->optimizer_step();  // and zero the gradients
+    if (qk_clip_) qk_clip_->apply(step);
     return;
   }
   // Nothing is written to the weights or the optimizer state (its step counters included);
   // the data position has moved on (the batches were read).
   const int64_t N = c_.num_iterations;
   micro_->discard_gradients();
+  if (qk_clip_) qk_clip_->discard();
   ++nonfinite_in_a_row_;
   ++sum_.steps_skipped;
   say(

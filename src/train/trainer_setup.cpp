@@ -17,6 +17,7 @@
 #include "dion/train/resume_policy.h"
 #include "dion/train/tensorboard.h"
 #include "dion/train/trainer.h"
+#include "qk_clip.h"
 
 namespace dion::train {
 
@@ -180,6 +181,8 @@ void Trainer::build_model() {
   Parallel& par = *par_;
   gcfg_ = GPTConfig{c.sequence_length, c.vocab_size, c.n_layer, c.n_head, c.model_dim};
   gcfg_.kernels = c.model_kernels == "exact" ? Kernels::exact : Kernels::fast;
+  gcfg_.qk_norm = c.qk_norm;
+  gcfg_.track_max_logits = c.qk_clip_tau > 0;
   gcfg_.moe = MoEConfig{c.n_experts,  c.top_k, c.resolved_expert_dim(), c.n_shared_experts, c.moe_every,
                         c.router_score == "sigmoid", c.moe_aux_loss_coef};
   gpt_check_fits_memory(gcfg_, device_, par.world_size());  // a clear error, not an allocator's
@@ -218,6 +221,7 @@ void Trainer::build_model() {
     st_ = meta_->state;
     train_loader_->restore(st_.loader);
   }
+  if (c.qk_clip_tau > 0) qk_clip_ = std::make_unique<TrainQkClip>(c.qk_clip_tau, model_, par);
 }
 
 void Trainer::open_run_dir() {

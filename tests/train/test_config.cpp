@@ -218,6 +218,13 @@ TEST(TrainConfig, BadValuesNameTheKeyTheValueAndWhatIsValid) {
                 .find("not divisible by device_batch_size 2 x data-parallel ranks 2"),
             std::string::npos);
   EXPECT_NE(error_of({"--warmup_ratio", "1.5"}).find("valid: a value in [0, 1]"), std::string::npos);
+  EXPECT_NE(error_of({"--qk_clip_tau", "50"})
+                .find("key 'qk_clip_tau': value 50.0 needs qk_norm false: with q and k RMS-normed the logits are at "
+                      "most sqrt(head size) = 11.3 and"),
+            std::string::npos)
+      << error_of({"--qk_clip_tau", "50"});
+  EXPECT_EQ(error_of({"--qk_clip_tau", "50", "--qk_norm", "false"}), "(no error)");
+  EXPECT_NE(error_of({"--qk_clip_tau", "-1"}).find("key 'qk_clip_tau'"), std::string::npos);
   EXPECT_NE(error_of({"--checkpoint_freq", "10"}).find("needs checkpoint_dir"), std::string::npos);
   EXPECT_NE(error_of({"--val_tokens", "1000"}).find("key 'val_tokens'"), std::string::npos);
   EXPECT_NE(error_of({"--config", "/nonexistent.yaml"}).find("cannot be read"), std::string::npos);

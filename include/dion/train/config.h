@@ -52,6 +52,7 @@ struct Config {
   int64_t n_layer = 12;
   int64_t n_head = 6;
   int64_t vocab_size = 50304;  // rows of the embedding / lm_head; >= the data's vocabulary (GPT-2 50257, bytes 257)
+  bool qk_norm = true;         // q and k RMS-normed per head (the reference); false: as projected
   // ---- mixture of experts (dion/train/moe.h; n_experts 0: the dense MLP everywhere)
   int64_t n_experts = 0;
   int64_t top_k = 2;
@@ -123,6 +124,7 @@ struct Config {
   double peak_tflops = 0;     // the MFU's peak; 0: a matmul measured once at the start
   // ---- numerics keys (docs/train.md "Gradient norm, clipping, non-finite steps")
   double grad_clip = 0;                   // clip the global gradient norm to this (0: off)
+  double qk_clip_tau = 0;                 // QK-clip after each step at this logit (0: off; needs qk_norm false)
   int64_t max_nonfinite_steps = 3;        // non-finite steps in a row skipped; one more stops the run
   double scalar_beta1 = 0.9;              // the embedding / lm_head groups' betas: train.py's effective
   double scalar_beta2 = 0.95;             //   (0.9, 0.95) (docs/train.md "Parameter groups")

@@ -4,7 +4,7 @@
 //   token embedding wte [V, C]
 //   n_layer blocks:  x = x + attn(rms_norm(x));  x = x + mlp(rms_norm(x))
 //     attn: c_q, c_k, c_v [C, C] (no bias); rotary on q, k (cos/sin rounded to bf16, as the
-//           reference); q, k RMS-normed per head; causal scaled_dot_product_attention; c_proj
+//           reference); q, k RMS-normed per head (qk_norm); causal scaled_dot_product_attention; c_proj
 //     mlp:  c_fc [4C, C], relu(x)^2, c_proj [C, 4C] (no bias)
 //   final rms_norm, untied lm_head [V, C] (no bias), logits in fp32, cross entropy (mean)
 // Initialization (init_weights): Linear ~ N(0, 1/sqrt(fan_in) * min(1, sqrt(fan_out/fan_in))),
@@ -23,6 +23,11 @@
 // (FSDP gathers shards there) and the attention / MLP run Megatron-style tensor parallel over
 // ModelParallel's TP group (column-parallel c_q, c_k, c_v, c_fc; row-parallel c_proj; n_head /
 // tp heads per rank). dion/train/parallel.h implements it; without it every weight is whole.
+//
+// GPTConfig::qk_norm false: q and k enter the attention as projected and rotated, not RMS-normed
+// (models without QK norm; their logits can grow, which QK-clip bounds). track_max_logits: each
+// attention keeps the largest pre-softmax logit of each of its heads over the training forwards
+// (q . k / sqrt(D), causal; one more QK^T product a layer, no gradient) until take_max_logits().
 //
 // GPTConfig::kernels: the GEMMs and the loss computed by ATen in the reference's order (exact,
 // the default: equal to the reference to rounding) or by the fast kernels (dion/train/kernels.h:
@@ -107,12 +112,17 @@ struct GPTConfig {
   bool placeholder_weights = false;  // weights are placeholders until init_weights (see the top)
   Kernels kernels = Kernels::exact;  // see the top
   MoEConfig moe = {};                // see the top
+  bool qk_norm = true;               // see the top
+  bool track_max_logits = false;     // see the top
 };
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GPTConfig& config);
   at::Tensor forward(const at::Tensor& x);  // [B, T, C] -> [B, T, C]
+  // The largest logit of each of this rank's heads [n_head / tp] (float32, -inf before any
+  // training forward) since the last call (track_max_logits; undefined without it).
+  at::Tensor take_max_logits();
 
   torch::nn::Linear c_q{nullptr}, c_k{nullptr}, c_v{nullptr}, c_proj{nullptr};
   std::shared_ptr<ModelParallel> parallel;  // null: whole weights
@@ -120,6 +130,9 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  private:
   int64_t n_head_, head_dim_;
   Kernels kernels_;
+  bool qk_norm_, track_;
+  at::Tensor max_logits_;
+  void track_max_logits(const at::Tensor& q, const at::Tensor& k);
   // rotary_cos_sin for the last sequence length and device, computed once (its host-side
   // arange and copy to the device cannot run inside a CUDA-graph capture; train/graphed_step.h)
   at::Tensor cos_, sin_;
@@ -170,6 +183,8 @@ class GPTImpl : public torch::nn::Module {
   std::vector<at::Tensor> block_params();  // transformer.h.* (matrices)
   at::Tensor embedding_weight() { return wte->weight; }
   at::Tensor lm_head_weight() { return lm_head->weight; }
+  // The blocks' attentions, in order (QK-clip reads their c_q, c_k and maxima).
+  std::vector<CausalSelfAttention> attentions() const;
   // Mixture of experts (empty / no-ops for a dense GPT).
   std::vector<std::shared_ptr<MoEImpl>> moe_layers() const;
   std::vector<at::Tensor> router_params();  // every MoE layer's router weight

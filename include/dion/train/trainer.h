@@ -60,6 +60,7 @@ class Loader;         // dion/train/loader.h
 class MetricsWriter;  // dion/train/metrics.h
 class MicroStep;      // dion/train/graphed_step.h
 class Parallel;       // dion/train/parallel.h
+class TrainQkClip;    // src/train/qk_clip.h
 
 struct TrainHooks {
   // rank: global rank; step: the training step (0-based); params: this rank's parameters.
@@ -141,6 +142,7 @@ class Trainer {
   TrainOptimizer topt_;
   std::unique_ptr<GradSync> ddp_;
   std::unique_ptr<GradSync> expert_sync_;  // MoE under ep: the expert stacks' gradients summed over edp
+  std::unique_ptr<TrainQkClip> qk_clip_;   // qk_clip_tau > 0 (src/train/qk_clip.h)
   TrainState st_;
   std::filesystem::path run_dir_;
   std::string config_yaml_;

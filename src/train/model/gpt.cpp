@@ -69,7 +69,11 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 // ---------------------------------------------------------------------------- modules
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& cfg)
-    : n_head_(cfg.n_head), head_dim_(cfg.n_embd / cfg.n_head), kernels_(cfg.kernels) {
+    : n_head_(cfg.n_head),
+      head_dim_(cfg.n_embd / cfg.n_head),
+      kernels_(cfg.kernels),
+      qk_norm_(cfg.qk_norm),
+      track_(cfg.track_max_logits) {
   auto lin = [&](const char* name) {
     return register_module(name, torch::nn::Linear(torch::nn::LinearOptions(cfg.n_embd, cfg.n_embd).bias(false)));
   };
@@ -91,12 +95,33 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
     std::tie(cos_, sin_) = rotary_cos_sin(T, head_dim_, x.device());
   q = apply_rotary(q, cos_, sin_);
   k = apply_rotary(k, cos_, sin_);
-  q = rms_norm_last(q);
-  k = rms_norm_last(k);
+  if (qk_norm_) {
+    q = rms_norm_last(q);
+    k = rms_norm_last(k);
+  }
+  if (track_ && is_training()) track_max_logits(q, k);
   at::Tensor y = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                   /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
   y = y.transpose(1, 2).contiguous().view({B, T, -1});    // [B, T, C / tp]
   return tp_exit(par, linear(par, kernels_, c_proj, y));  // [B, T, C]
+}
+
+// The largest causal q . k / sqrt(D) of each head over this forward's batch, kept as a running max.
+void CausalSelfAttentionImpl::track_max_logits(const at::Tensor& q, const at::Tensor& k) {
+  at::NoGradGuard no_grad;
+  const int64_t T = q.size(1);
+  at::Tensor s = at::matmul(q.transpose(1, 2).to(at::kFloat), k.transpose(1, 2).to(at::kFloat).transpose(2, 3));
+  s = s.div_(std::sqrt(double(head_dim_)))  // [B, H, T, T], the softmax's input
+          .masked_fill_(at::ones({T, T}, s.options().dtype(at::kBool)).triu(1), -INFINITY);
+  at::Tensor m = std::get<0>(s.transpose(0, 1).flatten(1).max(1));  // [H]
+  max_logits_ = max_logits_.defined() ? at::maximum(max_logits_, m) : m;
+}
+
+at::Tensor CausalSelfAttentionImpl::take_max_logits() {
+  const int64_t H = n_head_ / (parallel ? parallel->tp_size() : 1);
+  at::Tensor out = max_logits_.defined() ? max_logits_ : at::full({H}, -INFINITY, at::kFloat);
+  max_logits_ = at::Tensor();
+  return out;
 }
 
 MLPImpl::MLPImpl(const GPTConfig& cfg, int64_t hidden) : kernels_(cfg.kernels) {
@@ -223,6 +248,12 @@ std::vector<std::shared_ptr<MoEImpl>> GPTImpl::moe_layers() const {
 std::vector<at::Tensor> GPTImpl::router_params() {
   std::vector<at::Tensor> out;
   for (const auto& m : moe_layers()) out.push_back(m->router->weight);
+  return out;
+}
+
+std::vector<CausalSelfAttention> GPTImpl::attentions() const {
+  std::vector<CausalSelfAttention> out;
+  for (const Block& b : blocks_) out.push_back(b->attn);
   return out;
 }
 

@@ -12,6 +12,7 @@
 // - kill -9 of a rank during the saves leaves a complete checkpoint that resumes (the loop of 20
 //   is scripts/soak_train_kill.sh); a rank killed mid-run ends the other within the
 //   communication timeout with an error naming the collective.
+// - QK-clip (qk_norm false, qk_clip_tau) at DDP, FSDP, TP and FSDP x TP equals one process.
 // - A mesh that is not the world size, or ranks with different configs: a clear error on every
 //   rank, nothing written.
 //
@@ -179,6 +180,43 @@ TEST_F(ParallelRun, EveryLayoutEqualsOneProcess) {
       EXPECT_EQ(f.regathers, 0) << fr[0].output;
       EXPECT_NE(fr[0].output.find("gradient sync once per step (fast_fsdp)"), std::string::npos) << fr[0].output;
     }
+  }
+}
+
+// QK-clip (qk_norm false, qk_clip_tau): the clip runs at every layout — DDP (other sequences a
+// rank), FSDP (other rows of c_q, c_k), TP (other heads), FSDP x TP — with the losses of one
+// process within the file's tolerances, and it changes the run (the same run without it differs).
+TEST_F(ParallelRun, QkClipUnderEveryLayoutEqualsOneProcess) {
+  const std::vector<std::string> clip = {"--qk_norm", "false", "--qk_clip_tau", "3"};
+  auto clips_of = [](const std::string& out) {
+    long n = -1, steps = -1;
+    const size_t at = out.find("QK-clip at tau 3: ");
+    if (at != std::string::npos) std::sscanf(out.c_str() + at, "QK-clip at tau 3: %ld head clip(s) over %ld", &n, &steps);
+    EXPECT_EQ(steps, kSteps) << out;
+    return n;
+  };
+  TempDir one("qk_one");
+  const ProcResult r1 = test::run_train(tiny(data(), one / "run") + clip);
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  const auto want = test::read_metrics(one / "run" / "metrics.jsonl");
+  EXPECT_GT(clips_of(r1.output), 0) << r1.output;  // tau 3 is below the tiny model's largest logits
+  TempDir off("qk_off");
+  const ProcResult r0 = test::run_train(tiny(data(), off / "run") + std::vector<std::string>{"--qk_norm", "false"});
+  ASSERT_EQ(r0.exit_code, 0) << r0.output;
+  const auto unclipped = test::read_metrics(off / "run" / "metrics.jsonl");
+  ASSERT_EQ(unclipped.size(), want.size());
+  EXPECT_NE(unclipped.back().loss, want.back().loss) << "the clip changed nothing";
+  struct Case {
+    const char* name;
+    int dp, fs, tp;
+  };
+  for (const Case& c : {Case{"qk_ddp2", 2, 1, 1}, Case{"qk_fsdp2", 1, 2, 1}, Case{"qk_tp2", 1, 1, 2},
+                        Case{"qk_fsdp2xtp2", 1, 2, 2}}) {
+    TempDir run(c.name);
+    const auto rs = test::run_train_ranks(c.dp * c.fs * c.tp, tiny(data(), run / "run") + layout(c.dp, c.fs, c.tp) + clip);
+    expect_all_ok(rs);
+    expect_close(want, test::read_metrics(run / "run" / "metrics.jsonl"), c.name);
+    EXPECT_GT(clips_of(rs[0].output), 0) << rs[0].output;
   }
 }
 
