@@ -177,6 +177,11 @@ if(DION_BUILD_TESTS)
            COMMAND sh ${DION_TRAIN_ROOT}/tests/scripts/width_smoke.sh ${DION_PYTHON3} ${DION_TRAIN_ROOT}
                    $<TARGET_FILE_DIR:dion-train> ${CMAKE_CURRENT_BINARY_DIR}/width-smoke)
   set_tests_properties(width_smoke PROPERTIES LABELS train TIMEOUT 180)
+  # bench/best_vs_best.py --smoke: the best-against-best study's plumbing (tests/scripts/best_smoke.sh).
+  add_test(NAME best_smoke
+           COMMAND sh ${DION_TRAIN_ROOT}/tests/scripts/best_smoke.sh ${DION_PYTHON3} ${DION_TRAIN_ROOT}
+                   $<TARGET_FILE_DIR:dion-train> ${CMAKE_CURRENT_BINARY_DIR}/best-smoke)
+  set_tests_properties(best_smoke PROPERTIES LABELS train TIMEOUT 180)
   # bench/moe_convergence.py and bench/moe_speed.py --smoke (tests/scripts/moe_bench_smoke.sh).
   add_test(NAME moe_bench_smoke
            COMMAND sh ${DION_TRAIN_ROOT}/tests/scripts/moe_bench_smoke.sh ${DION_PYTHON3} ${DION_TRAIN_ROOT}
