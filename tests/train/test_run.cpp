@@ -168,14 +168,21 @@ void expect_same_metrics(const fs::path& a, const fs::path& b) {
 }
 
 TEST_F(TrainRun, StopAndResumeEqualsTheUninterruptedRunBitForBit) {
-  for (const char* optimizer : {"dion2", "dion"}) {  // dion: random Q and sketches from the saved RNG
+  // dion: random Q and sketches from the saved RNG; muon with QK-clip: the clipped weights are
+  // the checkpoint's (the per-step maxima start afresh every step, resumed or not).
+  for (const char* optimizer : {"dion2", "dion", "muon"}) {
     SCOPED_TRACE(optimizer);
     TempDir a("full"), b("resumed");
-    const std::vector<std::string> common = {"--num_iterations",  "10", "--val_loss_every", "4",
-                                             "--checkpoint_freq", "3",  "--optimizer",      optimizer};
+    std::vector<std::string> common = {"--num_iterations",  "10", "--val_loss_every", "4",
+                                       "--checkpoint_freq", "3",  "--optimizer",      optimizer};
+    if (std::string(optimizer) == "muon") common = common + std::vector<std::string>{"--qk_norm", "false", "--qk_clip_tau", "3"};
     ProcResult full = run_train(tiny_args(data(), a / "run") + common +
                                 std::vector<std::string>{"--checkpoint_dir", (a / "ck").string()});
     ASSERT_EQ(full.exit_code, 0) << full.output;
+    if (std::string(optimizer) == "muon") {  // the clip acted: some heads went above tau 3
+      EXPECT_NE(full.output.find("QK-clip at tau 3: "), std::string::npos) << full.output;
+      EXPECT_EQ(full.output.find("QK-clip at tau 3: 0 head"), std::string::npos) << full.output;
+    }
     const std::vector<std::string> part =
         tiny_args(data(), b / "run") + common +
         std::vector<std::string>{"--checkpoint_dir", (b / "ck").string(), "--stop_after", "5"};
