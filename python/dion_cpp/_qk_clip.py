@@ -4,6 +4,7 @@
                                               for blk in model.layers])
     loss.backward(); opt.step()
     clip.apply(max_logits)   # max_logits[l]: this rank's [n_heads] largest pre-softmax logits of layer l
+    # in the attention's forward, with SDPA / flash: QKClip.max_logits(q, k) -> [n_heads]
 
 For every head h whose largest logit S_h (over every rank's batch) is above tau, gamma_h = tau / S_h;
 with as many key heads as query heads, W_q's and W_k's rows of head h are scaled by sqrt(gamma_h);
@@ -114,6 +115,29 @@ class QKClip:
         self.tau = float(tau)
         if group is not None:
             _distributed_optimizers.add(self)  # released at interpreter exit (_dist._release_at_exit)
+
+    @staticmethod
+    @torch.no_grad()
+    def max_logits(q: torch.Tensor, k: torch.Tensor, scale: Optional[float] = None, causal: bool = True,
+                   block: int = 1024) -> torch.Tensor:
+        """The largest pre-softmax logit of each query head, for attentions that do not expose
+        their scores (SDPA, flash): q [B, H, T, D], k [B, H_kv, S, D] (H_kv dividing H), scale
+        (default 1 / sqrt(D), SDPA's), causal (query i sees keys <= i + S - T, SDPA's
+        is_causal for S == T). Returns float32 [H]; queries in blocks of `block` rows, so the
+        scores are never [T, S] whole. Call it in the forward (its q and k), max over micro-batches."""
+        B, H, T, D = q.shape
+        g = H // k.shape[1]
+        kk = (k.repeat_interleave(g, 1) if g > 1 else k).float()
+        scale = D ** -0.5 if scale is None else scale
+        S = kk.shape[2]
+        out = torch.full((H,), float("-inf"), device=q.device)
+        for t0 in range(0, T, block):
+            s = torch.matmul(q[:, :, t0:t0 + block].float(), kk.transpose(-1, -2)) * scale  # [B, H, t, S]
+            if causal:
+                rows = torch.arange(t0, t0 + s.shape[2], device=q.device).unsqueeze(1) + (S - T)
+                s = s.masked_fill(torch.arange(S, device=q.device).unsqueeze(0) > rows, float("-inf"))
+            out = torch.maximum(out, s.transpose(0, 1).reshape(H, -1).amax(1))
+        return out.cpu()
 
     def apply(self, max_logits: List[torch.Tensor]) -> torch.Tensor:
         """Scale the weights of every head whose largest logit (max over the ranks) is above tau;

@@ -189,6 +189,19 @@ def test_two_processes(report2, name):
     check_case(report2, 2, name)
 
 
+def test_max_logits_helper_equals_the_scores_max():
+    """QKClip.max_logits (q [B, H, T, D], k [B, Hkv, T, D], causal, in query blocks) equals the
+    max of the whole masked score matrix, per head; MHA and GQA, blocks smaller than T."""
+    g = torch.Generator().manual_seed(5)
+    for h, hkv in ((4, 4), (4, 2)):
+        q, k = torch.randn(2, h, 10, HD, generator=g), torch.randn(2, hkv, 10, HD, generator=g)
+        s = (q @ k.repeat_interleave(h // hkv, 1).transpose(-1, -2)) / HD ** 0.5
+        want = s.masked_fill(torch.ones(10, 10, dtype=torch.bool).triu(1), float("-inf")).amax((0, 2, 3))
+        got = dion_cpp.QKClip.max_logits(q, k, block=3)
+        assert torch.allclose(got, want, rtol=1e-6, atol=1e-6), (got, want)
+        assert torch.allclose(dion_cpp.QKClip.max_logits(q, k, causal=False), s.amax((0, 2, 3)), rtol=1e-6, atol=1e-6)
+
+
 def test_one_process_mha_and_gqa_end_at_tau():
     """No torch.distributed: the clipped heads' largest logit on the same inputs is tau after the
     clip (float32 rounding), the others untouched bit for bit; GQA keeps wk."""
