@@ -23,7 +23,6 @@ What it runs (docs/convergence.md "Best against best"):
 Everything is resumable (a run with its final val line is reused); two runs at a time. OUT/report.md,
 OUT/runs.json and OUT/best_vs_best.png; the full preset copies them into bench/results/best_vs_best.
 """
-import concurrent.futures
 import json
 import math
 import os
@@ -215,32 +214,11 @@ def run_study(build, data, out, p, jobs, train_runs=True):
         study.timing = None
     if study.timing:
         study.equal_time_steps = round(p["num_iterations"] * study.timing["muon"] / study.timing["dion2-0.25"])
-    t0 = time.time()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        live = {}
-        while True:
-            for run in study.ready():
-                if len(live) >= jobs:
-                    break
-                study.started.add(run_name(*run[2:]))
-                if not train_runs:
-                    rec = train(build, data, out, p, run, train=False)
-                    if rec is not None:
-                        study.record(run, rec)
-                    continue
-                live[pool.submit(train, build, data, out, p, run)] = run
-            if not live:
-                if not train_runs and study.ready():
-                    continue
-                break
-            done, _ = concurrent.futures.wait(live, return_when=concurrent.futures.FIRST_COMPLETED)
-            for fut in done:
-                run = live.pop(fut)
-                rec = fut.result()
-                study.record(run, rec)
-                status = rec.get("error") or f"final val {rec['final']:.4f}, {rec['seconds']:.0f} s"
-                print(f"[best] {time.time() - t0:6.0f} s  {run[1]}: {rec['run']}: {status} ({len(study.recs)} done)",
-                      file=sys.stderr, flush=True)
+    label = lambda run: run_name(*run[2:])  # noqa: E731
+    if train_runs:
+        convergence.run_graph(study, lambda run: train(build, data, out, p, run), label, jobs, "best")
+    else:
+        convergence.finished_graph(study, lambda run: train(build, data, out, p, run, train=False), label)
     return study
 
 

@@ -259,6 +259,47 @@ def run_all(build, data, out, p, jobs_list, jobs):
     return recs
 
 
+def run_graph(study, train, label, jobs, tag):
+    """A study's runs as a graph, `jobs` at a time: study.ready() lists the runs that can start now
+    (those whose results they depend on are in) and are not in study.started; train(run) trains
+    one and returns its record, study.record(run, rec) takes it, which may make more runs ready.
+    label(run): the run's name in the progress lines."""
+    import time
+    t0 = time.time()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        live = {}
+        while True:
+            for run in study.ready():
+                if len(live) >= jobs:
+                    break
+                study.started.add(label(run))
+                live[pool.submit(train, run)] = run
+            if not live:
+                return
+            done, _ = concurrent.futures.wait(live, return_when=concurrent.futures.FIRST_COMPLETED)
+            for fut in done:
+                run = live.pop(fut)
+                rec = fut.result()
+                study.record(run, rec)
+                status = rec.get("error") or f"final val {rec['final']:.4f}, {rec['seconds']:.0f} s"
+                print(f"[{tag}] {time.time() - t0:6.0f} s  {run[1]}: {label(run)}: {status} ({len(study.recs)} runs done)",
+                      file=sys.stderr, flush=True)
+
+
+def finished_graph(study, finished, label):
+    """--report: every run of the graph that has finished, in the graph's order (finished(run): its
+    record, or None when it has not); nothing is trained."""
+    progress = True
+    while progress:
+        progress = False
+        for run in study.ready():
+            study.started.add(label(run))
+            rec = finished(run)
+            if rec is not None:
+                study.record(run, rec)
+                progress = True
+
+
 def common_args(doc, name, quick_help, smoke_help):
     """The arguments every convergence study takes: --quick | --smoke, --out, --build, --jobs."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])

@@ -27,7 +27,6 @@ study can run in parts; delete OUT to start over. OUT/report.md, OUT/gap_vs_widt
 OUT/runs.json (bench/width_report.py); the full preset copies them into bench/results/width
 (--results), where they are committed.
 """
-import concurrent.futures
 import math
 import os
 import sys
@@ -214,41 +213,17 @@ class Study:
 def run_study(build, data, out, p, jobs, train=True):
     """Every run the graph reaches (train False: only those that finished, nothing is trained)."""
     study = Study(p)
-    t0 = time.time()
-    if not train:
-        progress = True
-        while progress:
-            progress = False
-            for run in study.ready():
-                _, phase, w, name, lr, seed, variant, extra = run
-                study.started.add(study.run_name(w, name, lr, seed, variant))
-                rec = convergence.train_one(build, data, out, width_params(p, w), phase, name, lr, seed, "exact",
-                                            extra, study.run_name(w, name, lr, seed, variant), train=False)
-                if rec is not None:
-                    study.record(run, rec)
-                    progress = True
-        return study
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        live = {}
-        while True:
-            for run in study.ready():
-                if len(live) >= jobs:
-                    break
-                _, phase, w, name, lr, seed, variant, extra = run
-                study.started.add(study.run_name(w, name, lr, seed, variant))
-                fut = pool.submit(convergence.train_one, build, data, out, width_params(p, w), phase, name, lr,
-                                  seed, "exact", extra, study.run_name(w, name, lr, seed, variant))
-                live[fut] = run
-            if not live:
-                break
-            done, _ = concurrent.futures.wait(live, return_when=concurrent.futures.FIRST_COMPLETED)
-            for fut in done:
-                run = live.pop(fut)
-                rec = fut.result()
-                study.record(run, rec)
-                status = rec.get("error") or f"final val {rec['final']:.4f}, {rec['seconds']:.0f} s"
-                print(f"[width] {time.time() - t0:6.0f} s  {run[1]}: {study.run_name(*run[2:7])}: {status} "
-                      f"({len(study.recs)} runs done)", file=sys.stderr, flush=True)
+
+    def train_run(run, train=True):
+        _, phase, w, name, lr, seed, variant, extra = run
+        return convergence.train_one(build, data, out, width_params(p, w), phase, name, lr, seed, "exact", extra,
+                                     study.run_name(w, name, lr, seed, variant), train=train)
+
+    label = lambda run: study.run_name(*run[2:7])  # noqa: E731
+    if train:
+        convergence.run_graph(study, train_run, label, jobs, "width")
+    else:
+        convergence.finished_graph(study, lambda run: train_run(run, False), label)
     return study
 
 
