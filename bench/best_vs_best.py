@@ -232,7 +232,7 @@ def gap(a, b):
 
 
 def fmt_gap(g):
-    return "—" if g is None else f"{g[0]:+.4f} ± {g[1]:.4f} ({g[2]} seeds)"
+    return "—" if g is None else f"{g[0]:+.4f} ± {g[1]:.4f} ({g[2]} seed{'s' if g[2] != 1 else ''})"
 
 
 def fmt_final(rs):
