@@ -328,28 +328,30 @@ def report(study, preset, out, seconds):
     json.dump({"preset": preset, "params": p, "timing": study.timing, "equal_time_steps": study.equal_time_steps,
                "machine": {"cpu": model, "flags": flags}, "runs": sorted(recs, key=lambda r: r["run"])},
               open(os.path.join(out, "runs.json"), "w"), indent=1)
-    plot(tuned, [r for r in recs if r["phase"] == "time"], out)
+    plot(tuned, [r for r in recs if r["phase"] == "time"], study.timing, out)
     return md
 
 
-def plot(tuned, equal_time, out):
+def plot(tuned, equal_time, timing, out):
+    """Val loss against step, and against seconds at the timed ms a step (alone, the equal-time
+    budget's clock: the runs' own seconds depend on what ran beside them)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    series = [("Muon", tuned.get("muon", [])), ("Dion2 0.25", tuned.get("dion2-0.25", [])),
-              ("Dion2 0.25, equal time", equal_time)]
-    for label, rs in series:
+    series = [("Muon", "muon", tuned.get("muon", [])), ("Dion2 0.25", "dion2-0.25", tuned.get("dion2-0.25", [])),
+              ("Dion2 0.25, equal time", "dion2-0.25", equal_time)]
+    for label, name, rs in series:
         rs = [r for r in rs if r["val"]]
         if not rs:
             continue
         n = min(len(r["val"]) for r in rs)
         steps = [rs[0]["val"][i][0] for i in range(1, n)]
         loss = [statistics.fmean(r["val"][i][1] for r in rs) for i in range(1, n)]
-        secs = [statistics.fmean(r["val"][i][2] for r in rs) for i in range(1, n)]
+        secs = [s * (timing or {}).get(name, 0) / 1000 for s in steps]
         axes[0].plot(steps, loss, label=label)
         axes[1].plot(secs, loss, label=label)
-    for ax, x in zip(axes, ("step", "seconds (runs two at a time)")):
+    for ax, x in zip(axes, ("step", "seconds at the timed ms a step (alone)")):
         ax.set_xlabel(x)
         ax.set_ylabel("val loss (nats a byte)")
         ax.grid(alpha=0.3)
