@@ -48,7 +48,9 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/mfu.cpp
   ${DION_TRAIN_ROOT}/src/train/optim_setup.cpp
   ${DION_TRAIN_ROOT}/src/train/parallel/mesh.cpp
-  ${DION_TRAIN_ROOT}/src/train/model/parallel_plan.cpp
+  ${DION_TRAIN_ROOT}/src/train/parallel/plan.cpp
+  ${DION_TRAIN_ROOT}/src/train/parallel/layout.cpp
+  ${DION_TRAIN_ROOT}/src/train/parallel/parallel.cpp
   ${DION_TRAIN_ROOT}/src/train/parallel/fsdp.cpp
   ${DION_TRAIN_ROOT}/src/train/parallel/tp.cpp
   ${DION_TRAIN_ROOT}/src/train/parallel/ep.cpp
@@ -115,7 +117,8 @@ if(DION_BUILD_TESTS)
     ${DION_TRAIN_ROOT}/tests/train/test_run.cpp
     ${DION_TRAIN_ROOT}/tests/train/io/test_train_checkpoint.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_trainer.cpp
-    ${DION_TRAIN_ROOT}/tests/train/test_vocab.cpp)
+    ${DION_TRAIN_ROOT}/tests/train/test_vocab.cpp
+    ${DION_TRAIN_ROOT}/tests/train/parallel/test_layout.cpp)
   # The launcher, on tests/tools/launch_child.cpp as the ranks (multi-process: one at a time).
   add_executable(launch_child ${DION_TRAIN_ROOT}/tests/tools/launch_child.cpp)
   target_link_libraries(launch_child PRIVATE dion_warnings)

@@ -15,36 +15,41 @@ GradNorm grad_norm(const std::vector<at::Tensor>& params, Parallel& par, bool gr
   // accumulation is off by up to 6e-5 relative, and by a different amount for each shard of it,
   // so the layouts would disagree. One host sync for all parts (they stay on the device).
   constexpr int64_t kChunk = int64_t(1) << 20;
-  std::vector<at::Tensor> sums[2];  // [dense parts, MoE expert parts split over ep]
+  const Mesh& mesh = par.mesh();
+  const Layout& layout = mesh.layout();
+  const bool parallel = mesh.world_size() > 1;
+  std::vector<at::Tensor> sums[kReplicaAxes];  // by the axis of the parts' replicas
   for (const at::Tensor& p : params) {
     const at::Tensor& g = p.grad();
     if (!g.defined() || g.numel() == 0) continue;
-    const ParamPlacement* pl = par.world_size() > 1 ? &par.placement(p) : nullptr;
-    // Whole on every tp rank (an MoE's experts and routers under tp): counted on tp rank 0 only.
-    if (pl && pl->tp_dim < 0 && par.shape().tp > 1 && par.tp_rank() != 0) continue;
-    const int k = pl && pl->ep_dim >= 0 ? 1 : 0;
+    const Placement* pl = parallel ? &par.placement(p) : nullptr;
+    if (pl && layout.tp_copy(*pl, mesh.rank())) continue;  // tp rank 0 holds the same
+    const int k = pl ? int(layout.replica_axis(*pl)) : 0;
     const at::Tensor flat = g.detach().reshape({-1});
     for (int64_t start = 0; start < flat.numel(); start += kChunk)
       sums[k].push_back(
           flat.narrow(0, start, std::min(kChunk, flat.numel() - start)).to(at::kDouble).square().sum().reshape({1}));
   }
-  const double dense = sums[0].empty() ? 0.0 : at::cat(sums[0]).sum().item<double>();
-  const double experts = sums[1].empty() ? 0.0 : at::cat(sums[1]).sum().item<double>();
-  const double local = dense + experts;
-  const std::shared_ptr<comm::Group>& dp = par.dp_group();
-  const int dp_size = dp ? dp->size() : 1;
-  const int dp_rank = dp ? dp->rank() : 0;
-  const int edp_rank = par.edp_group() ? par.edp_group()->rank() : dp_rank;
-  double counted = local, every = local;
-  if (par.world_size() > 1) {
-    // [each part once (the norm): the dense parts of dp rank 0, the experts of edp rank 0; every
-    // rank's parts (finiteness)], summed over the world.
-    at::Tensor t =
-        at::tensor({(dp_rank == 0 ? dense : 0.0) + (edp_rank == 0 ? experts : 0.0), local}, at::kDouble);
-    par.world().all_reduce_(t);
+  double by_axis[kReplicaAxes], local = 0, counted = 0;
+  for (int k = 0; k < kReplicaAxes; ++k) {
+    by_axis[k] = sums[k].empty() ? 0.0 : at::cat(sums[k]).sum().item<double>();
+    local += by_axis[k];
+    // Each part once (the norm): the first of its replicas counts it.
+    const auto& replicas = mesh.replicas(ReplicaAxis(k));
+    counted += (!replicas || replicas->rank() == 0) ? by_axis[k] : 0.0;
+  }
+  double every = local;
+  if (parallel) {
+    // [each part once (the norm), every rank's parts (finiteness)], summed over the world.
+    at::Tensor t = at::tensor({counted, local}, at::kDouble);
+    par.mesh().world().all_reduce_(t);
     counted = t[0].item<double>();
     every = t[1].item<double>();
+  } else {
+    counted = local;
   }
+  const std::shared_ptr<comm::Group>& dp = mesh.replicas(ReplicaAxis::dp);
+  const int dp_size = dp ? dp->size() : 1;
   GradNorm out;
   out.norm = std::sqrt(counted);
   if (!grads_summed_over_dp && dp_size > 1) out.norm *= double(dp_size);

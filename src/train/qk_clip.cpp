@@ -12,10 +12,9 @@
 namespace dion::train {
 namespace {
 
-// The global rows of this rank's part of `w` (its local box along dim 0).
+// The global rows of this rank's part of `w` (its box along dim 0).
 at::Tensor rows_of(const at::Tensor& w, Parallel& par) {
-  const Box b = local_box(par.placement(w), par.fs_group()->size(), par.fs_rank(), par.tp_group()->size(),
-                          par.tp_rank());
+  const Box b = par.box(w);
   return at::arange(b.start[0], b.start[0] + b.length[0], at::kLong);
 }
 
@@ -31,14 +30,14 @@ TrainQkClip::TrainQkClip(double tau, GPT model, Parallel& par) : model_(std::mov
     layers.push_back({name, a->c_q->weight, a->c_k->weight, rows_of(a->c_q->weight, par), rows_of(a->c_k->weight, par),
                       g.n_head, g.n_head, D});
   }
-  if (par.world_size() > 1)
-    world_ = std::make_shared<dion::GroupAxis>(std::shared_ptr<comm::Group>(&par.world(), [](comm::Group*) {}));
+  if (par.mesh().world_size() > 1)
+    world_ = std::make_shared<dion::GroupAxis>(std::shared_ptr<comm::Group>(&par.mesh().world(), [](comm::Group*) {}));
   clip_ = std::make_unique<dion::QkClip>(tau, std::move(layers), world_);
 }
 
 at::Tensor TrainQkClip::apply(int64_t step) {
   const GPTConfig& g = model_->config();
-  const int64_t tp = par_.tp_group()->size(), H = g.n_head / tp, offset = par_.tp_rank() * H;
+  const int64_t tp = par_.tp_size(), H = g.n_head / tp, offset = par_.mesh().coord().tp * H;
   std::vector<at::Tensor> mine;
   for (CausalSelfAttention a : model_->attentions()) {
     at::Tensor all = at::full({g.n_head}, -INFINITY, at::kFloat);

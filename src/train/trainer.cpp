@@ -13,6 +13,7 @@
 #include "dion/train/graphed_step.h"
 #include "dion/train/loader.h"
 #include "dion/train/metrics.h"
+#include "dion/train/ddp.h"
 #include "dion/train/parallel.h"
 #include "dion/train/replicas.h"
 #include "dion/train/schedule.h"
@@ -26,8 +27,8 @@ namespace {
 // Mean over the data-parallel ranks of a per-rank sum `local` of `count` values (collective).
 double mean_over_data(Parallel& par, const at::Tensor& local, int64_t count) {
   at::Tensor t = local.detach().to(at::kCPU, at::kDouble).reshape({1}).contiguous();
-  par.data_group()->all_reduce_(t);
-  return t.item<double>() / double(count * par.data_size());
+  par.mesh().group(Axis::data)->all_reduce_(t);
+  return t.item<double>() / double(count * par.mesh().data_size());
 }
 
 // Mean loss over the validation batches (the reference: val_steps batches from the start, each
@@ -61,10 +62,10 @@ RunSummary Trainer::run() {
   accum_ = c_.grad_accum_steps();
   report_start();
   micro_ = std::make_unique<MicroStep>(model_, *topt_.optimizer, device_, autocast_,
-                                       1.0 / double(accum_ * par_->data_size()), c_.cuda_graphs);
+                                       1.0 / double(accum_ * par_->mesh().data_size()), c_.cuda_graphs);
   params_ = model_->parameters();
   // Legacy Dion with replicate_mesh_grad_sync sums the dp replicas' gradients itself (never here).
-  grads_summed_over_dp_ = !(c_.replicate_mesh_grad_sync && par_->shape().dp > 1);
+  grads_summed_over_dp_ = !(c_.replicate_mesh_grad_sync && par_->mesh().shape().dp > 1);
   t_start_ = Clock::now();
   elapsed0_ = st_.elapsed_s;
   last_saved_ = ckpt_ ? st_.step : -1;  // the resumed checkpoint is not written again
@@ -97,24 +98,24 @@ void Trainer::evaluate(int64_t step) {
 Trainer::StepResult Trainer::step(int64_t step) {
   StepResult r;
   const Clock::time_point t0 = Clock::now();
-  const int64_t bytes0 = par_->bytes_sent();
+  const int64_t bytes0 = par_->mesh().bytes_sent();
   if (c_.n_experts > 0) model_->take_route_seconds();  // drops the validation forwards' routing
   const at::Tensor loss_sum = forward_backward();
   r.fwd_bwd_seconds = seconds_since(t0);
   if (c_.n_experts > 0) r.route_seconds = model_->take_route_seconds();
-  const int64_t bytes1 = par_->bytes_sent();
+  const int64_t bytes1 = par_->mesh().bytes_sent();
   // Before the optimizer step (dion/train/grad_norm.h): the loss and the global gradient norm,
   // identical on every rank (collectives), decide together whether the step is taken.
-  if (hooks_.after_backward) hooks_.after_backward(par_->rank(), step, params_);
+  if (hooks_.after_backward) hooks_.after_backward(par_->mesh().rank(), step, params_);
   r.loss = mean_over_data(*par_, loss_sum, accum_);
   r.grad_norm = grad_norm(params_, *par_, grads_summed_over_dp_);
   r.skipped = !r.grad_norm.finite || !std::isfinite(r.loss);
   r.factor = lr_factor(step, c_.num_iterations, c_.warmup_ratio, c_.warmdown_ratio);
   update_or_skip(step, r);
   balance_experts(r);
-  if (hooks_.after_update) hooks_.after_update(par_->rank(), step, params_);
+  if (hooks_.after_update) hooks_.after_update(par_->mesh().rank(), step, params_);
   if (c_.replica_check_every > 0 && (step + 1) % c_.replica_check_every == 0) replicas_check(model_, *par_, step);
-  const int64_t bytes2 = par_->bytes_sent();
+  const int64_t bytes2 = par_->mesh().bytes_sent();
   model_bytes_ += bytes1 - bytes0;
   optimizer_bytes_ += bytes2 - bytes1;
   r.seconds = seconds_since(t0);
@@ -135,7 +136,7 @@ at::Tensor Trainer::forward_backward() {
     // fast_fsdp: FSDP gathers the weights once per step and reduce-scatters their summed
     // gradients once, in the last micro-batch's backward (the reference's
     // set_requires_gradient_sync(i == grad_accum_steps)); otherwise every micro-batch syncs.
-    par_->set_requires_gradient_sync(!c_.fast_fsdp || i == accum_ - 1);
+    par_->fsdp().set_requires_gradient_sync(!c_.fast_fsdp || i == accum_ - 1);
     Batch b = train_loader_->next();
     if (ddp_ && i == accum_ - 1) ddp_->arm();  // the last micro-batch's gradients are summed over dp
     if (expert_sync_ && i == accum_ - 1) expert_sync_->arm();
@@ -182,7 +183,7 @@ void Trainer::update_or_skip(int64_t step, const StepResult& r) {
 void Trainer::balance_experts(StepResult& r) {
   if (c_.n_experts == 0) return;
   at::Tensor load = model_->take_expert_load().to(at::kLong).contiguous();  // [MoE layers, E], this rank's tokens
-  if (par_->world_size() > 1) par_->data_group()->all_reduce_(load);
+  if (par_->mesh().world_size() > 1) par_->mesh().group(Axis::data)->all_reduce_(load);
   const at::Tensor l = load.to(at::kDouble);
   const at::Tensor imbalance = l.amax(1) / l.mean(1).clamp_min(1e-12);
   r.moe_imbalance.assign(imbalance.data_ptr<double>(), imbalance.data_ptr<double>() + imbalance.numel());

@@ -15,6 +15,7 @@
 #include "dion/train/loader.h"
 #include "dion/train/metrics.h"
 #include "dion/train/mfu.h"
+#include "dion/train/ddp.h"
 #include "dion/train/parallel.h"
 #include "dion/train/tensorboard.h"
 #include "dion/train/trainer.h"
@@ -53,8 +54,8 @@ void Trainer::report_start() {
                                    : fmt::format(" ({} active: MoE {} experts, top_k {}, expert_dim {}, {} shared{})",
                                                  gpt_active_param_count(gcfg_), c.n_experts, c.top_k,
                                                  gcfg_.moe.expert_dim, c.n_shared_experts,
-                                                 c.ep_size > 1 ? fmt::format(", ep {}{}", c.ep_size, par_->shape().efs() > 1
-                                                                    ? fmt::format(" x efs {}", par_->shape().efs())
+                                                 c.ep_size > 1 ? fmt::format(", ep {}{}", c.ep_size, par_->mesh().shape().efs() > 1
+                                                                    ? fmt::format(" x efs {}", par_->mesh().shape().efs())
                                                                     : "")
                                               : ""),
                   c.optimizer, c.device, dtype_, device_note));
@@ -68,12 +69,12 @@ void Trainer::report_start() {
   say(fmt::format("  run dir: {}; checkpoints: {}", run_dir_.string(),
                   c.checkpoint_dir.empty() ? std::string("none")
                                            : fmt::format("{} every {} steps", c.checkpoint_dir, c.checkpoint_freq)));
-  if (par_->world_size() > 1)
+  if (par_->mesh().world_size() > 1)
     say(fmt::format(
-        "  layout: {} processes = dp {} x fs {} x tp {}{}; {} data-parallel ranks; DDP buckets: {}", par_->world_size(),
+        "  layout: {} processes = dp {} x fs {} x tp {}{}; {} data-parallel ranks; DDP buckets: {}", par_->mesh().world_size(),
         c.dp_size, c.fs_size, c.tp_size,
         c.mesh_from_world ? " (DDP over every process: no dp_size, fs_size or tp_size given, as train.py)" : "",
-        par_->data_size(),
+        par_->mesh().data_size(),
         ddp_ ? fmt::format("{} of <= {} MB", ddp_->buckets(), c.ddp_bucket_mb)
              : std::string(c.replicate_mesh_grad_sync ? "none (the optimizer syncs)" : "none")));
   if (ckpt_)
@@ -141,7 +142,7 @@ void Trainer::report_step(int64_t step, const StepResult& r) {
   // train line is the update that the validation line "step s+1" comes after.
   if (!(step % c.log_every == 0 || step == N - 1)) return;
   const double tok_s = double(tokens_per_step) / r.seconds;
-  const double step_mfu = mfu(model_flops_, tok_s / double(par_->world_size()), peak_flops_);
+  const double step_mfu = mfu(model_flops_, tok_s / double(par_->mesh().world_size()), peak_flops_);
   if (step_mfu > 1.0 && !said_mfu_above_peak_) {
     said_mfu_above_peak_ = true;
     say(
@@ -174,9 +175,9 @@ void Trainer::report_end() {
   Parallel& par = *par_;
   {  // peak memory of every rank (one all_gather), printed by rank 0
     at::Tensor mine = at::tensor({peak_rss_mb()}, at::kDouble);
-    at::Tensor all = par.world().all_gather(mine).reshape({-1});
+    at::Tensor all = par.mesh().world().all_gather(mine).reshape({-1});
     std::string per_rank;
-    for (int r = 0; r < par.world_size(); ++r)
+    for (int r = 0; r < par.mesh().world_size(); ++r)
       per_rank += fmt::format("{}{:.0f}", r ? ", " : "", all[r].item<double>());
     const double steps = double(std::max<int64_t>(sum_.steps_done, 1));
     say(fmt::format("memory: peak RSS per rank (MB): {}; sent per step by rank 0: model {:.0f} KB, optimizer {:.0f} KB",
@@ -185,12 +186,12 @@ void Trainer::report_end() {
   if (ddp_)
     say(fmt::format("DDP: {} of {} gradient buckets launched during backward (the last step)",
                     ddp_->launched_during_backward(), ddp_->buckets()));
-  if (par.shape().fs > 1)
+  if (par.mesh().shape().fs > 1)
     say(
         fmt::format("FSDP: {} of {} forward weight gathers prefetched, {} of {} backward re-gathers, {} gradient "
                     "reduce-scatters; reshard_after_forward {}, gradient sync {}, weights gathered in {}",
-                    par.prefetched(), par.gathers(), par.regathers_prefetched(), par.regathers(), par.reduce_scatters(),
-                    par.reshard_after_forward(), c_.fast_fsdp ? "once per step (fast_fsdp)" : "every micro-batch",
+                    par.fsdp().prefetched(), par.fsdp().gathers(), par.fsdp().regathers_prefetched(), par.fsdp().regathers(), par.fsdp().reduce_scatters(),
+                    par.fsdp().reshard_after_forward(), c_.fast_fsdp ? "once per step (fast_fsdp)" : "every micro-batch",
                     c_.fsdp_param_dtype));
   if (sum_.stopped_early) return;
   say(

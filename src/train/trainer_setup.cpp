@@ -13,6 +13,7 @@
 
 #include "dion/train/loader.h"
 #include "dion/train/metrics.h"
+#include "dion/train/ddp.h"
 #include "dion/train/parallel.h"
 #include "dion/train/resume_policy.h"
 #include "dion/train/tensorboard.h"
@@ -81,14 +82,14 @@ void Trainer::connect() {
   // sub-group rendezvous until comm_timeout_s instead of naming the key.
   check_config_agrees(world, c_);
   par_ = std::make_unique<Parallel>(std::move(world), MeshShape{c_.dp_size, c_.fs_size, c_.tp_size, c_.ep_size});
-  device_ = c_.device == "cuda" ? at::Device(at::kCUDA, int8_t(par_->world().local_rank())) : at::Device(at::kCPU);
+  device_ = c_.device == "cuda" ? at::Device(at::kCUDA, int8_t(par_->mesh().world().local_rank())) : at::Device(at::kCPU);
   dtype_ = resolve_dtype(c_);
   autocast_ = dtype_ == "bf16";
 }
 
 void Trainer::open_data() {
   const Config& c = c_;
-  const int64_t drank = par_->data_rank(), dsize = par_->data_size();
+  const int64_t drank = par_->mesh().coord().data, dsize = par_->mesh().data_size();
   if (c.debug) {
     train_loader_ = std::make_unique<SyntheticLoader>(c.device_batch_size, c.sequence_length, uint64_t(c.seed), drank,
                                                       dsize, c.vocab_size);
@@ -131,7 +132,7 @@ void Trainer::choose_checkpoint() {
   try {
     choice = checkpoint_choose(c.checkpoint_dir, c.resume_fallback);
   } catch (const CheckpointError& e) {
-    if (par_->world_size() == 1) throw;
+    if (par_->mesh().world_size() == 1) throw;
     bad = e;
   }
   for (const auto& [folder, problem] : choice.skipped)
@@ -140,7 +141,7 @@ void Trainer::choose_checkpoint() {
     resume_lines_.push_back("  resume_fallback: no good checkpoint left: starting over at step 0");
   ckpt_ = choice.chosen;
   meta_ = choice.meta;
-  if (par_->world_size() > 1) agree_on_checkpoint(bad);
+  if (par_->mesh().world_size() > 1) agree_on_checkpoint(bad);
   if (!ckpt_) return;
   if (meta_->state.step >= c.num_iterations)
     throw CheckpointError(
@@ -155,20 +156,20 @@ void Trainer::choose_checkpoint() {
 // others name it.
 void Trainer::agree_on_checkpoint(const std::optional<CheckpointError>& bad) {
   constexpr int64_t kBad = -2;  // this rank's verification failed
-  at::Tensor all = par_->world()
+  at::Tensor all = par_->mesh().world()
                        .all_gather(at::tensor({bad     ? kBad
                                                : ckpt_ ? meta_->state.step
                                                        : int64_t(-1)},
                                               at::kLong))
                        .reshape({-1});
   if (bad) throw *bad;
-  for (int r = 0; r < par_->world_size(); ++r)
+  for (int r = 0; r < par_->mesh().world_size(); ++r)
     if (all[r].item<int64_t>() == kBad)
       throw CheckpointError(
           fmt::format("rank {} found checkpoint_dir '{}' not resumable (its message is in that "
                       "rank's log); every rank stops",
                       r, c_.checkpoint_dir));
-  for (int r = 1; r < par_->world_size(); ++r)
+  for (int r = 1; r < par_->mesh().world_size(); ++r)
     if (all[r].item<int64_t>() != all[0].item<int64_t>())
       throw CheckpointError(
           fmt::format("rank 0 resumes checkpoint_dir '{}' at step {} but rank {} at step {}: the "
@@ -185,14 +186,14 @@ void Trainer::build_model() {
   gcfg_.track_max_logits = c.qk_clip_tau > 0;
   gcfg_.moe = MoEConfig{c.n_experts,  c.top_k, c.resolved_expert_dim(), c.n_shared_experts, c.moe_every,
                         c.router_score == "sigmoid", c.moe_aux_loss_coef};
-  gpt_check_fits_memory(gcfg_, device_, par.world_size());  // a clear error, not an allocator's
+  gpt_check_fits_memory(gcfg_, device_, par.mesh().world_size());  // a clear error, not an allocator's
   GPTConfig placeholder = gcfg_;
   placeholder.placeholder_weights = true;  // never the whole model: init_model draws one weight at a time
   model_ = GPT(placeholder);
   at::manual_seed(uint64_t(c.seed));  // after construction, as the reference (built on meta) draws
   par.init_model(model_);             // the weights of one process; each rank keeps its parts
-  par.set_reshard_after_forward(c.reshard_after_forward && !c.fast_fsdp);
-  par.set_gather_dtype(c.fsdp_param_dtype == "bf16" ? at::kBFloat16 : at::kFloat);  // FSDP gathers
+  par.fsdp().set_reshard_after_forward(c.reshard_after_forward && !c.fast_fsdp);
+  par.fsdp().set_gather_dtype(c.fsdp_param_dtype == "bf16" ? at::kBFloat16 : at::kFloat);  // FSDP gathers
   model_->to(device_);
   topt_ = build_optimizer(c, model_);
   dion::Optimizer& opt = *topt_.optimizer;
@@ -201,10 +202,11 @@ void Trainer::build_model() {
   // DDP / HSDP: the trainer sums gradients over dp, unless legacy Dion syncs them itself.
   // MoE under ep: the expert stacks are not replicated over dp but over edp (parallel.h).
   const int64_t bucket = int64_t(c.ddp_bucket_mb * 1024 * 1024);
-  if (par.shape().dp > 1 && !c.replicate_mesh_grad_sync)
-    ddp_ = std::make_unique<GradSync>(par.dp_group(), par.dense_params(model_), bucket);
-  if (par.edp_group() && par.edp_group()->size() > 1)
-    expert_sync_ = std::make_unique<GradSync>(par.edp_group(), par.expert_params(model_), bucket);
+  if (par.mesh().shape().dp > 1 && !c.replicate_mesh_grad_sync)
+    ddp_ = std::make_unique<GradSync>(par.mesh().replicas(ReplicaAxis::dp), par.replicated_over(model_, ReplicaAxis::dp),
+                                      bucket);
+  if (const auto& edp = par.mesh().replicas(ReplicaAxis::edp); edp && edp->size() > 1)
+    expert_sync_ = std::make_unique<GradSync>(edp, par.replicated_over(model_, ReplicaAxis::edp), bucket);
   if (ckpt_) {
     checkpoint_load_model(*ckpt_, model_, &par);  // any layout -> this rank's parts
     // The state from the checkpoint (the groups' step counters too), the hyperparameters from this
@@ -227,7 +229,7 @@ void Trainer::build_model() {
 void Trainer::open_run_dir() {
   run_dir_ = c_.resolved_run_dir();
   config_yaml_ = config_to_yaml(c_);
-  if (!par_->is_main()) return;  // one writer of the run folder
+  if (!par_->mesh().is_main()) return;  // one writer of the run folder
   fs::create_directories(run_dir_);
   std::ofstream f(run_dir_ / "config.yaml");
   f << config_yaml_;

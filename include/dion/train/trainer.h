@@ -55,7 +55,7 @@
 namespace dion::train {
 
 class EventWriter;    // dion/train/tensorboard.h
-class GradSync;       // dion/train/parallel.h
+class GradSync;       // dion/train/ddp.h
 class Loader;         // dion/train/loader.h
 class MetricsWriter;  // dion/train/metrics.h
 class MicroStep;      // dion/train/graphed_step.h

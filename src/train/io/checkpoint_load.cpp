@@ -38,7 +38,7 @@ namespace {
 struct SavedLayout {
   MeshShape mesh;
   int world = 1;
-  std::map<std::string, ParamPlacement> params;
+  std::map<std::string, Placement> params;
 };
 
 SavedLayout read_layout(const fs::path& ckpt) {
@@ -55,11 +55,8 @@ SavedLayout read_layout(const fs::path& ckpt) {
       throw CheckpointError(fmt::format("'{}': layout dp {} x fs {} x tp {} does not match its world size {}",
                                         file.string(), out.mesh.dp, out.mesh.fs, out.mesh.tp, out.world));
     for (const json& p : meta.at("params")) {
-      ParamPlacement pl{p.at("name"), p.at("shape").get<std::vector<int64_t>>()};
-      pl.fs_dim = p.value("fs_dim", int64_t(-1));
-      pl.tp_dim = p.value("tp_dim", int64_t(-1));
-      pl.ep_dim = p.value("ep_dim", int64_t(-1));
-      pl.efs = p.value("efs", int64_t(1));
+      Placement pl{p.at("name"), p.at("shape").get<std::vector<int64_t>>()};
+      for (const SplitField& f : split_fields()) pl.*f.field = p.value(f.key, f.unsplit);
       out.params[pl.name] = pl;
     }
   } catch (const json::exception& e) {
@@ -73,27 +70,15 @@ SavedLayout read_layout(const fs::path& ckpt) {
 namespace {
 void load_model(const fs::path& ckpt, GPT& model, const Parallel* par) {
   const SavedLayout saved = read_layout(ckpt);
-  // The saved parts that cover every tensor: the ranks of dp index 0 (dp replicas are equal).
-  struct Part {
-    fs::path file;
-    torch::serialize::InputArchive archive;
-    int fs_rank = 0, tp_rank = 0, ep_rank = 0;
+  const Layout layout(saved.mesh);
+  // The saved rank files, opened when first needed: each tensor is read from the ranks that
+  // counted it at the saved layout (layout.h: their parts tile it once).
+  std::map<int, torch::serialize::InputArchive> archives;
+  auto archive = [&](int r) -> torch::serialize::InputArchive& {
+    auto it = archives.find(r);
+    if (it == archives.end()) it = archives.emplace(r, open_archive(ckpt, rank_file(saved.world, r, "model"))).first;
+    return it->second;
   };
-  std::vector<Part> parts;
-  for (int64_t f = 0; f < saved.mesh.fs; ++f)
-    for (int64_t t = 0; t < saved.mesh.tp; ++t) {
-      const int r = int(f * saved.mesh.tp + t);  // mesh (dp, fs, tp) at dp index 0
-      const std::string name = rank_file(saved.world, r, "model");
-      parts.push_back({ckpt / name, open_archive(ckpt, name), int(f), int(t)});
-    }
-  // An MoE expert stack split over ep: the parts of ep ranks 0..ep-1 (data ranks 0..ep-1, tp rank
-  // 0); under EP x FSDP (efs > 1) over ep x efs = fs: data ranks 0..fs-1.
-  std::vector<Part> ep_parts;
-  const int64_t expert_parts = saved.mesh.ep > 1 ? saved.mesh.ep * saved.mesh.efs() : 0;
-  for (int64_t d = 0; d < expert_parts; ++d) {
-    const std::string name = rank_file(saved.world, int(d * saved.mesh.tp), "model");
-    ep_parts.push_back({ckpt / name, open_archive(ckpt, name), int(d % saved.mesh.fs), 0, int(d % saved.mesh.ep)});
-  }
   at::NoGradGuard no_grad;
   for (auto& item : model->named_parameters()) {
     const std::string& name = item.key();
@@ -101,7 +86,7 @@ void load_model(const fs::path& ckpt, GPT& model, const Parallel* par) {
     if (it == saved.params.end())
       throw CheckpointError(fmt::format("'{}': no parameter '{}' in meta.json (a checkpoint of another model?)",
                                         (ckpt / "meta.json").string(), name));
-    const ParamPlacement& sp = it->second;
+    const Placement& sp = it->second;
     const std::vector<int64_t> want = par ? par->placement(item.value()).global_shape : item.value().sizes().vec();
     if (sp.global_shape != want)
       throw CheckpointError(
@@ -110,18 +95,17 @@ void load_model(const fs::path& ckpt, GPT& model, const Parallel* par) {
                       (ckpt / "meta.json").string(), name, shape_text(sp.global_shape), shape_text(want)));
     // Reassemble the whole tensor from the saved parts, then cut this rank's part.
     at::Tensor full;
-    const bool by_ep = sp.ep_dim >= 0;
-    for (Part& part : by_ep ? ep_parts : parts) {
+    const std::vector<int> owners = layout.owners(sp);
+    for (int r : owners) {
+      const fs::path file = ckpt / rank_file(saved.world, r, "model");
       at::Tensor t;
-      if (!part.archive.try_read(name, t))
-        throw CheckpointError(
-            fmt::format("'{}': no tensor '{}' (a checkpoint of another model?)", part.file.string(), name));
-      const Box box = by_ep ? local_box(sp, int(saved.mesh.fs), part.fs_rank, 1, 0, int(saved.mesh.ep), part.ep_rank)
-                            : local_box(sp, int(saved.mesh.fs), part.fs_rank, int(saved.mesh.tp), part.tp_rank);
+      if (!archive(r).try_read(name, t))
+        throw CheckpointError(fmt::format("'{}': no tensor '{}' (a checkpoint of another model?)", file.string(), name));
+      const Box box = layout.box(sp, r);
       if (t.sizes().vec() != box.length)
         throw CheckpointError(fmt::format("'{}': tensor '{}' has shape {}, its place in the layout says {}",
-                                          part.file.string(), name, shape_text(t.sizes()), shape_text(box.length)));
-      if (!by_ep && parts.size() == 1) {
+                                          file.string(), name, shape_text(t.sizes()), shape_text(box.length)));
+      if (owners.size() == 1) {
         full = t;
         break;
       }
@@ -130,19 +114,14 @@ void load_model(const fs::path& ckpt, GPT& model, const Parallel* par) {
       for (size_t d = 0; d < box.start.size(); ++d) dst = dst.narrow(int64_t(d), box.start[d], box.length[d]);
       dst.copy_(t);
     }
-    at::Tensor mine = full;
-    if (par && par->world_size() > 1) {
-      const ParamPlacement& pl = par->placement(item.value());
-      mine = local_part(full, pl, par->fs_group()->size(), par->fs_rank(), int(par->shape().tp), par->tp_rank(),
-                        int(par->shape().ep), int(par->ep_rank()));
-    }
-    item.value().copy_(mine);
+    const bool parts = par && par->mesh().world_size() > 1;
+    item.value().copy_(parts ? par->mesh().layout().part(full, par->placement(item.value()), par->mesh().rank()) : full);
   }
   for (auto& item : model->named_buffers()) {  // whole on every rank: rank 0's
     at::Tensor t;
-    if (!parts[0].archive.try_read(item.key(), t))
+    if (!archive(0).try_read(item.key(), t))
       throw CheckpointError(fmt::format("'{}': no buffer '{}' (a checkpoint of another model?)",
-                                        parts[0].file.string(), item.key()));
+                                        (ckpt / rank_file(saved.world, 0, "model")).string(), item.key()));
     item.value().copy_(t);
   }
 }

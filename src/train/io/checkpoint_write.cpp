@@ -42,13 +42,13 @@ namespace {
 // True when every rank passes ok (one all_gather: also the barrier the commit protocol needs).
 // The failing ranks' numbers in `bad`.
 bool all_ok(Parallel* par, bool ok, std::vector<int>* bad = nullptr) {
-  if (!par || par->world_size() == 1) {
+  if (!par || par->mesh().world_size() == 1) {
     if (!ok && bad) bad->push_back(0);
     return ok;
   }
-  at::Tensor all = par->world().all_gather(at::tensor({int64_t(ok)}, at::kLong)).reshape({-1});
+  at::Tensor all = par->mesh().world().all_gather(at::tensor({int64_t(ok)}, at::kLong)).reshape({-1});
   bool every = true;
-  for (int r = 0; r < par->world_size(); ++r)
+  for (int r = 0; r < par->mesh().world_size(); ++r)
     if (all[r].item<int64_t>() == 0) {
       every = false;
       if (bad) bad->push_back(r);
@@ -135,16 +135,14 @@ json make_meta(GPT& model, const TrainState& s, const std::string& config_yaml, 
               {"shape", item.value().sizes().vec()},
               {"dtype", std::string(c10::toString(item.value().scalar_type()))}};
     if (world > 1) {
-      const ParamPlacement& pl = par->placement(item.value());
+      const Placement& pl = par->placement(item.value());
       p["shape"] = pl.global_shape;
-      p["fs_dim"] = pl.fs_dim;
-      p["tp_dim"] = pl.tp_dim;
-      if (pl.ep_dim >= 0) p["ep_dim"] = pl.ep_dim;
-      if (pl.efs > 1) p["efs"] = pl.efs;
+      for (const SplitField& f : split_fields())
+        if (f.always || pl.*f.field != f.unsplit) p[f.key] = pl.*f.field;
     }
     params.push_back(p);
   }
-  const MeshShape mesh = par ? par->shape() : MeshShape{};
+  const MeshShape mesh = par ? par->mesh().shape() : MeshShape{};
   const GPTConfig& m = model->config();
   json model_json = {{"vocab_size", m.vocab_size},
                      {"n_layer", m.n_layer},
@@ -302,8 +300,8 @@ void checkpoint_dir_check_writable(const fs::path& dir) {
 
 fs::path checkpoint_save(const fs::path& dir, GPT& model, const dion::Optimizer& optimizer, const TrainState& s,
                          const std::string& config_yaml, Parallel* par, const std::string& data_fingerprint) {
-  const int world = par ? par->world_size() : 1;
-  const int rank = par ? par->rank() : 0;
+  const int world = par ? par->mesh().world_size() : 1;
+  const int rank = par ? par->mesh().rank() : 0;
   const bool main = rank == 0;
   const fs::path final_dir = dir / step_name(s.step);
   std::optional<fs::path> previous;
@@ -374,7 +372,7 @@ fs::path checkpoint_save(const fs::path& dir, GPT& model, const dion::Optimizer&
     digests[2 * i + 1] = int64_t(mine.d[i].crc32);
   }
   if (written && world > 1)
-    digests = par->world().all_gather(digests).reshape({world, 6});
+    digests = par->mesh().world().all_gather(digests).reshape({world, 6});
   else
     digests = digests.reshape({1, 6});
   auto fail = [&](const std::string& what) {

@@ -1,4 +1,4 @@
-// src/train/parallel/ddp.cpp — GradSync (parallel.h): DDP's gradient all-reduce over dp in buckets,
+// src/train/parallel/ddp.cpp — GradSync (ddp.h): DDP's gradient all-reduce over dp in buckets,
 // launched from post-accumulate-grad hooks in bucket order and waited before the step.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -7,7 +7,7 @@
 
 #include <stdexcept>
 
-#include "dion/train/parallel.h"
+#include "dion/train/ddp.h"
 
 namespace dion::train {
 

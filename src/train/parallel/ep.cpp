@@ -6,6 +6,7 @@
 
 #include <chrono>
 
+#include "dion/train/parallel.h"
 #include "detail.h"
 
 namespace dion::train {
@@ -19,9 +20,9 @@ namespace {
 // Forward returns `received` (the all_to_all of x, issued and waited by the caller, so that other
 // work can run while it travels); backward sends the gradient back along the reverse splits.
 struct EpExchangeFn : torch::autograd::Function<EpExchangeFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& received, int64_t parallel,
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& received, int64_t seconds,
                             int64_t group, std::vector<int64_t> send, std::vector<int64_t> recv) {
-    ctx->saved_data["parallel"] = parallel;
+    ctx->saved_data["seconds"] = seconds;
     ctx->saved_data["group"] = group;
     ctx->saved_data["send"] = send;
     ctx->saved_data["recv"] = recv;
@@ -34,8 +35,8 @@ struct EpExchangeFn : torch::autograd::Function<EpExchangeFn> {
     const std::vector<int64_t> recv = ctx->saved_data["recv"].toIntVector();
     const auto t0 = std::chrono::steady_clock::now();
     at::Tensor back = g.all_to_all_async(grads[0], recv, send).wait();
-    parallel_of(ctx->saved_data["parallel"])
-        .count_exchange_backward(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    *reinterpret_cast<double*>(intptr_t(ctx->saved_data["seconds"].toInt())) +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return {back, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -44,12 +45,13 @@ struct EpExchangeFn : torch::autograd::Function<EpExchangeFn> {
 
 at::Tensor Parallel::ep_exchange(const at::Tensor& x, const std::vector<int64_t>& send, const std::vector<int64_t>& recv,
                                  const std::function<void()>& meanwhile) {
-  if (!ep_ || ep_->size() == 1) return ModelParallel::ep_exchange(x, send, recv, meanwhile);
+  comm::Group* ep = mesh_.group(Axis::ep).get();
+  if (!ep || ep->size() == 1) return ModelParallel::ep_exchange(x, send, recv, meanwhile);
   const at::Tensor rows = x.detach().contiguous();  // alive until the wait below
-  comm::Work work = ep_->all_to_all_async(rows, send, recv);
+  comm::Work work = ep->all_to_all_async(rows, send, recv);
   if (meanwhile) meanwhile();
-  return EpExchangeFn::apply(x, work.wait(), int64_t(reinterpret_cast<intptr_t>(this)), to_handle(ep_.get()), send,
-                             recv);
+  return EpExchangeFn::apply(x, work.wait(), int64_t(reinterpret_cast<intptr_t>(&exchange_backward_s_)),
+                             to_handle(ep), send, recv);
 }
 
 double Parallel::take_exchange_backward_seconds() {
@@ -59,8 +61,9 @@ double Parallel::take_exchange_backward_seconds() {
 }
 
 at::Tensor Parallel::ep_exchange_counts(const at::Tensor& counts) {
-  if (!ep_ || ep_->size() == 1) return counts;
-  return ep_->all_to_all(counts.to(ep_->control_device()));
+  const std::shared_ptr<comm::Group>& ep = mesh_.group(Axis::ep);
+  if (!ep || ep->size() == 1) return counts;
+  return ep->all_to_all(counts.to(ep->control_device()));
 }
 
 }  // namespace dion::train

@@ -1,7 +1,7 @@
-// src/train/parallel/fsdp.cpp — FSDP's side of Parallel (parallel.h): the fs all_gathers of the weights
-// (kept, prefetched by unit, or re-gathered in backward with reshard_after_forward), bf16
-// gathers, deferred gradient sync, and the gradient reduce-scatter. An MoE expert stack under EP
-// x FSDP (mesh_shape.h) goes the same way over its efs group along dim 0 (gather_group).
+// src/train/parallel/fsdp.cpp — FSDP's runtime (fsdp.h): the fs all_gathers of the weights (kept,
+// prefetched by unit, or re-gathered in backward), bf16 gathers, deferred gradient sync, and the
+// gradient reduce-scatter. An MoE expert stack under EP x FSDP goes the same way over its efs
+// group along dim 0.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
@@ -9,6 +9,7 @@
 
 #include "dion/comm/chunks.h"
 #include "dion/train/autocast.h"
+#include "dion/train/fsdp.h"
 #include "detail.h"
 
 namespace dion::train {
@@ -21,49 +22,48 @@ namespace {
 
 // FSDP's gather of a parameter: forward returns `gathered` (the fs all_gather of `local`, done by
 // the caller, possibly prefetched or kept from an earlier micro-batch); backward hands the
-// gathered weight's gradient to Parallel::fs_reduce_gradient (reduce-scatter to `local`, or
-// summed locally while gradient sync is off).
+// gathered weight's gradient to Fsdp::reduce_gradient (reduce-scatter to `local`, or summed
+// locally while gradient sync is off).
 struct FsGatherFn : torch::autograd::Function<FsGatherFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, const at::Tensor& gathered, int64_t parallel,
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, const at::Tensor& gathered, int64_t fsdp,
                             int64_t key) {
-    ctx->saved_data["parallel"] = parallel;
+    ctx->saved_data["fsdp"] = fsdp;
     ctx->saved_data["key"] = key;
     (void)local;
     return gathered;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    Parallel& par = parallel_of(ctx->saved_data["parallel"]);
-    return {par.fs_reduce_gradient(from_key(ctx->saved_data["key"]), grads[0]), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    Fsdp& fsdp = fsdp_of(ctx->saved_data["fsdp"]);
+    return {fsdp.reduce_gradient(from_key(ctx->saved_data["key"]), grads[0]), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 // FSDP with reshard_after_forward: y = x W^T with W [out, in] the fs-gather of `local`, given
 // as `full` (gathered by the caller); saves x and `local` only, gathers W again in backward,
-// dW handed to Parallel::fs_reduce_gradient as FsGatherFn's. The backward computes what
+// dW handed to Fsdp::reduce_gradient as FsGatherFn's. The backward computes what
 // at::linear's autograd computes (mm's backward formulas: dx = dy W, dW = dy^T x over the
 // flattened leading dims) or, with `fast` (fp32 Kernels::fast), the same three oneDNN GEMMs as
 // the kept-weight linear (kernels.h linear_forward / linear_dx / linear_dw), so the gradients
 // are the kept-weight run's bit for bit.
 struct GatheredLinearFn : torch::autograd::Function<GatheredLinearFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& local, const at::Tensor& full,
-                            int64_t parallel, int64_t key, bool fast) {
+                            int64_t fsdp, int64_t key, bool fast) {
     ctx->save_for_backward({x, local});
-    ctx->saved_data["parallel"] = parallel;
+    ctx->saved_data["fsdp"] = fsdp;
     ctx->saved_data["key"] = key;
     ctx->saved_data["fast"] = fast;
     // [.., out]; `full` is freed when the caller drops it
     return linear_forward(x, full, fast ? Kernels::fast : Kernels::exact);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    Parallel& par = parallel_of(ctx->saved_data["parallel"]);
+    Fsdp& fsdp = fsdp_of(ctx->saved_data["fsdp"]);
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor& x = saved[0];           // [.., in]
-    at::Tensor w = par.regathered(saved[1]);  // [out, in]
+    const at::Tensor& x = saved[0];            // [.., in]
+    at::Tensor w = fsdp.regathered(saved[1]);  // [out, in]
     const Kernels kind = ctx->saved_data["fast"].toBool() ? Kernels::fast : Kernels::exact;
     at::Tensor dx = linear_dx(grads[0], w, x.sizes(), kind);  // [.., in]
     at::Tensor dw = linear_dw(grads[0], x, kind);             // [out, in]
-    return {dx,           par.fs_reduce_gradient(from_key(ctx->saved_data["key"]), dw),
+    return {dx,           fsdp.reduce_gradient(from_key(ctx->saved_data["key"]), dw),
             at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor()};
   }
@@ -71,26 +71,29 @@ struct GatheredLinearFn : torch::autograd::Function<GatheredLinearFn> {
 
 }  // namespace
 
-bool Parallel::gathered(const ParamPlacement& pl) const {
-  return (pl.fs_dim >= 0 && fs_->size() > 1) || pl.efs > 1;
+bool Fsdp::gathered(const Placement& pl) const { return (pl.fs_dim >= 0 && mesh_.shape().fs > 1) || pl.efs > 1; }
+
+// fs, or efs for an expert stack under EP x FSDP (along its ep_dim).
+comm::Group& Fsdp::group(const Placement& pl) const { return *mesh_.group(pl.efs > 1 ? Axis::efs : Axis::fs); }
+
+int64_t Fsdp::dim(const Placement& pl) const { return pl.efs > 1 ? pl.ep_dim : pl.fs_dim; }
+
+int64_t Fsdp::gathered_length(const Placement& pl) const {
+  return pl.efs > 1 ? pl.global_shape[pl.ep_dim] / mesh_.shape().ep : pl.global_shape[pl.fs_dim];
 }
 
-int64_t Parallel::gathered_length(const ParamPlacement& pl) const {
-  return pl.efs > 1 ? pl.global_shape[pl.ep_dim] / shape_.ep : pl.global_shape[pl.fs_dim];
-}
-
-comm::Work Parallel::gather_async(const at::Tensor& param, const ParamPlacement& pl) {
+comm::Work Fsdp::gather_async(const at::Tensor& param, const Placement& pl) {
   at::Tensor shard = param.detach();
   if (shard.is_floating_point() && gather_dtype_ != shard.scalar_type()) shard = shard.to(gather_dtype_);
-  return comm::gather_tensor_async(gather_group(pl), shard, gather_dim(pl), gathered_length(pl));
+  return comm::gather_tensor_async(group(pl), shard, dim(pl), gathered_length(pl));
 }
 
-at::Tensor Parallel::fs_gathered(Prefetch& pf, const at::Tensor& param, const ParamPlacement& pl) {
+at::Tensor Fsdp::gathered_now(Prefetch& pf, const at::Tensor& param, const Placement& pl) {
   ++pf.gathers;
   const void* key = param.unsafeGetTensorImpl();
-  const int64_t dim = gather_dim(pl), global = gathered_length(pl);
+  const int64_t d = dim(pl), global = gathered_length(pl);
   // A bf16 gather (gather_dtype_) is computed with in the parameter's dtype.
-  auto join = [&](const at::Tensor& all) { return comm::join_gathered(all, dim, global).to(param.scalar_type()); };
+  auto join = [&](const at::Tensor& all) { return comm::join_gathered(all, d, global).to(param.scalar_type()); };
   auto now = [&] { return join(gather_async(param, pl).wait()); };
   if (!pf.recorded) {  // the first pass: record the order
     if (pf.order.empty() || key != pf.order[0]) {
@@ -119,7 +122,7 @@ at::Tensor Parallel::fs_gathered(Prefetch& pf, const at::Tensor& param, const Pa
     for (size_t k = next; k < n && pf.unit[k] == pf.unit[next]; ++k)
       if (!pf.inflight.count(pf.order[k])) {
         const at::Tensor& p = pf.param.at(pf.order[k]);
-        pf.inflight[pf.order[k]] = gather_async(p, placement(p));
+        pf.inflight[pf.order[k]] = gather_async(p, placements_.of(p));
       }
   }
   ++pf.pos;
@@ -132,37 +135,31 @@ at::Tensor Parallel::fs_gathered(Prefetch& pf, const at::Tensor& param, const Pa
   return now();
 }
 
-at::Tensor Parallel::regathered(const at::Tensor& param) { return fs_gathered(bwd_, param, placement(param)); }
+at::Tensor Fsdp::regathered(const at::Tensor& param) { return gathered_now(bwd_, param, placements_.of(param)); }
 
-at::Tensor Parallel::weight(const at::Tensor& param) {
-  const ParamPlacement& pl = placement(param);
-  at::Tensor w = param;
-  if (gathered(pl)) {
-    const void* key = param.unsafeGetTensorImpl();
-    at::Tensor full;  // the whole weight along fs_dim (an expert stack: this ep rank's experts)
-    if (auto it = kept_.find(key); it != kept_.end()) {
-      full = it->second;  // gathered by an earlier micro-batch of this step
-    } else {
-      full = fs_gathered(fwd_, param, pl);
-      if (!sync_) kept_.emplace(key, full);
-    }
-    w = FsGatherFn::apply(w, full, int64_t(reinterpret_cast<intptr_t>(this)), key_handle(param));
+at::Tensor Fsdp::weight(const at::Tensor& param, const Placement& pl) {
+  const void* key = param.unsafeGetTensorImpl();
+  at::Tensor full;  // the whole weight along fs_dim (an expert stack: this ep rank's experts)
+  if (auto it = kept_.find(key); it != kept_.end()) {
+    full = it->second;  // gathered by an earlier micro-batch of this step
+  } else {
+    full = gathered_now(fwd_, param, pl);
+    if (!sync_) kept_.emplace(key, full);
   }
-  if (pl.tp_gather && tp_->size() > 1) w = tp_gathered(*tp_, w, pl);
-  return w;
+  return FsGatherFn::apply(param, full, int64_t(reinterpret_cast<intptr_t>(this)), key_handle(param));
 }
 
-at::Tensor Parallel::linear(const at::Tensor& x, const at::Tensor& param) {
-  const ParamPlacement& pl = placement(param);
+at::Tensor Fsdp::resharded_linear(const at::Tensor& x, const at::Tensor& param, const Placement& pl, Kernels kernels) {
   // As the reference: the blocks' weights only (wte / lm_head: reshard_after_forward=False).
-  if (reshard_after_forward_ && pl.fs_dim >= 0 && fs_->size() > 1 && !pl.tp_gather && unit_of(pl.name) != pl.name)
-    return GatheredLinearFn::apply(x, param, fs_gathered(fwd_, param, pl), int64_t(reinterpret_cast<intptr_t>(this)),
-                                   key_handle(param),
-                                   /*fast=*/kernels == Kernels::fast && !autocast_dtype(x.device().type()));
-  return ModelParallel::linear(x, param);
+  if (!(reshard_after_forward_ && pl.fs_dim >= 0 && mesh_.shape().fs > 1 && !pl.tp_gather &&
+        unit_of(pl.name) != pl.name))
+    return at::Tensor();
+  return GatheredLinearFn::apply(x, param, gathered_now(fwd_, param, pl), int64_t(reinterpret_cast<intptr_t>(this)),
+                                 key_handle(param),
+                                 /*fast=*/kernels == Kernels::fast && !autocast_dtype(x.device().type()));
 }
 
-void Parallel::set_requires_gradient_sync(bool on) {
+void Fsdp::set_requires_gradient_sync(bool on) {
   if (sync_ && !on) {  // a new accumulation window
     if (!grad_sum_.empty())
       throw std::logic_error(
@@ -172,7 +169,7 @@ void Parallel::set_requires_gradient_sync(bool on) {
   sync_ = on;
 }
 
-at::Tensor Parallel::fs_reduce_gradient(const void* key, const at::Tensor& grad) {
+at::Tensor Fsdp::reduce_gradient(const void* key, const at::Tensor& grad) {
   // Deferred sync (fast_fsdp's micro-batches before the last): the gradient of the gathered
   // weight is summed here at full size — one whole gradient per gathered weight lives across
   // the micro-batches of a step, next to the kept gathered weights (the reference's fast_fsdp:
@@ -191,11 +188,9 @@ at::Tensor Parallel::fs_reduce_gradient(const void* key, const at::Tensor& grad)
     grad_sum_.erase(it);
   }
   kept_.erase(key);  // reshard after the synced backward
-  auto pl = placements_.find(key);
-  if (pl == placements_.end())
-    throw std::logic_error("parallel layout: a gradient for a parameter that shard_model did not place");
+  const Placement& pl = placements_.of(key);
   ++reduce_scatters_;
-  return comm::reduce_scatter(gather_group(pl->second), sum, gather_dim(pl->second));
+  return comm::reduce_scatter(group(pl), sum, dim(pl));
 }
 
 }  // namespace dion::train

@@ -65,27 +65,33 @@ std::string first_drift(comm::Group& g, const char* axis, const std::vector<std:
 }  // namespace
 
 void replicas_check(GPT& model, Parallel& par, int64_t step) {
-  const std::shared_ptr<comm::Group>& dp = par.dp_group();
-  const std::shared_ptr<comm::Group>& edp = par.edp_group();  // MoE experts under ep: their replicas
-  const bool by_dp = dp && dp->size() > 1, by_edp = edp && edp->size() > 1;
-  if (!by_dp && !by_edp) return;
-  std::vector<std::string> names[2];  // [dense (replicated over dp), experts (over edp)]
-  std::vector<int64_t> hashes[2];
+  // Each parameter is compared over the group of its replicas (layout.h: dp, or edp for the
+  // expert stacks under ep).
+  const Mesh& mesh = par.mesh();
+  std::vector<std::string> names[kReplicaAxes];
+  std::vector<int64_t> hashes[kReplicaAxes];
+  bool any = false;
+  for (int k = 0; k < kReplicaAxes; ++k) {
+    const auto& g = mesh.replicas(ReplicaAxis(k));
+    any = any || (g && g->size() > 1);
+  }
+  if (!any) return;
   for (const auto& item : model->named_parameters()) {
-    const int k = par.placement(item.value()).ep_dim >= 0 ? 1 : 0;
+    const int k = int(mesh.layout().replica_axis(par.placement(item.value())));
     names[k].push_back(item.key());
     hashes[k].push_back(replicas_bit_hash(item.value()));
   }
   std::string message;
-  if (by_dp) message = first_drift(*dp, "dp", names[0], hashes[0], step, par.rank());
-  if (by_edp) {
-    const std::string m = first_drift(*edp, "edp", names[1], hashes[1], step, par.rank());
+  for (int k = 0; k < kReplicaAxes; ++k) {
+    const auto& g = mesh.replicas(ReplicaAxis(k));
+    if (!g || g->size() == 1) continue;
+    const std::string m = first_drift(*g, replica_axis_name(ReplicaAxis(k)), names[k], hashes[k], step, mesh.rank());
     if (message.empty()) message = m;
   }
   // Every rank stops, also those of dp groups whose replicas agree (they would wait in the next
   // collective otherwise).
   at::Tensor bad = at::tensor({message.empty() ? int64_t(0) : int64_t(1)}, at::kLong);
-  par.world().all_reduce_(bad);
+  par.mesh().world().all_reduce_(bad);
   if (!message.empty()) throw ReplicaDriftError(message);
   if (bad.item<int64_t>() > 0)
     throw ReplicaDriftError(

@@ -5,6 +5,7 @@
 #include <torch/autograd.h>
 
 #include "dion/comm/chunks.h"
+#include "dion/train/parallel.h"
 #include "detail.h"
 
 namespace dion::train {
@@ -59,17 +60,17 @@ struct TpExitFn : torch::autograd::Function<TpExitFn> {
 
 }  // namespace
 
-at::Tensor detail::tp_gathered(comm::Group& tp, const at::Tensor& w, const ParamPlacement& pl) {
+at::Tensor detail::tp_gathered(comm::Group& tp, const at::Tensor& w, const Placement& pl) {
   at::Tensor full = comm::gather_tensor(tp, w.detach(), pl.tp_dim, pl.global_shape[pl.tp_dim]);
   return TpGatherFn::apply(w, full, to_handle(&tp), pl.tp_dim);
 }
 
 at::Tensor Parallel::tp_enter(const at::Tensor& x) {
-  return tp_->size() > 1 ? TpEnterFn::apply(x, to_handle(tp_.get())) : x;
+  return tp_size() > 1 ? TpEnterFn::apply(x, to_handle(mesh_.group(Axis::tp).get())) : x;
 }
 
 at::Tensor Parallel::tp_exit(const at::Tensor& x) {
-  return tp_->size() > 1 ? TpExitFn::apply(x, to_handle(tp_.get())) : x;
+  return tp_size() > 1 ? TpExitFn::apply(x, to_handle(mesh_.group(Axis::tp).get())) : x;
 }
 
 }  // namespace dion::train
