@@ -37,7 +37,24 @@ def parse_args():
     p.add_argument("--compiled", action="store_true", help="also the reference with torch.compile")
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--json", default="", help="append the table to this file")
+    p.add_argument("--profile", action="store_true",
+                   help="also one profiled step of the reference eager and ours exact: CPU ms per ATen op, "
+                        "and the GEMMs' share of each step")
     return p.parse_args()
+
+
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::_addmm_activation",
+            "aten::mkldnn_matmul", "mkldnn::_linear_pointwise")
+
+
+def op_profile(torch, step):
+    """One step under torch.profiler: {op name: self CPU ms}, most first. dion_cpp's own ATen calls
+    go through the same dispatcher, so both sides are counted the same way."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    ops = {e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages()}
+    return dict(sorted(ops.items(), key=lambda kv: -kv[1]))
 
 
 def step_bytes(torch, opt):
@@ -143,6 +160,14 @@ def main():
                 row[key]["reps_ms"] = [t * 1e3 for t in times[key]]
                 row[key]["max_rel_diff_to_ref_eager"] = max(
                     cr.rel_diff(o, r) for o, r in zip(variants[key][1], ref_params))
+            if args.profile:
+                for key in ("ref_eager", "ours_exact"):
+                    ops = op_profile(torch, lambda: run(key, variants[key][0]))
+                    total = sum(ops.values())
+                    gemm = sum(ms for op, ms in ops.items() if op in GEMM_OPS)
+                    row[key]["profile"] = {"total_ms": total, "gemm_ms": gemm, "ops_ms": dict(list(ops.items())[:15])}
+                    print(f"{size} {name} {key}: profiled {total:.1f} ms, GEMMs {gemm:.1f} ms ({gemm / total:.0%}); "
+                          + ", ".join(f"{op} {ms:.1f}" for op, ms in list(ops.items())[:8]), flush=True)
             rows.append(row)
             print(f"{size} {name}: " + ", ".join(
                 f"{k} {row[k]['ms']:.1f} ms ({row[k]['alloc_bytes'] / 2**20:.0f} MiB, "

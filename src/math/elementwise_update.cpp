@@ -1,6 +1,6 @@
 // src/math/elementwise_update.cpp — the fused kernels that update the weights
 // (dion/math/elementwise.h): decay and a scaled update (whole, or on selected slices), the step
-// along the sign of an interpolated momentum, and (FAST path) the update with per-row variance
+// along the sign of an interpolated momentum, the orthogonalizers' scaled sums, and (FAST path) the update with per-row variance
 // normalization. Each kernel's comment names the ATen composition it reproduces; every
 // intermediate is rounded where that composition stores a result.
 #include "dion/math/elementwise.h"
@@ -11,6 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "elementwise_detail.h"
@@ -43,6 +46,87 @@ void decay_and_update_(const at::Tensor& X, const at::Tensor& U, float decay, fl
         }
       }
     });
+  });
+}
+
+namespace {
+
+template <typename T, bool kScaleY>
+DION_INLINE void scaled_add_range(const typename T::storage* x, typename T::storage* y, int64_t begin, int64_t end,
+                                  float a, float b) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float py = kScaleY ? T::round(T::load(y[i]) * b) : T::load(y[i]);
+    y[i] = T::store(T::round(T::load(x[i]) * a) + py);
+  }
+}
+
+// The same loop compiled for AVX-512 and AVX2 too, chosen by the CPU at run time: separate
+// multiplies and adds (no FMA: -ffp-contract=off) and integer rounding, so every variant gives
+// the same bits; only the vector width differs.
+template <typename T, bool kScaleY>
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(_M_X64))
+__attribute__((target("avx512f,avx512bw")))
+#endif
+void scaled_add_avx512(const typename T::storage* x, typename T::storage* y, int64_t begin, int64_t end, float a,
+                       float b) {
+  scaled_add_range<T, kScaleY>(x, y, begin, end, a, b);
+}
+
+template <typename T, bool kScaleY>
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(_M_X64))
+__attribute__((target("avx2")))
+#endif
+void scaled_add_avx2(const typename T::storage* x, typename T::storage* y, int64_t begin, int64_t end, float a,
+                     float b) {
+  scaled_add_range<T, kScaleY>(x, y, begin, end, a, b);
+}
+
+enum class Isa { avx512, avx2, baseline };
+
+// The widest the CPU has, capped as ATen's kernels are (ATEN_CPU_CAPABILITY default / avx2), so
+// that the tests that cap ATen run every variant here.
+Isa vector_isa() {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(_M_X64))
+  static const Isa isa = [] {
+    const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
+    const std::string c = cap ? cap : "";
+    if (c == "default") return Isa::baseline;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && c != "avx2") return Isa::avx512;
+    return __builtin_cpu_supports("avx2") ? Isa::avx2 : Isa::baseline;
+  }();
+  return isa;
+#else
+  return Isa::baseline;
+#endif
+}
+
+}  // namespace
+
+void scaled_add_(const at::Tensor& X, float a, const at::Tensor& Y, float b, bool scale_y) {
+  TORCH_CHECK(cpu_fusable(X, Y) && X.scalar_type() == Y.scalar_type(),
+              "scaled_add_: X and Y must be contiguous CPU tensors of one dtype (float32 / bfloat16) and ", X.numel(),
+              " elements");
+  const int64_t n = X.numel();
+  const Isa isa = vector_isa();
+  with_type(X.scalar_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const auto* x = ptr<T>(X);
+    auto* y = ptr<T>(Y);
+    auto run = [&](auto scale) {
+      constexpr bool kScale = decltype(scale)::value;
+      at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+        if (isa == Isa::avx512)
+          scaled_add_avx512<T, kScale>(x, y, begin, end, a, b);
+        else if (isa == Isa::avx2)
+          scaled_add_avx2<T, kScale>(x, y, begin, end, a, b);
+        else
+          scaled_add_range<T, kScale>(x, y, begin, end, a, b);
+      });
+    };
+    if (scale_y)
+      run(std::true_type{});
+    else
+      run(std::false_type{});
   });
 }
 

@@ -5,12 +5,15 @@
 // exactly (tests/optim/test_reference.cpp).
 #include "dion/math/ortho.h"
 
+#include "dion/math/elementwise.h"
+
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
 #include "ortho_coeffs.h"
 
 #include <atomic>
+#include <optional>
 #include <map>
 #include <stdexcept>
 
@@ -43,6 +46,19 @@ std::string to_string(OrthoMethod method) {
   return method == OrthoMethod::POLAR_EXPRESS ? "polar_express" : "newton_schulz";
 }
 
+namespace {
+// `X * a + P * c` (c given) or `X * a + P`, P a GEMM's fresh result: one fused pass into P where
+// both are contiguous CPU tensors of one dtype (bit-identical: dion/math/elementwise.h), the
+// ATen composition otherwise (a transposed X keeps its layout there, as the reference's does).
+at::Tensor scaled_sum(const at::Tensor& X, double a, at::Tensor P, std::optional<double> c = std::nullopt) {
+  if (X.is_contiguous() && X.scalar_type() == P.scalar_type() && cpu::cpu_fusable(X, P)) {
+    cpu::scaled_add_(X, static_cast<float>(a), P, static_cast<float>(c.value_or(1.0)), c.has_value());
+    return P;
+  }
+  return c ? X * a + P * *c : X * a + P;
+}
+}  // namespace
+
 at::Tensor newton_schulz(const at::Tensor& G, double epsilon, at::ScalarType dtype) {
   check_matrix(G, "newton_schulz");
   const bool tall = G.size(-2) > G.size(-1);
@@ -50,9 +66,9 @@ at::Tensor newton_schulz(const at::Tensor& G, double epsilon, at::ScalarType dty
   if (tall) X = X.mT();
   X = X / (frobenius(X) + epsilon);  // spectral norm <= Frobenius norm <= 1
   for (const Coeffs& k : kNewtonSchulz) {
-    at::Tensor A = at::matmul(X, X.mT());             // [.., m, m], m = min(rows, cols)
-    at::Tensor B = A * k.b + at::matmul(A, A) * k.c;  // b A + c A^2
-    X = X * k.a + at::matmul(B, X);                   // a X + B X
+    at::Tensor A = at::matmul(X, X.mT());          // [.., m, m], m = min(rows, cols)
+    at::Tensor B = scaled_sum(A, k.b, at::matmul(A, A), k.c);  // b A + c A^2
+    X = scaled_sum(X, k.a, at::matmul(B, X));                  // a X + B X
   }
   if (tall) X = X.mT();
   return X;
@@ -66,14 +82,14 @@ at::Tensor polar_express(const at::Tensor& G, double epsilon, at::ScalarType dty
   if (tall) {
     for (const Coeffs& k : kPolarExpress) {  // Gram matrix on the small side: X^T X [.., n, n]
       at::Tensor A = at::matmul(X.mT(), X);
-      at::Tensor B = A * k.b + at::matmul(A, A) * k.c;
-      X = X * k.a + at::matmul(X, B);
+      at::Tensor B = scaled_sum(A, k.b, at::matmul(A, A), k.c);
+      X = scaled_sum(X, k.a, at::matmul(X, B));
     }
   } else {
     for (const Coeffs& k : kPolarExpress) {  // X X^T [.., m, m]
       at::Tensor A = at::matmul(X, X.mT());
-      at::Tensor B = A * k.b + at::matmul(A, A) * k.c;
-      X = X * k.a + at::matmul(B, X);
+      at::Tensor B = scaled_sum(A, k.b, at::matmul(A, A), k.c);
+      X = scaled_sum(X, k.a, at::matmul(B, X));
     }
   }
   return X;

@@ -11,6 +11,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <tuple>
 #include <vector>
 
@@ -95,6 +97,28 @@ TEST(Elementwise, DecayAndUpdateEqualsAten) {
         X = X0.clone();
         cpu::decay_and_update_(X, U, 1.0f - lr * wd, -adj, true);
         expect_identical(X, X_ref, what + " (dion2)");
+      }
+}
+
+// The orthogonalizers' steps as src/math/ortho.cpp writes them, with double coefficients (the
+// Newton-Schulz ones, and large and tiny ones that round differently in bf16), batched too.
+TEST(Elementwise, ScaledAddEqualsAten) {
+  at::manual_seed(5);
+  const std::vector<std::array<double, 3>> coeffs = {
+      {3.4445, -4.7750, 2.0315}, {8.28721201814563, -23.595886519098837, 17.300387312530933}, {1e-3, 7e5, -0.1}};
+  std::vector<std::vector<int64_t>> shapes = kShapes;
+  shapes.push_back({3, 33, 17});
+  for (const auto& shape : shapes)
+    for (at::ScalarType t : kTypes)
+      for (const auto& k : coeffs) {
+        const std::string what = name(t) + " a " + std::to_string(k[0]);
+        const at::Tensor X = rand_like_dtype(shape, t, 3.0), P = rand_like_dtype(shape, t, 5.0);
+        at::Tensor Y = P.clone();
+        cpu::scaled_add_(X, float(k[1]), Y, float(k[2]), true);
+        expect_identical(Y, X * k[1] + P * k[2], what + " (b A + c A^2)");
+        Y = P.clone();
+        cpu::scaled_add_(X, float(k[0]), Y, 1.0f, false);
+        expect_identical(Y, X * k[0] + P, what + " (a X + B X)");
       }
 }
 

@@ -83,6 +83,14 @@ void decay_and_update_selected_(const at::Tensor& X, const at::Tensor& U, const 
 void lion_(const at::Tensor& X, const at::Tensor& G, const at::Tensor& M, float lr, float beta1, float beta2,
            float weight_decay);
 
+// ---- the orthogonalizers' polynomial steps (elementwise_update.cpp)
+
+// Y = X * a + Y * b (scale_y) or X * a + Y (not), in place into Y: the exact Newton-Schulz /
+// Polar Express step's `A * b + (A @ A) * c` and `X * a + B @ X` with the product's temporary as
+// Y; each product rounded to the dtype, then the sum, as those ATen compositions. X, Y of one
+// dtype, contiguous, the same number of elements.
+void scaled_add_(const at::Tensor& X, float a, const at::Tensor& Y, float b, bool scale_y);
+
 // ---- FAST path only (not bit-identical: float sums in another order than ATen's mean / norm)
 
 // Per-row (per-neuron) variance normalization fused with the update, for one matrix, in two
