@@ -540,12 +540,15 @@ TEST(TrainOptimizer, EntriesLiveWithTheTrainerAndDefaultForOthers) {
   EXPECT_EQ(train_entry("muon").reference_variants, std::vector<std::string>{"muon_reference"});
   EXPECT_EQ(find_train_entry("no_such_algorithm"), nullptr);
   dion::Options d = dion::Options().algorithm("muon").mu(0.5).nesterov(false);
-  train_entry("no_such_algorithm").options(d, TrainKnobs{.mu = 0.8, .ortho_fraction = 0.5});
+  Config keys;
+  keys.mu = 0.8;
+  keys.ortho_fraction = 0.5;
+  train_entry("no_such_algorithm").options(d, keys);
   EXPECT_EQ(d.mu(), 0.8);
   EXPECT_FALSE(d.nesterov());  // the default entry sets mu only (lr and weight decay: build_optimizer)
   // A registered entry replaces the built-in one: here Muon without Nesterov, at a fixed mu.
   const TrainEntry muon = train_entry("muon");
-  register_train_entry("muon", {.options = [](dion::Options& o, const TrainKnobs&) { o.mu(0.25).nesterov(false); }});
+  register_train_entry("muon", {.options = [](dion::Options& o, const Config&) { o.mu(0.25).nesterov(false); }});
   const TrainGroupOptions g = train_group_options(parse({"--optimizer", "muon"}), dion::find_algorithm("muon").spec());
   register_train_entry("muon", muon);
   EXPECT_EQ(g.matrix.mu(), 0.25);

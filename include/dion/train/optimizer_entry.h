@@ -5,7 +5,7 @@
 // -----------
 //   const TrainEntry& e = dion::train::train_entry("dion2");  // the built-in table, or registered
 //   dion::train::find_train_entry("my_algo")                 // nullptr: it has none (the default)
-//   e.options(defaults, knobs)   // train.py's constructor call: which knobs reach the class, how
+//   e.options(defaults, config)  // train.py's constructor call: which config keys reach the class, how
 //   dion::train::register_train_entry("my_algo", {...})       // an entry for a plugin's algorithm
 //
 // An algorithm with no entry (a plugin's) gets the default: the class's defaults with the
@@ -18,25 +18,20 @@
 #include <vector>
 
 #include "dion/optim/options.h"
+#include "dion/train/config.h"
 
 namespace dion::train {
 
-// The config keys (train.py's command line) an algorithm's class is built from.
-struct TrainKnobs {
-  double lr = 0.0, mu = 0.0, weight_decay = 0.0, ortho_fraction = 0.0, rcqr_oversample = 0.0;
-  std::string adjust_lr = {};
-  bool mixed_precision = false;
-  std::string selection_scope = "local";  // row-selecting algorithms: top-k per shard or over the whole matrix
-};
-
 struct TrainEntry {
-  // Writes the knobs into the class's defaults (lr and weight_decay are already set), as
-  // train.py's constructor call does. Null: nothing more.
-  std::function<void(Options& defaults, const TrainKnobs& knobs)> options = {};
+  // Writes the config keys the class is built from (c.mu, c.ortho_fraction, ...: train.py's
+  // command line) into its defaults (lr and weight_decay are already set), as train.py's
+  // constructor call does. Null: nothing more.
+  std::function<void(Options& defaults, const Config& config)> options = {};
   bool gram_newton_schulz = false;  // train.py passes use_gram_newton_schulz to this class
   // train.py's names of variants of this algorithm that are not implemented here: the config
   // refuses them and names this one as the nearest.
   std::vector<std::string> reference_variants = {};
+};
 };
 
 // The entry of the algorithm `name` (its registered name, not an alias): a registered one, else
