@@ -30,11 +30,6 @@
 
 namespace dion {
 
-double lm_head_lr_scale(const std::string& scalar_opt, int64_t model_dim) {
-  const Algorithm a = find_algorithm(scalar_opt);
-  return a && a.spec().lm_head_lr_scaled ? 1.0 / std::sqrt(static_cast<double>(model_dim)) : 1.0;
-}
-
 namespace {
 
 std::string shape_str(c10::IntArrayRef s) {

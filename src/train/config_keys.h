@@ -54,14 +54,16 @@ struct Key {
   bool scalar = false;
 };
 
-// What dion-train can run (optimizer_catalog.cpp: the optimizer library's registry). The config
-// files use no LibTorch: a program with the config alone (the config fuzzer) links its own list.
+// What dion-train can run (optimizer_catalog.cpp: the optimizer library's registry, with each
+// algorithm's TrainEntry, dion/train/optimizer_entry.h). The config files use no LibTorch: a
+// program with the config alone (the config fuzzer) links its own list.
 struct OptimizerChoice {
   std::string name;
   bool matrix = true;
   std::vector<std::string> aliases;             // accepted names for it
   std::vector<std::string> reference_variants;  // train.py's names of variants not implemented here
   bool optimizer_grad_sync = false;             // takes replicate_mesh_grad_sync
+  std::string moe_refusal = {};                 // why it cannot step the MoE expert stacks ("": it can)
 };
 const std::vector<OptimizerChoice>& optimizer_catalog();
 const OptimizerChoice* find_optimizer(const std::string& name);  // by name or alias; nullptr: none

@@ -708,12 +708,6 @@ TEST(Options, NamedDefaultsAndAliases) {
   EXPECT_FALSE(dion::find_algorithm("sgd").matrix());  // unknown: not a matrix algorithm
 }
 
-TEST(Options, LmHeadLrScale) {
-  EXPECT_DOUBLE_EQ(dion::lm_head_lr_scale("lion", 768), 1.0 / std::sqrt(768.0));
-  EXPECT_DOUBLE_EQ(dion::lm_head_lr_scale("lion", 1024), 1.0 / 32.0);
-  EXPECT_DOUBLE_EQ(dion::lm_head_lr_scale("adamw", 768), 1.0);
-}
-
 // ---------------------------------------------------------------------------- LibTorch interface
 
 TEST(Interface, StepLRChangesEveryGroup) {

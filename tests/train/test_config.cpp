@@ -12,6 +12,7 @@
 // - lr_factor = train.py get_lr, including Python's round-half-to-even.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -555,6 +556,14 @@ TEST(TrainOptimizer, EntriesLiveWithTheTrainerAndDefaultForOthers) {
   EXPECT_FALSE(g.matrix.nesterov());
   EXPECT_TRUE(
       train_group_options(parse({"--optimizer", "muon"}), dion::find_algorithm("muon").spec()).matrix.nesterov());
+}
+
+// The lm_head's lr scale is dion-train's (the entry's lm_head_lr_scaled; it was the library's
+// dion::lm_head_lr_scale, tests/optim/test_optimizer.cpp).
+TEST(TrainOptimizer, LmHeadLrScale) {
+  EXPECT_DOUBLE_EQ(lm_head_lr_scale("lion", 768), 1.0 / std::sqrt(768.0));
+  EXPECT_DOUBLE_EQ(lm_head_lr_scale("lion", 1024), 1.0 / 32.0);
+  EXPECT_DOUBLE_EQ(lm_head_lr_scale("adamw", 768), 1.0);
 }
 
 // cuda_kernels (the project's own CUDA kernels, dion/math/own_kernels.h): off by default, reaches

@@ -1,5 +1,6 @@
 // dion/train/optimizer_entry.h — what dion-train knows of an algorithm beyond the optimizer's
-// contract (dion/optim/algorithm.h): how the reference's train.py constructs its class.
+// contract (dion/optim/algorithm.h): how the reference's train.py constructs its class, and the
+// trainer's own facts about it.
 //
 // API summary
 // -----------
@@ -7,9 +8,11 @@
 //   dion::train::find_train_entry("my_algo")                 // nullptr: it has none (the default)
 //   e.options(defaults, config)  // train.py's constructor call: which config keys reach the class, how
 //   dion::train::register_train_entry("my_algo", {...})       // an entry for a plugin's algorithm
+//   dion::train::lm_head_lr_scale(c.scalar_opt, c.model_dim)  // the lm_head group's lr multiplier
 //
 // An algorithm with no entry (a plugin's) gets the default: the class's defaults with the
-// config's lr, mu and weight_decay, use_gram_newton_schulz not passed, no reference variants.
+// config's lr, mu and weight_decay, use_gram_newton_schulz not passed, no reference variants,
+// the gradients all-reduced by the trainer, lm_head at lr.
 // The built-in table is src/train/optimizer_entries.cpp, keyed by the algorithm's name.
 #pragma once
 
@@ -31,7 +34,15 @@ struct TrainEntry {
   // train.py's names of variants of this algorithm that are not implemented here: the config
   // refuses them and names this one as the nearest.
   std::vector<std::string> reference_variants = {};
-};
+  // It averages the gradients over the replicas itself (the Distribution's sync_gradients;
+  // legacy Dion's replicate_mesh_grad_sync): the key replicate_mesh_grad_sync is for it, and the
+  // trainer then does not all-reduce them.
+  bool optimizer_grad_sync = false;
+  // As scalar_opt: the lm_head group's lr is scaled by 1/sqrt(model_dim) (lm_head_lr_scale).
+  bool lm_head_lr_scaled = false;
+  // Why it cannot step the MoE expert stacks (3-D [n_experts, out, in]): the config's refusal of
+  // it with n_experts > 0, after "key 'optimizer': ". "": it can.
+  std::string moe_refusal = {};
 };
 
 // The entry of the algorithm `name` (its registered name, not an alias): a registered one, else
@@ -42,5 +53,10 @@ const TrainEntry& train_entry(const std::string& name);
 const TrainEntry* find_train_entry(const std::string& name);
 // Adds or replaces the entry of `name` (a program's own algorithm, a test's).
 void register_train_entry(const std::string& name, TrainEntry entry);
+
+// The lm_head learning-rate scale of the Dion paper (App. D.2), as the reference's
+// opt_utils.lm_head_lr_scale: 1/sqrt(model_dim) for a scalar_opt whose entry asks for it
+// (lm_head_lr_scaled), 1 otherwise.
+double lm_head_lr_scale(const std::string& scalar_opt, int64_t model_dim);
 
 }  // namespace dion::train
