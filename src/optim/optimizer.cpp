@@ -347,7 +347,9 @@ at::Tensor Optimizer::step(LossClosure closure) {
   const driver::Env env{&comm, &ortho_, &ortho_fn_, device_scalars_on_ ? &device_scalars_ : nullptr};
   std::vector<comm::Task> tasks;
   // A matrix megabatch's plan is made here, on this thread, before any task runs: a layout the
-  // algorithm refuses throws before any collective of this step is issued.
+  // algorithm refuses throws before any algorithm's collective of this step. prepare()'s and the
+  // ranks' agreement check's collectives have run by then (above): the ranks hold the same
+  // layouts and communication options, so every rank refuses alike.
   const int64_t world = dist_ ? dist_->world_size() : 1;
   // A stack split on a matrix dim over its own group (shard_over on dim -2 or -1: an expert
   // stack whose experts are split over EP and whose rows are split by FSDP over another group,
