@@ -26,8 +26,8 @@
 namespace dion::train {
 
 struct TrainEntry {
-  // Writes the config keys the class is built from (c.mu, c.ortho_fraction, ...: train.py's
-  // command line) into its defaults (lr and weight_decay are already set), as train.py's
+  // Writes the config keys the class is built from (train.py's command line: the entry reads
+  // each from the Config) into its defaults (lr and weight_decay are already set), as train.py's
   // constructor call does. Null: nothing more.
   std::function<void(Options& defaults, const Config& config)> options = {};
   bool gram_newton_schulz = false;  // train.py passes use_gram_newton_schulz to this class
