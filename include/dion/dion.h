@@ -10,7 +10,7 @@
 // ("adamw", "lion"); defaults() are the reference's defaults (the algorithm's spec's).
 //
 // Headers:
-//   dion/optim/optimizer.h  Optimizer (any mix of algorithms), ParamGroup, lm_head_lr_scale
+//   dion/optim/optimizer.h  Optimizer (any mix of algorithms), ParamGroup
 //   dion/optim/algorithm.h  the algorithm registry (register your own: its API summary)
 //   dion/optim/options.h    Options (per-group hyperparameters), Override, ParamState
 //   dion/optim/qk_clip.h    QK-clip (MuonClip) of attention weights after the step, any layout

@@ -169,6 +169,4 @@ math::ShardSum Collectives::sum_over_outer() const {
   return [d](at::Tensor& t) { d->all_reduce_(t, Axis::OUTER); };
 }
 
-int64_t Collectives::outer_size() const { return dist_ ? dist_->axis_size(Axis::OUTER) : 1; }
-
 }  // namespace dion

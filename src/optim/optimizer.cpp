@@ -30,11 +30,6 @@
 
 namespace dion {
 
-double lm_head_lr_scale(const std::string& scalar_opt, int64_t model_dim) {
-  const Algorithm a = find_algorithm(scalar_opt);
-  return a && a.spec().lm_head_lr_scaled ? 1.0 / std::sqrt(static_cast<double>(model_dim)) : 1.0;
-}
-
 namespace {
 
 std::string shape_str(c10::IntArrayRef s) {
@@ -352,7 +347,9 @@ at::Tensor Optimizer::step(LossClosure closure) {
   const driver::Env env{&comm, &ortho_, &ortho_fn_, device_scalars_on_ ? &device_scalars_ : nullptr};
   std::vector<comm::Task> tasks;
   // A matrix megabatch's plan is made here, on this thread, before any task runs: a layout the
-  // algorithm refuses throws before any collective of this step is issued.
+  // algorithm refuses throws before any algorithm's collective of this step. prepare()'s and the
+  // ranks' agreement check's collectives have run by then (above): the ranks hold the same
+  // layouts and communication options, so every rank refuses alike.
   const int64_t world = dist_ ? dist_->world_size() : 1;
   // A stack split on a matrix dim over its own group (shard_over on dim -2 or -1: an expert
   // stack whose experts are split over EP and whose rows are split by FSDP over another group,

@@ -12,10 +12,6 @@ Layout layout_of(const Distribution* dist, const at::Tensor& p) {
   return dist ? dist->layout(p) : Layout{p.sizes().vec(), -1, false};
 }
 
-Plan plan_for(const Distribution* dist, const std::vector<at::Tensor>& batch, const Options& o, size_t g) {
-  return plan_for(layout_of(dist, batch[0]), dist ? dist->world_size() : 1, batch.size(), o, g);
-}
-
 Plan plan_for(const Layout& layout, int64_t world, size_t batch_size, const Options& o, size_t g) {
   Plan plan;
   plan.layout = layout;

@@ -6,11 +6,13 @@
 //   config_rules.cpp  the per-key checks and the relations between keys (config_validate)
 //   config_help.cpp   --help
 //
-// To add a key: a field in Config (config.h) with its default, one row in the table in
-// config_keys.cpp, and a row in resume_policy.cpp.
+// To add a key: a field in Config (config.h) with its default, and one row in the table in
+// config_keys.cpp (its name, field, help line, resume rule and check); then its use (for an
+// optimizer key: the entry in optimizer_entries.cpp). docs/architecture.md "How to add a config key".
 #pragma once
 
 #include "dion/train/config.h"
+#include "dion/train/resume_policy.h"
 
 #include <string>
 #include <utility>
@@ -26,10 +28,19 @@ using Field = std::variant<int64_t Config::*, double Config::*, std::string Conf
 // key sets (`hyperparameters`), checked by optimizer_error().
 enum class Check { ANY, POSITIVE, NON_NEGATIVE, RATIO, FRACTION, CHOICE, OPTIMIZER };
 
+// What a resumed run may do with the key (dion/train/resume_policy.h), and for MUST_MATCH what
+// the saved state depends on (the refusal's reason). No default: every row states it.
+struct Resume {
+  constexpr Resume(ResumePolicy p, const char* w = "") : policy(p), why(w) {}  // NOLINT: implicit
+  ResumePolicy policy;
+  const char* why;
+};
+
 struct Key {
   const char* name;
   Field field;
   const char* help;
+  Resume resume;
   Check check = Check::ANY;
   std::vector<std::string> choices = {};
   // Values the reference's train.py accepts that are not implemented here -> the nearest choice.
@@ -43,14 +54,16 @@ struct Key {
   bool scalar = false;
 };
 
-// What dion-train can run (optimizer_catalog.cpp: the optimizer library's registry). The config
-// files use no LibTorch: a program with the config alone (the config fuzzer) links its own list.
+// What dion-train can run (optimizer_catalog.cpp: the optimizer library's registry, with each
+// algorithm's TrainEntry, dion/train/optimizer_entry.h). The config files use no LibTorch: a
+// program with the config alone (the config fuzzer) links its own list.
 struct OptimizerChoice {
   std::string name;
   bool matrix = true;
   std::vector<std::string> aliases;             // accepted names for it
   std::vector<std::string> reference_variants;  // train.py's names of variants not implemented here
   bool optimizer_grad_sync = false;             // takes replicate_mesh_grad_sync
+  std::string moe_refusal = {};                 // why it cannot step the MoE expert stacks ("": it can)
 };
 const std::vector<OptimizerChoice>& optimizer_catalog();
 const OptimizerChoice* find_optimizer(const std::string& name);  // by name or alias; nullptr: none

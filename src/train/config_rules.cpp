@@ -107,10 +107,10 @@ void moe_validate(const Config& c, Fail fail) {
                      "over tp like the dense MLP's) is not divisible by tp_size {}; valid: a multiple of {}",
                      c.n_shared_experts, c.resolved_expert_dim(), c.n_shared_experts * c.resolved_expert_dim(),
                      c.tp_size, c.tp_size));
-  if (c.optimizer == "dion")
-    fail(fmt::format("key 'optimizer': legacy Dion ('dion') cannot step the MoE expert stacks "
-                     "(transformer.h.*.mlp.experts.w1/w2, 3-D [n_experts, out, in]); valid: muon, normuon, dion2, "
-                     "dion3 (they orthogonalize each expert's matrix), or adamw / lion"));
+  // An optimizer that cannot step the expert stacks (3-D [n_experts, out, in]): its entry says why
+  // (TrainEntry::moe_refusal, dion/train/optimizer_entry.h).
+  if (const OptimizerChoice* o = find_optimizer(c.optimizer); o && !o->moe_refusal.empty())
+    fail("key 'optimizer': " + o->moe_refusal);
   if (c.cuda_graphs)
     fail("key 'cuda_graphs': true is not supported with n_experts > 0 (the routing's token counts are read by the "
          "host every step); valid: false");

@@ -18,13 +18,10 @@ Override scalar_group(const Config& c, double lr) {
   return {.algorithm = c.scalar_opt, .lr = lr, .weight_decay = 0.0, .betas = Betas{c.scalar_beta1, c.scalar_beta2}};
 }
 
-// Group 0's hyperparameters: the class's defaults, then the knobs train.py's constructor call passes.
+// Group 0's hyperparameters: the class's defaults, then the keys train.py's constructor call passes.
 Options matrix_defaults(const Config& c, const AlgorithmSpec& spec) {
-  const TrainKnobs knobs{
-      c.lr, c.mu, c.weight_decay, c.ortho_fraction, c.rcqr_oversample, c.adjust_lr, c.mixed_precision,
-      c.selection_scope};
   Options defaults = NamedOptimizer::defaults_of(spec.name).lr(c.lr).weight_decay(c.weight_decay);
-  if (const TrainEntry& e = train_entry(spec.name); e.options) e.options(defaults, knobs);
+  if (const TrainEntry& e = train_entry(spec.name); e.options) e.options(defaults, c);
   return defaults;
 }
 }  // namespace

@@ -19,7 +19,13 @@ const std::vector<OptimizerChoice>& optimizer_catalog() {
     std::vector<OptimizerChoice> out;
     for (const Algorithm a : algorithms()) {
       const AlgorithmSpec& s = a.spec();
-      out.push_back({s.name, s.matrix, s.aliases, train_entry(s.name).reference_variants, s.optimizer_grad_sync});
+      const TrainEntry& e = train_entry(s.name);
+      out.push_back({.name = s.name,
+                     .matrix = s.matrix,
+                     .aliases = s.aliases,
+                     .reference_variants = e.reference_variants,
+                     .optimizer_grad_sync = e.optimizer_grad_sync,
+                     .moe_refusal = e.moe_refusal});
     }
     return out;
   }();

@@ -1,5 +1,5 @@
-// src/train/resume_policy.cpp — the table of what a resumed run may change, and the check
-// (resume_policy.h).
+// src/train/resume_policy.cpp — the check of what a resumed run may change (resume_policy.h), by
+// the rule in each key's row of config_keys.cpp.
 #include "dion/train/resume_policy.h"
 
 #include <fcntl.h>
@@ -8,9 +8,8 @@
 #include <yaml-cpp/yaml.h>
 #include <zlib.h>
 
-#include <map>
-
 #include "dion/data/shard_folder.h"
+#include "dion/train/checkpoint.h"
 #include "config_keys.h"
 
 namespace dion::train {
@@ -18,102 +17,6 @@ namespace dion::train {
 namespace {
 
 using P = ResumePolicy;
-
-struct Row {
-  P policy;
-  const char* why;  // MUST_MATCH: what the saved state depends on
-};
-
-// One row per key of config_keys.cpp's table.
-const std::map<std::string, Row>& table() {
-  static const std::map<std::string, Row> rows = {
-      {"data_dir", {P::FREE, "the data's identity is checked by its fingerprint, not its path"}},
-      {"batch_size", {P::MUST_MATCH, "the loader position and the token count are in global batches"}},
-      {"device_batch_size", {P::LOGGED, ""}},
-      {"sequence_length", {P::MUST_MATCH, "the model's positions and the loader position depend on it"}},
-      {"num_iterations", {P::LOGGED, ""}},
-      {"warmup_ratio", {P::LOGGED, ""}},
-      {"warmdown_ratio", {P::LOGGED, ""}},
-      {"model_dim", {P::MUST_MATCH, "the saved tensors have its shape"}},
-      {"n_layer", {P::MUST_MATCH, "the saved tensors are its layers"}},
-      {"n_head", {P::MUST_MATCH, "the attention and the optimizer's per-head state depend on it"}},
-      {"qk_norm", {P::MUST_MATCH, "the attention computes another function without it"}},
-      {"val_loss_every", {P::FREE, ""}},
-      {"val_tokens", {P::LOGGED, ""}},
-      {"checkpoint_freq", {P::FREE, ""}},
-      {"checkpoint_dir", {P::FREE, ""}},
-      {"wandb_project_name", {P::FREE, ""}},
-      {"wandb_job_name", {P::FREE, ""}},
-      {"no_wandb", {P::FREE, ""}},
-      {"optimizer", {P::MUST_MATCH, "the optimizer state is this optimizer's"}},
-      {"scalar_opt", {P::MUST_MATCH, "the embedding's and lm_head's optimizer state is this optimizer's"}},
-      {"lr", {P::LOGGED, ""}},
-      {"mu", {P::LOGGED, ""}},
-      {"weight_decay", {P::LOGGED, ""}},
-      {"ortho_fraction", {P::MUST_MATCH, "Dion's Q has rank_fraction x the width columns"}},
-      {"qr_method", {P::MUST_MATCH, "Dion's state follows its orthonormalization"}},
-      {"cqr_warmup", {P::FREE, ""}},
-      {"rcqr_oversample", {P::LOGGED, ""}},
-      {"replicate_mesh_grad_sync", {P::MUST_MATCH, "legacy Dion keeps decoupled momenta under it"}},
-      {"mixed_precision", {P::MUST_MATCH, "the dtypes of Dion's momentum and Q"}},
-      {"adjust_lr", {P::LOGGED, ""}},
-      {"selection_scope", {P::LOGGED, ""}},
-      {"verbose", {P::FREE, ""}},
-      {"time_optimizer", {P::FREE, ""}},
-      {"use_polar_express", {P::LOGGED, ""}},
-      {"use_gram_newton_schulz", {P::FREE, ""}},
-      {"ortho_path", {P::LOGGED, ""}},
-      {"dp_size", {P::LAYOUT, ""}},
-      {"fs_size", {P::LAYOUT, ""}},
-      {"tp_size", {P::LAYOUT, ""}},
-      {"reshard_after_forward", {P::FREE, ""}},
-      {"fast_fsdp", {P::FREE, ""}},
-      {"comm_timeout_s", {P::FREE, ""}},
-      {"rendezvous_timeout_s", {P::FREE, ""}},
-      {"vocab_size", {P::MUST_MATCH, "the embedding and lm_head have vocab_size rows"}},
-      {"n_experts", {P::MUST_MATCH, "the saved expert stacks have n_experts experts"}},
-      {"top_k", {P::LOGGED, ""}},
-      {"expert_dim", {P::MUST_MATCH, "the saved expert stacks have its shape"}},
-      {"n_shared_experts", {P::MUST_MATCH, "the saved shared experts have its shape"}},
-      {"moe_every", {P::MUST_MATCH, "the saved layers are MoE or dense by it"}},
-      {"router_score", {P::LOGGED, ""}},
-      {"moe_bias_rate", {P::LOGGED, ""}},
-      {"moe_aux_loss_coef", {P::LOGGED, ""}},
-      {"router_opt", {P::MUST_MATCH, "the routers' optimizer state is this optimizer's"}},
-      {"router_lr", {P::LOGGED, ""}},
-      {"ep_size", {P::LAYOUT, ""}},
-      {"replica_check_every", {P::FREE, ""}},
-      {"ddp_bucket_mb", {P::FREE, ""}},
-      {"debug", {P::MUST_MATCH, "debug mode trains on synthetic tokens with its own batch sizes"}},
-      {"no_compile", {P::FREE, ""}},
-      {"no_triton", {P::FREE, ""}},
-      {"run_dir", {P::FREE, ""}},
-      {"device", {P::LOGGED, ""}},
-      {"dtype", {P::LOGGED, ""}},
-      {"model_kernels", {P::LOGGED, ""}},
-      {"seed",
-       {P::MUST_MATCH,
-        "debug mode's synthetic tokens are drawn from it (the generators are restored from the checkpoint)"}},
-      {"data_seed", {P::FREE, "it places only the first batch; a resumed run reads on from the checkpoint's position"}},
-      {"resume", {P::FREE, ""}},
-      {"resume_fallback", {P::FREE, ""}},
-      {"stop_after", {P::FREE, ""}},
-      {"log_every", {P::FREE, ""}},
-      {"cuda_graphs", {P::FREE, ""}},
-      {"cuda_kernels", {P::LOGGED, ""}},
-      {"peak_tflops", {P::FREE, ""}},
-      // numerics keys
-      {"grad_clip", {P::LOGGED, ""}},
-      {"qk_clip_tau", {P::LOGGED, ""}},
-      {"max_nonfinite_steps", {P::FREE, ""}},
-      {"scalar_beta1", {P::LOGGED, ""}},
-      {"scalar_beta2", {P::LOGGED, ""}},
-      {"embed_lr", {P::LOGGED, ""}},
-      {"lm_head_lr", {P::LOGGED, ""}},
-      {"fsdp_param_dtype", {P::LOGGED, ""}},
-  };
-  return rows;
-}
 
 std::string config_items_value(double v) { return fmt::format("{}", v); }
 
@@ -124,9 +27,9 @@ uint32_t crc(uint32_t c, const void* p, size_t n) {
 }  // namespace
 
 std::optional<ResumePolicy> resume_policy(const std::string& key) {
-  auto it = table().find(key);
-  if (it == table().end()) return std::nullopt;
-  return it->second.policy;
+  const config_detail::Key* k = config_detail::find_key(key);
+  if (!k) return std::nullopt;
+  return k->resume.policy;
 }
 
 std::string data_fingerprint(const Config& c) {
@@ -167,16 +70,15 @@ std::vector<std::string> resume_check(const Config& c, const CheckpointMeta& met
     const YAML::Node node = saved[key];
     if (!node.IsDefined() || !node.IsScalar()) continue;  // a key the checkpoint's program did not have
     const std::string then = node.Scalar();
-    auto row = table().find(key);
-    if (row == table().end())
-      throw std::logic_error("resume_policy.cpp: key '" + key + "' has no row in the resume table");
-    switch (row->second.policy) {
+    const config_detail::Key* row = config_detail::find_key(key);
+    if (!row) throw std::logic_error("resume_policy.cpp: config_items gave '" + key + "', which is not a key");
+    switch (row->resume.policy) {
       case P::MUST_MATCH:
         if (then != now)
           throw ConfigError(fmt::format(
               "key '{}': this run has '{}' but checkpoint '{}' was written with '{}'; a resumed run must keep it ({}). "
               "Run with --{} {} to continue that run, or start a new one (another checkpoint_dir, or --resume false)",
-              key, now, ckpt.string(), then, row->second.why, key, then.empty() ? "\"\"" : then));
+              key, now, ckpt.string(), then, row->resume.why, key, then.empty() ? "\"\"" : then));
         break;
       case P::LOGGED:
         if (then != now) changed.push_back(fmt::format("{} {} -> {}", key, then, now));

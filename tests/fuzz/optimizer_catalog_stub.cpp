@@ -8,7 +8,12 @@ namespace dion::train::config_detail {
 const std::vector<OptimizerChoice>& optimizer_catalog() {
   static const std::vector<OptimizerChoice> catalog = {
       {"muon", true, {}, {"muon_reference"}, false},
-      {"dion", true, {}, {"dion_reference", "dion_simple"}, true},
+      {"dion",
+       true,
+       {},
+       {"dion_reference", "dion_simple"},
+       true,
+       "legacy Dion ('dion') cannot step the MoE expert stacks"},
       {"nordion2", true, {"dion3"}, {}, false},
       {"adamw", false, {}, {}, false},
       {"lion", false, {}, {}, false},

@@ -30,7 +30,6 @@ void sign_descent_update(const driver::Batch& batch, const Options& o, const dri
 AlgorithmSpec sign_descent_spec() {
   AlgorithmSpec s;
   s.name = "sign_descent";
-  s.uses_orthogonalizer = false;
   s.state = [](const ParamView& p, const Options&) {
     return std::vector<StateSpec>{{"momentum", p.param.sizes().vec(), p.param.scalar_type()}};
   };

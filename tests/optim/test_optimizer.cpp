@@ -708,10 +708,16 @@ TEST(Options, NamedDefaultsAndAliases) {
   EXPECT_FALSE(dion::find_algorithm("sgd").matrix());  // unknown: not a matrix algorithm
 }
 
-TEST(Options, LmHeadLrScale) {
-  EXPECT_DOUBLE_EQ(dion::lm_head_lr_scale("lion", 768), 1.0 / std::sqrt(768.0));
-  EXPECT_DOUBLE_EQ(dion::lm_head_lr_scale("lion", 1024), 1.0 / 32.0);
-  EXPECT_DOUBLE_EQ(dion::lm_head_lr_scale("adamw", 768), 1.0);
+// selection_scope / selection_dim stay strings in Options (checkpoints, Python); the drivers
+// switch on the enums parsed from them (dion/optim/hyperparameters.h).
+TEST(Options, SelectionChoicesParseToEnums) {
+  const dion::Options o;
+  EXPECT_EQ(dion::selection_scope_from(o.selection_scope()), dion::SelectionScope::LOCAL);
+  EXPECT_EQ(dion::selection_dim_from(o.selection_dim()), dion::SelectionDim::SHORTER);
+  EXPECT_EQ(dion::selection_scope_from("global"), dion::SelectionScope::GLOBAL);
+  EXPECT_EQ(dion::selection_dim_from("shard"), dion::SelectionDim::SHARD);
+  EXPECT_THROW(dion::selection_scope_from("everywhere"), std::invalid_argument);
+  EXPECT_THROW(dion::selection_dim_from("longer"), std::invalid_argument);
 }
 
 // ---------------------------------------------------------------------------- LibTorch interface

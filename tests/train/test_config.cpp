@@ -12,6 +12,7 @@
 // - lr_factor = train.py get_lr, including Python's round-half-to-even.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -540,18 +541,29 @@ TEST(TrainOptimizer, EntriesLiveWithTheTrainerAndDefaultForOthers) {
   EXPECT_EQ(train_entry("muon").reference_variants, std::vector<std::string>{"muon_reference"});
   EXPECT_EQ(find_train_entry("no_such_algorithm"), nullptr);
   dion::Options d = dion::Options().algorithm("muon").mu(0.5).nesterov(false);
-  train_entry("no_such_algorithm").options(d, TrainKnobs{.mu = 0.8, .ortho_fraction = 0.5});
+  Config keys;
+  keys.mu = 0.8;
+  keys.ortho_fraction = 0.5;
+  train_entry("no_such_algorithm").options(d, keys);
   EXPECT_EQ(d.mu(), 0.8);
   EXPECT_FALSE(d.nesterov());  // the default entry sets mu only (lr and weight decay: build_optimizer)
   // A registered entry replaces the built-in one: here Muon without Nesterov, at a fixed mu.
   const TrainEntry muon = train_entry("muon");
-  register_train_entry("muon", {.options = [](dion::Options& o, const TrainKnobs&) { o.mu(0.25).nesterov(false); }});
+  register_train_entry("muon", {.options = [](dion::Options& o, const Config&) { o.mu(0.25).nesterov(false); }});
   const TrainGroupOptions g = train_group_options(parse({"--optimizer", "muon"}), dion::find_algorithm("muon").spec());
   register_train_entry("muon", muon);
   EXPECT_EQ(g.matrix.mu(), 0.25);
   EXPECT_FALSE(g.matrix.nesterov());
   EXPECT_TRUE(
       train_group_options(parse({"--optimizer", "muon"}), dion::find_algorithm("muon").spec()).matrix.nesterov());
+}
+
+// The lm_head's lr scale is dion-train's (the entry's lm_head_lr_scaled; it was the library's
+// dion::lm_head_lr_scale, tests/optim/test_optimizer.cpp).
+TEST(TrainOptimizer, LmHeadLrScale) {
+  EXPECT_DOUBLE_EQ(lm_head_lr_scale("lion", 768), 1.0 / std::sqrt(768.0));
+  EXPECT_DOUBLE_EQ(lm_head_lr_scale("lion", 1024), 1.0 / 32.0);
+  EXPECT_DOUBLE_EQ(lm_head_lr_scale("adamw", 768), 1.0);
 }
 
 // cuda_kernels (the project's own CUDA kernels, dion/math/own_kernels.h): off by default, reaches

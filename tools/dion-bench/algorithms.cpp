@@ -7,9 +7,15 @@ namespace dion::bench {
 
 const BenchEntry& bench_entry(const std::string& algorithm) {
   static const std::map<std::string, BenchEntry> table = {
-      {"dion2", {"fraction"}},
-      {"nordion2", {"fraction"}},
-      {"dion", {"rank_fraction", [](Options& o) { o.rank_fraction(0.25); }}},
+      {"muon", {.uses_orthogonalizer = true}},
+      {"normuon", {.uses_orthogonalizer = true}},
+      {"dion2", {.size_option = "fraction", .uses_orthogonalizer = true}},
+      {"nordion2", {.size_option = "fraction", .uses_orthogonalizer = true}},
+      // randomized QR, no orthogonalizer; with replicas: compressed P and R, synced by itself
+      {"dion",
+       {.size_option = "rank_fraction",
+        .step_options = [](Options& o) { o.rank_fraction(0.25); },
+        .optimizer_grad_sync = true}},
   };
   static const BenchEntry whole;
   const auto it = table.find(algorithm);

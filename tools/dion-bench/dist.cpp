@@ -113,7 +113,7 @@ std::unique_ptr<Instance> build(const std::vector<at::Tensor>& full, const std::
     // DDP: legacy Dion synchronizes over the replicas itself (compressed P and R below rank
     // fraction 1); Muon and Dion2 take the gradients as synchronized and split the megabatches.
     if (layout == "ddp")
-      dist = std::make_shared<dion::Distributed>(group, dion::find_algorithm(v.algorithm).spec().optimizer_grad_sync);
+      dist = std::make_shared<dion::Distributed>(group, bench_entry(v.algorithm).optimizer_grad_sync);
   }
   at::manual_seed(1234);  // the same initial Q (legacy Dion) on every rank
   inst->opt = std::make_unique<dion::Optimizer>(inst->params, options_of(v), math::OrthoConfig{}, dist);

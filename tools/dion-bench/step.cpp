@@ -64,7 +64,7 @@ void run_step(const Common& common, const StepArgs& a) {
       std::vector<std::string> names;
       for (const std::string& p : paths) {
         // An algorithm without an orthogonalizer (a QR-based one) has one path.
-        if (!dion::find_algorithm(algo).spec().uses_orthogonalizer && p != "exact") continue;
+        if (!bench_entry(dion::find_algorithm(algo).name()).uses_orthogonalizer && p != "exact") continue;
         opts.push_back(build(base, algo, p));
         names.push_back(p);
       }

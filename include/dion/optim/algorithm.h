@@ -113,9 +113,7 @@ struct AlgorithmSpec {
   int phase = 0;                      // order within step(): lower first (matrix groups 0, lion 1, adamw 2)
   bool serial = false;                // its tasks draw random numbers: they run one after another, in order
   bool supports_split_sizes = false;  // split_sizes (row blocks of a fused weight) allowed
-  bool lm_head_lr_scaled = false;     // lm_head_lr_scale(): 1/sqrt(model_dim) for this algorithm
   bool weight_decay_on_host = false;  // reads weight decay on the host even with device scalars
-  bool uses_orthogonalizer = true;    // its matrices go through the OrthoConfig's orthogonalizer
 
   // The state of one parameter, in creation order. Required.
   std::function<std::vector<StateSpec>(const ParamView& p, const Options& o)> state;
@@ -129,10 +127,6 @@ struct AlgorithmSpec {
   // Its own refusals of a sharded megabatch's layout (throw NotImplementedError with `where`).
   std::function<void(const Plan& plan, const Options& o, const std::string& where)> check_plan;
   Update update = nullptr;  // one task: a megabatch (matrix) or a group (scalar)
-
-  // It averages the gradients over the replicas itself (Distributed's sync_gradients; legacy
-  // Dion's replicate_mesh_grad_sync): the caller does not all-reduce them.
-  bool optimizer_grad_sync = false;
 };
 
 // The registry. Registration order is the listing order. register_algorithm throws

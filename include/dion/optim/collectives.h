@@ -36,7 +36,6 @@ class Collectives {
  public:
   explicit Collectives(Distribution* dist) : dist_(dist) {}
   Distribution* distribution() const { return dist_; }
-  int64_t rank() const { return dist_ ? dist_->rank() : 0; }
 
   // ---- gradients
   // The parameters' gradients, averaged over the replicas when the Distribution asks the
@@ -93,7 +92,6 @@ class Collectives {
                                               uint64_t seed) const;
   void sum_R_over_inner_(at::Tensor& R) const;
   math::ShardSum sum_over_outer() const;
-  int64_t outer_size() const;
   bool sync_gradients() const;
 
  private:

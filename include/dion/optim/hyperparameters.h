@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -161,6 +162,29 @@ inline constexpr Choice kScope{"local", "global", "valid: 'local', 'global'"};
 inline constexpr Choice kSelectionDim{"shorter", "shard", "valid: 'shorter', 'shard'"};
 inline constexpr DtypeRule kDtypeComm{};
 }  // namespace rule
+
+// selection_scope and selection_dim as the drivers switch on them. The hyperparameters stay the
+// strings users write (Options, Override, checkpoints, the Python group keys, the messages),
+// checked against kScope / kSelectionDim when set; a driver parses them once, at its entry.
+enum class SelectionScope {
+  LOCAL,   // "local": each shard's own top-k (the reference's)
+  GLOBAL,  // "global": the top-k of the whole matrix
+};
+enum class SelectionDim {
+  SHORTER,  // "shorter": along the shorter dim, as one process
+  SHARD,    // "shard": along the sharded dim, as the reference
+};
+// The enum of a valid value; std::invalid_argument naming the valid ones for another.
+inline SelectionScope selection_scope_from(const std::string& v) {
+  if (v == rule::kScope.a) return SelectionScope::LOCAL;
+  if (v == rule::kScope.b) return SelectionScope::GLOBAL;
+  throw std::invalid_argument("selection_scope '" + v + "': " + rule::kScope.text);
+}
+inline SelectionDim selection_dim_from(const std::string& v) {
+  if (v == rule::kSelectionDim.a) return SelectionDim::SHORTER;
+  if (v == rule::kSelectionDim.b) return SelectionDim::SHARD;
+  throw std::invalid_argument("selection_dim '" + v + "': " + rule::kSelectionDim.text);
+}
 
 // One hyperparameter's name and documentation, in table order (for listings and tests).
 struct HyperparameterInfo {

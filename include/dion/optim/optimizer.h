@@ -18,7 +18,7 @@
 //       {block_matrices},                                          // the defaults ("muon")
 //       {qkv_weights, {.split_sizes = std::vector<int64_t>{512, 128, 128}}},  // muon, normuon
 //       {embeddings_and_norms, {.algorithm = "adamw", .lr = 3e-3}},
-//       {{lm_head}, {.algorithm = "lion", .lr = 3e-3 * dion::lm_head_lr_scale("lion", 768)}},
+//       {{lm_head}, {.algorithm = "lion", .lr = 3e-3 / std::sqrt(768.0)}},  // the Dion paper's scale
 //   };
 //   dion::Optimizer opt(groups, dion::Options(0.02).algorithm("muon"));
 //   opt.set_distribution(dist);        // DDP / FSDP / TP: dion/optim/distributed.h (or pass it
@@ -60,10 +60,6 @@ struct ParamGroup {
   std::vector<at::Tensor> params;
   Override options = {};
 };
-
-// The lm_head learning-rate scale from the Dion paper (App. D.2): 1/sqrt(model_dim) for a scalar
-// algorithm whose spec asks for it (lm_head_lr_scaled), 1 otherwise.
-double lm_head_lr_scale(const std::string& scalar_opt, int64_t model_dim);
 
 class Optimizer : public torch::optim::Optimizer {
  public:

@@ -34,11 +34,12 @@ struct Plan {
 // The parameter's layout: the Distribution's, or whole and local without one.
 Layout layout_of(const Distribution* dist, const at::Tensor& param);
 
-// `batch`: one megabatch of group `group` (its index, for messages) with options `o`.
-Plan plan_for(const Distribution* dist, const std::vector<at::Tensor>& batch, const Options& o, size_t group);
-// The same from the megabatch's layout (its first parameter's), the world size of the
-// distribution (1 without one) and the number of parameters: what Optimizer::step() computes
-// once per megabatch, before any task runs (a refusal then throws before any collective).
+// `batch_size` parameters of one megabatch of group `group` (its index, for messages) with
+// options `o`, laid out as `layout` (its first parameter's) over `world` ranks (1 without a
+// distribution): what Optimizer::step() computes once per megabatch, before any task runs. A
+// refusal then throws before any algorithm's collective of the step, though after prepare()'s and
+// the ranks' agreement check's (every rank holds the same layouts and communication options, and
+// so refuses alike).
 Plan plan_for(const Layout& layout, int64_t world, size_t batch_size, const Options& o, size_t group);
 
 }  // namespace dion

@@ -3,14 +3,14 @@
 //
 // Groups (in this order, as the reference):
 //   0  every parameter of the blocks (transformer.h.*: the attention and MLP matrices)
-//      -> the `optimizer`'s algorithm with lr, mu, weight_decay, ortho_fraction, adjust_lr
+//      -> the `optimizer`'s algorithm with lr, weight_decay and the keys its entry passes
 //   1  the token embedding -> scalar_opt, lr (or embed_lr), betas (scalar_beta1, scalar_beta2),
 //                             default (0.9, 0.95): what train.py runs; weight decay 0
 //   2  lm_head             -> scalar_opt, lr * lm_head_lr_scale(scalar_opt, model_dim) (or
 //                             lm_head_lr), the same betas, weight decay 0
 // Per optimizer: its class as train.py constructs it, from dion-train's entry for the algorithm
-// (dion/train/optimizer_entry.h: which of lr, mu, weight_decay, ortho_fraction, rcqr_oversample,
-// adjust_lr and mixed_precision it takes, and how; whether use_gram_newton_schulz reaches it). A scalar algorithm as `optimizer` runs every group
+// (dion/train/optimizer_entry.h, src/train/optimizer_entries.cpp: which config keys it takes, and
+// how; whether use_gram_newton_schulz reaches it). A scalar algorithm as `optimizer` runs every group
 // (scalar_opt ignored, as torch.optim.AdamW in train.py). Orthogonalization: Newton-Schulz, or
 // Polar Express with use_polar_express; ortho_path -> OrthoConfig::path (exact | fast) of the
 // orthogonalizing algorithms (a QR-based one ignores it).

@@ -1,4 +1,4 @@
-// dion/train/resume_policy.h — what a resumed run may change: one row per config key, checked
+// dion/train/resume_policy.h — what a resumed run may change: each config key's rule, checked
 // against the checkpoint's saved config BEFORE any step (docs/train.md "Resuming: what may
 // change").
 //
@@ -16,7 +16,8 @@
 //   LAYOUT      dp_size, fs_size, tp_size: allowed (the checkpoint is resharded), one line
 //               ("resuming at another layout: dp 1 x fs 2 x tp 1 -> dp 2 x fs 1 x tp 1 (resharded)").
 //   FREE        no effect on the state (logging, checkpointing, paths, timeouts): silent.
-// Every key of config_keys.cpp's table has a row (a test checks it: a new key must be given one).
+// The rule is part of the key's row in src/train/config_keys.cpp (with, for MUST_MATCH, what the
+// saved state depends on): a key cannot be declared without one.
 #pragma once
 
 #include <filesystem>
@@ -24,14 +25,15 @@
 #include <string>
 #include <vector>
 
-#include "dion/train/checkpoint.h"
 #include "dion/train/config.h"
 
 namespace dion::train {
 
+struct CheckpointMeta;  // dion/train/checkpoint.h
+
 enum class ResumePolicy { MUST_MATCH, LOGGED, LAYOUT, FREE };
 
-// The policy of a key; nullopt for a key without a row.
+// The policy of a key; nullopt for a name that is not a key.
 std::optional<ResumePolicy> resume_policy(const std::string& key);
 
 // Compares `config` with the checkpoint's saved config and data fingerprint. Throws ConfigError

@@ -99,9 +99,7 @@ void dion_update(const Batch& batch, const Options& o, const Env& env) {
 AlgorithmSpec dion_spec() {
   AlgorithmSpec s;
   s.name = "dion";
-  s.optimizer_grad_sync = true;
-  s.serial = true;                // Q is drawn at random when the state is created
-  s.uses_orthogonalizer = false;  // randomized QR
+  s.serial = true;  // Q is drawn at random when the state is created
   s.state = [](const ParamView& p, const Options& o) {
     // Q [n', r] for the whole matrix; a sharded parameter keeps the rows of its outer chunk.
     const Layout L = layout_of(p.dist, p.param);

@@ -130,7 +130,9 @@ struct SelectionChoice {
   int64_t select_dim;  // -2: rows, -1: columns
 };
 
-SelectionChoice choose_selection(const Plan& plan, const Options& o, const std::vector<int64_t>& shape, bool nor) {
+// `scope`, `along`: the group's selection_scope and selection_dim (dion/optim/hyperparameters.h).
+SelectionChoice choose_selection(const Plan& plan, const Options& o, SelectionScope scope, SelectionDim along,
+                                 const std::vector<int64_t>& shape, bool nor) {
   const size_t nd = shape.size();
   const bool sharded = plan.matrix_sharded(), two_d = plan.layout.two_d();
   const bool across_ok = across_shards_possible(plan, o, nd);
@@ -140,11 +142,11 @@ SelectionChoice choose_selection(const Plan& plan, const Options& o, const std::
   int64_t select_dim;
   if (nor)
     select_dim = -2;  // NorDion2 selects rows
-  else if (sharded && (o.selection_dim() == "shard" || !as_one_process) && (plan.comm_dim == -2 || plan.comm_dim == -1))
+  else if (sharded && (along == SelectionDim::SHARD || !as_one_process) && (plan.comm_dim == -2 || plan.comm_dim == -1))
     select_dim = plan.comm_dim;  // the reference's choice: along the sharded dim
   else
     select_dim = math::dion2_select_dim(shape[nd - 2], shape.back());  // one process's choice
-  const bool whole_matrix = o.selection_scope() == "global" || (sharded && local_selects_every_slice(plan, o));
+  const bool whole_matrix = scope == SelectionScope::GLOBAL || (sharded && local_selects_every_slice(plan, o));
   if (across_ok && select_dim != plan.comm_dim) return {Selection::ACROSS_SHARDS, select_dim};
   if (sharded && nd == 2 && (two_d || (whole_matrix && select_dim == plan.comm_dim)))
     return {Selection::EXACT_GLOBAL, select_dim};
@@ -165,7 +167,8 @@ void dion2_family_update(const Batch& batch, const Options& o, const Env& env, b
   const bool matrix_sharded = plan.matrix_sharded();
   Operands ops = operands(batch, plan, nor, comm);
   const auto& [X, G, M, V, adjust_shape] = ops;
-  const auto [selection, select_dim] = choose_selection(plan, o, adjust_shape, nor);
+  const auto [selection, select_dim] = choose_selection(plan, o, selection_scope_from(o.selection_scope()),
+                                                        selection_dim_from(o.selection_dim()), adjust_shape, nor);
   const float ef = f32(nor ? o.mu() : o.ef_decay());
   const math::Rates rates =
       rates_for(batch, o, env, math::adjusted_lr_factor(o.adjust_lr(), adjust_shape, o.flatten()));

@@ -39,7 +39,6 @@ AlgorithmSpec adamw_spec() {
   AlgorithmSpec s;
   s.name = "adamw";
   s.matrix = false;
-  s.uses_orthogonalizer = false;
   s.phase = 2;                    // after the matrix groups and lion, as the reference
   s.weight_decay_on_host = true;  // torch's fused AdamW takes it as a double
   s.state = [](const ParamView& p, const Options& o) {
@@ -68,9 +67,7 @@ AlgorithmSpec lion_spec() {
   AlgorithmSpec s;
   s.name = "lion";
   s.matrix = false;
-  s.uses_orthogonalizer = false;
   s.phase = 1;
-  s.lm_head_lr_scaled = true;  // the Dion paper's lm_head scale (App. D.2)
   s.state = [](const ParamView& p, const Options&) { return std::vector<StateSpec>{momentum_like(p)}; };
   s.update = lion_update;
   return s;

@@ -18,7 +18,7 @@
 //   the run resumed afterwards equals the uninterrupted one.
 // - sequence_length, optimizer, batch_size, the data set: a ConfigError naming the key and both
 //   values before any step; num_iterations and lr: allowed, one line says so.
-// - Every config key has a row in the resume table; a version-1 checkpoint loads with a warning.
+// - Every config key's row states its resume rule; a version-1 checkpoint loads with a warning.
 #include <gtest/gtest.h>
 
 #include <sys/mount.h>
@@ -33,6 +33,7 @@
 #include "dion/train/fs_util.h"
 #include "dion/train/resume_policy.h"
 #include "train_test_util.h"
+#include "../../../src/train/config_keys.h"  // the key table: each row's resume rule
 
 namespace dion::train {
 namespace {
@@ -440,6 +441,22 @@ TEST(TrainCheckpointPolicy, EveryConfigKeyHasAResumePolicy) {
   EXPECT_EQ(resume_policy("num_iterations"), ResumePolicy::LOGGED);
   EXPECT_EQ(resume_policy("fs_size"), ResumePolicy::LAYOUT);
   EXPECT_FALSE(resume_policy("no_such_key").has_value());
+}
+
+// The rule is part of each key's row (config_keys.cpp): a MUST_MATCH row says what the saved state
+// depends on (the refusal names it), LAYOUT is the three layout sizes and ep_size.
+TEST(TrainCheckpointPolicy, EveryKeyRowStatesASensibleRule) {
+  for (const config_detail::Key& k : config_detail::keys()) {
+    SCOPED_TRACE(k.name);
+    ASSERT_NE(k.resume.why, nullptr);
+    if (k.resume.policy == ResumePolicy::MUST_MATCH) {
+      EXPECT_GT(std::string(k.resume.why).size(), 10u) << "a MUST_MATCH row says what the saved state depends on";
+    }
+    if (k.resume.policy == ResumePolicy::LAYOUT) {
+      EXPECT_TRUE(std::string(k.name).ends_with("_size")) << "LAYOUT is for the layout's sizes";
+    }
+    EXPECT_EQ(resume_policy(k.name), k.resume.policy);
+  }
 }
 
 TEST_F(TrainCheckpoint, VersionOneCheckpointLoadsWithAWarning) {
