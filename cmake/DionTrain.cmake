@@ -200,6 +200,15 @@ if(DION_BUILD_TESTS)
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
     PROPERTIES LABELS train TIMEOUT 300)
+  # The fast kind's fp32 plan is chosen by CPU vendor (kernels.cpp): its kernel tests run under
+  # both plans on every CPU, so that neither goes untested where the other is the default.
+  foreach(_plan onednn mkl)
+    add_test(NAME TrainKernels.fast_fp32_${_plan}
+             COMMAND dion_train_tests --gtest_filter=TrainKernels.*:-TrainKernels.Bf16*
+             WORKING_DIRECTORY ${DION_TRAIN_ROOT})
+    set_tests_properties(TrainKernels.fast_fp32_${_plan} PROPERTIES LABELS train TIMEOUT 300
+                         ENVIRONMENT DION_FAST_FP32=${_plan})
+  endforeach()
   # Parallel layouts: several dion-train processes per test, one such test at a time
   # (RESOURCE_LOCK multiprocess, shared with the other multi-process suites).
   # The checkpoint soak loops, one iteration each (scripts/soak_train_{kill,diskfull}.sh run 20).

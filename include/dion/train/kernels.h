@@ -5,11 +5,12 @@
 //                   compare bit for bit); the GPT module's default.
 //   Kernels::fast   the same math, faster on a CPU:
 //     - every fp32 GEMM of a linear (forward, dx, dW) through oneDNN (`mkldnn::_linear_pointwise`,
-//       LibTorch's own oneDNN) on the CPU, where the build has it; at::mm elsewhere (bf16 on
-//       the CPU: ATen's mm is oneDNN's bf16 GEMM already). Measured on an AMD EPYC (Zen 5, no AMX, 1 thread): 2-2.5x MKL's fp32 sgemm
-//       on the lm_head's [1024, 128] x [128, 50304] (docs/benchmarks.md).
+//       LibTorch's own oneDNN) on an AMD CPU, where the build has it; at::mm (MKL) on an Intel one
+//       and elsewhere (bf16 on the CPU: ATen's mm is oneDNN's bf16 GEMM already). Measured on an
+//       AMD EPYC (Zen 5, 1 thread): oneDNN 2-2.5x MKL's fp32 sgemm on the lm_head's [1024, 128] x
+//       [128, 50304]; on an Intel Xeon the two are equal (docs/benchmarks.md).
 //     - the lm_head and the cross entropy fused and chunked by rows in fp32 (linear_cross_entropy):
-//       per chunk of kCrossEntropyChunkRows rows the logits, their log-softmax, the loss and,
+//       per chunk of kCrossEntropyChunkRows rows (kCrossEntropyChunkRowsIntel on Intel) the logits, their log-softmax, the loss and,
 //       when a gradient is wanted, d(loss)/d(logits) in place, then dh and dW; the [N, V]
 //       logits and their gradient never exist whole (the dominant allocation of the exact kind).
 //     - in bf16 (autocast, or bf16 operands) on a CPU with AVX-512: the bf16 logits in one GEMM,
@@ -34,6 +35,7 @@ namespace dion::train {
 enum class Kernels { exact, fast };
 
 inline constexpr int64_t kCrossEntropyChunkRows = 256;  // logits chunk [256, V]: ~51 MB fp32 at V = 50304
+inline constexpr int64_t kCrossEntropyChunkRowsIntel = 1024;  // with MKL's GEMMs (kernels.cpp): ~206 MB
 
 // True when oneDNN's linear is registered in this LibTorch build (fast GEMMs on CPU).
 bool onednn_linear_available();

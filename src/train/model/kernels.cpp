@@ -7,7 +7,14 @@
 #include <torch/autograd.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
+#include <string>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "cross_entropy_bf16.h"
 #include "dion/train/autocast.h"
@@ -66,6 +73,44 @@ struct FastLinearFn : torch::autograd::Function<FastLinearFn> {
   }
 };
 
+// The fast kind's fp32 plan for this CPU: the GEMMs' library and the lm_head's chunk of rows.
+// AMD (Zen 4 / 5): oneDNN, 2-2.5x MKL's sgemm there (MKL takes its non-Intel path), and chunks of
+// kCrossEntropyChunkRows. Intel: MKL's own path is as fast as oneDNN per GEMM, and MKL with
+// chunks of kCrossEntropyChunkRowsIntel took 386-399 ms a forward + backward against 512-544
+// (oneDNN, 256 rows) and 425-451 (the exact kind) on a Xeon with AMX (2 x 128, fp32, one thread,
+// docs/benchmarks.md). DION_FAST_FP32=onednn|mkl chooses (benchmarks, tests).
+struct FastFp32 {
+  bool onednn = true;
+  int64_t chunk_rows = kCrossEntropyChunkRows;
+};
+
+bool cpu_is_intel() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+  char vendor[13];
+  std::memcpy(vendor, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  vendor[12] = 0;
+  return std::strcmp(vendor, "GenuineIntel") == 0;
+#else
+  return false;
+#endif
+}
+
+const FastFp32& fast_fp32() {
+  static const FastFp32 plan = [] {
+    const char* env = std::getenv("DION_FAST_FP32");
+    const std::string choice = env ? env : "";
+    TORCH_CHECK(choice.empty() || choice == "mkl" || choice == "onednn", "DION_FAST_FP32='", choice,
+                "': valid values are 'mkl' and 'onednn' (unset: by CPU vendor)");
+    const bool mkl = choice.empty() ? cpu_is_intel() : choice == "mkl";
+    return mkl ? FastFp32{false, kCrossEntropyChunkRowsIntel} : FastFp32{};
+  }();
+  return plan;
+}
+
 // The fused, chunked lm_head + cross entropy, fp32. Forward: per chunk of rows, logits [n, V],
 // their log-softmax, the chunk's summed loss (- log p of each target); with `want_grad`, the
 // log-probabilities become (softmax - onehot) / n_valid in place and give dh (rows of the chunk)
@@ -85,8 +130,9 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
       dh = at::empty_like(h);
       dw = at::zeros({V, h.size(1)}, f32);
     }
-    for (int64_t s = 0; s < N; s += kCrossEntropyChunkRows) {
-      const int64_t n = std::min(kCrossEntropyChunkRows, N - s);
+    const int64_t chunk = fast_fp32().chunk_rows;
+    for (int64_t s = 0; s < N; s += chunk) {
+      const int64_t n = std::min(chunk, N - s);
       const at::Tensor hc = h.narrow(0, s, n), tc = safe_targets.narrow(0, s, n);
       at::Tensor lg = matmul_2d(hc, w.t(), Kernels::fast);                 // [n, V]
       at::Tensor logp = at::_log_softmax(lg, 1, /*half_to_float=*/false);  // [n, V] fp32
@@ -162,8 +208,8 @@ bool onednn_linear_available() { return onednn_linear_op() != nullptr; }
 at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
   // fp32 only: for bf16, ATen's mm is already oneDNN's bf16 GEMM (and measured faster than
   // _linear_pointwise for the transposed operands of the backward).
-  if (kind == Kernels::fast && a.device().is_cpu() && a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
-      onednn_linear_available())
+  if (kind == Kernels::fast && fast_fp32().onednn && a.device().is_cpu() && a.scalar_type() == at::kFloat &&
+      b.scalar_type() == at::kFloat && onednn_linear_available())
     return onednn_linear(a, b.t());
   return at::mm(a, b);
 }
