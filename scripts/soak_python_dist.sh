@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Soak test of the multi-process Python tests: runs tests/python/test_distributed.py (its
-# 2-process job and its 4-process job, over torch's own Gloo groups) N times in a row and reports
+# 2-process job and its 4-process job, over torch's own Gloo groups) and test_qk_clip.py (QK-clip
+# at 2 and 4 ranks) N times in a row and reports
 # how many runs passed and failed. A hang shows up as a failed run (the test kills a job after
 # JOB_TIMEOUT_S; this script kills a run after 10 minutes). CI runs each test once
 # (ctest -R python_tests); this loop is for checking that no intermittent hang is left
@@ -30,7 +31,7 @@ for i in $(seq 1 "$N"); do
   t0=$(date +%s)
   log="$LOG_DIR/run$i.log"
   if PYTHONPATH="$BUILD_DIR/python" TORCH_COMPILE_DISABLE=1 timeout 600 \
-       python3 -m pytest -q -p no:cacheprovider tests/python/test_distributed.py >"$log" 2>&1; then
+       python3 -m pytest -q -p no:cacheprovider tests/python/test_distributed.py tests/python/test_qk_clip.py >"$log" 2>&1; then
     pass=$((pass + 1))
     rm -f "$log"
     result=pass
