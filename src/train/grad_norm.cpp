@@ -34,7 +34,7 @@ GradNorm grad_norm(const std::vector<at::Tensor>& params, Parallel& par, bool gr
   for (int k = 0; k < kReplicaAxes; ++k) {
     by_axis[k] = sums[k].empty() ? 0.0 : at::cat(sums[k]).sum().item<double>();
     local += by_axis[k];
-    // Each part once (the norm): the first of its replicas counts it.
+    // Each part once (the norm): the first of its replicas counts it (one process: every part).
     const auto& replicas = mesh.replicas(ReplicaAxis(k));
     counted += (!replicas || replicas->rank() == 0) ? by_axis[k] : 0.0;
   }
@@ -45,8 +45,6 @@ GradNorm grad_norm(const std::vector<at::Tensor>& params, Parallel& par, bool gr
     par.mesh().world().all_reduce_(t);
     counted = t[0].item<double>();
     every = t[1].item<double>();
-  } else {
-    counted = local;
   }
   const std::shared_ptr<comm::Group>& dp = mesh.replicas(ReplicaAxis::dp);
   const int dp_size = dp ? dp->size() : 1;
