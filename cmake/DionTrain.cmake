@@ -40,7 +40,7 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/model/moe.cpp
   ${DION_TRAIN_ROOT}/src/train/grad_norm.cpp
   ${DION_TRAIN_ROOT}/src/train/graphed_step.cpp
-  ${DION_TRAIN_ROOT}/src/train/model/cross_entropy_bf16.cpp
+  ${DION_TRAIN_ROOT}/src/train/model/cross_entropy_cpu.cpp
   ${DION_TRAIN_ROOT}/src/train/model/kernels.cpp
   ${DION_TRAIN_ROOT}/src/train/model/fit.cpp
   ${DION_TRAIN_ROOT}/src/train/loader.cpp
@@ -70,7 +70,7 @@ target_link_libraries(dion_train
 target_compile_definitions(dion_train PUBLIC FMT_HEADER_ONLY)
 target_precompile_headers(dion_train REUSE_FROM dion_pch)
 # GCC 12 reports the AVX-512 intrinsics' own _mm512_undefined_* operands as uninitialized.
-set_source_files_properties(${DION_TRAIN_ROOT}/src/train/model/cross_entropy_bf16.cpp
+set_source_files_properties(${DION_TRAIN_ROOT}/src/train/model/cross_entropy_cpu.cpp
   PROPERTIES COMPILE_OPTIONS "-Wno-uninitialized;-Wno-maybe-uninitialized")
 set_source_files_properties(
   ${DION_TRAIN_ROOT}/src/train/config_help.cpp ${DION_TRAIN_ROOT}/src/train/config_io.cpp
@@ -209,6 +209,13 @@ if(DION_BUILD_TESTS)
     set_tests_properties(TrainKernels.fast_fp32_${_plan} PROPERTIES LABELS train TIMEOUT 300
                          ENVIRONMENT DION_FAST_FP32=${_plan})
   endforeach()
+  # ATen's capability "default" leaves the one-pass loss kernel out (cross_entropy_cpu.h): the fast
+  # kind's fallback to ATen's log-softmax, which a CPU without AVX2 takes, is checked there.
+  add_test(NAME TrainKernels.aten_loss
+           COMMAND dion_train_tests --gtest_filter=TrainKernels.*
+           WORKING_DIRECTORY ${DION_TRAIN_ROOT})
+  set_tests_properties(TrainKernels.aten_loss PROPERTIES LABELS train TIMEOUT 300
+                       ENVIRONMENT ATEN_CPU_CAPABILITY=default)
   # Parallel layouts: several dion-train processes per test, one such test at a time
   # (RESOURCE_LOCK multiprocess, shared with the other multi-process suites).
   # The checkpoint soak loops, one iteration each (scripts/soak_train_{kill,diskfull}.sh run 20).

@@ -10,11 +10,13 @@
 //       AMD EPYC (Zen 5, 1 thread): oneDNN 2-2.5x MKL's fp32 sgemm on the lm_head's [1024, 128] x
 //       [128, 50304]; on an Intel Xeon the two are equal (docs/benchmarks.md).
 //     - the lm_head and the cross entropy fused and chunked by rows in fp32 (linear_cross_entropy):
-//       per chunk of kCrossEntropyChunkRows rows (kCrossEntropyChunkRowsIntel on Intel) the logits, their log-softmax, the loss and,
-//       when a gradient is wanted, d(loss)/d(logits) in place, then dh and dW; the [N, V]
-//       logits and their gradient never exist whole (the dominant allocation of the exact kind).
+//       per chunk of kCrossEntropyChunkRows rows the logits, then one pass of a loss kernel of
+//       our own over each row (src/train/model/cross_entropy_cpu.h: AVX-512 or AVX2; ATen's
+//       log-softmax elsewhere): the loss and, when a gradient is wanted, d(loss)/d(logits) in
+//       place, then dh and dW; the [N, V] logits and their gradient never exist whole (the
+//       dominant allocation of the exact kind).
 //     - in bf16 (autocast, or bf16 operands) on a CPU with AVX-512: the bf16 logits in one GEMM,
-//       then one pass of a loss kernel of our own over them (src/train/model/cross_entropy_bf16.h:
+//       then one pass of the same loss kernel over them (src/train/model/cross_entropy_cpu.h:
 //       fp32 max, exp and sum per row, as the reference's `logits.float()` and log-softmax),
 //       which writes the bf16 gradient over the logits; dh and dW as bf16 GEMMs. No fp32
 //       [N, V] tensor exists (ATen's loss makes about ten passes over such tensors).
@@ -35,7 +37,6 @@ namespace dion::train {
 enum class Kernels { exact, fast };
 
 inline constexpr int64_t kCrossEntropyChunkRows = 256;  // logits chunk [256, V]: ~51 MB fp32 at V = 50304
-inline constexpr int64_t kCrossEntropyChunkRowsIntel = 1024;  // with MKL's GEMMs (kernels.cpp): ~206 MB
 
 // True when oneDNN's linear is registered in this LibTorch build (fast GEMMs on CPU).
 bool onednn_linear_available();

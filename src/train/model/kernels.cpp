@@ -16,7 +16,7 @@
 #include <cpuid.h>
 #endif
 
-#include "cross_entropy_bf16.h"
+#include "cross_entropy_cpu.h"
 #include "dion/train/autocast.h"
 
 namespace dion::train {
@@ -73,17 +73,12 @@ struct FastLinearFn : torch::autograd::Function<FastLinearFn> {
   }
 };
 
-// The fast kind's fp32 plan for this CPU: the GEMMs' library and the lm_head's chunk of rows.
-// AMD (Zen 4 / 5): oneDNN, 2-2.5x MKL's sgemm there (MKL takes its non-Intel path), and chunks of
-// kCrossEntropyChunkRows. Intel: MKL's own path is as fast as oneDNN per GEMM, and MKL with
-// chunks of kCrossEntropyChunkRowsIntel took 386-399 ms a forward + backward against 512-544
-// (oneDNN, 256 rows) and 425-451 (the exact kind) on a Xeon with AMX (2 x 128, fp32, one thread,
-// docs/benchmarks.md). DION_FAST_FP32=onednn|mkl chooses (benchmarks, tests).
-struct FastFp32 {
-  bool onednn = true;
-  int64_t chunk_rows = kCrossEntropyChunkRows;
-};
-
+// The fast kind's fp32 GEMMs on this CPU. AMD (Zen 4 / 5): oneDNN, 2-2.5x MKL's sgemm there (MKL
+// takes its non-Intel path). Intel: MKL's own path is as fast as oneDNN per GEMM
+// (bench/fp32_gemm_paths.py) and takes `out` tensors, which the chunked loss writes into (no
+// copies of dh's rows or of dW); on a Xeon with AMX the MKL plan took 386-399 ms a forward +
+// backward against 512-544 for oneDNN's (2 x 128, fp32, one thread, docs/benchmarks.md).
+// DION_FAST_FP32=onednn|mkl chooses (benchmarks, tests).
 bool cpu_is_intel() {
 #if defined(__x86_64__) || defined(__i386__)
   unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -99,25 +94,81 @@ bool cpu_is_intel() {
 #endif
 }
 
-const FastFp32& fast_fp32() {
-  static const FastFp32 plan = [] {
+bool fast_fp32_onednn() {
+  static const bool onednn = [] {
     const char* env = std::getenv("DION_FAST_FP32");
     const std::string choice = env ? env : "";
     TORCH_CHECK(choice.empty() || choice == "mkl" || choice == "onednn", "DION_FAST_FP32='", choice,
                 "': valid values are 'mkl' and 'onednn' (unset: by CPU vendor)");
-    const bool mkl = choice.empty() ? cpu_is_intel() : choice == "mkl";
-    return mkl ? FastFp32{false, kCrossEntropyChunkRowsIntel} : FastFp32{};
+    return choice.empty() ? !cpu_is_intel() : choice == "onednn";
   }();
-  return plan;
+  return onednn;
 }
 
 // The fused, chunked lm_head + cross entropy, fp32. Forward: per chunk of rows, logits [n, V],
 // their log-softmax, the chunk's summed loss (- log p of each target); with `want_grad`, the
-// log-probabilities become (softmax - onehot) / n_valid in place and give dh (rows of the chunk)
-// and dW (accumulated). Backward scales the kept dh, dW by the loss's gradient.
+// logits become (softmax - onehot) / n_valid in place and give dh (rows of the chunk) and dW
+// (accumulated). With the one-pass loss kernel (cross_entropy_cpu.h: AVX-512 or AVX2) the kernel
+// does the loss and the gradient in one read of each row, where ATen's log-softmax, exp, scatter
+// and scale stream the whole chunk about five times (ATen's ops remain where the kernel does not
+// run). Backward scales the kept dh, dW by the loss's gradient.
 struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets,
                             int64_t ignore_index, bool want_grad) {
+    const bool kernel = h.device().is_cpu() && cross_entropy_inplace_available(at::kFloat);
+    return kernel ? forward_kernel(ctx, h, w, targets, ignore_index, want_grad)
+                  : forward_aten(ctx, h, w, targets, ignore_index, want_grad);
+  }
+
+  static at::Tensor forward_kernel(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w,
+                                   const at::Tensor& targets, int64_t ignore_index, bool want_grad) {
+    const int64_t N = h.size(0), V = w.size(0);
+    const at::Tensor cpu_targets = targets.to(at::kCPU);
+    const int64_t n_valid = cpu_targets.ne(ignore_index).sum().item<int64_t>();
+    const float scale = n_valid > 0 ? 1.0f / static_cast<float>(n_valid) : 0.0f;
+    const bool mkl = !fast_fp32_onednn();
+    at::Tensor dh, dw;
+    if (want_grad) {
+      dh = at::empty_like(h);
+      dw = at::empty({V, h.size(1)}, h.options());
+    }
+    double sum = 0;
+    const int64_t chunk = kCrossEntropyChunkRows;
+    for (int64_t s = 0; s < N; s += chunk) {
+      const int64_t n = std::min(chunk, N - s);
+      const at::Tensor hc = h.narrow(0, s, n);
+      at::Tensor lg;  // [n, V]
+      if (mkl) {
+        lg = at::empty({n, V}, h.options());
+        at::mm_out(lg, hc, w.t());
+      } else {
+        lg = matmul_2d(hc, w.t(), Kernels::fast);
+      }
+      sum += cross_entropy_inplace(lg, cpu_targets.narrow(0, s, n), ignore_index, scale, want_grad);
+      if (!want_grad) continue;
+      if (mkl) {
+        at::Tensor dh_rows = dh.narrow(0, s, n);
+        at::mm_out(dh_rows, lg, w);  // [n, C]
+        if (s == 0)
+          at::mm_out(dw, lg.t(), hc);  // [V, C]
+        else
+          dw.addmm_(lg.t(), hc);
+      } else {
+        dh.narrow(0, s, n).copy_(matmul_2d(lg, w, Kernels::fast));
+        if (s == 0)
+          dw.copy_(matmul_2d(lg.t(), hc, Kernels::fast));
+        else
+          dw.add_(matmul_2d(lg.t(), hc, Kernels::fast));
+      }
+    }
+    if (want_grad) ctx->save_for_backward({dh, dw});
+    // The mean over valid rows; none valid: nan, as F.cross_entropy.
+    const double mean = n_valid > 0 ? sum / static_cast<double>(n_valid) : std::nan("");
+    return at::scalar_tensor(mean, h.options());
+  }
+
+  static at::Tensor forward_aten(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w,
+                                 const at::Tensor& targets, int64_t ignore_index, bool want_grad) {
     const int64_t N = h.size(0), V = w.size(0);
     const auto f32 = h.options().dtype(at::kFloat);
     const at::Tensor valid = targets.ne(ignore_index);                                         // [N] bool
@@ -130,7 +181,7 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
       dh = at::empty_like(h);
       dw = at::zeros({V, h.size(1)}, f32);
     }
-    const int64_t chunk = fast_fp32().chunk_rows;
+    const int64_t chunk = kCrossEntropyChunkRows;
     for (int64_t s = 0; s < N; s += chunk) {
       const int64_t n = std::min(chunk, N - s);
       const at::Tensor hc = h.narrow(0, s, n), tc = safe_targets.narrow(0, s, n);
@@ -148,16 +199,19 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
     if (want_grad) ctx->save_for_backward({dh, dw});
     return loss_sum.div(n_valid);
   }
+
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     TORCH_CHECK(!saved.empty(), "linear_cross_entropy: backward of a forward that ran without gradients");
     const at::Tensor g = grads[0];
+    // loss.backward() seeds 1: the kept gradients as they are (x * 1 == x), no pass over dW.
+    if (g.is_cpu() && g.item<float>() == 1.0f) return {saved[0], saved[1], at::Tensor(), at::Tensor(), at::Tensor()};
     return {saved[0] * g, saved[1] * g, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 // The lm_head and the cross entropy in bf16 (autocast, or bf16 operands): the bf16 logits
-// h w^T in one GEMM, the one-pass loss kernel over them (cross_entropy_bf16.h), which with
+// h w^T in one GEMM, the one-pass loss kernel over them (cross_entropy_cpu.h), which with
 // `want_grad` overwrites them with d(loss)/d(logits) in bf16, then dh and dW as bf16 GEMMs, as
 // autocast's linear backward; the fp32 [N, V] copy and log-probabilities of ATen's loss never
 // exist. Backward scales the kept dh, dW by the loss's gradient and returns them in h's and w's
@@ -171,7 +225,7 @@ struct Bf16LinearCrossEntropyFn : torch::autograd::Function<Bf16LinearCrossEntro
     const at::Tensor cpu_targets = targets.to(at::kCPU);
     const int64_t n_valid = cpu_targets.ne(ignore_index).sum().item<int64_t>();
     const float scale = n_valid > 0 ? 1.0f / static_cast<float>(n_valid) : 0.0f;
-    const double sum = cross_entropy_bf16_inplace(logits, cpu_targets, ignore_index, scale, want_grad);
+    const double sum = cross_entropy_inplace(logits, cpu_targets, ignore_index, scale, want_grad);
     if (want_grad) {
       ctx->saved_data["h_dtype"] = static_cast<int64_t>(h.scalar_type());
       ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
@@ -195,7 +249,7 @@ struct Bf16LinearCrossEntropyFn : torch::autograd::Function<Bf16LinearCrossEntro
 
 // Where the bf16 kernel applies: CPU operands computing in bf16 (autocast to bf16, or both bf16).
 bool bf16_loss_applies(const at::Tensor& h, const at::Tensor& w) {
-  if (!h.device().is_cpu() || !w.device().is_cpu() || !cross_entropy_bf16_available()) return false;
+  if (!h.device().is_cpu() || !w.device().is_cpu() || !cross_entropy_inplace_available(at::kBFloat16)) return false;
   const auto ac = autocast_dtype(at::kCPU);
   if (ac) return *ac == at::kBFloat16 && at::isFloatingType(h.scalar_type()) && at::isFloatingType(w.scalar_type());
   return h.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16;
@@ -208,7 +262,7 @@ bool onednn_linear_available() { return onednn_linear_op() != nullptr; }
 at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
   // fp32 only: for bf16, ATen's mm is already oneDNN's bf16 GEMM (and measured faster than
   // _linear_pointwise for the transposed operands of the backward).
-  if (kind == Kernels::fast && fast_fp32().onednn && a.device().is_cpu() && a.scalar_type() == at::kFloat &&
+  if (kind == Kernels::fast && fast_fp32_onednn() && a.device().is_cpu() && a.scalar_type() == at::kFloat &&
       b.scalar_type() == at::kFloat && onednn_linear_available())
     return onednn_linear(a, b.t());
   return at::mm(a, b);

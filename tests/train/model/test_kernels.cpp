@@ -1,10 +1,13 @@
 // tests/train/model/test_kernels.cpp — the fast kernels (dion/train/kernels.h) against the exact ones.
 //
-// The bf16 loss kernel (src/train/model/cross_entropy_bf16.h) is checked against ATen's cross entropy
-// over the same bf16 logits cast to fp32 (the reference's `logits.float()`): the loss within
-// 1e-6 relative (fp32 sums of up to V = 1,031 terms in another order: ~sqrt(V) * 2^-24 = 2e-6
-// per row at worst, far less on the mean), the gradient within one bf16 rounding step
-// (2^-8 relative: both round the same fp32 value, computed in another order, to bf16).
+// The one-pass loss kernel (src/train/model/cross_entropy_cpu.h) is checked against ATen's cross
+// entropy over the same logits (bf16 ones cast to fp32: the reference's `logits.float()`): the
+// loss within 1e-6 relative (fp32 sums of up to V = 1,031 terms in another order: ~sqrt(V) *
+// 2^-24 = 2e-6 per row at worst, far less on the mean); the gradient, bf16: within one bf16
+// rounding step (2^-8 relative: both round the same fp32 value, computed in another order, to
+// bf16); fp32: within 1e-5 relative + 1e-9 absolute (ours is exp(x - m) * (scale / s), ATen's
+// exp(x - m - log s) * scale: a few fp32 roundings and Sleef's 1-ULP exp apart, ~1e-6; a wrong
+// term, a missing scale or a misplaced onehot moves an element by far more).
 // The fast kind computes the same math in another order (oneDNN's GEMM blocking, the loss summed
 // per chunk of rows, dW accumulated over chunks), so it is compared with a tolerance:
 //   fp32: |fast - exact| <= 2e-5 * max|exact| (+1e-7 absolute for values near 0). Each output is
@@ -25,7 +28,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "../../../src/train/model/cross_entropy_bf16.h"
+#include "../../../src/train/model/cross_entropy_cpu.h"
 #include "cpu_kind.h"
 #include "dion/train/autocast.h"
 #include "dion/train/gpt.h"
@@ -158,72 +161,84 @@ TEST(TrainKernels, BadShapesNameThem) {
   }
 }
 
-TEST(TrainKernels, Bf16LossKernelRunsWhereTheCpuHasAvx512) {
+TEST(TrainKernels, LossKernelRunsWhereTheCpuHasIt) {
   using dion::testing::cpu_flag;
-  // ... and ATen runs its AVX-512 kernels (not under ATEN_CPU_CAPABILITY=avx2: scripts/test_avx2.sh).
+  // ... and ATen runs its AVX-512 (AVX2) kernels: scripts/test_avx2.sh sets ATEN_CPU_CAPABILITY=avx2.
   const bool avx512 =
       cpu_flag("avx512f") && cpu_flag("avx512bw") && cpu_flag("avx512vl") && dion::testing::aten_avx512();
-  EXPECT_EQ(cross_entropy_bf16_available(), avx512);
-  std::printf("AVX-512 F/BW/VL: %s\n", avx512 ? "yes, the bf16 loss kernel runs" : "no, ATen's loss instead");
+  const std::string cap = at::get_cpu_capability();
+  const bool avx2 = cpu_flag("avx2") && cpu_flag("fma") && (cap == "AVX2" || cap == "AVX512");
+  EXPECT_EQ(cross_entropy_inplace_available(at::kBFloat16), avx512);
+  EXPECT_EQ(cross_entropy_inplace_available(at::kFloat), avx512 || avx2);
+  EXPECT_FALSE(cross_entropy_inplace_available(at::kDouble));
+  std::printf("the loss kernel: bf16 %s, fp32 %s (ATen's capability %s)\n", avx512 ? "AVX-512" : "no (ATen's loss)",
+              avx512 ? "AVX-512" : (avx2 ? "AVX2" : "no (ATen's loss)"), cap.c_str());
 }
 
-// V = 1031 (not a multiple of the 16 lanes), every 5th row ignored, logits around 0 and shifted by
-// 60 (exp would overflow fp32 without the max).
-TEST(TrainKernels, Bf16LossKernelEqualsAtenCrossEntropyOverTheSameLogits) {
-  if (!cross_entropy_bf16_available()) GTEST_SKIP() << "AVX-512 F/BW/VL unavailable";
+// V = 1031 (not a multiple of the 16 or 8 lanes), every 5th row ignored, logits around 0 and
+// shifted by 60 (exp would overflow fp32 without the max).
+class LossKernel : public ::testing::TestWithParam<at::ScalarType> {};
+
+TEST_P(LossKernel, EqualsAtenCrossEntropyOverTheSameLogits) {
+  const at::ScalarType dtype = GetParam();
+  if (!cross_entropy_inplace_available(dtype)) GTEST_SKIP() << "no loss kernel for this dtype on this CPU";
+  const bool bf16 = dtype == at::kBFloat16;
   for (double shift : {0.0, 60.0}) {
     SCOPED_TRACE("shift " + std::to_string(shift));
     at::manual_seed(7);
     const int64_t N = 45, V = 1031;
-    const at::Tensor logits = (at::randn({N, V}) * 3 + shift).to(at::kBFloat16);
+    const at::Tensor logits = (at::randn({N, V}) * 3 + shift).to(dtype);
     at::Tensor t = at::randint(0, V, {N}, at::kLong);
     t.index_put_({at::arange(0, N, 5)}, -1);
     const int64_t n_valid = t.ne(-1).sum().item<int64_t>();
     at::Tensor x = logits.to(at::kFloat).requires_grad_();
     at::Tensor ref = at::cross_entropy_loss(x, t, {}, at::Reduction::Mean, -1);
     ref.backward();
-    const at::Tensor ref_grad = x.grad().to(at::kBFloat16).to(at::kFloat);
+    const at::Tensor ref_grad = bf16 ? x.grad().to(at::kBFloat16).to(at::kFloat) : x.grad();
 
     at::Tensor ours = logits.clone();
-    const double sum = cross_entropy_bf16_inplace(ours, t, -1, 1.0f / static_cast<float>(n_valid), true);
+    const double sum = cross_entropy_inplace(ours, t, -1, 1.0f / static_cast<float>(n_valid), true);
     const double loss = sum / static_cast<double>(n_valid);
     EXPECT_NEAR(loss, ref.item<double>(), 1e-6 * std::abs(ref.item<double>()));
     const at::Tensor g = ours.to(at::kFloat);
-    const at::Tensor excess = (g - ref_grad).abs() - ref_grad.abs() * (1.0 / 256) - 1e-30;
-    EXPECT_LE(excess.max().item<double>(), 0.0) << "more than one bf16 rounding step from ATen's gradient";
+    const at::Tensor excess = bf16 ? (g - ref_grad).abs() - ref_grad.abs() * (1.0 / 256) - 1e-30
+                                   : (g - ref_grad).abs() - ref_grad.abs() * 1e-5 - 1e-9;
+    EXPECT_LE(excess.max().item<double>(), 0.0) << "further from ATen's gradient than the tolerance";
     EXPECT_TRUE(at::equal(g.index({at::arange(0, N, 5)}), at::zeros({(N + 4) / 5, V}))) << "ignored rows";
-    std::printf("shift %.0f: loss %.9g (ATen %.9g), gradient elements that differ: %lld of %lld\n", shift, loss,
-                ref.item<double>(), static_cast<long long>(g.ne(ref_grad).sum().item<int64_t>()),
-                static_cast<long long>(g.numel()));
+    std::printf("%s, shift %.0f: loss %.9g (ATen %.9g), gradient elements that differ: %lld of %lld\n",
+                bf16 ? "bf16" : "fp32", shift, loss, ref.item<double>(),
+                static_cast<long long>(g.ne(ref_grad).sum().item<int64_t>()), static_cast<long long>(g.numel()));
 
     at::Tensor no_grad = logits.clone();
-    EXPECT_EQ(cross_entropy_bf16_inplace(no_grad, t, -1, 1.0f, false), sum) << "the loss without the gradient";
+    EXPECT_EQ(cross_entropy_inplace(no_grad, t, -1, 1.0f, false), sum) << "the loss without the gradient";
     EXPECT_TRUE(at::equal(no_grad, logits)) << "without the gradient the logits stay";
   }
 }
 
-TEST(TrainKernels, Bf16LossKernelIsTheSameForAnyThreadCount) {
-  if (!cross_entropy_bf16_available()) GTEST_SKIP() << "AVX-512 F/BW/VL unavailable";
+TEST_P(LossKernel, IsTheSameForAnyThreadCount) {
+  const at::ScalarType dtype = GetParam();
+  if (!cross_entropy_inplace_available(dtype)) GTEST_SKIP() << "no loss kernel for this dtype on this CPU";
   at::manual_seed(8);
-  const at::Tensor logits = at::randn({64, 300}).to(at::kBFloat16);
+  const at::Tensor logits = at::randn({64, 300}).to(dtype);
   const at::Tensor t = at::randint(0, 300, {64}, at::kLong);
   const int threads = at::get_num_threads();
   at::Tensor a = logits.clone(), b = logits.clone();
   at::set_num_threads(1);
-  const double la = cross_entropy_bf16_inplace(a, t, -1, 1.0f / 64, true);
+  const double la = cross_entropy_inplace(a, t, -1, 1.0f / 64, true);
   at::set_num_threads(2);
-  const double lb = cross_entropy_bf16_inplace(b, t, -1, 1.0f / 64, true);
+  const double lb = cross_entropy_inplace(b, t, -1, 1.0f / 64, true);
   at::set_num_threads(threads);
   EXPECT_EQ(la, lb);
   EXPECT_TRUE(at::equal(a, b));
 }
 
-TEST(TrainKernels, Bf16LossKernelNamesAnOutOfBoundsTarget) {
-  if (!cross_entropy_bf16_available()) GTEST_SKIP() << "AVX-512 F/BW/VL unavailable";
-  at::Tensor logits = at::zeros({3, 10}, at::kBFloat16);
+TEST_P(LossKernel, NamesAnOutOfBoundsTarget) {
+  const at::ScalarType dtype = GetParam();
+  if (!cross_entropy_inplace_available(dtype)) GTEST_SKIP() << "no loss kernel for this dtype on this CPU";
+  at::Tensor logits = at::zeros({3, 10}, dtype);
   const at::Tensor t = at::tensor(std::vector<int64_t>{1, 10, 2});
   try {
-    cross_entropy_bf16_inplace(logits, t, -1, 1.0f, true);
+    cross_entropy_inplace(logits, t, -1, 1.0f, true);
     FAIL() << "no error";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("target 10 of row 1 is out of bounds (the vocabulary has 10 entries)"),
@@ -231,6 +246,9 @@ TEST(TrainKernels, Bf16LossKernelNamesAnOutOfBoundsTarget) {
         << e.what();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(TrainKernels, LossKernel, ::testing::Values(at::kBFloat16, at::kFloat),
+                         [](const auto& info) { return std::string(info.param == at::kFloat ? "fp32" : "bf16"); });
 
 // bf16 operands without autocast (FSDP's bf16 gathers) take the bf16 kernel too; the gradients come
 // back in the operands' dtype.

@@ -1,0 +1,34 @@
+// src/train/model/cross_entropy_cpu.h — the one-pass cross entropy over CPU logits, bf16 or fp32
+// (private to src/train/model; kernels.cpp's fast kind uses it).
+//
+// cross_entropy_inplace(logits [N, V], contiguous, bf16 or fp32; targets [N] int64) reads each
+// row as fp32 and computes, per row, m = max, s = sum exp(x - m), the row's loss
+// m + log s - x[target] (the reference's log-softmax and NLL in fp32), and with `grad` writes
+// d(loss)/d(logits) = (exp(x - m) / s - onehot(target)) * scale over the logits (bf16: rounded to
+// nearest even, as ATen's fp32 -> bf16). A row whose target is ignore_index has loss 0 and
+// gradient 0. Returns the sum of the rows' losses (in row order, double). Rows run in parallel
+// (at::parallel_for); the result does not depend on the thread count. Each row is read from
+// memory once: at V = 50304 a row is 201 KB (fp32), which stays in the cache for the exp and
+// gradient passes (ATen's log-softmax, exp, scatter and scale each stream the whole [N, V]).
+//
+// Where it runs (cross_entropy_inplace_available):
+//   - bf16 and fp32 on a CPU with AVX-512 F, BW and VL (Intel Skylake-SP and later, AMD Zen 4 and
+//     later) while ATen runs its AVX-512 kernels;
+//   - fp32 on a CPU with AVX2 and FMA (AMD Zen 3) while ATen runs at least its AVX2 kernels.
+// The kernels are compiled for those instruction sets with function attributes (the rest of the
+// program is not); elsewhere callers take ATen's ops. exp is Sleef's expf16_u10 / expf8_u10 (the
+// ones ATen's vectorized exp calls, exported by LibTorch).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace dion::train {
+
+bool cross_entropy_inplace_available(at::ScalarType dtype);
+
+double cross_entropy_inplace(at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index, float scale,
+                             bool grad);
+
+}  // namespace dion::train
