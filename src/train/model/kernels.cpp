@@ -242,6 +242,8 @@ struct Bf16LinearCrossEntropyFn : torch::autograd::Function<Bf16LinearCrossEntro
     const at::Tensor g = grads[0];
     const auto h_dtype = static_cast<at::ScalarType>(ctx->saved_data["h_dtype"].toInt());
     const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    if (g.is_cpu() && g.item<float>() == 1.0f)  // loss.backward(): x.to(fp32) * 1 is x.to(fp32)
+      return {saved[0].to(h_dtype), saved[1].to(w_dtype), at::Tensor(), at::Tensor(), at::Tensor()};
     return {(saved[0].to(at::kFloat) * g).to(h_dtype), (saved[1].to(at::kFloat) * g).to(w_dtype), at::Tensor(),
             at::Tensor(), at::Tensor()};
   }
