@@ -1,16 +1,25 @@
 #!/usr/bin/env python3
 """fp32 GEMMs through MKL (F.linear, at::mm) and through oneDNN (mkldnn::_linear_pointwise, what
-dion-train's `model_kernels: fast` calls) at the shapes of the 2 x 128 GPT of bench/train_speed.py:
-the lm_head's 256-row chunk (forward, dh, dW) and the blocks' linears. One thread, medians of 9.
+dion-train's `model_kernels: fast` calls) at the shapes of the GPT of bench/train_speed.py (batch
+8 x 128 tokens, vocabulary 50304; --width C, default 128): the lm_head's 256-row chunk (forward,
+dh, dW) and the blocks' linears. One thread, medians of 9.
 
-    python3 bench/fp32_gemm_paths.py
+    python3 bench/fp32_gemm_paths.py [--width 128] [--layers 2]
 
-Prints the CPU, the load average and, per shape, both times, GFLOP/s and oneDNN's time over MKL's.
-Not a test: nothing asserts on time.
+Prints the CPU, the load average and, per shape, both times, GFLOP/s and oneDNN's time over MKL's;
+then the GEMM time of one forward + backward of the --layers x --width model on the faster
+library per shape (the lm_head's 4 chunks x 3 products, each block's q, k, v, proj, fc and mlp
+proj x 3: forward, dx, dW; attention's own products left out): the floor no fused elementwise
+code can go below. The script runs under dion-train's allocator settings (it re-executes itself
+with MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=4294967295, glibc's names for the mallopt calls
+dion-train makes), so that a product's output reuses freed memory instead of faulting in 51 MB of
+fresh pages each time. Not a test: nothing asserts on time.
 """
 import argparse
+import os
 import statistics
 import subprocess
+import sys
 import time
 
 import torch
@@ -28,27 +37,40 @@ def median_seconds(fn, n=9):
 
 
 def main():
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    if os.environ.get("MALLOC_MMAP_MAX_") != "0":  # dion-train's allocator settings (tools/dion-train/main.cpp)
+        env = dict(os.environ, MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_="4294967295")
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--width", type=int, default=128, help="the model width C")
+    p.add_argument("--layers", type=int, default=2, help="blocks, for the forward + backward total")
+    args = p.parse_args()
     torch.set_num_threads(1)
     onednn = torch.ops.mkldnn._linear_pointwise
-    R, C, V, N = 256, 128, 50304, 1024
+    R, C, V, N = 256, args.width, 50304, 1024
     cases = [
-        ("lm_head chunk forward [256,128]x[128,50304]", torch.randn(R, C), torch.randn(V, C)),
-        ("lm_head chunk dh [256,50304]x[50304,128]", torch.randn(R, V), torch.randn(C, V)),
-        ("lm_head chunk dW [50304,256]x[256,128]", torch.randn(V, R), torch.randn(C, R)),
-        ("qkv [1024,128]x[128,384]", torch.randn(N, C), torch.randn(3 * C, C)),
-        ("mlp up [1024,128]x[128,512]", torch.randn(N, C), torch.randn(4 * C, C)),
-        ("mlp down [1024,512]x[512,128]", torch.randn(N, 4 * C), torch.randn(C, 4 * C)),
+        # (name, x, w, times in one forward + backward: lm_head 4 chunks; per block 3 per linear)
+        (f"lm_head chunk forward [{R},{C}]x[{C},{V}]", torch.randn(R, C), torch.randn(V, C), 4),
+        (f"lm_head chunk dh [{R},{V}]x[{V},{C}]", torch.randn(R, V), torch.randn(C, V), 4),
+        (f"lm_head chunk dW [{V},{R}]x[{R},{C}]", torch.randn(V, R), torch.randn(C, R), 4),
+        (f"q, k, v, proj [{N},{C}]x[{C},{C}]", torch.randn(N, C), torch.randn(C, C), 4 * 3 * args.layers),
+        (f"mlp up [{N},{C}]x[{C},{4 * C}]", torch.randn(N, C), torch.randn(4 * C, C), 3 * args.layers),
+        (f"mlp down [{N},{4 * C}]x[{4 * C},{C}]", torch.randn(N, 4 * C), torch.randn(C, 4 * C), 3 * args.layers),
     ]
     cpu = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"], capture_output=True, text=True)
     with open("/proc/loadavg") as f:
         print(f"{cpu.stdout.strip()}; load {f.read().split()[:3]}; torch {torch.__version__}; 1 thread")
-    for name, x, w in cases:
+    for _, x, w, _ in cases:  # the heap grows to its steady size before any timing
+        torch.nn.functional.linear(x, w)
+        onednn(x, w, None, "none", [], "")
+    floor = 0.0
+    for name, x, w, times in cases:
         flops = 2 * x.shape[0] * x.shape[1] * w.shape[0]
         a = median_seconds(lambda: torch.nn.functional.linear(x, w))
         b = median_seconds(lambda: onednn(x, w, None, "none", [], ""))
+        floor += times * min(a, b)
         print(f"{name:45s} MKL {a * 1e3:7.2f} ms {flops / a / 1e9:6.1f} GF/s | "
               f"oneDNN {b * 1e3:7.2f} ms {flops / b / 1e9:6.1f} GF/s | oneDNN/MKL {b / a:.2f}")
+    print(f"one forward + backward of {args.layers} x {C}: {floor * 1e3:.0f} ms of GEMMs (the faster library per shape)")
 
 
 if __name__ == "__main__":
