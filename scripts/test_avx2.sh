@@ -6,8 +6,8 @@
 #   scripts/test_avx2.sh            # the whole suite, capped (arguments go to ctest: -R MoeRun)
 #
 # The caps: ATen's own kernels (ATEN_CPU_CAPABILITY), oneDNN (ONEDNN_MAX_CPU_ISA), MKL
-# (MKL_ENABLE_INSTRUCTIONS); the project's own AVX-512 kernel, the bf16 loss, follows ATen's
-# capability (cross_entropy_bf16_available). Sanitizers are left out (DION_SKIP_SANITIZE=1):
+# (MKL_ENABLE_INSTRUCTIONS); the project's own loss kernel (AVX-512, or AVX2 for fp32) follows ATen's
+# capability (cross_entropy_inplace_available). Sanitizers are left out (DION_SKIP_SANITIZE=1):
 # they check the data library, which uses none of these kernels. What the caps do not change:
 # the CPU's flags (/proc/cpuinfo), so a test that picks a recording by CPU kind asks
 # tests/cpu_kind.h, which reads the caps too.
