@@ -76,8 +76,9 @@ struct FastLinearFn : torch::autograd::Function<FastLinearFn> {
 // The fast kind's fp32 GEMMs on this CPU. AMD (Zen 4 / 5): oneDNN, 2-2.5x MKL's sgemm there (MKL
 // takes its non-Intel path). Intel: MKL's own path is as fast as oneDNN per GEMM
 // (bench/fp32_gemm_paths.py) and takes `out` tensors, which the chunked loss writes into (no
-// copies of dh's rows or of dW); on a Xeon with AMX the MKL plan took 386-399 ms a forward +
-// backward against 512-544 for oneDNN's (2 x 128, fp32, one thread, docs/benchmarks.md).
+// copies of dh's rows or of dW); on a Xeon with AMX, MKL's plan took 386-399 ms a forward +
+// backward against 512-544 for oneDNN's before the loss kernel, 343-386 with it (2 x 128, fp32,
+// one thread, docs/benchmarks.md).
 // DION_FAST_FP32=onednn|mkl chooses (benchmarks, tests).
 bool cpu_is_intel() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -130,7 +131,7 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
     at::Tensor dh, dw;
     if (want_grad) {
       dh = at::empty_like(h);
-      dw = at::empty({V, h.size(1)}, h.options());
+      dw = N > 0 ? at::empty({V, h.size(1)}, h.options()) : at::zeros({V, h.size(1)}, h.options());  // (N > 0: written)
     }
     double sum = 0;
     const int64_t chunk = kCrossEntropyChunkRows;
