@@ -179,8 +179,7 @@ double cross_entropy_inplace(at::Tensor& logits, const at::Tensor& targets, int6
   const int64_t N = logits.size(0), V = logits.size(1);
   TORCH_CHECK(
       targets.dim() == 1 && targets.size(0) == N && targets.scalar_type() == at::kLong && targets.device().is_cpu(),
-      "cross_entropy_inplace: targets must be CPU int64 [", N, "]; got ", targets.sizes(), " ",
-      targets.scalar_type());
+      "cross_entropy_inplace: targets must be CPU int64 [", N, "]; got ", targets.sizes(), " ", targets.scalar_type());
   const at::Tensor t = targets.contiguous();
   const int64_t* tp = t.const_data_ptr<int64_t>();
   for (int64_t r = 0; r < N; ++r)

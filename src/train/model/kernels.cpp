@@ -175,7 +175,8 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
     const at::Tensor valid = targets.ne(ignore_index);                                         // [N] bool
     const at::Tensor safe_targets = targets.masked_fill(valid.logical_not(), 0).unsqueeze(1);  // [N, 1]
     const at::Tensor n_valid = valid.sum().to(at::kFloat);  // 0-dim; 0 gives nan, as F.cross_entropy
-    const at::Tensor row_scale = valid.to(at::kFloat).div(n_valid).unsqueeze(1);  // [N, 1]: 1/n_valid or 0
+    // [N, 1]: 1/n_valid or 0 (every row ignored: 0, so zero gradients, as F.cross_entropy's)
+    const at::Tensor row_scale = valid.to(at::kFloat).div(n_valid.clamp_min(1)).unsqueeze(1);
     at::Tensor loss_sum = at::zeros({}, f32);
     at::Tensor dh, dw;
     if (want_grad) {

@@ -149,16 +149,18 @@ TEST(TrainKernels, AllTargetsIgnoredIsNanAsCrossEntropy) {
   const at::Tensor t = at::full({4}, -1, at::kLong);
   EXPECT_TRUE(std::isnan(linear_cross_entropy(h, w, t, Kernels::exact).item<double>()));
   EXPECT_TRUE(std::isnan(linear_cross_entropy(h, w, t, Kernels::fast).item<double>()));
-  // The fast kind's gradients: ignored rows contribute nothing, so zeros; also with no rows at all.
-  for (int64_t rows : {4, 0}) {
-    SCOPED_TRACE("rows " + std::to_string(rows));
-    const at::Tensor hg = at::randn({rows, 8}).requires_grad_(), wg = at::randn({10, 8}).requires_grad_();
-    const at::Tensor loss = linear_cross_entropy(hg, wg, at::full({rows}, -1, at::kLong), Kernels::fast);
-    EXPECT_TRUE(std::isnan(loss.item<double>()));
-    loss.backward();
-    EXPECT_TRUE(at::equal(hg.grad(), at::zeros_like(hg))) << hg.grad();
-    EXPECT_TRUE(at::equal(wg.grad(), at::zeros_like(wg))) << wg.grad();
-  }
+  // The gradients: ignored rows contribute nothing, so zeros (as F.cross_entropy's); also with no
+  // rows at all.
+  for (int64_t rows : {4, 0})
+    for (Kernels kind : {Kernels::exact, Kernels::fast}) {
+      SCOPED_TRACE("rows " + std::to_string(rows) + (kind == Kernels::fast ? ", fast" : ", exact"));
+      const at::Tensor hg = at::randn({rows, 8}).requires_grad_(), wg = at::randn({10, 8}).requires_grad_();
+      const at::Tensor loss = linear_cross_entropy(hg, wg, at::full({rows}, -1, at::kLong), kind);
+      EXPECT_TRUE(std::isnan(loss.item<double>()));
+      loss.backward();
+      EXPECT_TRUE(at::equal(hg.grad(), at::zeros_like(hg))) << hg.grad();
+      EXPECT_TRUE(at::equal(wg.grad(), at::zeros_like(wg))) << wg.grad();
+    }
 }
 
 TEST(TrainKernels, BadShapesNameThem) {
