@@ -2,6 +2,7 @@
 #include "dion/train/moe.h"
 
 #include <ATen/ATen.h>
+#include <torch/autograd.h>
 #include <torch/nn/modules/linear.h>
 
 #include <chrono>
@@ -9,13 +10,88 @@
 #include <string>
 #include <vector>
 
+#include "dion/train/autocast.h"
+#include "dion/train/kernels.h"
+
 namespace dion::train {
 
 namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
 std::vector<int64_t> to_vector(const at::Tensor& t) {
   const at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
   return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
 }
+
+// Calls f(e, first_row, rows) for every expert e with rows.
+template <class F>
+void for_each_group(const std::vector<int64_t>& counts, F&& f) {
+  int64_t at = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] > 0) f(int64_t(e), at, counts[e]);
+    at += counts[e];
+  }
+}
+
+// The routed experts over rows grouped by expert, as one autograd node: y = relu(x W1[e]^T)^2
+// W2[e]^T on each expert's rows. Forward and backward write each expert's GEMMs into one
+// preallocated buffer per product, and relu and square (and their backward) are one pass over
+// all rows. A loop of per-expert linears costs per expert an autograd node each for narrow,
+// select, linear, relu, square and linear plus a cat, and narrow's and select's backward each
+// fill a zero tensor of the whole input (xs [R, C], the stack [E, H, C]) per expert: 1.5x the
+// dense MLP's forward + backward at 8 experts of 1024 rows (C 128, H 170, one Xeon thread,
+// 2026-12-06) against 1.0x for this. The products are the same GEMMs on the same operands
+// (matmul_2d's kinds), so the values are the loop's.
+struct GroupedExpertsFn : torch::autograd::Function<GroupedExpertsFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& xs, const at::Tensor& W1, const at::Tensor& W2,
+                            std::vector<int64_t> counts, int64_t kind_) {
+    const Kernels kind = Kernels(kind_);
+    const at::Tensor x = xs.contiguous();
+    const int64_t R = x.size(0), H = W1.size(1), C = W2.size(1);
+    const at::Tensor h = at::empty({R, H}, x.options()), y = at::empty({R, C}, x.options());
+    for_each_group(counts, [&](int64_t e, int64_t at, int64_t n) {
+      matmul_2d_out(h.narrow(0, at, n), x.narrow(0, at, n), W1.select(0, e).t(), kind);
+    });
+    h.relu_();
+    const at::Tensor act = h.square();
+    for_each_group(counts, [&](int64_t e, int64_t at, int64_t n) {
+      matmul_2d_out(y.narrow(0, at, n), act.narrow(0, at, n), W2.select(0, e).t(), kind);
+    });
+    ctx->save_for_backward({x, W1, W2, h, act});
+    ctx->saved_data["counts"] = counts;
+    ctx->saved_data["kind"] = kind_;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &W1 = saved[1], &W2 = saved[2], &h = saved[3], &act = saved[4];
+    const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
+    const Kernels kind = Kernels(ctx->saved_data["kind"].toInt());
+    const at::Tensor dy = grads[0].contiguous();
+    const bool want_w1 = ctx->needs_input_grad(1), want_w2 = ctx->needs_input_grad(2);
+    const at::Tensor da = at::empty_like(h);
+    const at::Tensor dW1 = want_w1 ? at::zeros_like(W1, at::MemoryFormat::Contiguous) : at::Tensor();
+    const at::Tensor dW2 = want_w2 ? at::zeros_like(W2, at::MemoryFormat::Contiguous) : at::Tensor();
+    for_each_group(counts, [&](int64_t e, int64_t at, int64_t n) {
+      const at::Tensor g = dy.narrow(0, at, n);
+      matmul_2d_out(da.narrow(0, at, n), g, W2.select(0, e), kind);
+      if (want_w2) matmul_2d_out(dW2.select(0, e), g.t(), act.narrow(0, at, n), kind);
+    });
+    // d/da relu(a)^2 = 2 relu(a): zero where relu cut, so no separate mask.
+    da.mul_(h).mul_(2);
+    const at::Tensor dx = ctx->needs_input_grad(0) ? at::empty_like(x) : at::Tensor();
+    for_each_group(counts, [&](int64_t e, int64_t at, int64_t n) {
+      const at::Tensor g = da.narrow(0, at, n);
+      if (dx.defined()) matmul_2d_out(dx.narrow(0, at, n), g, W1.select(0, e), kind);
+      if (want_w1) matmul_2d_out(dW1.select(0, e), g.t(), x.narrow(0, at, n), kind);
+    });
+    return {dx, dW1, dW2, at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 MoEImpl::MoEImpl(const GPTConfig& cfg) : cfg_(cfg.moe), hidden_(cfg.moe.expert_dim), kernels_(cfg.kernels) {
@@ -142,6 +218,15 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const at::Tensor& sel, const at
 at::Tensor MoEImpl::grouped(const at::Tensor& xs, const std::vector<int64_t>& counts, int64_t first) {
   ModelParallel* par = parallel.get();
   const at::Tensor W1 = par ? par->weight(w1) : w1, W2 = par ? par->weight(w2) : w2;
+  // GroupedExpertsFn computes in the operands' dtype: under autocast (which casts each GEMM's
+  // operands) or with mixed dtypes, the loop of linears below.
+  if (xs.scalar_type() == W1.scalar_type() && W1.scalar_type() == W2.scalar_type() &&
+      !autocast_dtype(xs.device().type())) {
+    const int64_t n = int64_t(counts.size());
+    const bool all = first == 0 && n == W1.size(0);  // no narrow node when it is the whole stack
+    return GroupedExpertsFn::apply(xs, all ? W1 : W1.narrow(0, first, n), all ? W2 : W2.narrow(0, first, n), counts,
+                                   int64_t(kernels_));
+  }
   std::vector<at::Tensor> out;
   int64_t at = 0;
   for (size_t e = 0; e < counts.size(); ++e) {
