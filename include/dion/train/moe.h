@@ -69,8 +69,8 @@ class MoEImpl : public torch::nn::Module {
   // `meanwhile` runs while the tokens travel to their experts (the shared experts' forward).
   at::Tensor routed(const at::Tensor& xf, const at::Tensor& sel, const at::Tensor& w,
                     const std::function<void()>& meanwhile);
-  // Rows xs grouped by local expert (counts[e] rows each) through their experts.
-  at::Tensor grouped(const at::Tensor& xs, const std::vector<int64_t>& counts, int64_t first_expert);
+  // Rows xs in blocks, block i counts[i] rows for local expert experts[i], through their experts.
+  at::Tensor grouped(const at::Tensor& xs, const std::vector<int64_t>& experts, const std::vector<int64_t>& counts);
 
   MoEConfig cfg_;
   int64_t hidden_;
