@@ -44,6 +44,10 @@ bool onednn_linear_available();
 // a [M, K] @ b [K, N] -> [M, N]; no autograd. `fast`: oneDNN for CPU fp32, else at::mm.
 at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind);
 
+// The same product written into `out` [M, N] (e.g. a block of rows of a larger buffer, so that
+// grouped GEMMs fill one output without a cat): at::mm_out, or oneDNN's result copied in.
+void matmul_2d_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, Kernels kind);
+
 // The three GEMMs of a linear without autograd, for autograd functions of their own (FSDP's
 // resharded linear): y = x w^T [.., out]; dx = dy w reshaped to x_sizes; dW = dy^T x over the
 // flattened leading dims [out, in]. exact: at::linear and at::mm (at::linear's own backward).

@@ -263,13 +263,27 @@ bool bf16_loss_applies(const at::Tensor& h, const at::Tensor& w) {
 
 bool onednn_linear_available() { return onednn_linear_op() != nullptr; }
 
+namespace {
+// fp32 only: for bf16, ATen's mm is already oneDNN's bf16 GEMM (and measured faster than
+// _linear_pointwise for the transposed operands of the backward).
+bool matmul_uses_onednn(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
+  return kind == Kernels::fast && fast_fp32_onednn() && a.device().is_cpu() && a.scalar_type() == at::kFloat &&
+         b.scalar_type() == at::kFloat && onednn_linear_available();
+}
+}  // namespace
+
 at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
-  // fp32 only: for bf16, ATen's mm is already oneDNN's bf16 GEMM (and measured faster than
-  // _linear_pointwise for the transposed operands of the backward).
-  if (kind == Kernels::fast && fast_fp32_onednn() && a.device().is_cpu() && a.scalar_type() == at::kFloat &&
-      b.scalar_type() == at::kFloat && onednn_linear_available())
-    return onednn_linear(a, b.t());
+  if (matmul_uses_onednn(a, b, kind)) return onednn_linear(a, b.t());
   return at::mm(a, b);
+}
+
+void matmul_2d_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, Kernels kind) {
+  if (matmul_uses_onednn(a, b, kind)) {
+    out.copy_(onednn_linear(a, b.t()));
+    return;
+  }
+  at::Tensor o = out;  // a handle to the same view: mm_out writes through it
+  at::mm_out(o, a, b);
 }
 
 at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& w, Kernels kind) {

@@ -2,6 +2,7 @@
 #include "dion/train/moe.h"
 
 #include <ATen/ATen.h>
+#include <torch/autograd.h>
 #include <torch/nn/modules/linear.h>
 
 #include <chrono>
@@ -9,13 +10,104 @@
 #include <string>
 #include <vector>
 
+#include "dion/train/autocast.h"
+#include "dion/train/kernels.h"
+
 namespace dion::train {
 
 namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
 std::vector<int64_t> to_vector(const at::Tensor& t) {
   const at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
   return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
 }
+
+// Calls f(expert, first_row, rows) for every non-empty block of rows: block i is counts[i] rows
+// of expert experts[i], the blocks one after another.
+template <class F>
+void for_each_group(const std::vector<int64_t>& experts, const std::vector<int64_t>& counts, F&& f) {
+  int64_t at = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] > 0) f(experts[i], at, counts[i]);
+    at += counts[i];
+  }
+}
+
+// The routed experts over blocks of rows, as one autograd node: y = relu(x W1[e]^T)^2 W2[e]^T on
+// each block's rows, e its expert. An expert may have several blocks (one per source rank under
+// expert parallelism, so that the received rows need no regrouping): its weight gradient is the
+// sum of its blocks' products. Forward and backward write each expert's GEMMs into one
+// preallocated buffer per product, and relu and square (and their backward) are one pass over
+// all rows. A loop of per-expert linears costs per expert an autograd node each for narrow,
+// select, linear, relu, square and linear plus a cat, and narrow's and select's backward each
+// fill a zero tensor of the whole input (xs [R, C], the stack [E, H, C]) per expert: 1.5x the
+// dense MLP's forward + backward at 8 experts of 1024 rows (C 128, H 170, one Xeon thread,
+// 2026-12-06) against 1.0x for this. The products are the same GEMMs on the same operands
+// (matmul_2d's kinds), so the values are the loop's.
+struct GroupedExpertsFn : torch::autograd::Function<GroupedExpertsFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& xs, const at::Tensor& W1, const at::Tensor& W2,
+                            std::vector<int64_t> experts, std::vector<int64_t> counts, int64_t kind_) {
+    const Kernels kind = Kernels(kind_);
+    const at::Tensor x = xs.contiguous();
+    const int64_t R = x.size(0), H = W1.size(1), C = W2.size(1);
+    const at::Tensor h = at::empty({R, H}, x.options()), y = at::empty({R, C}, x.options());
+    for_each_group(experts, counts, [&](int64_t e, int64_t at, int64_t n) {
+      matmul_2d_out(h.narrow(0, at, n), x.narrow(0, at, n), W1.select(0, e).t(), kind);
+    });
+    h.relu_();
+    const at::Tensor act = h.square();
+    for_each_group(experts, counts, [&](int64_t e, int64_t at, int64_t n) {
+      matmul_2d_out(y.narrow(0, at, n), act.narrow(0, at, n), W2.select(0, e).t(), kind);
+    });
+    ctx->save_for_backward({x, W1, W2, h, act});
+    ctx->saved_data["experts"] = experts;
+    ctx->saved_data["counts"] = counts;
+    ctx->saved_data["kind"] = kind_;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &W1 = saved[1], &W2 = saved[2], &h = saved[3], &act = saved[4];
+    const std::vector<int64_t> experts = ctx->saved_data["experts"].toIntVector();
+    const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
+    const Kernels kind = Kernels(ctx->saved_data["kind"].toInt());
+    const at::Tensor dy = grads[0].contiguous();
+    const bool want_w1 = ctx->needs_input_grad(1), want_w2 = ctx->needs_input_grad(2);
+    const at::Tensor da = at::empty_like(h);
+    const at::Tensor dW1 = want_w1 ? at::zeros_like(W1, at::MemoryFormat::Contiguous) : at::Tensor();
+    const at::Tensor dW2 = want_w2 ? at::zeros_like(W2, at::MemoryFormat::Contiguous) : at::Tensor();
+    std::vector<bool> seen1(size_t(W1.size(0)), false), seen2(seen1);
+    // The first block of an expert writes its weight gradient, later ones add to it.
+    auto weight_grad = [&](const at::Tensor& dW, std::vector<bool>& seen, int64_t e, const at::Tensor& a,
+                           const at::Tensor& b) {
+      if (!seen[size_t(e)]) {
+        matmul_2d_out(dW.select(0, e), a, b, kind);
+        seen[size_t(e)] = true;
+      } else {
+        dW.select(0, e).add_(matmul_2d(a, b, kind));
+      }
+    };
+    for_each_group(experts, counts, [&](int64_t e, int64_t at, int64_t n) {
+      const at::Tensor g = dy.narrow(0, at, n);
+      matmul_2d_out(da.narrow(0, at, n), g, W2.select(0, e), kind);
+      if (want_w2) weight_grad(dW2, seen2, e, g.t(), act.narrow(0, at, n));
+    });
+    // d/da relu(a)^2 = 2 relu(a): zero where relu cut, so no separate mask.
+    da.mul_(h).mul_(2);
+    const at::Tensor dx = ctx->needs_input_grad(0) ? at::empty_like(x) : at::Tensor();
+    for_each_group(experts, counts, [&](int64_t e, int64_t at, int64_t n) {
+      const at::Tensor g = da.narrow(0, at, n);
+      if (dx.defined()) matmul_2d_out(dx.narrow(0, at, n), g, W1.select(0, e), kind);
+      if (want_w1) weight_grad(dW1, seen1, e, g.t(), x.narrow(0, at, n));
+    });
+    return {dx, dW1, dW2, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 MoEImpl::MoEImpl(const GPTConfig& cfg) : cfg_(cfg.moe), hidden_(cfg.moe.expert_dim), kernels_(cfg.kernels) {
@@ -84,17 +176,18 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const at::Tensor& sel, const at
                            const std::function<void()>& meanwhile) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  Clock::duration experts{0};  // the grouped GEMMs: not routing
-  auto run_experts = [&](const at::Tensor& rows, const std::vector<int64_t>& counts) {
+  Clock::duration expert_time{0};  // the grouped GEMMs: not routing
+  auto run_experts = [&](const at::Tensor& rows, const std::vector<int64_t>& experts,
+                         const std::vector<int64_t>& counts) {
     const auto t = Clock::now();
-    at::Tensor y = grouped(rows, counts, 0);
-    experts += Clock::now() - t;
+    at::Tensor y = grouped(rows, experts, counts);
+    expert_time += Clock::now() - t;
     return y;
   };
   auto overlapped = [&] {  // not routing either
     const auto t = Clock::now();
     meanwhile();
-    experts += Clock::now() - t;
+    expert_time += Clock::now() - t;
   };
   const int64_t E = cfg_.n_experts, K = cfg_.top_k;
   const at::Tensor flat = sel.reshape({-1});                           // [N K]
@@ -107,49 +200,50 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const at::Tensor& sel, const at
   at::Tensor ys;
   if (ep == 1) {
     overlapped();
-    ys = run_experts(xs, counts);
+    std::vector<int64_t> experts(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) experts[size_t(e)] = e;
+    ys = run_experts(xs, experts, counts);
   } else {
-    // Counts first: recv_counts[s * El + e] = rows rank s sends to my local expert e.
+    // Counts first: rc[s * El + e] = rows rank s sends to my local expert e.
     const int64_t El = E / ep;
     const std::vector<int64_t> rc = to_vector(par->ep_exchange_counts(at::tensor(counts, at::kLong)));
-    std::vector<int64_t> send(size_t(ep), 0), recv(size_t(ep), 0), mine(size_t(El), 0);
+    std::vector<int64_t> send(size_t(ep), 0), recv(size_t(ep), 0), experts(size_t(ep * El));
     for (int64_t s = 0; s < ep; ++s)
       for (int64_t e = 0; e < El; ++e) {
         send[size_t(s)] += counts[size_t(s * El + e)];
         recv[size_t(s)] += rc[size_t(s * El + e)];
-        mine[size_t(e)] += rc[size_t(s * El + e)];
+        experts[size_t(s * El + e)] = e;
       }
-    const at::Tensor xr = par->ep_exchange(xs, send, recv, overlapped);  // [sum recv, C] in (source, expert) order
-    // Regroup by local expert (source order inside): perm lists the received rows expert by expert.
-    std::vector<int64_t> start(size_t(ep * El)), perm;
-    perm.reserve(size_t(xr.size(0)));
-    int64_t at = 0;
-    for (int64_t i = 0; i < ep * El; ++i) start[size_t(i)] = at, at += rc[size_t(i)];
-    for (int64_t e = 0; e < El; ++e)
-      for (int64_t s = 0; s < ep; ++s)
-        for (int64_t r = 0; r < rc[size_t(s * El + e)]; ++r) perm.push_back(start[size_t(s * El + e)] + r);
-    const at::Tensor p = at::tensor(perm, at::kLong).to(xr.device());
-    const at::Tensor yg = run_experts(xr.index_select(0, p), mine);
-    const at::Tensor yr = yg.index_select(0, at::argsort(p, /*stable=*/true, 0));  // back to (source, expert)
+    // [sum recv, C] in (source, expert) blocks: the experts run on the blocks where they lie, and
+    // their results go back in the same order (no regrouping by expert, two row gathers fewer).
+    const at::Tensor xr = par->ep_exchange(xs, send, recv, overlapped);
+    const at::Tensor yr = run_experts(xr, experts, rc);
     ys = par->ep_exchange(yr, recv, send);
   }
   const at::Tensor wk = w.reshape({-1}).index_select(0, order).unsqueeze(1);  // [N K, 1] fp32
   at::Tensor y = at::zeros_like(xf).index_add(0, token, (ys.to(at::kFloat) * wk).to(xf.scalar_type()));
-  route_s_ += std::chrono::duration<double>(Clock::now() - t0 - experts).count();
+  route_s_ += std::chrono::duration<double>(Clock::now() - t0 - expert_time).count();
   return y;
 }
 
-at::Tensor MoEImpl::grouped(const at::Tensor& xs, const std::vector<int64_t>& counts, int64_t first) {
+at::Tensor MoEImpl::grouped(const at::Tensor& xs, const std::vector<int64_t>& experts,
+                            const std::vector<int64_t>& counts) {
   ModelParallel* par = parallel.get();
   const at::Tensor W1 = par ? par->weight(w1) : w1, W2 = par ? par->weight(w2) : w2;
+  // GroupedExpertsFn computes in the operands' dtype: under autocast (which casts each GEMM's
+  // operands) or with mixed dtypes, the loop of linears below.
+  if (xs.scalar_type() == W1.scalar_type() && W1.scalar_type() == W2.scalar_type() &&
+      !autocast_dtype(xs.device().type())) {
+    return GroupedExpertsFn::apply(xs, W1, W2, experts, counts, int64_t(kernels_));
+  }
   std::vector<at::Tensor> out;
   int64_t at = 0;
-  for (size_t e = 0; e < counts.size(); ++e) {
-    if (counts[e] == 0) continue;
-    const at::Tensor seg = xs.narrow(0, at, counts[e]);
-    at += counts[e];
-    const at::Tensor h = at::relu(linear(seg, W1.select(0, first + int64_t(e)), kernels_)).square();
-    out.push_back(linear(h, W2.select(0, first + int64_t(e)), kernels_));
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] == 0) continue;
+    const at::Tensor seg = xs.narrow(0, at, counts[i]);
+    at += counts[i];
+    const at::Tensor h = at::relu(linear(seg, W1.select(0, experts[i]), kernels_)).square();
+    out.push_back(linear(h, W2.select(0, experts[i]), kernels_));
   }
   if (out.empty()) return at::zeros({0, xs.size(1)}, xs.options()) + xs.sum() * 0;  // keeps xs in the graph
   return out.size() == 1 ? out[0] : at::cat(out, 0);

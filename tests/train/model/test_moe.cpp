@@ -135,6 +135,38 @@ TEST(TrainMoE, ParameterCountsTotalAndActive) {
   EXPECT_EQ(gpt_param_count(dense), gpt_active_param_count(dense));
 }
 
+// The grouped experts' own backward (moe.cpp GroupedExpertsFn) against autograd through the token-
+// by-token computation: the gradients of the input, the router, both expert stacks and the shared
+// expert, at both kernel kinds, with one expert that gets no token (its gradient is zero).
+TEST(TrainMoE, GradientsEqualTheTokenByTokenComputations) {
+  for (Kernels kind : {Kernels::exact, Kernels::fast}) {
+    at::manual_seed(7);
+    GPTConfig c = moe_config(4, 2, 1);
+    c.kernels = kind;
+    GPT model(c);
+    model->init_weights();
+    MoEImpl& m = *model->moe_layers()[0];
+    m.expert_bias.copy_(at::tensor({0.f, 0.f, 0.f, -10.f}));  // expert 3 gets no token
+    const at::Tensor x0 = at::randn({3, 7, 32}), up = at::randn({3, 7, 32});
+    const std::vector<at::Tensor> params = {m.router->weight, m.w1, m.w2, m.shared->c_fc->weight};
+    auto grads = [&](bool reference) {
+      const at::Tensor x = x0.clone().requires_grad_(true);
+      for (const at::Tensor& p : params) p.mutable_grad() = at::Tensor();
+      ((reference ? dense_reference(m, x) : m.forward(x)) * up).sum().backward();
+      std::vector<at::Tensor> g = {x.grad()};
+      for (const at::Tensor& p : params) g.push_back(p.grad().clone());
+      return g;
+    };
+    const auto got = grads(false), want = grads(true);
+    const char* names[] = {"x", "router", "w1", "w2", "shared c_fc"};
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_TRUE(at::allclose(got[i], want[i], 1e-5, 1e-5))
+          << names[i] << " kind " << int(kind) << " max diff " << (got[i] - want[i]).abs().max().item<double>();
+    EXPECT_EQ(got[2][3].abs().max().item<double>(), 0.0);  // the idle expert
+    EXPECT_EQ(got[3][3].abs().max().item<double>(), 0.0);
+  }
+}
+
 TEST(TrainMoE, AGradientReachesTheRouterTheExpertsAndTheSharedExpert) {
   at::manual_seed(2);
   GPT model(moe_config(4, 2, 1));
