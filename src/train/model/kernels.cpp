@@ -106,6 +106,13 @@ bool fast_fp32_onednn() {
   return onednn;
 }
 
+// fp32 only: for bf16, ATen's mm is already oneDNN's bf16 GEMM (and measured faster than
+// _linear_pointwise for the transposed operands of the backward).
+bool matmul_uses_onednn(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
+  return kind == Kernels::fast && fast_fp32_onednn() && a.device().is_cpu() && a.scalar_type() == at::kFloat &&
+         b.scalar_type() == at::kFloat && onednn_linear_available();
+}
+
 // The fused, chunked lm_head + cross entropy, fp32. Forward: per chunk of rows, logits [n, V],
 // their log-softmax, the chunk's summed loss (- log p of each target); with `want_grad`, the
 // logits become (softmax - onehot) / n_valid in place and give dh (rows of the chunk) and dW
@@ -127,7 +134,8 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
     const at::Tensor cpu_targets = targets.to(at::kCPU);
     const int64_t n_valid = cpu_targets.ne(ignore_index).sum().item<int64_t>();
     const float scale = n_valid > 0 ? 1.0f / static_cast<float>(n_valid) : 0.0f;
-    const bool mkl = !fast_fp32_onednn();
+    // MKL (Intel) writes each product in place; oneDNN's (AMD) result is copied in.
+    const bool in_place = !matmul_uses_onednn(h, w, Kernels::fast);
     at::Tensor dh, dw;
     if (want_grad) {
       dh = at::empty_like(h);
@@ -138,29 +146,17 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
     for (int64_t s = 0; s < N; s += chunk) {
       const int64_t n = std::min(chunk, N - s);
       const at::Tensor hc = h.narrow(0, s, n);
-      at::Tensor lg;  // [n, V]
-      if (mkl) {
-        lg = at::empty({n, V}, h.options());
-        at::mm_out(lg, hc, w.t());
-      } else {
-        lg = matmul_2d(hc, w.t(), Kernels::fast);
-      }
+      at::Tensor lg = in_place ? at::empty({n, V}, h.options()) : matmul_2d(hc, w.t(), Kernels::fast);  // [n, V]
+      if (in_place) at::mm_out(lg, hc, w.t());
       sum += cross_entropy_inplace(lg, cpu_targets.narrow(0, s, n), ignore_index, scale, want_grad);
       if (!want_grad) continue;
-      if (mkl) {
-        at::Tensor dh_rows = dh.narrow(0, s, n);
-        at::mm_out(dh_rows, lg, w);  // [n, C]
-        if (s == 0)
-          at::mm_out(dw, lg.t(), hc);  // [V, C]
-        else
-          dw.addmm_(lg.t(), hc);
-      } else {
-        dh.narrow(0, s, n).copy_(matmul_2d(lg, w, Kernels::fast));
-        if (s == 0)
-          dw.copy_(matmul_2d(lg.t(), hc, Kernels::fast));
-        else
-          dw.add_(matmul_2d(lg.t(), hc, Kernels::fast));
-      }
+      matmul_2d_out(dh.narrow(0, s, n), lg, w, Kernels::fast);  // [n, C]
+      if (s == 0)
+        matmul_2d_out(dw, lg.t(), hc, Kernels::fast);  // [V, C]
+      else if (in_place)
+        dw.addmm_(lg.t(), hc);
+      else
+        dw.add_(matmul_2d(lg.t(), hc, Kernels::fast));
     }
     if (want_grad) ctx->save_for_backward({dh, dw});
     // The mean over valid rows; none valid: nan, as F.cross_entropy.
@@ -262,15 +258,6 @@ bool bf16_loss_applies(const at::Tensor& h, const at::Tensor& w) {
 }  // namespace
 
 bool onednn_linear_available() { return onednn_linear_op() != nullptr; }
-
-namespace {
-// fp32 only: for bf16, ATen's mm is already oneDNN's bf16 GEMM (and measured faster than
-// _linear_pointwise for the transposed operands of the backward).
-bool matmul_uses_onednn(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
-  return kind == Kernels::fast && fast_fp32_onednn() && a.device().is_cpu() && a.scalar_type() == at::kFloat &&
-         b.scalar_type() == at::kFloat && onednn_linear_available();
-}
-}  // namespace
 
 at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
   if (matmul_uses_onednn(a, b, kind)) return onednn_linear(a, b.t());
