@@ -3,10 +3,12 @@
 // Each operation is the one the reference's PyTorch code calls (F.rms_norm with eps=None,
 // F.scaled_dot_product_attention(is_causal=True), F.cross_entropy(ignore_index=-1)), in the same
 // order, so that fp32 CPU results agree with the reference's to rounding (tests/train). With
-// Kernels::fast the linears and the lm_head + loss go through dion/train/kernels.h instead.
+// Kernels::fast the linears and the lm_head + loss go through dion/train/kernels.h instead, and the
+// rotary and relu^2 through one-pass kernels of the same bits (fused_cpu.h).
 #include "dion/train/gpt.h"
 
 #include "dion/train/moe.h"
+#include "fused_cpu.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/init.h>
@@ -33,6 +35,17 @@ void make_placeholder(at::Tensor& w) {
 }
 at::Tensor tp_enter(ModelParallel* par, const at::Tensor& x) { return par ? par->tp_enter(x) : x; }
 at::Tensor tp_exit(ModelParallel* par, const at::Tensor& x) { return par ? par->tp_exit(x) : x; }
+// The fast kind's rotary and relu^2: one pass each on the CPU, the same bits (fused_cpu.h); ATen's
+// composition elsewhere and in the exact kind.
+at::Tensor rotary(Kernels kind, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (kind == Kernels::fast && fused_available(x) && fused_available(cos) &&
+      (x.scalar_type() == at::kFloat || cos.scalar_type() == at::kBFloat16))
+    return rotary_fused(x, cos, sin);
+  return apply_rotary(x, cos, sin);
+}
+at::Tensor relu_square(Kernels kind, const at::Tensor& a) {
+  return kind == Kernels::fast && fused_available(a) ? relu_square_fused(a) : at::relu(a).square();
+}
 }  // namespace
 
 at::Tensor ModelParallel::linear(const at::Tensor& x, const at::Tensor& param) {
@@ -93,8 +106,8 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   at::Tensor v = linear(par, kernels_, c_v, xt).view({B, T, H, head_dim_});
   if (!cos_.defined() || cos_.size(0) != T || cos_.device() != x.device())
     std::tie(cos_, sin_) = rotary_cos_sin(T, head_dim_, x.device());
-  q = apply_rotary(q, cos_, sin_);
-  k = apply_rotary(k, cos_, sin_);
+  q = rotary(kernels_, q, cos_, sin_);
+  k = rotary(kernels_, k, cos_, sin_);
   if (qk_norm_) {
     q = rms_norm_last(q);
     k = rms_norm_last(k);
@@ -132,7 +145,7 @@ MLPImpl::MLPImpl(const GPTConfig& cfg, int64_t hidden) : kernels_(cfg.kernels) {
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
   ModelParallel* par = parallel.get();
-  at::Tensor h = at::relu(linear(par, kernels_, c_fc, tp_enter(par, x))).square();  // relu squared [B, T, 4C / tp]
+  at::Tensor h = relu_square(kernels_, linear(par, kernels_, c_fc, tp_enter(par, x)));  // [B, T, 4C / tp]
   return tp_exit(par, linear(par, kernels_, c_proj, h));
 }
 

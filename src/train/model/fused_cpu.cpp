@@ -1,0 +1,225 @@
+// src/train/model/fused_cpu.cpp — the block's elementwise chains as one pass each (fused_cpu.h).
+//
+// The loops are plain C++ over fp32 lanes (bf16 read by a shift and written by rounding to nearest
+// even with integer ops, as c10::BFloat16 does), compiled as AVX-512, AVX2 and baseline clones
+// (target_clones: the CPU picks one at load time). Every clone computes each element by the same
+// scalar operations (no reassociation, no fused multiply-add), so all give the same bits.
+#include "fused_cpu.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/autograd.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace dion::train {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr int64_t kGrain = 1 << 15;  // elements per parallel task
+
+inline float from_bf16(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline uint16_t to_bf16(float f) {  // round to nearest even; a NaN stays a (quiet) NaN
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const uint16_t nan = uint16_t((u >> 16) | 0x40u);
+  const uint16_t rounded = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  return (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+}
+
+// Element access: fp32 as is; bf16 widened to fp32, and each result rounded to bf16 (`round`) as
+// ATen's bf16 kernels round every operation's result.
+struct F32 {
+  using T = float;
+  static float load(T v) { return v; }
+  static T store(float v) { return v; }
+  static float round(float v) { return v; }
+};
+struct BF16 {
+  using T = uint16_t;
+  static float load(T v) { return from_bf16(v); }
+  static T store(float v) { return to_bf16(v); }
+  static float round(float v) { return from_bf16(to_bf16(v)); }
+};
+
+// Rows r0..r1 of [rows, 2 half]; row r is position t = (r / H) % T. Forward:
+//   o1 = a1 c + a2 s, o2 = a1 (-s) + a2 c;
+// backward (the same with s negated, and + 0 as the slices' zero-padded gradients are summed):
+//   o1 = a1 c + a2 (-s) + 0, o2 = a1 s + a2 c + 0.
+// `R` is the rounding of the products and sums: per operation when x and cos/sin are both bf16
+// (ATen's bf16 mul and add), none when x is fp32 (bf16 cos/sin promote to fp32 exactly).
+template <typename E, typename R>
+__attribute__((always_inline)) inline void rotary_body(const typename E::T* x, typename E::T* y, const float* c,
+                                                       const float* s, int64_t r0, int64_t r1, int64_t T, int64_t H,
+                                                       int64_t half, bool backward) {
+  const float sign = backward ? -1.0f : 1.0f;
+  const float zero = backward ? 0.0f : -0.0f;  // x + -0.0 == x for every x, -0 included
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t t = (r / H) % T;
+    const float* ct = c + t * half;
+    const float* st = s + t * half;
+    const typename E::T* a = x + r * 2 * half;
+    typename E::T* o = y + r * 2 * half;
+    for (int64_t i = 0; i < half; ++i) {
+      const float a1 = E::load(a[i]), a2 = E::load(a[half + i]);
+      const float cc = ct[i], sp = sign * st[i], sm = -sp;  // sp: s forward, -s backward
+      const float o1 = R::round(R::round(a1 * cc) + R::round(a2 * sp));
+      const float o2 = R::round(R::round(a1 * sm) + R::round(a2 * cc));
+      o[i] = E::store(o1 + zero);
+      o[half + i] = E::store(o2 + zero);
+    }
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void rotary_f32(const float* x, float* y, const float* c,
+                                                                              const float* s, int64_t r0, int64_t r1,
+                                                                              int64_t T, int64_t H, int64_t half,
+                                                                              bool backward) {
+  rotary_body<F32, F32>(x, y, c, s, r0, r1, T, H, half, backward);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void rotary_bf16(const uint16_t* x, uint16_t* y,
+                                                                               const float* c, const float* s,
+                                                                               int64_t r0, int64_t r1, int64_t T,
+                                                                               int64_t H, int64_t half, bool backward) {
+  rotary_body<BF16, BF16>(x, y, c, s, r0, r1, T, H, half, backward);
+}
+
+// relu(a)^2: r = relu(a) (a NaN stays NaN, as ATen's clamp_min), y = r r.
+template <typename E>
+__attribute__((always_inline)) inline void relu_square_body(const typename E::T* a, typename E::T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = E::load(a[i]);
+    const float r = (v > 0.0f || v != v) ? v : 0.0f;
+    y[i] = E::store(r * r);
+  }
+}
+// Backward: pow's 2 r (exact) times dy, then relu's threshold: 0 where r <= 0.
+template <typename E>
+__attribute__((always_inline)) inline void relu_square_grad_body(const typename E::T* a, const typename E::T* g,
+                                                                 typename E::T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = E::load(a[i]);
+    const float r = (v > 0.0f || v != v) ? v : 0.0f;
+    const float d = E::load(g[i]) * (2.0f * r);
+    out[i] = r <= 0.0f ? E::store(0.0f) : E::store(d);
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_square_f32(const float* a, float* y, int64_t n) {
+  relu_square_body<F32>(a, y, n);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_square_bf16(const uint16_t* a, uint16_t* y,
+                                                                                    int64_t n) {
+  relu_square_body<BF16>(a, y, n);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_square_grad_f32(const float* a, const float* g,
+                                                                                        float* out, int64_t n) {
+  relu_square_grad_body<F32>(a, g, out, n);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_square_grad_bf16(const uint16_t* a,
+                                                                                         const uint16_t* g,
+                                                                                         uint16_t* out, int64_t n) {
+  relu_square_grad_body<BF16>(a, g, out, n);
+}
+
+bool cpu_float(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
+}
+
+// One pass of the rotary over x [B, T, H, D] (contiguous) with fp32 cos/sin tables [T, D/2].
+at::Tensor rotary_pass(const at::Tensor& x, const at::Tensor& c, const at::Tensor& s, bool backward) {
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty_like(xc, at::MemoryFormat::Contiguous);
+  const int64_t T = xc.size(1), H = xc.size(2), half = xc.size(3) / 2;
+  const int64_t rows = xc.numel() / (2 * half);
+  const float* cp = c.data_ptr<float>();
+  const float* sp = s.data_ptr<float>();
+  const bool bf16 = xc.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / (2 * half)), [&](int64_t r0, int64_t r1) {
+    if (bf16)
+      rotary_bf16(reinterpret_cast<const uint16_t*>(xc.const_data_ptr()), reinterpret_cast<uint16_t*>(y.data_ptr()),
+                  cp, sp, r0, r1, T, H, half, backward);
+    else
+      rotary_f32(xc.const_data_ptr<float>(), y.data_ptr<float>(), cp, sp, r0, r1, T, H, half, backward);
+  });
+  return y;
+}
+
+struct RotaryFn : torch::autograd::Function<RotaryFn> {
+  // c, s: fp32 [T, D/2] (converted from the bf16 tables exactly), no gradient.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& c, const at::Tensor& s) {
+    ctx->save_for_backward({c, s});
+    return rotary_pass(x, c, s, /*backward=*/false);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    return {rotary_pass(grads[0], saved[0], saved[1], /*backward=*/true), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct ReluSquareFn : torch::autograd::Function<ReluSquareFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a) {
+    const at::Tensor ac = a.contiguous();
+    ctx->save_for_backward({ac});
+    at::Tensor y = at::empty_like(ac, at::MemoryFormat::Contiguous);
+    const bool bf16 = ac.scalar_type() == at::kBFloat16;
+    at::parallel_for(0, ac.numel(), kGrain, [&](int64_t b, int64_t e) {
+      if (bf16)
+        relu_square_bf16(reinterpret_cast<const uint16_t*>(ac.const_data_ptr()) + b,
+                         reinterpret_cast<uint16_t*>(y.data_ptr()) + b, e - b);
+      else
+        relu_square_f32(ac.const_data_ptr<float>() + b, y.data_ptr<float>() + b, e - b);
+    });
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor a = ctx->get_saved_variables()[0];
+    const at::Tensor g = grads[0].to(a.scalar_type()).contiguous();
+    at::Tensor out = at::empty_like(a, at::MemoryFormat::Contiguous);
+    const bool bf16 = a.scalar_type() == at::kBFloat16;
+    at::parallel_for(0, a.numel(), kGrain, [&](int64_t b, int64_t e) {
+      if (bf16)
+        relu_square_grad_bf16(reinterpret_cast<const uint16_t*>(a.const_data_ptr()) + b,
+                              reinterpret_cast<const uint16_t*>(g.const_data_ptr()) + b,
+                              reinterpret_cast<uint16_t*>(out.data_ptr()) + b, e - b);
+      else
+        relu_square_grad_f32(a.const_data_ptr<float>() + b, g.const_data_ptr<float>() + b, out.data_ptr<float>() + b,
+                             e - b);
+    });
+    return {out};
+  }
+};
+
+}  // namespace
+
+bool fused_available(const at::Tensor& x) { return cpu_float(x); }
+
+at::Tensor rotary_fused(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(cpu_float(x) && cpu_float(cos) && cpu_float(sin) && x.dim() == 4 && x.size(3) % 2 == 0 &&
+                  cos.dim() == 2 && cos.size(0) == x.size(1) && cos.size(1) == x.size(3) / 2 &&
+                  sin.sizes() == cos.sizes(),
+              "rotary_fused: x [B, T, H, D] and cos/sin [T, D/2] on the CPU in fp32 or bf16; got x ", x.sizes(), " ",
+              x.scalar_type(), ", cos ", cos.sizes(), " ", cos.scalar_type());
+  // A bf16 x with fp32 tables computes in fp32 and rounds once at the end in ATen: not this kernel.
+  TORCH_CHECK(x.scalar_type() == at::kFloat || cos.scalar_type() == at::kBFloat16,
+              "rotary_fused: a bf16 x needs bf16 cos/sin (got ", cos.scalar_type(), ")");
+  const at::Tensor c = cos.to(at::kFloat).contiguous(), s = sin.to(at::kFloat).contiguous();
+  return RotaryFn::apply(x, c, s);
+}
+
+at::Tensor relu_square_fused(const at::Tensor& a) {
+  TORCH_CHECK(cpu_float(a), "relu_square_fused: a CPU tensor of fp32 or bf16, got ", a.scalar_type(), " on ",
+              a.device());
+  return ReluSquareFn::apply(a);
+}
+
+}  // namespace dion::train
