@@ -162,6 +162,9 @@ class BlockImpl : public torch::nn::Module {
   CausalSelfAttention attn{nullptr};
   MLP mlp{nullptr};               // the dense MLP, or null in an MoE block
   std::shared_ptr<MoEImpl> moe;   // the MoE feed-forward (registered as "mlp"), or null
+
+ private:
+  Kernels kernels_;  // the norms' (fast: one-pass RMSNorm on the CPU)
 };
 TORCH_MODULE(Block);
 

@@ -11,7 +11,9 @@
 #include <torch/autograd.h>
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace dion::train {
 
@@ -134,6 +136,74 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void relu_square_gr
   relu_square_grad_body<BF16>(a, g, out, n);
 }
 
+// RMSNorm over rows of C: per row, s = sum x^2 in 16 fp32 lanes (GCC vector types: one order of
+// additions on every clone), r = 1 / sqrt(s / C + eps); forward y = x r; backward (dy, x, r):
+// dx = r dy - x r^3 (sum dy x) / C. Each row is read once per pass; results are fp32, rounded to
+// bf16 on store for bf16 rows. ATen sums x^2 in another order, so the results differ from its
+// composition by fp32 rounding (tests/train/model/test_fused_cpu.cpp says how far).
+typedef float v16f __attribute__((vector_size(64)));
+template <typename E>
+__attribute__((always_inline)) inline float row_dot(const typename E::T* a, const typename E::T* b, int64_t C) {
+  v16f acc = {};
+  int64_t i = 0;
+  for (; i + 16 <= C; i += 16) {
+    v16f x, y;
+    for (int j = 0; j < 16; ++j) x[j] = E::load(a[i + j]), y[j] = E::load(b[i + j]);
+    acc += x * y;
+  }
+  float s = 0.0f;
+  for (int j = 0; j < 16; ++j) s += acc[j];
+  for (; i < C; ++i) s += E::load(a[i]) * E::load(b[i]);
+  return s;
+}
+template <typename E>
+__attribute__((always_inline)) inline void rms_norm_body(const typename E::T* x, typename E::T* y, float* rstd,
+                                                         int64_t r0, int64_t r1, int64_t C, float eps) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const typename E::T* xr = x + r * C;
+    typename E::T* yr = y + r * C;
+    const float rs = 1.0f / std::sqrt(row_dot<E>(xr, xr, C) / float(C) + eps);
+    rstd[r] = rs;
+    for (int64_t i = 0; i < C; ++i) yr[i] = E::store(E::load(xr[i]) * rs);
+  }
+}
+template <typename E>
+__attribute__((always_inline)) inline void rms_norm_grad_body(const typename E::T* x, const typename E::T* dy,
+                                                              const float* rstd, typename E::T* dx, int64_t r0,
+                                                              int64_t r1, int64_t C) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const typename E::T* xr = x + r * C;
+    const typename E::T* gr = dy + r * C;
+    typename E::T* dr = dx + r * C;
+    const float rs = rstd[r];
+    const float k = rs * rs * rs * row_dot<E>(gr, xr, C) / float(C);
+    for (int64_t i = 0; i < C; ++i) dr[i] = E::store(rs * E::load(gr[i]) - k * E::load(xr[i]));
+  }
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void rms_norm_f32(const float* x, float* y, float* rstd,
+                                                                                int64_t r0, int64_t r1, int64_t C,
+                                                                                float eps) {
+  rms_norm_body<F32>(x, y, rstd, r0, r1, C, eps);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void rms_norm_bf16(const uint16_t* x, uint16_t* y,
+                                                                                 float* rstd, int64_t r0, int64_t r1,
+                                                                                 int64_t C, float eps) {
+  rms_norm_body<BF16>(x, y, rstd, r0, r1, C, eps);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void rms_norm_grad_f32(const float* x, const float* dy,
+                                                                                     const float* rstd, float* dx,
+                                                                                     int64_t r0, int64_t r1,
+                                                                                     int64_t C) {
+  rms_norm_grad_body<F32>(x, dy, rstd, dx, r0, r1, C);
+}
+__attribute__((target_clones("avx512f", "avx2", "default"))) void rms_norm_grad_bf16(const uint16_t* x,
+                                                                                      const uint16_t* dy,
+                                                                                      const float* rstd, uint16_t* dx,
+                                                                                      int64_t r0, int64_t r1,
+                                                                                      int64_t C) {
+  rms_norm_grad_body<BF16>(x, dy, rstd, dx, r0, r1, C);
+}
+
 bool cpu_float(const at::Tensor& t) {
   return t.defined() && t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
 }
@@ -202,6 +272,46 @@ struct ReluSquareFn : torch::autograd::Function<ReluSquareFn> {
   }
 };
 
+struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
+    const at::Tensor xc = x.contiguous();
+    const int64_t C = xc.size(-1), rows = C ? xc.numel() / C : 0;
+    const bool bf16 = xc.scalar_type() == at::kBFloat16;
+    // F.rms_norm with eps=None: ATen takes the epsilon of its compute type, fp32, for bf16 rows too
+    const float eps = std::numeric_limits<float>::epsilon();
+    at::Tensor y = at::empty_like(xc, at::MemoryFormat::Contiguous);
+    at::Tensor rstd = at::empty({rows}, xc.options().dtype(at::kFloat));
+    at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(C, 1)), [&](int64_t r0, int64_t r1) {
+      if (bf16)
+        rms_norm_bf16(reinterpret_cast<const uint16_t*>(xc.const_data_ptr()), reinterpret_cast<uint16_t*>(y.data_ptr()),
+                      rstd.data_ptr<float>(), r0, r1, C, eps);
+      else
+        rms_norm_f32(xc.const_data_ptr<float>(), y.data_ptr<float>(), rstd.data_ptr<float>(), r0, r1, C, eps);
+    });
+    ctx->save_for_backward({xc, rstd});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& rstd = saved[1];
+    const at::Tensor g = grads[0].to(x.scalar_type()).contiguous();
+    const int64_t C = x.size(-1), rows = rstd.numel();
+    at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+    const bool bf16 = x.scalar_type() == at::kBFloat16;
+    at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(C, 1)), [&](int64_t r0, int64_t r1) {
+      if (bf16)
+        rms_norm_grad_bf16(reinterpret_cast<const uint16_t*>(x.const_data_ptr()),
+                           reinterpret_cast<const uint16_t*>(g.const_data_ptr()), rstd.const_data_ptr<float>(),
+                           reinterpret_cast<uint16_t*>(dx.data_ptr()), r0, r1, C);
+      else
+        rms_norm_grad_f32(x.const_data_ptr<float>(), g.const_data_ptr<float>(), rstd.const_data_ptr<float>(),
+                          dx.data_ptr<float>(), r0, r1, C);
+    });
+    return {dx};
+  }
+};
+
 }  // namespace
 
 bool fused_available(const at::Tensor& x) { return cpu_float(x); }
@@ -217,6 +327,12 @@ at::Tensor rotary_fused(const at::Tensor& x, const at::Tensor& cos, const at::Te
               "rotary_fused: a bf16 x needs bf16 cos/sin (got ", cos.scalar_type(), ")");
   const at::Tensor c = cos.to(at::kFloat).contiguous(), s = sin.to(at::kFloat).contiguous();
   return RotaryFn::apply(x, c, s);
+}
+
+at::Tensor rms_norm_fused(const at::Tensor& x) {
+  TORCH_CHECK(cpu_float(x) && x.dim() >= 1, "rms_norm_fused: a CPU tensor of fp32 or bf16, got ", x.scalar_type(),
+              " on ", x.device());
+  return RmsNormFn::apply(x);
 }
 
 at::Tensor relu_square_fused(const at::Tensor& a) {

@@ -5,17 +5,21 @@
 //     y1 = x1 c + x2 s, y2 = x1 (-s) + x2 c over the halves x1, x2 of the last dim;
 //     backward dx1 = dy1 c + dy2 (-s), dx2 = dy1 s + dy2 c.
 //   relu_square_fused(a) = relu(a)^2; backward da = a > 0 ? dy (2 relu(a)) : 0.
+//   rms_norm_fused(x) = F.rms_norm(x, (x.size(-1),)) with eps = finfo(fp32).eps, as the exact
+//     kind's at::rms_norm takes for fp32 and bf16 rows: one pass forward (the row's sum of squares, then y = x r), one
+//     backward, r = 1 / sqrt(mean x^2 + eps) kept per row.
 //
 // Each is one autograd node that reads its inputs once and writes its output once. ATen's
 // composition makes ~10 passes for the rotary (two slices, four products, two sums, a cat, and
 // their backward with two zero-filled slice gradients) and ~6 for relu^2 (relu, pow; backward's
 // 2 r, the product, the threshold), each a [B, T, C]-sized or [B, T, 4C]-sized stream.
 //
-// The arithmetic is ATen's, operation by operation, rounded after each as ATen rounds: fp32
+// The rotary's and relu^2's arithmetic is ATen's, operation by operation, rounded after each as ATen rounds: fp32
 // without fused multiply-adds (the build's -ffp-contract=off), bf16 with every product and sum
 // rounded to bf16 (nearest even), cos and sin read as fp32 (exact from bf16). So the results
 // equal the composition's bit for bit (tests/train/model/test_fused_cpu.cpp), a NaN's payload
-// aside. Inputs: CPU, fp32 or bf16, x and dy any strides (made contiguous); rows run in
+// aside. The RMSNorm computes in fp32 like ATen's (which upcasts bf16) but sums a row's squares in
+// another order: equal to fp32 rounding, and in bf16 to one bf16 rounding step. Inputs: CPU, fp32 or bf16, x and dy any strides (made contiguous); rows run in
 // parallel (at::parallel_for), each element computed alone, so any thread count gives the same
 // bits. Elsewhere (CUDA, other dtypes) fused_available is false and callers take ATen's ops.
 #pragma once
@@ -29,5 +33,6 @@ bool fused_available(const at::Tensor& x);
 
 at::Tensor rotary_fused(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor relu_square_fused(const at::Tensor& a);
+at::Tensor rms_norm_fused(const at::Tensor& x);
 
 }  // namespace dion::train

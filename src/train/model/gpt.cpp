@@ -3,8 +3,9 @@
 // Each operation is the one the reference's PyTorch code calls (F.rms_norm with eps=None,
 // F.scaled_dot_product_attention(is_causal=True), F.cross_entropy(ignore_index=-1)), in the same
 // order, so that fp32 CPU results agree with the reference's to rounding (tests/train). With
-// Kernels::fast the linears and the lm_head + loss go through dion/train/kernels.h instead, and the
-// rotary and relu^2 through one-pass kernels of the same bits (fused_cpu.h).
+// Kernels::fast the linears and the lm_head + loss go through dion/train/kernels.h instead, the
+// rotary and relu^2 through one-pass kernels of the same bits, and the RMSNorm through one of
+// fp32 rounding (fused_cpu.h).
 #include "dion/train/gpt.h"
 
 #include "dion/train/moe.h"
@@ -19,8 +20,10 @@
 namespace dion::train {
 
 namespace {
-at::Tensor rms_norm_last(const at::Tensor& x) {  // F.rms_norm(x, (x.size(-1),)), eps = finfo.eps
-  return at::rms_norm(x, {x.size(-1)});
+// F.rms_norm(x, (x.size(-1),)), eps = finfo.eps: ATen's, or in the fast kind on the CPU one pass
+// each way (fused_cpu.h; equal to fp32 rounding).
+at::Tensor rms_norm_last(Kernels kind, const at::Tensor& x) {
+  return kind == Kernels::fast && fused_available(x) ? rms_norm_fused(x) : at::rms_norm(x, {x.size(-1)});
 }
 // The weight a layer computes with: the parameter itself, or what the parallel layout makes of it.
 at::Tensor weight_of(ModelParallel* par, const at::Tensor& w) { return par ? par->weight(w) : w; }
@@ -109,8 +112,8 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   q = rotary(kernels_, q, cos_, sin_);
   k = rotary(kernels_, k, cos_, sin_);
   if (qk_norm_) {
-    q = rms_norm_last(q);
-    k = rms_norm_last(k);
+    q = rms_norm_last(kernels_, q);
+    k = rms_norm_last(kernels_, k);
   }
   if (track_ && is_training()) track_max_logits(q, k);
   at::Tensor y = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
@@ -149,7 +152,7 @@ at::Tensor MLPImpl::forward(const at::Tensor& x) {
   return tp_exit(par, linear(par, kernels_, c_proj, h));
 }
 
-BlockImpl::BlockImpl(const GPTConfig& cfg, int64_t layer) {
+BlockImpl::BlockImpl(const GPTConfig& cfg, int64_t layer) : kernels_(cfg.kernels) {
   attn = register_module("attn", CausalSelfAttention(cfg));
   if (cfg.moe.on_layer(layer))
     moe = register_module("mlp", std::make_shared<MoEImpl>(cfg));
@@ -158,8 +161,8 @@ BlockImpl::BlockImpl(const GPTConfig& cfg, int64_t layer) {
 }
 
 at::Tensor BlockImpl::forward(const at::Tensor& x) {
-  at::Tensor y = x + attn(rms_norm_last(x));
-  return y + (moe ? moe->forward(rms_norm_last(y)) : mlp(rms_norm_last(y)));
+  at::Tensor y = x + attn(rms_norm_last(kernels_, x));
+  return y + (moe ? moe->forward(rms_norm_last(kernels_, y)) : mlp(rms_norm_last(kernels_, y)));
 }
 
 GPTImpl::GPTImpl(const GPTConfig& cfg) : config_(cfg) {
@@ -231,7 +234,7 @@ void GPTImpl::set_parallel(std::shared_ptr<ModelParallel> parallel) {
 at::Tensor GPTImpl::hidden(const at::Tensor& idx) {
   at::Tensor x = at::embedding(weight_of(parallel_.get(), wte->weight), idx);  // [B, T, C] (as nn.Embedding)
   for (Block& b : blocks_) x = b(x);
-  return rms_norm_last(x);
+  return rms_norm_last(config_.kernels, x);
 }
 
 at::Tensor GPTImpl::loss(const at::Tensor& idx, const at::Tensor& targets) {

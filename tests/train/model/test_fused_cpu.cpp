@@ -1,16 +1,27 @@
-// tests/train/model/test_fused_cpu.cpp — the fast kind's one-pass rotary and relu^2
+// tests/train/model/test_fused_cpu.cpp — the fast kind's one-pass rotary, relu^2 and RMSNorm
 // (src/train/model/fused_cpu.h) against ATen's composition that the exact kind runs.
 //
-// The kernels do ATen's operations in ATen's order with ATen's roundings, so forward and
-// gradients are compared bit for bit (at::equal), in fp32 and in bf16 (x and cos/sin bf16, as
+// The rotary and relu^2 do ATen's operations in ATen's order with ATen's roundings, so forward
+// and gradients are compared bit for bit (the bytes), in fp32 and in bf16 (x and cos/sin bf16, as
 // under autocast), over values that include zeros of both signs, negatives and a large range;
 // and for 1 and 2 threads. A changed operation order, a fused multiply-add, a missed bf16
 // rounding or a wrong sign moves some element by at least one ULP and fails.
+// The RMSNorm sums a row's squares in another order than ATen's mean, so it is compared with a
+// tolerance, relative to the largest element of the compared tensor:
+//   fp32: 1e-5. The row's sum of C <= 256 positive squares in another order moves r by a few
+//   2^-24 (~1e-7 relative); the gradient's sum of dy x has mixed signs, which can cancel, so the
+//   bound is taken against the tensor's largest element (measured 1.7e-7 forward, 1e-8 gradient;
+//   bf16 equal). A wrong eps (the test's first row of each batch is 1e-3 everywhere, where eps
+//   matters), a missing 1/C or a dropped term moves elements by 1e-3 or more.
+//   bf16: 2^-7. Both compute in fp32 and round once to bf16: values a few fp32 ULPs apart can
+//   round to neighbouring bf16 values, one bf16 step (2^-8 relative, 2^-7 at a binade's edge).
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
+
+#include <tuple>
 
 #include "../../../src/train/model/fused_cpu.h"
 #include "dion/train/gpt.h"
@@ -93,6 +104,28 @@ TEST_P(FusedCpu, ReluSquareIsAtenCompositionBitForBit) {
   at::set_num_threads(1);
 }
 
+TEST_P(FusedCpu, RmsNormEqualsAtenToRounding) {
+  const at::ScalarType dtype = GetParam();
+  const double tol = dtype == at::kFloat ? 1e-5 : 1.0 / 128;
+  for (int64_t C : {128, 37}) {  // a whole number of 16-lane blocks, and a tail
+    at::Tensor x = values({3, 5, C}, dtype, 7);
+    x.select(1, 0).fill_(1e-3);  // rows where eps matters: mean x^2 = 1e-6, eps 1.2e-7
+    const at::Tensor dy = values({3, 5, C}, dtype, 8);
+    const Grads ref = run([](const at::Tensor& v) { return at::rms_norm(v, {v.size(-1)}); }, x, dy);
+    for (int threads : {1, 2}) {
+      at::set_num_threads(threads);
+      const Grads got = run([](const at::Tensor& v) { return rms_norm_fused(v); }, x, dy);
+      ASSERT_EQ(got.y.scalar_type(), dtype);
+      for (auto [g, r, what] : {std::tuple{got.y, ref.y, "forward"}, std::tuple{got.dx, ref.dx, "gradient"}}) {
+        const double scale = r.abs().max().item<double>();
+        const double err = (g.to(at::kDouble) - r.to(at::kDouble)).abs().max().item<double>();
+        EXPECT_LE(err, tol * scale) << "rms_norm " << what << ", C " << C << ", " << threads << " threads";
+      }
+    }
+  }
+  at::set_num_threads(1);
+}
+
 INSTANTIATE_TEST_SUITE_P(TrainKernels, FusedCpu, ::testing::Values(at::kFloat, at::kBFloat16),
                          [](const auto& info) { return info.param == at::kFloat ? "fp32" : "bf16"; });
 
@@ -109,6 +142,7 @@ TEST(TrainKernels, FusedOpsNameWhatTheyTake) {
   EXPECT_THROW(rotary_fused(at::zeros({2, 5, 4, 8}, at::kBFloat16), cos.to(at::kFloat), sin.to(at::kFloat)),
                c10::Error);
   EXPECT_THROW(relu_square_fused(at::zeros({3}, at::kDouble)), c10::Error);
+  EXPECT_THROW(rms_norm_fused(at::zeros({3}, at::kDouble)), c10::Error);
 }
 
 }  // namespace
