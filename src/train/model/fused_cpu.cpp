@@ -244,30 +244,13 @@ struct ReluSquareFn : torch::autograd::Function<ReluSquareFn> {
     const at::Tensor ac = a.contiguous();
     ctx->save_for_backward({ac});
     at::Tensor y = at::empty_like(ac, at::MemoryFormat::Contiguous);
-    const bool bf16 = ac.scalar_type() == at::kBFloat16;
-    at::parallel_for(0, ac.numel(), kGrain, [&](int64_t b, int64_t e) {
-      if (bf16)
-        relu_square_bf16(reinterpret_cast<const uint16_t*>(ac.const_data_ptr()) + b,
-                         reinterpret_cast<uint16_t*>(y.data_ptr()) + b, e - b);
-      else
-        relu_square_f32(ac.const_data_ptr<float>() + b, y.data_ptr<float>() + b, e - b);
-    });
+    relu_square_out(ac, y);
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor a = ctx->get_saved_variables()[0];
-    const at::Tensor g = grads[0].to(a.scalar_type()).contiguous();
     at::Tensor out = at::empty_like(a, at::MemoryFormat::Contiguous);
-    const bool bf16 = a.scalar_type() == at::kBFloat16;
-    at::parallel_for(0, a.numel(), kGrain, [&](int64_t b, int64_t e) {
-      if (bf16)
-        relu_square_grad_bf16(reinterpret_cast<const uint16_t*>(a.const_data_ptr()) + b,
-                              reinterpret_cast<const uint16_t*>(g.const_data_ptr()) + b,
-                              reinterpret_cast<uint16_t*>(out.data_ptr()) + b, e - b);
-      else
-        relu_square_grad_f32(a.const_data_ptr<float>() + b, g.const_data_ptr<float>() + b, out.data_ptr<float>() + b,
-                             e - b);
-    });
+    relu_square_grad_out(a, grads[0], out);
     return {out};
   }
 };
@@ -313,6 +296,37 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
 };
 
 }  // namespace
+
+void relu_square_out(const at::Tensor& a, const at::Tensor& out) {
+  TORCH_CHECK(cpu_float(a) && a.is_contiguous() && out.is_contiguous() && out.sizes() == a.sizes() &&
+                  out.scalar_type() == a.scalar_type(),
+              "relu_square_out: contiguous CPU tensors of one shape, fp32 or bf16");
+  const bool bf16 = a.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, a.numel(), kGrain, [&](int64_t b, int64_t e) {
+    if (bf16)
+      relu_square_bf16(reinterpret_cast<const uint16_t*>(a.const_data_ptr()) + b,
+                       reinterpret_cast<uint16_t*>(out.data_ptr()) + b, e - b);
+    else
+      relu_square_f32(a.const_data_ptr<float>() + b, out.data_ptr<float>() + b, e - b);
+  });
+}
+
+void relu_square_grad_out(const at::Tensor& a, const at::Tensor& dy, const at::Tensor& out) {
+  TORCH_CHECK(cpu_float(a) && a.is_contiguous() && out.is_contiguous() && out.sizes() == a.sizes() &&
+                  out.scalar_type() == a.scalar_type() && dy.sizes() == a.sizes(),
+              "relu_square_grad_out: CPU tensors of one shape, fp32 or bf16, a and out contiguous");
+  const at::Tensor g = dy.to(a.scalar_type()).contiguous();
+  const bool bf16 = a.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, a.numel(), kGrain, [&](int64_t b, int64_t e) {
+    if (bf16)
+      relu_square_grad_bf16(reinterpret_cast<const uint16_t*>(a.const_data_ptr()) + b,
+                            reinterpret_cast<const uint16_t*>(g.const_data_ptr()) + b,
+                            reinterpret_cast<uint16_t*>(out.data_ptr()) + b, e - b);
+    else
+      relu_square_grad_f32(a.const_data_ptr<float>() + b, g.const_data_ptr<float>() + b, out.data_ptr<float>() + b,
+                           e - b);
+  });
+}
 
 bool fused_available(const at::Tensor& x) { return cpu_float(x); }
 

@@ -35,4 +35,9 @@ at::Tensor rotary_fused(const at::Tensor& x, const at::Tensor& cos, const at::Te
 at::Tensor relu_square_fused(const at::Tensor& a);
 at::Tensor rms_norm_fused(const at::Tensor& x);
 
+// relu^2's two passes without autograd, for autograd functions of their own (the MoE's grouped
+// experts): out = relu(a)^2, and out = d(relu(a)^2)/da * dy. a and out contiguous, one shape.
+void relu_square_out(const at::Tensor& a, const at::Tensor& out);
+void relu_square_grad_out(const at::Tensor& a, const at::Tensor& dy, const at::Tensor& out);
+
 }  // namespace dion::train

@@ -12,6 +12,7 @@
 
 #include "dion/train/autocast.h"
 #include "dion/train/kernels.h"
+#include "fused_cpu.h"
 
 namespace dion::train {
 
@@ -57,8 +58,12 @@ struct GroupedExpertsFn : torch::autograd::Function<GroupedExpertsFn> {
     for_each_group(experts, counts, [&](int64_t e, int64_t at, int64_t n) {
       matmul_2d_out(h.narrow(0, at, n), x.narrow(0, at, n), W1.select(0, e).t(), kind);
     });
-    h.relu_();
-    const at::Tensor act = h.square();
+    // relu^2 in one pass; h stays the pre-activation, which backward reads (fused_cpu.h).
+    const at::Tensor act = at::empty_like(h);
+    if (fused_available(h))
+      relu_square_out(h, act);
+    else
+      act.copy_(at::relu(h).square());
     for_each_group(experts, counts, [&](int64_t e, int64_t at, int64_t n) {
       matmul_2d_out(y.narrow(0, at, n), act.narrow(0, at, n), W2.select(0, e).t(), kind);
     });
@@ -77,7 +82,7 @@ struct GroupedExpertsFn : torch::autograd::Function<GroupedExpertsFn> {
     const Kernels kind = Kernels(ctx->saved_data["kind"].toInt());
     const at::Tensor dy = grads[0].contiguous();
     const bool want_w1 = ctx->needs_input_grad(1), want_w2 = ctx->needs_input_grad(2);
-    const at::Tensor da = at::empty_like(h);
+    const at::Tensor dact = at::empty_like(h);
     const at::Tensor dW1 = want_w1 ? at::zeros_like(W1, at::MemoryFormat::Contiguous) : at::Tensor();
     const at::Tensor dW2 = want_w2 ? at::zeros_like(W2, at::MemoryFormat::Contiguous) : at::Tensor();
     std::vector<bool> seen1(size_t(W1.size(0)), false), seen2(seen1);
@@ -93,11 +98,17 @@ struct GroupedExpertsFn : torch::autograd::Function<GroupedExpertsFn> {
     };
     for_each_group(experts, counts, [&](int64_t e, int64_t at, int64_t n) {
       const at::Tensor g = dy.narrow(0, at, n);
-      matmul_2d_out(da.narrow(0, at, n), g, W2.select(0, e), kind);
+      matmul_2d_out(dact.narrow(0, at, n), g, W2.select(0, e), kind);
       if (want_w2) weight_grad(dW2, seen2, e, g.t(), act.narrow(0, at, n));
     });
-    // d/da relu(a)^2 = 2 relu(a): zero where relu cut, so no separate mask.
-    da.mul_(h).mul_(2);
+    // d/dh relu(h)^2 = 2 relu(h) (0 where relu cuts), times the gradient
+    at::Tensor da;
+    if (fused_available(h)) {
+      da = at::empty_like(h);
+      relu_square_grad_out(h, dact, da);
+    } else {
+      da = dact.mul(h.relu()).mul_(2);
+    }
     const at::Tensor dx = ctx->needs_input_grad(0) ? at::empty_like(x) : at::Tensor();
     for_each_group(experts, counts, [&](int64_t e, int64_t at, int64_t n) {
       const at::Tensor g = da.narrow(0, at, n);
