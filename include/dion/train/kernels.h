@@ -20,6 +20,9 @@
 //       fp32 max, exp and sum per row, as the reference's `logits.float()` and log-softmax),
 //       which writes the bf16 gradient over the logits; dh and dW as bf16 GEMMs. No fp32
 //       [N, V] tensor exists (ATen's loss makes about ten passes over such tensors).
+//     - in the GPT's blocks on the CPU (src/train/model/fused_cpu.h), fp32 and bf16: the rotary and
+//       relu^2 as one pass each way, ATen's operations and roundings in ATen's order (the same
+//       bits), and the RMSNorm as one pass each way (its row sums in another order).
 //   The fast kind's loss and gradients equal the exact kind's to fp32 rounding of a different
 //   summation order, and in bf16 to one bf16 rounding (tests/train/model/test_kernels.cpp states and
 //   checks the tolerances).
