@@ -295,6 +295,85 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
   }
 };
 
+// The MoE's row gather (dispatch) and weighted row scatter (combine), fp32, each one autograd
+// node. Every sum into a target row runs in row order, as ATen's index_add (its CPU kernel sorts
+// the index stably and sums each target's rows in their order), so those are ATen's bits.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void scatter_add_rows_simd(
+    const float* __restrict__ src, const float* __restrict__ w, const int64_t* __restrict__ index,
+    float* __restrict__ dst, int64_t R, int64_t C) {
+  for (int64_t i = 0; i < R; ++i) {
+    float* __restrict__ d = dst + index[i] * C;
+    const float* __restrict__ x = src + i * C;
+    const float wi = w ? w[i] : 1.0f;  // x * 1 == x: the unweighted sum's bits
+    for (int64_t c = 0; c < C; ++c) d[c] += x[c] * wi;
+  }
+}
+void scatter_add_rows(const float* src, const float* w, const int64_t* index, float* dst, int64_t R, int64_t C,
+                      int64_t N) {
+  for (int64_t i = 0; i < R; ++i)
+    TORCH_CHECK(index[i] >= 0 && index[i] < N, "MoE row scatter: index ", index[i], " out of [0, ", N, ")");
+  scatter_add_rows_simd(src, w, index, dst, R, C);
+}
+// Rows i0..i1 of the combine's backward: drows[i] = dy[index[i]] w[i], dw[i] = dy[index[i]] . rows[i].
+__attribute__((target_clones("avx512f", "avx2", "default"))) void weighted_rows_grad(
+    const float* __restrict__ rows, const float* __restrict__ w, const float* __restrict__ dy,
+    const int64_t* __restrict__ index, float* __restrict__ drows, float* __restrict__ dw, int64_t i0, int64_t i1,
+    int64_t C) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const float* __restrict__ g = dy + index[i] * C;
+    const float wi = w[i];
+    float* __restrict__ o = drows + i * C;
+    for (int64_t c = 0; c < C; ++c) o[c] = g[c] * wi;
+    dw[i] = row_dot<F32>(g, rows + i * C, C);
+  }
+}
+
+// y [R, C] = x[index]; backward dx [N, C] = 0, dx[index[i]] += dy[i].
+struct GatherRowsFn : torch::autograd::Function<GatherRowsFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& index) {
+    ctx->save_for_backward({index});
+    ctx->saved_data["n"] = x.size(0);
+    return x.index_select(0, index);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor index = ctx->get_saved_variables()[0];
+    const at::Tensor g = grads[0].contiguous();
+    const int64_t N = ctx->saved_data["n"].toInt(), R = g.size(0), C = g.size(1);
+    at::Tensor dx = at::zeros({N, C}, g.options());
+    scatter_add_rows(g.const_data_ptr<float>(), nullptr, index.const_data_ptr<int64_t>(), dx.data_ptr<float>(), R, C,
+                     N);
+    return {dx, at::Tensor()};
+  }
+};
+
+// y [N, C] = 0, y[index[i]] += rows[i] w[i]; backward drows[i] = dy[index[i]] w[i] (ATen's bits),
+// dw[i] = dy[index[i]] . rows[i] (16 fp32 lanes: fp32 rounding of ATen's sum).
+struct WeightedScatterRowsFn : torch::autograd::Function<WeightedScatterRowsFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& w,
+                            const at::Tensor& index, int64_t N) {
+    const at::Tensor r = rows.contiguous(), wc = w.contiguous();
+    const int64_t R = r.size(0), C = r.size(1);
+    at::Tensor y = at::zeros({N, C}, r.options());
+    scatter_add_rows(r.const_data_ptr<float>(), wc.const_data_ptr<float>(), index.const_data_ptr<int64_t>(),
+                     y.data_ptr<float>(), R, C, N);
+    ctx->save_for_backward({r, wc, index});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &r = saved[0], &w = saved[1], &ix = saved[2];
+    const at::Tensor g = grads[0].contiguous();
+    const int64_t R = r.size(0), C = r.size(1);
+    at::Tensor dr = at::empty_like(r), dw = at::empty_like(w);
+    const float *rp = r.const_data_ptr<float>(), *wp = w.const_data_ptr<float>(), *gp = g.const_data_ptr<float>();
+    const int64_t* ip = ix.const_data_ptr<int64_t>();
+    float *drp = dr.data_ptr<float>(), *dwp = dw.data_ptr<float>();
+    at::parallel_for(0, R, std::max<int64_t>(1, kGrain / std::max<int64_t>(C, 1)),
+                     [&](int64_t i0, int64_t i1) { weighted_rows_grad(rp, wp, gp, ip, drp, dwp, i0, i1, C); });
+    return {dr, dw, at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 void relu_square_out(const at::Tensor& a, const at::Tensor& out) {
@@ -347,6 +426,25 @@ at::Tensor rms_norm_fused(const at::Tensor& x) {
   TORCH_CHECK(cpu_float(x) && x.dim() >= 1, "rms_norm_fused: a CPU tensor of fp32 or bf16, got ", x.scalar_type(),
               " on ", x.device());
   return RmsNormFn::apply(x);
+}
+
+bool rows_fused_available(const at::Tensor& x) { return x.device().is_cpu() && x.scalar_type() == at::kFloat; }
+
+at::Tensor gather_rows_fused(const at::Tensor& x, const at::Tensor& index) {
+  TORCH_CHECK(rows_fused_available(x) && x.dim() == 2 && index.scalar_type() == at::kLong && index.dim() == 1,
+              "gather_rows_fused: x [N, C] fp32 and index [R] int64 on the CPU; got x ", x.sizes(), " ",
+              x.scalar_type(), ", index ", index.sizes(), " ", index.scalar_type());
+  return GatherRowsFn::apply(x, index.contiguous());
+}
+
+at::Tensor weighted_scatter_rows_fused(const at::Tensor& rows, const at::Tensor& w, const at::Tensor& index,
+                                       int64_t n) {
+  TORCH_CHECK(rows_fused_available(rows) && rows.dim() == 2 && w.scalar_type() == at::kFloat && w.dim() == 1 &&
+                  w.size(0) == rows.size(0) && index.scalar_type() == at::kLong && index.dim() == 1 &&
+                  index.size(0) == rows.size(0),
+              "weighted_scatter_rows_fused: rows [R, C] fp32, w [R] fp32, index [R] int64 on the CPU; got rows ",
+              rows.sizes(), " ", rows.scalar_type(), ", w ", w.sizes(), ", index ", index.sizes());
+  return WeightedScatterRowsFn::apply(rows, w, index.contiguous(), n);
 }
 
 at::Tensor relu_square_fused(const at::Tensor& a) {

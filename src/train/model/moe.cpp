@@ -205,7 +205,9 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const at::Tensor& sel, const at
   const at::Tensor order = at::argsort(flat, /*stable=*/true, 0);      // grouped by expert, token order inside
   const at::Tensor token = at::div(order, K, "floor");                 // the token of each routed row
   const std::vector<int64_t> counts = to_vector(at::bincount(flat.cpu(), {}, E));  // rows per expert
-  const at::Tensor xs = xf.index_select(0, token);                     // [N K, C]
+  // One pass each way for fp32 rows in the fast kind (fused_cpu.h), else ATen's index_select.
+  const bool fused_rows = kernels_ == Kernels::fast && rows_fused_available(xf);
+  const at::Tensor xs = fused_rows ? gather_rows_fused(xf, token) : xf.index_select(0, token);  // [N K, C]
   ModelParallel* par = parallel.get();
   const int64_t ep = par ? par->ep_size() : 1;
   at::Tensor ys;
@@ -231,8 +233,11 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const at::Tensor& sel, const at
     const at::Tensor yr = run_experts(xr, experts, rc);
     ys = par->ep_exchange(yr, recv, send);
   }
-  const at::Tensor wk = w.reshape({-1}).index_select(0, order).unsqueeze(1);  // [N K, 1] fp32
-  at::Tensor y = at::zeros_like(xf).index_add(0, token, (ys.to(at::kFloat) * wk).to(xf.scalar_type()));
+  const at::Tensor wk = w.reshape({-1}).index_select(0, order);  // [N K] fp32
+  const at::Tensor y =
+      fused_rows && rows_fused_available(ys)
+          ? weighted_scatter_rows_fused(ys, wk, token, xf.size(0))
+          : at::zeros_like(xf).index_add(0, token, (ys.to(at::kFloat) * wk.unsqueeze(1)).to(xf.scalar_type()));
   route_s_ += std::chrono::duration<double>(Clock::now() - t0 - expert_time).count();
   return y;
 }

@@ -129,6 +129,39 @@ TEST_P(FusedCpu, RmsNormEqualsAtenToRounding) {
 INSTANTIATE_TEST_SUITE_P(TrainKernels, FusedCpu, ::testing::Values(at::kFloat, at::kBFloat16),
                          [](const auto& info) { return info.param == at::kFloat ? "fp32" : "bf16"; });
 
+// The MoE's dispatch and combine: outputs and the rows' gradients are ATen's bits (the same
+// products, each target's sum in row order); the weights' gradient is a dot product over C summed
+// in another order than ATen's sum, so within 1e-6 of its largest element (37 products:
+// ~sqrt(37) 2^-24 relative, measured below 1e-7; a wrong row or a missing term moves it by far more).
+TEST(TrainKernels, MoeRowGatherAndScatterAreAtenComposition) {
+  const int64_t R = 60, C = 37, N = 25;
+  const at::Tensor x = values({N, C}, at::kFloat, 12), rows = values({R, C}, at::kFloat, 9);
+  const at::Tensor dx = values({R, C}, at::kFloat, 13), dy = values({N, C}, at::kFloat, 10);
+  at::manual_seed(11);
+  const at::Tensor w = at::rand({R}), index = at::randint(N - 1, {R}, at::kLong);  // target N-1 gets none
+  {
+    const Grads ref = run([&](const at::Tensor& v) { return v.index_select(0, index); }, x, dx);
+    const Grads got = run([&](const at::Tensor& v) { return gather_rows_fused(v, index); }, x, dx);
+    expect_same_bits(got.y, ref.y, "gather forward");
+    expect_same_bits(got.dx, ref.dx, "gather gradient");
+  }
+  auto combine = [&](bool fused) {
+    at::Tensor r = rows.clone().requires_grad_(true), ww = w.clone().requires_grad_(true);
+    at::Tensor y = fused ? weighted_scatter_rows_fused(r, ww, index, N)
+                         : at::zeros({N, C}).index_add(0, index, r * ww.unsqueeze(1));
+    y.backward(dy);
+    return std::tuple{y.detach(), r.grad(), ww.grad()};
+  };
+  const auto [y0, dr0, dw0] = combine(false);
+  const auto [y1, dr1, dw1] = combine(true);
+  expect_same_bits(y1, y0, "combine forward");
+  expect_same_bits(dr1, dr0, "combine rows' gradient");
+  EXPECT_LE((dw1 - dw0).abs().max().item<double>(), 1e-6 * dw0.abs().max().item<double>())
+      << "combine weights' gradient";
+  EXPECT_THROW(weighted_scatter_rows_fused(rows, w, index + 1, N - 1), c10::Error);  // index N - 1 out of range
+  EXPECT_THROW(gather_rows_fused(x.to(at::kDouble), index), c10::Error);
+}
+
 TEST(TrainKernels, FusedOpsNameWhatTheyTake) {
   EXPECT_FALSE(fused_available(at::zeros({2}, at::kDouble)));
   EXPECT_FALSE(fused_available(at::Tensor()));
