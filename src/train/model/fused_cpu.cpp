@@ -409,15 +409,19 @@ void relu_square_grad_out(const at::Tensor& a, const at::Tensor& dy, const at::T
 
 bool fused_available(const at::Tensor& x) { return cpu_float(x); }
 
+// A bf16 x with fp32 tables computes in fp32 and rounds once at the end in ATen: not this kernel.
+bool rotary_fused_available(const at::Tensor& x, const at::Tensor& cos) {
+  return cpu_float(x) && cpu_float(cos) && (x.scalar_type() == at::kFloat || cos.scalar_type() == at::kBFloat16);
+}
+
 at::Tensor rotary_fused(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(cpu_float(x) && cpu_float(cos) && cpu_float(sin) && x.dim() == 4 && x.size(3) % 2 == 0 &&
                   cos.dim() == 2 && cos.size(0) == x.size(1) && cos.size(1) == x.size(3) / 2 &&
                   sin.sizes() == cos.sizes(),
               "rotary_fused: x [B, T, H, D] and cos/sin [T, D/2] on the CPU in fp32 or bf16; got x ", x.sizes(), " ",
               x.scalar_type(), ", cos ", cos.sizes(), " ", cos.scalar_type());
-  // A bf16 x with fp32 tables computes in fp32 and rounds once at the end in ATen: not this kernel.
-  TORCH_CHECK(x.scalar_type() == at::kFloat || cos.scalar_type() == at::kBFloat16,
-              "rotary_fused: a bf16 x needs bf16 cos/sin (got ", cos.scalar_type(), ")");
+  TORCH_CHECK(rotary_fused_available(x, cos), "rotary_fused: a bf16 x needs bf16 cos/sin (got ", cos.scalar_type(),
+              ")");
   const at::Tensor c = cos.to(at::kFloat).contiguous(), s = sin.to(at::kFloat).contiguous();
   return RotaryFn::apply(x, c, s);
 }

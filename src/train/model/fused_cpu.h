@@ -28,8 +28,11 @@
 
 namespace dion::train {
 
-// True for a CPU tensor of fp32 or bf16 (and, for the rotary, cos/sin on the CPU in fp32 or bf16).
+// True for a CPU tensor of fp32 or bf16 (the RMSNorm and relu^2 take it).
 bool fused_available(const at::Tensor& x);
+// The rotary's: x and cos on the CPU in fp32 or bf16, and a bf16 x with bf16 cos/sin (ATen rounds
+// a bf16 x with fp32 tables once, at the end, which this kernel does not).
+bool rotary_fused_available(const at::Tensor& x, const at::Tensor& cos);
 
 at::Tensor rotary_fused(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor relu_square_fused(const at::Tensor& a);

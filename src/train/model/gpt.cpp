@@ -41,10 +41,8 @@ at::Tensor tp_exit(ModelParallel* par, const at::Tensor& x) { return par ? par->
 // The fast kind's rotary and relu^2: one pass each on the CPU, the same bits (fused_cpu.h); ATen's
 // composition elsewhere and in the exact kind.
 at::Tensor rotary(Kernels kind, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  if (kind == Kernels::fast && fused_available(x) && fused_available(cos) &&
-      (x.scalar_type() == at::kFloat || cos.scalar_type() == at::kBFloat16))
-    return rotary_fused(x, cos, sin);
-  return apply_rotary(x, cos, sin);
+  return kind == Kernels::fast && rotary_fused_available(x, cos) ? rotary_fused(x, cos, sin)
+                                                                 : apply_rotary(x, cos, sin);
 }
 at::Tensor relu_square(Kernels kind, const at::Tensor& a) {
   return kind == Kernels::fast && fused_available(a) ? relu_square_fused(a) : at::relu(a).square();

@@ -68,7 +68,7 @@ TEST_P(FusedCpu, RotaryIsAtenCompositionBitForBit) {
   const int64_t B = 3, T = 7, H = 2, D = 16;
   auto [cos, sin] = rotary_cos_sin(T, D, at::kCPU);  // bf16, as the model's
   const at::Tensor x = values({B, T, H, D}, dtype, 1), dy = values({B, T, H, D}, dtype, 2);
-  ASSERT_TRUE(fused_available(x));
+  ASSERT_TRUE(rotary_fused_available(x, cos));
   const Grads ref = run([&](const at::Tensor& v) { return apply_rotary(v, cos, sin); }, x, dy);
   for (int threads : {1, 2}) {
     at::set_num_threads(threads);
@@ -172,6 +172,8 @@ TEST(TrainKernels, FusedOpsNameWhatTheyTake) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("cos/sin [T, D/2]"), std::string::npos) << e.what();
   }
+  EXPECT_FALSE(rotary_fused_available(at::zeros({2, 5, 4, 8}, at::kBFloat16), cos.to(at::kFloat)));
+  EXPECT_TRUE(rotary_fused_available(at::zeros({2, 5, 4, 8}), cos.to(at::kFloat)));
   EXPECT_THROW(rotary_fused(at::zeros({2, 5, 4, 8}, at::kBFloat16), cos.to(at::kFloat), sin.to(at::kFloat)),
                c10::Error);
   EXPECT_THROW(relu_square_fused(at::zeros({3}, at::kDouble)), c10::Error);
