@@ -77,16 +77,14 @@ class ModelParallel {
   // Expert parallelism (dion/train/moe.h): this rank holds experts [ep_rank * E / ep, +E / ep).
   virtual int64_t ep_size() const { return 1; }
   virtual int64_t ep_rank() const { return 0; }
-  // Rows of x to the ep ranks of their experts: send[j] rows (in order) to ep rank j; the result
-  // holds recv[i] rows from rank i, in rank order. Differentiable: backward sends the gradient
-  // back the same way. `meanwhile`, when given, runs while the rows travel (the shared experts'
-  // forward overlaps the dispatch). The default (one rank) runs `meanwhile` and returns x.
-  virtual at::Tensor ep_exchange(const at::Tensor& x, const std::vector<int64_t>& send,
-                                 const std::vector<int64_t>& recv, const std::function<void()>& meanwhile = {});
-  // int64 counts [ep * n]: chunk j goes to ep rank j; chunk i of the result came from rank i.
-  virtual at::Tensor ep_exchange_counts(const at::Tensor& counts) { return counts; }
-  // Seconds the backward passes since the last call spent in ep_exchange's way back; resets.
-  virtual double take_exchange_backward_seconds() { return 0; }
+  // Expert parallelism's exchange, issued now, not differentiable (moe.cpp computes while the
+  // rows travel and sends the gradients back itself): send[j] rows of x (in order) to ep rank j;
+  // the returned function waits and gives recv[i] rows from each rank i, in rank order. Every ep
+  // rank issues its exchanges in the same order. The default (one rank) gives x.
+  using Pending = std::function<at::Tensor()>;
+  virtual Pending ep_start(const at::Tensor& x, const std::vector<int64_t>& send, const std::vector<int64_t>& recv);
+  // The same for int64 counts [ep * n]: chunk j goes to ep rank j; chunk i of the result came from rank i.
+  virtual Pending ep_start_counts(const at::Tensor& counts);
 
   Kernels kernels = Kernels::exact;  // what the default linear() computes with (set by GPT::set_parallel)
 };

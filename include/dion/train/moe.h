@@ -16,10 +16,13 @@
 // loop's time at 8 experts x 1024 rows and 0.94x at 64 experts x 16 rows (2026-12-05); ATen's
 // grouped GEMM (_grouped_mm) is CUDA-only. Under expert parallelism (ModelParallel::ep_size() > 1) this rank
 // holds experts [ep_rank * E / ep, +E / ep) of the stacks: the counts per expert go to their
-// ranks first (one all_to_all), then the tokens (an all_to_all with those split sizes), each rank
-// runs its experts on what it received, and the results come back the same way; backward sends
-// the gradients along the reverse path (dion/train/parallel.h). The collectives are issued in
-// layer order in forward and reverse layer order in backward, the same on every rank.
+// ranks first (one all_to_all, while the shared experts compute), then the tokens (an all_to_all
+// with those split sizes), each rank runs its experts on what it received, and the results come
+// back the same way; backward sends the gradients along the reverse path. One autograd node
+// holds the exchanges and the experts (moe.cpp EpExpertsFn): a rank's own tokens for its own
+// experts compute while the other ranks' travel, both ways, so that a rank that arrives first
+// works instead of waiting. The collectives are issued in layer order in forward and reverse
+// layer order in backward, the same on every rank.
 //
 // Load balancing: the auxiliary-loss-free bias (DeepSeek-V3): the trainer sums the tokens routed
 // to each expert over the step and over every data-parallel rank and calls

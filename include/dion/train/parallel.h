@@ -59,17 +59,14 @@ class Parallel : public ModelParallel {
   int64_t tp_size() const override { return mesh_.shape().tp; }
   int64_t ep_size() const override { return mesh_.shape().ep; }
   int64_t ep_rank() const override { return mesh_.coord().ep; }
-  at::Tensor ep_exchange(const at::Tensor& x, const std::vector<int64_t>& send, const std::vector<int64_t>& recv,
-                         const std::function<void()>& meanwhile = {}) override;
-  at::Tensor ep_exchange_counts(const at::Tensor& counts) override;
-  double take_exchange_backward_seconds() override;
+  Pending ep_start(const at::Tensor& x, const std::vector<int64_t>& send, const std::vector<int64_t>& recv) override;
+  Pending ep_start_counts(const at::Tensor& counts) override;
 
  private:
   void place(GPT& model);
   Mesh mesh_;
   Placements placements_;
   Fsdp fsdp_;
-  double exchange_backward_s_ = 0;  // ep.cpp's backward adds its exchange seconds
 };
 
 }  // namespace dion::train

@@ -53,10 +53,13 @@ at::Tensor ModelParallel::linear(const at::Tensor& x, const at::Tensor& param) {
   return dion::train::linear(x, weight(param), kernels);
 }
 
-at::Tensor ModelParallel::ep_exchange(const at::Tensor& x, const std::vector<int64_t>&, const std::vector<int64_t>&,
-                                      const std::function<void()>& meanwhile) {
-  if (meanwhile) meanwhile();
-  return x;
+ModelParallel::Pending ModelParallel::ep_start(const at::Tensor& x, const std::vector<int64_t>&,
+                                               const std::vector<int64_t>&) {
+  return [x] { return x; };
+}
+
+ModelParallel::Pending ModelParallel::ep_start_counts(const at::Tensor& counts) {
+  return [counts] { return counts; };
 }
 
 // ---------------------------------------------------------------------------- rotary
@@ -278,7 +281,7 @@ at::Tensor GPTImpl::take_expert_load() {
 }
 
 double GPTImpl::take_route_seconds() {
-  double s = parallel_ ? parallel_->take_exchange_backward_seconds() : 0.0;
+  double s = 0;
   for (const auto& m : moe_layers()) s += m->take_route_seconds();
   return s;
 }

@@ -6,6 +6,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <chrono>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -119,6 +120,170 @@ struct GroupedExpertsFn : torch::autograd::Function<GroupedExpertsFn> {
   }
 };
 
+
+// relu^2 and its gradient over one block of rows (contiguous), the fused pass where it applies.
+void relu_square_into(const at::Tensor& h, const at::Tensor& act) {
+  if (fused_available(h))
+    relu_square_out(h, act);
+  else
+    act.copy_(at::relu(h).square());
+}
+void relu_square_grad_into(const at::Tensor& h, const at::Tensor& dact, const at::Tensor& da) {
+  if (fused_available(h))
+    relu_square_grad_out(h, dact, da);
+  else
+    da.copy_(dact.mul(h.relu()).mul_(2));
+}
+
+// Expert parallelism's routed experts as one autograd node, exchanges included (moe.h). xs [R, C]:
+// this rank's routed rows grouped by expert, the experts of ep rank 0 first, send[j] rows for ep
+// rank j; rc[s * El + e]: rows ep rank s sends to local expert e (recv[s] their sum). Forward
+// sends the rows to their experts' ranks, runs the local experts on the (source, expert) blocks
+// received, and sends the results back, in xs's order; backward takes the gradients along the
+// same path reversed. Its own rows (source = this rank, kept here) compute while the other
+// ranks' rows travel, both ways: on a rank that arrives early, the exchange's wait overlaps work
+// instead of idling. Values: the same GEMMs on the same blocks as GroupedExpertsFn over the
+// received rows, and each expert's weight gradient summed over its blocks in source order (the
+// own block's product kept until its turn), so the overlap changes no bit.
+struct EpExpertsFn : torch::autograd::Function<EpExpertsFn> {
+  struct Layout {  // where the blocks lie
+    std::vector<int64_t> send, recv, rc;
+    int64_t rank, El;
+    int64_t send_at(int64_t s) const { return std::accumulate(send.begin(), send.begin() + s, int64_t(0)); }
+    int64_t recv_at(int64_t s) const { return std::accumulate(recv.begin(), recv.begin() + s, int64_t(0)); }
+    // f(e, row in the source tensor, row in the received layout, n) for source s's non-empty blocks
+    template <class F>
+    void blocks(int64_t s, int64_t src_at, F&& f) const {
+      int64_t a = 0;
+      const int64_t r_at = recv_at(s);
+      for (int64_t e = 0; e < El; ++e) {
+        const int64_t n = rc[size_t(s * El + e)];
+        if (n > 0) f(e, src_at + a, r_at + a, n);
+        a += n;
+      }
+    }
+  };
+  static Layout layout(AutogradContext* ctx) {
+    return {ctx->saved_data["send"].toIntVector(), ctx->saved_data["recv"].toIntVector(),
+            ctx->saved_data["rc"].toIntVector(), ctx->saved_data["rank"].toInt(), ctx->saved_data["El"].toInt()};
+  }
+  static ModelParallel& par(AutogradContext* ctx) {
+    return *reinterpret_cast<ModelParallel*>(intptr_t(ctx->saved_data["par"].toInt()));
+  }
+  // Adds the seconds since t0 to the layer's routing time (MoEImpl::route_s_).
+  static void count(AutogradContext* ctx, std::chrono::steady_clock::time_point t0) {
+    *reinterpret_cast<double*>(intptr_t(ctx->saved_data["seconds"].toInt())) +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  // Times the exchange f(): issuing it and waiting for it are routing, not the experts' work.
+  template <class F>
+  static auto timed(AutogradContext* ctx, F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto out = f();
+    count(ctx, t0);
+    return out;
+  }
+
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& xs, const at::Tensor& W1, const at::Tensor& W2,
+                            std::vector<int64_t> send, std::vector<int64_t> recv, std::vector<int64_t> rc,
+                            int64_t rank, int64_t par_handle, int64_t seconds_handle, int64_t kind_) {
+    ctx->saved_data["send"] = send;
+    ctx->saved_data["recv"] = recv;
+    ctx->saved_data["rc"] = rc;
+    ctx->saved_data["rank"] = rank;
+    ctx->saved_data["El"] = W1.size(0);
+    ctx->saved_data["par"] = par_handle;
+    ctx->saved_data["seconds"] = seconds_handle;
+    ctx->saved_data["kind"] = kind_;
+    const Layout L = layout(ctx);
+    const Kernels kind = Kernels(kind_);
+    const at::Tensor x = xs.contiguous();
+    const int64_t R = std::accumulate(recv.begin(), recv.end(), int64_t(0)), H = W1.size(1), C = W2.size(1);
+    const at::Tensor h = at::empty({R, H}, x.options()), act = at::empty({R, H}, x.options());
+    const at::Tensor y = at::empty({R, C}, x.options());
+    auto run = [&](const at::Tensor& src, int64_t s, int64_t src_at) {
+      L.blocks(s, src_at, [&](int64_t e, int64_t from, int64_t at, int64_t n) {
+        const at::Tensor hb = h.narrow(0, at, n), ab = act.narrow(0, at, n);
+        matmul_2d_out(hb, src.narrow(0, from, n), W1.select(0, e).t(), kind);
+        relu_square_into(hb, ab);
+        matmul_2d_out(y.narrow(0, at, n), ab, W2.select(0, e).t(), kind);
+      });
+    };
+    ModelParallel::Pending to_experts = timed(ctx, [&] { return par(ctx).ep_start(x, send, recv); });
+    run(x, rank, L.send_at(rank));  // this rank's own rows, while the others travel
+    const at::Tensor xr = timed(ctx, to_experts);  // [R, C]: the own block too (a copy of x's)
+    for (int64_t s = 0; s < int64_t(recv.size()); ++s)
+      if (s != rank) run(xr, s, L.recv_at(s));
+    const at::Tensor ys = timed(ctx, [&] { return par(ctx).ep_start(y, recv, send)(); });
+    ctx->save_for_backward({xr, W1, W2, h, act});
+    return ys;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &xr = saved[0], &W1 = saved[1], &W2 = saved[2], &h = saved[3], &act = saved[4];
+    const Layout L = layout(ctx);
+    const Kernels kind = Kernels(ctx->saved_data["kind"].toInt());
+    const bool want_w1 = ctx->needs_input_grad(1), want_w2 = ctx->needs_input_grad(2);
+    const at::Tensor dys = grads[0].contiguous();  // [sum send, C], xs's order
+    const at::Tensor dact = at::empty_like(h), da = at::empty_like(h), dxr = at::empty_like(xr);
+    const at::Tensor dW1 = want_w1 ? at::zeros_like(W1, at::MemoryFormat::Contiguous) : at::Tensor();
+    const at::Tensor dW2 = want_w2 ? at::zeros_like(W2, at::MemoryFormat::Contiguous) : at::Tensor();
+    std::vector<bool> seen(size_t(L.El), false);  // an expert's first block writes, later ones add
+    // The own block's weight products, kept until the sum in source order reaches them.
+    std::vector<at::Tensor> own1(size_t(L.El)), own2(size_t(L.El));
+    auto fold = [&](const at::Tensor& dW, int64_t e, const at::Tensor& g) {
+      if (!seen[size_t(e)])
+        dW.select(0, e).copy_(g);
+      else
+        dW.select(0, e).add_(g);
+    };
+    // Block backward: dact = dy W2[e], da = relu^2'(h) dact, dx = da W1[e]; `weights` gets the
+    // products dy^T act and da^T x.
+    auto run = [&](const at::Tensor& dy, int64_t s, int64_t src_at, auto&& weights) {
+      L.blocks(s, src_at, [&](int64_t e, int64_t from, int64_t at, int64_t n) {
+        const at::Tensor g = dy.narrow(0, from, n), db = dact.narrow(0, at, n), dab = da.narrow(0, at, n);
+        matmul_2d_out(db, g, W2.select(0, e), kind);
+        relu_square_grad_into(h.narrow(0, at, n), db, dab);
+        matmul_2d_out(dxr.narrow(0, at, n), dab, W1.select(0, e), kind);
+        weights(e, g, at, n, dab);
+      });
+    };
+    auto keep_own = [&](int64_t e, const at::Tensor& g, int64_t at, int64_t n, const at::Tensor& dab) {
+      if (want_w2) own2[size_t(e)] = matmul_2d(g.t(), act.narrow(0, at, n), kind);
+      if (want_w1) own1[size_t(e)] = matmul_2d(dab.t(), xr.narrow(0, at, n), kind);
+    };
+    auto add_now = [&](int64_t e, const at::Tensor& g, int64_t at, int64_t n, const at::Tensor& dab) {
+      if (!seen[size_t(e)]) {  // written in place, as GroupedExpertsFn does
+        if (want_w2) matmul_2d_out(dW2.select(0, e), g.t(), act.narrow(0, at, n), kind);
+        if (want_w1) matmul_2d_out(dW1.select(0, e), dab.t(), xr.narrow(0, at, n), kind);
+      } else {
+        if (want_w2) dW2.select(0, e).add_(matmul_2d(g.t(), act.narrow(0, at, n), kind));
+        if (want_w1) dW1.select(0, e).add_(matmul_2d(dab.t(), xr.narrow(0, at, n), kind));
+      }
+      seen[size_t(e)] = true;
+    };
+    ModelParallel::Pending to_experts = timed(ctx, [&] { return par(ctx).ep_start(dys, L.send, L.recv); });
+    run(dys, L.rank, L.send_at(L.rank), keep_own);  // the own rows' gradient, while the others travel
+    const at::Tensor dyr = timed(ctx, to_experts);
+    for (int64_t s = 0; s < int64_t(L.recv.size()); ++s) {
+      if (s != L.rank) {
+        run(dyr, s, L.recv_at(s), add_now);
+        continue;
+      }
+      for (int64_t e = 0; e < L.El; ++e) {
+        if (L.rc[size_t(s * L.El + e)] == 0) continue;
+        if (want_w2) fold(dW2, e, own2[size_t(e)]);
+        if (want_w1) fold(dW1, e, own1[size_t(e)]);
+        seen[size_t(e)] = true;
+      }
+    }
+    const at::Tensor dxs = timed(ctx, [&] { return par(ctx).ep_start(dxr, L.recv, L.send)(); });
+    return {dxs, dW1, dW2, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
 }  // namespace
 
 MoEImpl::MoEImpl(const GPTConfig& cfg) : cfg_(cfg.moe), hidden_(cfg.moe.expert_dim), kernels_(cfg.kernels) {
@@ -217,21 +382,30 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const at::Tensor& sel, const at
     for (int64_t e = 0; e < E; ++e) experts[size_t(e)] = e;
     ys = run_experts(xs, experts, counts);
   } else {
-    // Counts first: rc[s * El + e] = rows rank s sends to my local expert e.
-    const int64_t El = E / ep;
-    const std::vector<int64_t> rc = to_vector(par->ep_exchange_counts(at::tensor(counts, at::kLong)));
-    std::vector<int64_t> send(size_t(ep), 0), recv(size_t(ep), 0), experts(size_t(ep * El));
+    // Counts first: rc[s * El + e] = rows rank s sends to my local expert e. The shared experts
+    // compute while they travel, and this rank's own rows while the others' do (EpExpertsFn).
+    const int64_t El = E / ep, rank = par->ep_rank();
+    ModelParallel::Pending counts_in = par->ep_start_counts(at::tensor(counts, at::kLong));
+    overlapped();
+    const std::vector<int64_t> rc = to_vector(counts_in());
+    std::vector<int64_t> send(size_t(ep), 0), recv(size_t(ep), 0);
     for (int64_t s = 0; s < ep; ++s)
       for (int64_t e = 0; e < El; ++e) {
         send[size_t(s)] += counts[size_t(s * El + e)];
         recv[size_t(s)] += rc[size_t(s * El + e)];
-        experts[size_t(s * El + e)] = e;
       }
-    // [sum recv, C] in (source, expert) blocks: the experts run on the blocks where they lie, and
-    // their results go back in the same order (no regrouping by expert, two row gathers fewer).
-    const at::Tensor xr = par->ep_exchange(xs, send, recv, overlapped);
-    const at::Tensor yr = run_experts(xr, experts, rc);
-    ys = par->ep_exchange(yr, recv, send);
+    // The experts compute in one dtype: autocast's when it is on (as its linears would), else the weights'.
+    at::Tensor W1 = par->weight(w1), W2 = par->weight(w2), rows = xs;
+    const at::ScalarType dt = autocast_dtype(xs.device().type()).value_or(W1.scalar_type());
+    if (W1.scalar_type() != dt) W1 = W1.to(dt);
+    if (W2.scalar_type() != dt) W2 = W2.to(dt);
+    if (rows.scalar_type() != dt) rows = rows.to(dt);
+    const auto te = Clock::now();
+    ys = EpExpertsFn::apply(rows, W1, W2, send, recv, rc, rank, int64_t(reinterpret_cast<intptr_t>(par)),
+                            int64_t(reinterpret_cast<intptr_t>(&route_s_)), int64_t(kernels_));
+    // The node adds its exchanges' seconds to route_s_ itself (forward and backward); the rest of
+    // its time is the experts'. The counts' wait above is routing.
+    expert_time += Clock::now() - te;
   }
   const at::Tensor wk = w.reshape({-1}).index_select(0, order);  // [N K] fp32
   const at::Tensor y =
