@@ -135,32 +135,63 @@ void relu_square_grad_into(const at::Tensor& h, const at::Tensor& dact, const at
     da.copy_(dact.mul(h.relu()).mul_(2));
 }
 
+// t's rows but [at, +n): a view when they lie at an end (always at ep 2), else a copy.
+at::Tensor rows_without(const at::Tensor& t, int64_t at, int64_t n) {
+  const int64_t rest = t.size(0) - at - n;
+  if (at == 0) return t.narrow(0, n, rest);
+  if (rest == 0) return t.narrow(0, 0, at);
+  return at::cat({t.narrow(0, 0, at), t.narrow(0, at + n, rest)});
+}
+// rows_without's inverse: src's rows into out's rows but [at, +n).
+void rows_around(const at::Tensor& out, int64_t at, int64_t n, const at::Tensor& src) {
+  const int64_t rest = out.size(0) - at - n;
+  if (at > 0) out.narrow(0, 0, at).copy_(src.narrow(0, 0, at));
+  if (rest > 0) out.narrow(0, at + n, rest).copy_(src.narrow(0, at, rest));
+}
+
 // Expert parallelism's routed experts as one autograd node, exchanges included (moe.h). xs [R, C]:
 // this rank's routed rows grouped by expert, the experts of ep rank 0 first, send[j] rows for ep
-// rank j; rc[s * El + e]: rows ep rank s sends to local expert e (recv[s] their sum). Forward
-// sends the rows to their experts' ranks, runs the local experts on the (source, expert) blocks
-// received, and sends the results back, in xs's order; backward takes the gradients along the
-// same path reversed. Its own rows (source = this rank, kept here) compute while the other
-// ranks' rows travel, both ways: on a rank that arrives early, the exchange's wait overlaps work
-// instead of idling. Values: the same GEMMs on the same blocks as GroupedExpertsFn over the
-// received rows, and each expert's weight gradient summed over its blocks in source order (the
-// own block's product kept until its turn), so the overlap changes no bit.
+// rank j; rc[s * El + e]: rows ep rank s sends to local expert e (recv[s] their sum). Forward sends
+// the rows to their experts' ranks, runs the local experts on the (source, expert) blocks, and
+// sends the results back into xs's order; backward takes the gradients along the same path
+// reversed. A rank's own rows (source = this rank) never travel: their products run while the
+// exchanges do, split so that every wait has some — forward: x W1^T and relu^2 during the
+// dispatch, act W2^T during the combine; backward: dact, relu^2' and both weight products during
+// the gradients' way out, dx during their way back. A rank that arrives first works instead of
+// idling. Values: the GEMMs of GroupedExpertsFn on the same blocks, and each expert's weight
+// gradient summed over its blocks in source order (an own product that is not its expert's
+// first waits for its turn), so no bit depends on the overlap.
 struct EpExpertsFn : torch::autograd::Function<EpExpertsFn> {
-  struct Layout {  // where the blocks lie
-    std::vector<int64_t> send, recv, rc;
-    int64_t rank, El;
-    int64_t send_at(int64_t s) const { return std::accumulate(send.begin(), send.begin() + s, int64_t(0)); }
-    int64_t recv_at(int64_t s) const { return std::accumulate(recv.begin(), recv.begin() + s, int64_t(0)); }
-    // f(e, row in the source tensor, row in the received layout, n) for source s's non-empty blocks
-    template <class F>
-    void blocks(int64_t s, int64_t src_at, F&& f) const {
+  struct Layout {
+    std::vector<int64_t> send, recv, rc;  // rows to / from each ep rank; rows per (source, local expert)
+    int64_t rank = 0, El = 0;
+    int64_t own_at() const { return std::accumulate(send.begin(), send.begin() + rank, int64_t(0)); }  // in xs
+    int64_t own_rows() const { return send[size_t(rank)]; }
+    // The exchanges' splits: the own block stays.
+    std::vector<int64_t> out_send() const { return but_own(send); }
+    std::vector<int64_t> out_recv() const { return but_own(recv); }
+    std::vector<int64_t> but_own(std::vector<int64_t> v) const {
+      v[size_t(rank)] = 0;
+      return v;
+    }
+    // Source s's first row among the received rows (the own block left out).
+    int64_t received_at(int64_t s) const {
       int64_t a = 0;
-      const int64_t r_at = recv_at(s);
-      for (int64_t e = 0; e < El; ++e) {
-        const int64_t n = rc[size_t(s * El + e)];
-        if (n > 0) f(e, src_at + a, r_at + a, n);
-        a += n;
-      }
+      for (int64_t i = 0; i < s; ++i)
+        if (i != rank) a += recv[size_t(i)];
+      return a;
+    }
+    // f(e, first row, n) for source s's non-empty blocks, rows counted from `base`.
+    template <class F>
+    void blocks(int64_t s, int64_t base, F&& f) const {
+      for (int64_t e = 0, a = base; e < El; a += rc[size_t(s * El + e)], ++e)
+        if (rc[size_t(s * El + e)] > 0) f(e, a, rc[size_t(s * El + e)]);
+    }
+    // True when no rank before this one sends rows to local expert e (the own block comes first).
+    bool own_first(int64_t e) const {
+      for (int64_t s = 0; s < rank; ++s)
+        if (rc[size_t(s * El + e)] > 0) return false;
+      return true;
     }
   };
   static Layout layout(AutogradContext* ctx) {
@@ -170,17 +201,14 @@ struct EpExpertsFn : torch::autograd::Function<EpExpertsFn> {
   static ModelParallel& par(AutogradContext* ctx) {
     return *reinterpret_cast<ModelParallel*>(intptr_t(ctx->saved_data["par"].toInt()));
   }
-  // Adds the seconds since t0 to the layer's routing time (MoEImpl::route_s_).
-  static void count(AutogradContext* ctx, std::chrono::steady_clock::time_point t0) {
-    *reinterpret_cast<double*>(intptr_t(ctx->saved_data["seconds"].toInt())) +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  // Times the exchange f(): issuing it and waiting for it are routing, not the experts' work.
+  // Runs f(), an exchange's issue or wait, adding its seconds to the layer's routing time
+  // (MoEImpl::route_s_): routing, not the experts' work.
   template <class F>
   static auto timed(AutogradContext* ctx, F&& f) {
     const auto t0 = std::chrono::steady_clock::now();
     auto out = f();
-    count(ctx, t0);
+    *reinterpret_cast<double*>(intptr_t(ctx->saved_data["seconds"].toInt())) +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return out;
   }
 
@@ -198,87 +226,108 @@ struct EpExpertsFn : torch::autograd::Function<EpExpertsFn> {
     const Layout L = layout(ctx);
     const Kernels kind = Kernels(kind_);
     const at::Tensor x = xs.contiguous();
-    const int64_t R = std::accumulate(recv.begin(), recv.end(), int64_t(0)), H = W1.size(1), C = W2.size(1);
-    const at::Tensor h = at::empty({R, H}, x.options()), act = at::empty({R, H}, x.options());
-    const at::Tensor y = at::empty({R, C}, x.options());
-    auto run = [&](const at::Tensor& src, int64_t s, int64_t src_at) {
-      L.blocks(s, src_at, [&](int64_t e, int64_t from, int64_t at, int64_t n) {
-        const at::Tensor hb = h.narrow(0, at, n), ab = act.narrow(0, at, n);
-        matmul_2d_out(hb, src.narrow(0, from, n), W1.select(0, e).t(), kind);
+    const int64_t own_at = L.own_at(), n_own = L.own_rows(), H = W1.size(1), C = W2.size(1);
+    const int64_t R = std::accumulate(recv.begin(), recv.end(), int64_t(0)) - n_own;  // rows received
+    ModelParallel::Pending out = timed(ctx, [&] {
+      return par(ctx).ep_start(rows_without(x, own_at, n_own), L.out_send(), L.out_recv());
+    });
+    // The own rows' first half while the others' rows travel.
+    const at::Tensor h_own = at::empty({n_own, H}, x.options()), act_own = at::empty_like(h_own);
+    L.blocks(rank, 0, [&](int64_t e, int64_t a, int64_t n) {
+      const at::Tensor hb = h_own.narrow(0, a, n);
+      matmul_2d_out(hb, x.narrow(0, own_at + a, n), W1.select(0, e).t(), kind);
+      relu_square_into(hb, act_own.narrow(0, a, n));
+    });
+    const at::Tensor xr = timed(ctx, out);  // [R, C]
+    const at::Tensor h = at::empty({R, H}, x.options()), act = at::empty_like(h), y = at::empty({R, C}, x.options());
+    for (int64_t s = 0; s < int64_t(recv.size()); ++s) {
+      if (s == rank) continue;
+      L.blocks(s, L.received_at(s), [&](int64_t e, int64_t a, int64_t n) {
+        const at::Tensor hb = h.narrow(0, a, n), ab = act.narrow(0, a, n);
+        matmul_2d_out(hb, xr.narrow(0, a, n), W1.select(0, e).t(), kind);
         relu_square_into(hb, ab);
-        matmul_2d_out(y.narrow(0, at, n), ab, W2.select(0, e).t(), kind);
+        matmul_2d_out(y.narrow(0, a, n), ab, W2.select(0, e).t(), kind);
       });
-    };
-    ModelParallel::Pending to_experts = timed(ctx, [&] { return par(ctx).ep_start(x, send, recv); });
-    run(x, rank, L.send_at(rank));  // this rank's own rows, while the others travel
-    const at::Tensor xr = timed(ctx, to_experts);  // [R, C]: the own block too (a copy of x's)
-    for (int64_t s = 0; s < int64_t(recv.size()); ++s)
-      if (s != rank) run(xr, s, L.recv_at(s));
-    const at::Tensor ys = timed(ctx, [&] { return par(ctx).ep_start(y, recv, send)(); });
-    ctx->save_for_backward({xr, W1, W2, h, act});
+    }
+    ModelParallel::Pending back = timed(ctx, [&] { return par(ctx).ep_start(y, L.out_recv(), L.out_send()); });
+    // The own rows' second half while the results travel back.
+    const at::Tensor ys = at::empty({x.size(0), C}, x.options());
+    L.blocks(rank, 0, [&](int64_t e, int64_t a, int64_t n) {
+      matmul_2d_out(ys.narrow(0, own_at + a, n), act_own.narrow(0, a, n), W2.select(0, e).t(), kind);
+    });
+    rows_around(ys, own_at, n_own, timed(ctx, back));
+    ctx->save_for_backward({x, xr, W1, W2, h_own, act_own, h, act});
     return ys;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &xr = saved[0], &W1 = saved[1], &W2 = saved[2], &h = saved[3], &act = saved[4];
+    const at::Tensor &x = saved[0], &xr = saved[1], &W1 = saved[2], &W2 = saved[3];
+    const at::Tensor &h_own = saved[4], &act_own = saved[5], &h = saved[6], &act = saved[7];
     const Layout L = layout(ctx);
     const Kernels kind = Kernels(ctx->saved_data["kind"].toInt());
     const bool want_w1 = ctx->needs_input_grad(1), want_w2 = ctx->needs_input_grad(2);
+    const int64_t own_at = L.own_at(), n_own = L.own_rows();
     const at::Tensor dys = grads[0].contiguous();  // [sum send, C], xs's order
-    const at::Tensor dact = at::empty_like(h), da = at::empty_like(h), dxr = at::empty_like(xr);
     const at::Tensor dW1 = want_w1 ? at::zeros_like(W1, at::MemoryFormat::Contiguous) : at::Tensor();
     const at::Tensor dW2 = want_w2 ? at::zeros_like(W2, at::MemoryFormat::Contiguous) : at::Tensor();
-    std::vector<bool> seen(size_t(L.El), false);  // an expert's first block writes, later ones add
-    // The own block's weight products, kept until the sum in source order reaches them.
-    std::vector<at::Tensor> own1(size_t(L.El)), own2(size_t(L.El));
-    auto fold = [&](const at::Tensor& dW, int64_t e, const at::Tensor& g) {
-      if (!seen[size_t(e)])
-        dW.select(0, e).copy_(g);
-      else
-        dW.select(0, e).add_(g);
-    };
-    // Block backward: dact = dy W2[e], da = relu^2'(h) dact, dx = da W1[e]; `weights` gets the
-    // products dy^T act and da^T x.
-    auto run = [&](const at::Tensor& dy, int64_t s, int64_t src_at, auto&& weights) {
-      L.blocks(s, src_at, [&](int64_t e, int64_t from, int64_t at, int64_t n) {
-        const at::Tensor g = dy.narrow(0, from, n), db = dact.narrow(0, at, n), dab = da.narrow(0, at, n);
-        matmul_2d_out(db, g, W2.select(0, e), kind);
-        relu_square_grad_into(h.narrow(0, at, n), db, dab);
-        matmul_2d_out(dxr.narrow(0, at, n), dab, W1.select(0, e), kind);
-        weights(e, g, at, n, dab);
-      });
-    };
-    auto keep_own = [&](int64_t e, const at::Tensor& g, int64_t at, int64_t n, const at::Tensor& dab) {
-      if (want_w2) own2[size_t(e)] = matmul_2d(g.t(), act.narrow(0, at, n), kind);
-      if (want_w1) own1[size_t(e)] = matmul_2d(dab.t(), xr.narrow(0, at, n), kind);
-    };
-    auto add_now = [&](int64_t e, const at::Tensor& g, int64_t at, int64_t n, const at::Tensor& dab) {
-      if (!seen[size_t(e)]) {  // written in place, as GroupedExpertsFn does
-        if (want_w2) matmul_2d_out(dW2.select(0, e), g.t(), act.narrow(0, at, n), kind);
-        if (want_w1) matmul_2d_out(dW1.select(0, e), dab.t(), xr.narrow(0, at, n), kind);
+    // An expert's first block (in source order) writes its weight gradients, later ones add.
+    std::vector<bool> seen(size_t(L.El), false);
+    auto weight_products = [&](int64_t e, const at::Tensor& dy, const at::Tensor& a, const at::Tensor& da,
+                               const at::Tensor& xb) {
+      if (!seen[size_t(e)]) {  // written in place
+        if (want_w2) matmul_2d_out(dW2.select(0, e), dy.t(), a, kind);
+        if (want_w1) matmul_2d_out(dW1.select(0, e), da.t(), xb, kind);
+        seen[size_t(e)] = true;
       } else {
-        if (want_w2) dW2.select(0, e).add_(matmul_2d(g.t(), act.narrow(0, at, n), kind));
-        if (want_w1) dW1.select(0, e).add_(matmul_2d(dab.t(), xr.narrow(0, at, n), kind));
+        if (want_w2) dW2.select(0, e).add_(matmul_2d(dy.t(), a, kind));
+        if (want_w1) dW1.select(0, e).add_(matmul_2d(da.t(), xb, kind));
       }
-      seen[size_t(e)] = true;
     };
-    ModelParallel::Pending to_experts = timed(ctx, [&] { return par(ctx).ep_start(dys, L.send, L.recv); });
-    run(dys, L.rank, L.send_at(L.rank), keep_own);  // the own rows' gradient, while the others travel
-    const at::Tensor dyr = timed(ctx, to_experts);
+    ModelParallel::Pending out = timed(ctx, [&] {
+      return par(ctx).ep_start(rows_without(dys, own_at, n_own), L.out_send(), L.out_recv());
+    });
+    // The own rows while the others' gradients travel: dact, relu^2' and the weight products
+    // (kept for their turn when an earlier rank sends the expert rows too).
+    const at::Tensor da_own = at::empty_like(h_own);
+    std::vector<at::Tensor> own1(size_t(L.El)), own2(size_t(L.El));
+    L.blocks(L.rank, 0, [&](int64_t e, int64_t a, int64_t n) {
+      const at::Tensor g = dys.narrow(0, own_at + a, n), dab = da_own.narrow(0, a, n);
+      const at::Tensor dact = matmul_2d(g, W2.select(0, e), kind);
+      relu_square_grad_into(h_own.narrow(0, a, n), dact, dab);
+      const at::Tensor ab = act_own.narrow(0, a, n), xb = x.narrow(0, own_at + a, n);
+      if (L.own_first(e)) {
+        weight_products(e, g, ab, dab, xb);
+      } else {
+        if (want_w2) own2[size_t(e)] = matmul_2d(g.t(), ab, kind);
+        if (want_w1) own1[size_t(e)] = matmul_2d(dab.t(), xb, kind);
+      }
+    });
+    const at::Tensor dyr = timed(ctx, out);  // [R, C]
+    const at::Tensor dxr = at::empty_like(xr), da = at::empty_like(h);
     for (int64_t s = 0; s < int64_t(L.recv.size()); ++s) {
-      if (s != L.rank) {
-        run(dyr, s, L.recv_at(s), add_now);
+      if (s == L.rank) {  // the kept own products, at their turn
+        for (int64_t e = 0; e < L.El; ++e) {
+          if (want_w2 && own2[size_t(e)].defined()) dW2.select(0, e).add_(own2[size_t(e)]);
+          if (want_w1 && own1[size_t(e)].defined()) dW1.select(0, e).add_(own1[size_t(e)]);
+        }
         continue;
       }
-      for (int64_t e = 0; e < L.El; ++e) {
-        if (L.rc[size_t(s * L.El + e)] == 0) continue;
-        if (want_w2) fold(dW2, e, own2[size_t(e)]);
-        if (want_w1) fold(dW1, e, own1[size_t(e)]);
-        seen[size_t(e)] = true;
-      }
+      L.blocks(s, L.received_at(s), [&](int64_t e, int64_t a, int64_t n) {
+        const at::Tensor g = dyr.narrow(0, a, n), dab = da.narrow(0, a, n);
+        const at::Tensor dact = matmul_2d(g, W2.select(0, e), kind);
+        relu_square_grad_into(h.narrow(0, a, n), dact, dab);
+        matmul_2d_out(dxr.narrow(0, a, n), dab, W1.select(0, e), kind);
+        weight_products(e, g, act.narrow(0, a, n), dab, xr.narrow(0, a, n));
+      });
     }
-    const at::Tensor dxs = timed(ctx, [&] { return par(ctx).ep_start(dxr, L.recv, L.send)(); });
+    ModelParallel::Pending back = timed(ctx, [&] { return par(ctx).ep_start(dxr, L.out_recv(), L.out_send()); });
+    // The own rows' dx while the others' travel back.
+    const at::Tensor dxs = at::empty_like(x);
+    L.blocks(L.rank, 0, [&](int64_t e, int64_t a, int64_t n) {
+      matmul_2d_out(dxs.narrow(0, own_at + a, n), da_own.narrow(0, a, n), W1.select(0, e), kind);
+    });
+    rows_around(dxs, own_at, n_own, timed(ctx, back));
     return {dxs, dW1, dW2, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor()};
   }
