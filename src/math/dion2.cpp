@@ -47,17 +47,27 @@ Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float e
   const int64_t k = k_override > 0 ? k_override : dion2_num_selected(fraction, n_select);
   const int64_t k_topk = std::min(k, n_select);
 
-  // Matrices (not 3-D+ or per-head batches) of contiguous float32 / bf16 CPU tensors take the
-  // fused kernels: M += G with the slice norms in one pass, then the selection and its error
-  // feedback in one pass per matrix (bit-identical to the ATen ops of the other branch).
+  // Contiguous float32 / bf16 CPU tensors of one shape take the fused kernels: M += G with the
+  // slice norms in one pass, then the selection and its error feedback in one pass per matrix
+  // (bit-identical to the ATen ops of the other branch). A 3-D+ tensor (an MoE's expert stack
+  // [E, m, n]) is its B matrices [m, n] one after another, each selected apart as the ATen ops do.
   bool fused = n_select > 0 && (comm_dtype == at::kFloat || comm_dtype == at::kBFloat16);
   for (size_t i = 0; fused && i < M.size(); ++i)
-    fused = M[i].dim() == 2 && M[i].sizes() == M[0].sizes() && cpu::cpu_fusable(M[i], G[i]);
+    fused = M[i].dim() >= 2 && M[i].numel() > 0 && M[i].sizes() == M[0].sizes() && cpu::cpu_fusable(M[i], G[i]);
   const int64_t N = static_cast<int64_t>(M.size());
   at::Tensor norms, M_stacked;
   if (fused) {
-    norms = at::empty({N, n_select}, M[0].options());  // [N, n_select]
-    for (int64_t i = 0; i < N; ++i) cpu::accumulate_l1_norms_(M[i], G[i], norms[i], select_dim);
+    const int64_t m = M[0].size(-2), n = M[0].size(-1), B = M[0].numel() / (m * n);
+    std::vector<int64_t> shape = M[0].sizes().vec();  // -> [N, .., n_select]
+    shape.pop_back();
+    shape.back() = n_select;
+    shape.insert(shape.begin(), N);
+    norms = at::empty(shape, M[0].options());
+    const at::Tensor rows = norms.view({N * B, n_select});
+    for (int64_t i = 0; i < N; ++i) {
+      const at::Tensor Mi = M[i].view({B, m, n}), Gi = G[i].view({B, m, n});
+      for (int64_t b = 0; b < B; ++b) cpu::accumulate_l1_norms_(Mi[b], Gi[b], rows[i * B + b], select_dim);
+    }
   } else {
     for (size_t i = 0; i < M.size(); ++i) M[i].add_(G[i].to(M[i].scalar_type()));  // M += G
     if (n_select == 0) {                                                           // an empty shard: nothing to select
@@ -74,11 +84,17 @@ Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float e
   at::Tensor indices = std::get<1>(at::topk(norms, k_topk, -1, /*largest=*/true, /*sorted=*/false));
   std::vector<at::Tensor> idx_list = indices.unbind(0);
   if (fused) {
-    std::vector<int64_t> shape = {N, M[0].size(0), M[0].size(1)};
-    shape[select_dim == -2 ? 1 : 2] = k_topk;
-    at::Tensor U = at::empty(shape, M[0].options().dtype(comm_dtype));  // [N, k, n] | [N, m, k]
-    for (int64_t i = 0; i < N; ++i)
-      cpu::take_selected_(M[i], idx_list[static_cast<size_t>(i)], U[i], ef_decay, select_dim);
+    const int64_t m = M[0].size(-2), n = M[0].size(-1), B = M[0].numel() / (m * n);
+    std::vector<int64_t> shape = M[0].sizes().vec();  // [N, .., k, n] | [N, .., m, k]
+    shape[shape.size() + select_dim] = k_topk;
+    shape.insert(shape.begin(), N);
+    at::Tensor U = at::empty(shape, M[0].options().dtype(comm_dtype));
+    const int64_t u_rows = select_dim == -2 ? k_topk : m, u_cols = select_dim == -2 ? n : k_topk;
+    for (int64_t i = 0; i < N; ++i) {
+      const at::Tensor Mi = M[i].view({B, m, n}), Ii = idx_list[size_t(i)].view({B, k_topk});
+      const at::Tensor Ui = U[i].view({B, u_rows, u_cols});
+      for (int64_t b = 0; b < B; ++b) cpu::take_selected_(Mi[b], Ii[b], Ui[b], ef_decay, select_dim);
+    }
     out.U = U.unbind(0);
     out.indices = std::move(idx_list);
     return out;
@@ -109,10 +125,16 @@ void dion2_post(at::TensorList X, at::TensorList U, at::TensorList indices, cons
   const at::Tensor decay = r.decay_t();
   const at::Tensor neg_lr = r.neg_adjusted_lr_t();
   for (size_t i = 0; i < X.size(); ++i) {
-    if (!r.on_device() && X[i].dim() == 2 && U[i].dim() == 2 && indices[i].dim() == 1 && cpu::cpu_fusable(X[i], X[i]) &&
-        cpu::cpu_fusable(U[i], U[i]) && indices[i].device().is_cpu()) {
-      // One pass, bit-identical to the decay and scatter_add_ below (dion/math/elementwise.h).
-      cpu::decay_and_update_selected_(X[i], U[i], indices[i], r.decay(), -r.adjusted_lr, select_dim);
+    const int64_t d = X[i].dim();
+    if (!r.on_device() && d >= 2 && X[i].numel() > 0 && U[i].dim() == d && indices[i].dim() == d - 1 && cpu::cpu_fusable(X[i], X[i]) &&
+        cpu::cpu_fusable(U[i], U[i]) && indices[i].device().is_cpu() && indices[i].is_contiguous()) {
+      // One pass per matrix (a 3-D+ X: each of its [m, n]), bit-identical to the decay and
+      // scatter_add_ below (dion/math/elementwise.h).
+      const int64_t m = X[i].size(-2), n = X[i].size(-1), B = X[i].numel() / (m * n);
+      const at::Tensor Xi = X[i].view({B, m, n}), Ui = U[i].view({B, U[i].size(-2), U[i].size(-1)});
+      const at::Tensor Ii = indices[i].view({B, indices[i].size(-1)});
+      for (int64_t b = 0; b < B; ++b)
+        cpu::decay_and_update_selected_(Xi[b], Ui[b], Ii[b], r.decay(), -r.adjusted_lr, select_dim);
       continue;
     }
     scale_(X[i], decay);

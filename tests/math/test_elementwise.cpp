@@ -256,6 +256,44 @@ TEST(Elementwise, Dion2PreFusedEqualsAtenBranch) {
       }
 }
 
+// The same for 3-D stacks (an MoE's experts [E, m, n]): each matrix of a stack is selected and
+// updated apart, in the fused branch as in the ATen one (the same stacks with their last two dims
+// transposed in memory), and dion2_post's fused branch equals its ATen branch too.
+TEST(Elementwise, Dion2FusedOnExpertStacksEqualsAtenBranch) {
+  at::manual_seed(16);
+  auto strided3 = [](const at::Tensor& t) {  // non-contiguous: the ATen branch
+    return at::empty({t.size(0), t.size(2), t.size(1)}, t.options()).transpose(1, 2).copy_(t);
+  };
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{3, 37, 29}, std::vector<int64_t>{2, 5, 130}})
+    for (at::ScalarType tm : kTypes)
+      for (int64_t select_dim : {-2, -1}) {
+        const std::string what = "stack " + std::to_string(shape[0]) + "x" + std::to_string(shape[1]) + "x" +
+                                 std::to_string(shape[2]) + " M " + name(tm) + " select_dim " +
+                                 std::to_string(select_dim);
+        std::vector<at::Tensor> M_fused, M_aten, G, X_fused, X_aten;
+        for (int i = 0; i < 2; ++i) {
+          const at::Tensor m = rand_like_dtype(shape, tm), x = rand_like_dtype(shape, tm);
+          M_fused.push_back(m.clone());
+          M_aten.push_back(strided3(m));
+          X_fused.push_back(x.clone());
+          X_aten.push_back(strided3(x));
+          G.push_back(rand_like_dtype(shape, kFloat, 0.1));
+        }
+        auto a = dion::math::dion2_pre(G, M_fused, 0.25, 0.9f, select_dim, kFloat);
+        auto b = dion::math::dion2_pre(G, M_aten, 0.25, 0.9f, select_dim, kFloat);
+        for (size_t i = 0; i < M_fused.size(); ++i) {
+          ASSERT_EQ(a.indices[i].dim(), 2) << what;  // [E, k]: one selection per matrix
+          expect_identical(a.indices[i], b.indices[i], what + ": indices");
+          expect_identical(a.U[i], b.U[i], what + ": U");
+          expect_identical(M_fused[i], M_aten[i].contiguous(), what + ": M");
+        }
+        dion::math::dion2_post(X_fused, a.U, a.indices, 0.02f, 0.013f, 0.1f, select_dim);
+        dion::math::dion2_post(X_aten, b.U, b.indices, 0.02f, 0.013f, 0.1f, select_dim);
+        for (size_t i = 0; i < X_fused.size(); ++i)
+          expect_identical(X_fused[i], X_aten[i].contiguous(), what + ": X");
+      }
+}
+
 // muon_pre writes the megabatch into one buffer (so stack_megabatch is a view), and muon_post
 // equals its ATen branch.
 TEST(Elementwise, MuonPreAndPostThroughTheMath) {
