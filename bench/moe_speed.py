@@ -11,7 +11,9 @@ experts split over the two ranks and the tokens exchanged by all_to_all), one th
 the global batch the same (16 x 256 bytes). Every round runs every side for --steps steps, the
 order reversed every other round, so that the machine's load falls on all sides alike. A side's
 figures are medians over its steps after the first two: ms a step (dion-train's wall clock),
-tokens/s, and the share of the step spent routing tokens (metrics.jsonl moe_route_ms: grouping
+tokens/s, the ratio to the dense side at the same ranks (of the medians, and round by round: the
+two sides of a pair run one after the other, so a pair shares the machine's load), and the share
+of the step spent routing tokens (metrics.jsonl moe_route_ms: grouping
 the tokens by expert, the all_to_all to the experts' ranks and back in forward and backward, the
 weighted sum; not the experts' GEMMs). Prints a markdown table and appends one JSON object to
 --json. Not a test: nothing asserts on time. --smoke: a tiny model, 3 steps, one round (ctest
@@ -81,11 +83,14 @@ def main():
     load_before = machine.loadavg()
     data = convergence.prepare_data(args.build, out)
     got = {s[0]: [] for s in SIDES}
+    by_round = {s[0]: [] for s in SIDES}  # each round's median ms a step
     t0 = time.time()
     for rnd in range(rounds):
         order = SIDES if rnd % 2 == 0 else SIDES[::-1]
         for side in order:
-            got[side[0]] += run_side(args.build, data, out, side, steps, rnd, args.smoke)[2:]
+            recs = run_side(args.build, data, out, side, steps, rnd, args.smoke)[2:]
+            got[side[0]] += recs
+            by_round[side[0]].append(statistics.median(r["ms_per_step"] for r in recs))
             print(f"[moe_speed] round {rnd + 1}/{rounds}: {side[0]} done ({time.time() - t0:.0f} s)", file=sys.stderr)
     cpu, flags = machine.cpu()
     rows = []
@@ -95,8 +100,12 @@ def main():
         route = [r["moe_route_ms"] / r["ms_per_step"] for r in recs if "moe_route_ms" in r]
         rows.append({"side": name, "ranks": ranks, "ms_per_step": ms,
                      "tokens_per_s": statistics.median(r["tokens_per_s"] for r in recs),
-                     "route_share": statistics.median(route) if route else None, "steps": len(recs)})
+                     "route_share": statistics.median(route) if route else None, "steps": len(recs),
+                     "ms_per_step_by_round": by_round[name]})
     dense = {r["ranks"]: r for r in rows if r["side"].startswith("dense")}
+    for r in rows:  # dense ms / this side's ms, round by round (the two run one after the other)
+        pairs = [a / b for a, b in zip(dense[r["ranks"]]["ms_per_step_by_round"], r["ms_per_step_by_round"])]
+        r["vs_dense_by_round"] = pairs
     table = {"bench": "moe_speed", "rows": rows, "steps": steps, "rounds": rounds, "smoke": args.smoke,
              "machine": {"cpu": cpu, "cpu_flags": flags, "loadavg": f"{load_before} before; {machine.loadavg()} after",
                          "time_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "threads_per_process": 1}}
@@ -106,13 +115,16 @@ def main():
     print(f"- one thread a process; batch {shape} bytes; {steps} steps x {rounds} rounds, medians after "
           "each run's first two steps")
     print("")
-    print("| side | ms a step | tokens/s | vs dense at the same ranks | routing share of the step |")
-    print("|---|--:|--:|--:|--:|")
+    print("| side | ms a step | tokens/s | vs dense at the same ranks | same-round pairs: median (range) "
+          "| routing share of the step |")
+    print("|---|--:|--:|--:|--:|--:|")
     for r in rows:
         d = dense[r["ranks"]]
         share = f"{100 * r['route_share']:.1f}%" if r["route_share"] is not None else "—"
+        p = r["vs_dense_by_round"]
+        pairs = f"{statistics.median(p):.2f}x ({min(p):.2f}-{max(p):.2f})"
         print(f"| {r['side']} | {r['ms_per_step']:.0f} | {r['tokens_per_s']:.0f} | "
-              f"{r['tokens_per_s'] / d['tokens_per_s']:.2f}x | {share} |")
+              f"{r['tokens_per_s'] / d['tokens_per_s']:.2f}x | {pairs} | {share} |")
     machine.append_json(args.json, table)
 
 
