@@ -2,7 +2,7 @@
 """MoE training speed next to the dense model of the same active parameters, at 1 and 2 ranks.
 
     python3 bench/moe_speed.py [--build build] [--out runs/moe_speed] [--steps 20] [--rounds 2]
-                               [--json FILE] [--smoke]
+                               [--from_step N] [--json FILE] [--smoke]
 
 Sides: configs/shakespeare_bytes_dion2.yaml (the main job: dense, 4 x 128) and
 configs/shakespeare_bytes_moe.yaml (8 experts of 170 hidden, top_k 2, one shared: about the dense
@@ -16,12 +16,17 @@ two sides of a pair run one after the other, so a pair shares the machine's load
 of the step spent routing tokens (metrics.jsonl moe_route_ms: grouping
 the tokens by expert, the all_to_all to the experts' ranks and back in forward and backward, the
 weighted sum; not the experts' GEMMs). Prints a markdown table and appends one JSON object to
---json. Not a test: nothing asserts on time. --smoke: a tiny model, 3 steps, one round (ctest
+--json. --from_step N: every side starts from its config's checkpoint after N steps in one process
+(trained once per --out folder; checkpoints move between layouts), so that the experts' load is
+that of a run under way rather than of its first steps, where the routers are still random and
+the fullest expert gets 2-3x the mean (the table prints the median load). Not a test: nothing
+asserts on time. --smoke: a tiny model, 3 steps, one round (ctest
 moe_speed_smoke: the plumbing).
 """
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,11 +47,19 @@ SMOKE = {"model_dim": 32, "n_layer": 1, "n_head": 1, "sequence_length": 32, "bat
          "expert_dim": 16}
 
 
-def run_side(build, data, out, side, steps, rnd, smoke):
+def run_side(build, data, out, side, steps, rnd, smoke, start=None):
+    """One side's run: `steps` steps from initialization, or from `start` (from_step, checkpoint
+    folder) when given (its copy in the run folder: a run writes its own checkpoint at the end)."""
     name, config, ranks, layout = side
     rd = os.path.join(out, f"{name.replace(' ', '').replace(',', '_')}_r{rnd}")
-    keys = {"config": os.path.join(ROOT, config), "data_dir": data, "run_dir": rd, "num_iterations": steps,
-            "val_loss_every": 0, "log_every": 1, "checkpoint_freq": 0, "checkpoint_dir": "",
+    ckpt, first = "", 0
+    if start:
+        first, src = start
+        shutil.rmtree(rd, ignore_errors=True)
+        ckpt = os.path.join(rd, "start")
+        shutil.copytree(src, ckpt)
+    keys = {"config": os.path.join(ROOT, config), "data_dir": data, "run_dir": rd, "num_iterations": first + steps,
+            "val_loss_every": 0, "log_every": 1, "checkpoint_freq": 0, "checkpoint_dir": ckpt,
             "time_optimizer": "true", "replica_check_every": 0}
     if smoke:
         keys.update(SMOKE)
@@ -63,7 +76,26 @@ def run_side(build, data, out, side, steps, rnd, smoke):
         tail = "\n".join(r.stdout.strip().splitlines()[-12:])
         raise convergence.BenchError(f"{name} failed (exit {r.returncode}): {' '.join(cmd)}\n{tail}")
     lines = [json.loads(x) for x in open(os.path.join(rd, "metrics.jsonl"))]
-    return [x for x in lines if x["kind"] == "train"]
+    return [x for x in lines if x["kind"] == "train" and x["step"] >= first]
+
+
+def train_start(build, data, out, config, steps):
+    """A checkpoint of `config` after `steps` steps in one process (made once per --out folder)."""
+    name = os.path.splitext(os.path.basename(config))[0]
+    ckpt = os.path.join(out, f"start_{name}_{steps}")
+    if os.path.isdir(ckpt) and any(d.startswith("step_") for d in os.listdir(ckpt)):
+        return ckpt
+    shutil.rmtree(ckpt, ignore_errors=True)
+    cmd = [os.path.join(build, "dion-train"), "--config", os.path.join(ROOT, config), "--data_dir", data,
+           "--run_dir", ckpt + "_run", "--num_iterations", str(steps), "--val_loss_every", "0", "--log_every",
+           "100", "--checkpoint_freq", str(steps), "--checkpoint_dir", ckpt, "--replica_check_every", "0"]
+    print(f"[moe_speed] training {name} for {steps} steps (the start of every side's run)", file=sys.stderr)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if r.returncode != 0:
+        tail = "\n".join(r.stdout.strip().splitlines()[-12:])
+        raise convergence.BenchError(f"training the start failed (exit {r.returncode}): {' '.join(cmd)}\n{tail}")
+    return ckpt
 
 
 def main():
@@ -74,21 +106,31 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", default="")
     ap.add_argument("--smoke", action="store_true", help="a tiny model, 3 steps, one round (the plumbing)")
+    ap.add_argument("--from_step", type=int, default=0,
+                    help="measure from a checkpoint after this many steps in one process (0: from initialization); "
+                         "the experts' load is uneven in the first steps and evens out as the routers learn")
     args = ap.parse_args()
     steps, rounds = (3, 1) if args.smoke else (args.steps, args.rounds)
-    if steps < 3 or rounds < 1:
-        raise convergence.BenchError(f"--steps {steps} --rounds {rounds}: need steps >= 3 and rounds >= 1")
+    if steps < 3 or rounds < 1 or args.from_step < 0:
+        raise convergence.BenchError(f"--steps {steps} --rounds {rounds} --from_step {args.from_step}: need steps >= 3, "
+                                     "rounds >= 1 and from_step >= 0")
+    if args.smoke and args.from_step:
+        raise convergence.BenchError("--smoke measures from initialization: leave --from_step out")
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     load_before = machine.loadavg()
     data = convergence.prepare_data(args.build, out)
+    starts = {}
+    if args.from_step:
+        for config in sorted({s[1] for s in SIDES}):
+            starts[config] = (args.from_step, train_start(args.build, data, out, config, args.from_step))
     got = {s[0]: [] for s in SIDES}
     by_round = {s[0]: [] for s in SIDES}  # each round's median ms a step
     t0 = time.time()
     for rnd in range(rounds):
         order = SIDES if rnd % 2 == 0 else SIDES[::-1]
         for side in order:
-            recs = run_side(args.build, data, out, side, steps, rnd, args.smoke)[2:]
+            recs = run_side(args.build, data, out, side, steps, rnd, args.smoke, starts.get(side[1]))[2:]
             got[side[0]] += recs
             by_round[side[0]].append(statistics.median(r["ms_per_step"] for r in recs))
             print(f"[moe_speed] round {rnd + 1}/{rounds}: {side[0]} done ({time.time() - t0:.0f} s)", file=sys.stderr)
@@ -106,14 +148,20 @@ def main():
     for r in rows:  # dense ms / this side's ms, round by round (the two run one after the other)
         pairs = [a / b for a, b in zip(dense[r["ranks"]]["ms_per_step_by_round"], r["ms_per_step_by_round"])]
         r["vs_dense_by_round"] = pairs
+    load = [max(x) for r in got["MoE, dp 2 x ep 2"] for x in [r.get("moe_load_imbalance", [])] if x]
     table = {"bench": "moe_speed", "rows": rows, "steps": steps, "rounds": rounds, "smoke": args.smoke,
+             "from_step": args.from_step, "expert_load_max_over_mean": statistics.median(load) if load else None,
              "machine": {"cpu": cpu, "cpu_flags": flags, "loadavg": f"{load_before} before; {machine.loadavg()} after",
                          "time_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "threads_per_process": 1}}
     print(f"- machine: {cpu} ({' '.join(flags)}); load average {table['machine']['loadavg']}; "
           f"{table['machine']['time_utc']}")
     shape = f"{SMOKE['batch_size']} x {SMOKE['sequence_length']} (smoke)" if args.smoke else "16 x 256"
-    print(f"- one thread a process; batch {shape} bytes; {steps} steps x {rounds} rounds, medians after "
+    start = f"from the checkpoint of step {args.from_step} (one process)" if args.from_step else "from initialization"
+    print(f"- one thread a process; batch {shape} bytes; {steps} steps x {rounds} rounds {start}, medians after "
           "each run's first two steps")
+    if load:
+        print(f"- experts' load at dp 2 x ep 2 (tokens of the fullest expert / the mean, the most loaded layer): "
+              f"median {statistics.median(load):.2f}")
     print("")
     print("| side | ms a step | tokens/s | vs dense at the same ranks | same-round pairs: median (range) "
           "| routing share of the step |")
