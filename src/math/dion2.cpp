@@ -55,9 +55,10 @@ Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float e
   for (size_t i = 0; fused && i < M.size(); ++i)
     fused = M[i].dim() >= 2 && M[i].numel() > 0 && M[i].sizes() == M[0].sizes() && cpu::cpu_fusable(M[i], G[i]);
   const int64_t N = static_cast<int64_t>(M.size());
+  // The fused branch's matrices: B of [m, n] in each M[i].
+  const int64_t m = fused ? M[0].size(-2) : 0, n = fused ? M[0].size(-1) : 0, B = fused ? M[0].numel() / (m * n) : 0;
   at::Tensor norms, M_stacked;
   if (fused) {
-    const int64_t m = M[0].size(-2), n = M[0].size(-1), B = M[0].numel() / (m * n);
     std::vector<int64_t> shape = M[0].sizes().vec();  // -> [N, .., n_select]
     shape.pop_back();
     shape.back() = n_select;
@@ -84,7 +85,6 @@ Selection dion2_pre(at::TensorList G, at::TensorList M, double fraction, float e
   at::Tensor indices = std::get<1>(at::topk(norms, k_topk, -1, /*largest=*/true, /*sorted=*/false));
   std::vector<at::Tensor> idx_list = indices.unbind(0);
   if (fused) {
-    const int64_t m = M[0].size(-2), n = M[0].size(-1), B = M[0].numel() / (m * n);
     std::vector<int64_t> shape = M[0].sizes().vec();  // [N, .., k, n] | [N, .., m, k]
     shape[shape.size() + select_dim] = k_topk;
     shape.insert(shape.begin(), N);

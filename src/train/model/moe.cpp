@@ -38,10 +38,23 @@ void for_each_group(const std::vector<int64_t>& experts, const std::vector<int64
   }
 }
 
+// relu^2 and its gradient over one block of rows (contiguous), the fused pass where it applies.
+void relu_square_into(const at::Tensor& h, const at::Tensor& act) {
+  if (fused_available(h))
+    relu_square_out(h, act);
+  else
+    act.copy_(at::relu(h).square());
+}
+void relu_square_grad_into(const at::Tensor& h, const at::Tensor& dact, const at::Tensor& da) {
+  if (fused_available(h))
+    relu_square_grad_out(h, dact, da);
+  else
+    da.copy_(dact.mul(h.relu()).mul_(2));
+}
+
 // The routed experts over blocks of rows, as one autograd node: y = relu(x W1[e]^T)^2 W2[e]^T on
-// each block's rows, e its expert. An expert may have several blocks (one per source rank under
-// expert parallelism, so that the received rows need no regrouping): its weight gradient is the
-// sum of its blocks' products. Forward and backward write each expert's GEMMs into one
+// each block's rows, e its expert. An expert may have several blocks: its weight gradient is the
+// sum of its blocks' products (expert parallelism runs EpExpertsFn below instead). Forward and backward write each expert's GEMMs into one
 // preallocated buffer per product, and relu and square (and their backward) are one pass over
 // all rows. A loop of per-expert linears costs per expert an autograd node each for narrow,
 // select, linear, relu, square and linear plus a cat, and narrow's and select's backward each
@@ -61,10 +74,7 @@ struct GroupedExpertsFn : torch::autograd::Function<GroupedExpertsFn> {
     });
     // relu^2 in one pass; h stays the pre-activation, which backward reads (fused_cpu.h).
     const at::Tensor act = at::empty_like(h);
-    if (fused_available(h))
-      relu_square_out(h, act);
-    else
-      act.copy_(at::relu(h).square());
+    relu_square_into(h, act);
     for_each_group(experts, counts, [&](int64_t e, int64_t at, int64_t n) {
       matmul_2d_out(y.narrow(0, at, n), act.narrow(0, at, n), W2.select(0, e).t(), kind);
     });
@@ -103,13 +113,8 @@ struct GroupedExpertsFn : torch::autograd::Function<GroupedExpertsFn> {
       if (want_w2) weight_grad(dW2, seen2, e, g.t(), act.narrow(0, at, n));
     });
     // d/dh relu(h)^2 = 2 relu(h) (0 where relu cuts), times the gradient
-    at::Tensor da;
-    if (fused_available(h)) {
-      da = at::empty_like(h);
-      relu_square_grad_out(h, dact, da);
-    } else {
-      da = dact.mul(h.relu()).mul_(2);
-    }
+    const at::Tensor da = at::empty_like(h);
+    relu_square_grad_into(h, dact, da);
     const at::Tensor dx = ctx->needs_input_grad(0) ? at::empty_like(x) : at::Tensor();
     for_each_group(experts, counts, [&](int64_t e, int64_t at, int64_t n) {
       const at::Tensor g = da.narrow(0, at, n);
@@ -120,20 +125,6 @@ struct GroupedExpertsFn : torch::autograd::Function<GroupedExpertsFn> {
   }
 };
 
-
-// relu^2 and its gradient over one block of rows (contiguous), the fused pass where it applies.
-void relu_square_into(const at::Tensor& h, const at::Tensor& act) {
-  if (fused_available(h))
-    relu_square_out(h, act);
-  else
-    act.copy_(at::relu(h).square());
-}
-void relu_square_grad_into(const at::Tensor& h, const at::Tensor& dact, const at::Tensor& da) {
-  if (fused_available(h))
-    relu_square_grad_out(h, dact, da);
-  else
-    da.copy_(dact.mul(h.relu()).mul_(2));
-}
 
 // t's rows but [at, +n): a view when they lie at an end (always at ep 2), else a copy.
 at::Tensor rows_without(const at::Tensor& t, int64_t at, int64_t n) {
