@@ -42,6 +42,7 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/graphed_step.cpp
   ${DION_TRAIN_ROOT}/src/train/model/cross_entropy_cpu.cpp
   ${DION_TRAIN_ROOT}/src/train/model/fused_cpu.cpp
+  ${DION_TRAIN_ROOT}/src/train/model/router_cpu.cpp
   ${DION_TRAIN_ROOT}/src/train/model/kernels.cpp
   ${DION_TRAIN_ROOT}/src/train/model/fit.cpp
   ${DION_TRAIN_ROOT}/src/train/loader.cpp
@@ -118,6 +119,7 @@ if(DION_BUILD_TESTS)
     ${DION_TRAIN_ROOT}/tests/train/model/test_kernels.cpp
     ${DION_TRAIN_ROOT}/tests/train/model/test_fused_cpu.cpp
     ${DION_TRAIN_ROOT}/tests/train/model/test_moe.cpp
+    ${DION_TRAIN_ROOT}/tests/train/model/test_router_cpu.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_graphs.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_loader.cpp
     ${DION_TRAIN_ROOT}/tests/train/test_run.cpp

@@ -45,6 +45,8 @@
 
 namespace dion::train {
 
+struct Grouping;  // src/train/model/router_cpu.h
+
 class MoEImpl : public torch::nn::Module {
  public:
   explicit MoEImpl(const GPTConfig& config);
@@ -68,9 +70,10 @@ class MoEImpl : public torch::nn::Module {
   int64_t expert_dim() const { return hidden_; }
 
  private:
-  // The routed experts' output for tokens xf [N, C] with experts sel [N, K] and weights w [N, K].
-  // `meanwhile` runs while the tokens travel to their experts (the shared experts' forward).
-  at::Tensor routed(const at::Tensor& xf, const at::Tensor& sel, const at::Tensor& w,
+  // The routed experts' output for tokens xf [N, C] with weights w [N, K], their routed rows
+  // grouped by expert in `groups` (src/train/model/router_cpu.h). `meanwhile` runs while the
+  // tokens travel to their experts (the shared experts' forward).
+  at::Tensor routed(const at::Tensor& xf, const Grouping& groups, const at::Tensor& w,
                     const std::function<void()>& meanwhile);
   // Rows xs in blocks, block i counts[i] rows for local expert experts[i], through their experts.
   at::Tensor grouped(const at::Tensor& xs, const std::vector<int64_t>& experts, const std::vector<int64_t>& counts);

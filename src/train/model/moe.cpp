@@ -14,6 +14,7 @@
 #include "dion/train/autocast.h"
 #include "dion/train/kernels.h"
 #include "fused_cpu.h"
+#include "router_cpu.h"
 
 namespace dion::train {
 
@@ -358,18 +359,26 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
   const at::Tensor xf = x.reshape({B * T, C});
   const at::Tensor rw = par ? par->weight(router->weight) : router->weight;
   const at::Tensor logits = linear(xf, rw, kernels_).to(at::kFloat);  // [N, E], routing in fp32
-  const at::Tensor scores = cfg_.sigmoid ? logits.sigmoid() : logits.softmax(-1);
-  at::Tensor sel;  // [N, K] expert ids
-  {
-    at::NoGradGuard no_grad;
-    sel = std::get<1>(at::topk(scores.detach() + expert_bias, K, -1, /*largest=*/true, /*sorted=*/true));
-    if (is_training()) {  // the step's load (validation's forwards do not count)
-      const at::Tensor counts = at::bincount(sel.reshape({-1}).cpu(), {}, E);
-      load_ = load_.defined() ? load_ + counts : counts;
+  at::Tensor scores, sel, w;  // [N, E] scores, [N, K] expert ids and their renormalised weights
+  if (kernels_ == Kernels::fast && !cfg_.sigmoid && router_fused_available(logits, K)) {
+    Routing r = route_softmax_topk_fused(logits, expert_bias, K);  // one pass a token (router_cpu.h)
+    scores = r.scores, sel = r.sel, w = r.w;
+  } else {
+    scores = cfg_.sigmoid ? logits.sigmoid() : logits.softmax(-1);
+    {
+      at::NoGradGuard no_grad;
+      sel = std::get<1>(at::topk(scores.detach() + expert_bias, K, -1, /*largest=*/true, /*sorted=*/true));
     }
+    w = scores.gather(1, sel);
+    w = w / w.sum(-1, /*keepdim=*/true);  // renormalised over the chosen experts
   }
-  at::Tensor w = scores.gather(1, sel);
-  w = w / w.sum(-1, /*keepdim=*/true);  // renormalised over the chosen experts
+  const auto t_group = std::chrono::steady_clock::now();
+  const Grouping groups = group_by_expert(sel, E);  // the routed rows by expert: dispatch's first part
+  route_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_group).count();
+  if (is_training()) {  // the step's load (validation's forwards do not count)
+    const at::Tensor counts = at::tensor(groups.counts, at::kLong);
+    load_ = load_.defined() ? load_ + counts : counts;
+  }
   aux_loss_ = at::Tensor();
   if (is_training() && cfg_.aux_loss_coef > 0) {
     // DeepSeek-V3's sequence-wise balance loss: per sequence, sum_i f_i P_i.
@@ -381,14 +390,14 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
   }
   // The shared experts compute while the routed tokens travel (expert parallelism).
   at::Tensor y_shared;
-  at::Tensor y = routed(xf, sel, w, [&] {
+  at::Tensor y = routed(xf, groups, w, [&] {
                    if (shared) y_shared = shared(x);
                  }).view({B, T, C});
   if (shared) y = y + y_shared;
   return y;
 }
 
-at::Tensor MoEImpl::routed(const at::Tensor& xf, const at::Tensor& sel, const at::Tensor& w,
+at::Tensor MoEImpl::routed(const at::Tensor& xf, const Grouping& groups, const at::Tensor& w,
                            const std::function<void()>& meanwhile) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
@@ -405,11 +414,9 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const at::Tensor& sel, const at
     meanwhile();
     expert_time += Clock::now() - t;
   };
-  const int64_t E = cfg_.n_experts, K = cfg_.top_k;
-  const at::Tensor flat = sel.reshape({-1});                           // [N K]
-  const at::Tensor order = at::argsort(flat, /*stable=*/true, 0);      // grouped by expert, token order inside
-  const at::Tensor token = at::div(order, K, "floor");                 // the token of each routed row
-  const std::vector<int64_t> counts = to_vector(at::bincount(flat.cpu(), {}, E));  // rows per expert
+  const int64_t E = cfg_.n_experts;
+  const at::Tensor &order = groups.order, &token = groups.token;  // [N K]: by expert, token order inside
+  const std::vector<int64_t>& counts = groups.counts;              // rows per expert
   // One pass each way for fp32 rows in the fast kind (fused_cpu.h), else ATen's index_select.
   const bool fused_rows = kernels_ == Kernels::fast && rows_fused_available(xf);
   const at::Tensor xs = fused_rows ? gather_rows_fused(xf, token) : xf.index_select(0, token);  // [N K, C]
