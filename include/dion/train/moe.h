@@ -9,7 +9,9 @@
 //            dropless: every token reaches its top_k experts (no capacity, no dropped tokens)
 //   shared:  + the dense MLP of n_shared_experts x H hidden, on every token (when n_shared > 0)
 //
-// Tokens are grouped by expert (stable sort: token order within an expert) and each expert runs
+// In the fast kind on the CPU the router's softmax, top-k and renormalisation are one pass a token,
+// each way (src/train/model/router_cpu.h; fp32 rounding of ATen's ops, which the exact kind runs).
+// Tokens are grouped by expert (a counting sort: token order within an expert) and each expert runs
 // one GEMM pair on its group, all experts in one autograd node that writes the GEMMs into shared
 // buffers (moe.cpp GroupedExpertsFn; a loop of per-expert linears was 1.5x slower). Not a padded batched GEMM: on one CPU thread (AMD Zen 5, torch 2.11,
 // fp32, C 128, H 170, max / mean load 1.14) bmm over experts padded to the fullest took 1.65x the
