@@ -73,10 +73,11 @@ class MoEImpl : public torch::nn::Module {
 
  private:
   // The routed experts' output for tokens xf [N, C] with weights w [N, K], their routed rows
-  // grouped by expert in `groups` (src/train/model/router_cpu.h). `meanwhile` runs while the
-  // tokens travel to their experts (the shared experts' forward).
+  // grouped by expert in `groups` (src/train/model/router_cpu.h), plus what `meanwhile` returns
+  // (undefined: nothing), which runs while the tokens travel to their experts (the shared experts'
+  // forward, [B, T, C]).
   at::Tensor routed(const at::Tensor& xf, const Grouping& groups, const at::Tensor& w,
-                    const std::function<void()>& meanwhile);
+                    const std::function<at::Tensor()>& meanwhile);
   // Rows xs in blocks, block i counts[i] rows for local expert experts[i], through their experts.
   at::Tensor grouped(const at::Tensor& xs, const std::vector<int64_t>& experts, const std::vector<int64_t>& counts);
 

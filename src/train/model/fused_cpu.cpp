@@ -297,22 +297,50 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
 
 // The MoE's row gather (dispatch) and weighted row scatter (combine), fp32, each one autograd
 // node. Every sum into a target row runs in row order, as ATen's index_add (its CPU kernel sorts
-// the index stably and sums each target's rows in their order), so those are ATen's bits.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void scatter_add_rows_simd(
-    const float* __restrict__ src, const float* __restrict__ w, const int64_t* __restrict__ index,
-    float* __restrict__ dst, int64_t R, int64_t C) {
+// the index stably and sums each target's rows in their order), so those are ATen's bits. The sums
+// run target by target (each output row written once, from 0, its rows in ascending order: a
+// stable counting sort of the index), not as a scatter into a zero-filled output.
+struct RowsByTarget {
+  std::vector<int64_t> ptr, rows;  // target t's rows: rows[ptr[t] .. ptr[t + 1]), ascending
+};
+RowsByTarget rows_by_target(const int64_t* index, int64_t R, int64_t N) {
+  RowsByTarget g;
+  g.ptr.assign(size_t(N + 1), 0);
   for (int64_t i = 0; i < R; ++i) {
-    float* __restrict__ d = dst + index[i] * C;
-    const float* __restrict__ x = src + i * C;
-    const float wi = w ? w[i] : 1.0f;  // x * 1 == x: the unweighted sum's bits
-    for (int64_t c = 0; c < C; ++c) d[c] += x[c] * wi;
+    TORCH_CHECK(index[i] >= 0 && index[i] < N, "MoE row scatter: index ", index[i], " out of [0, ", N, ")");
+    ++g.ptr[size_t(index[i] + 1)];
+  }
+  for (int64_t t = 0; t < N; ++t) g.ptr[size_t(t + 1)] += g.ptr[size_t(t)];
+  g.rows.resize(size_t(R));
+  std::vector<int64_t> next(g.ptr.begin(), g.ptr.end() - 1);
+  for (int64_t i = 0; i < R; ++i) g.rows[size_t(next[size_t(index[i])]++)] = i;
+  return g;
+}
+// dst[t] = 0 + src[r0] w[r0] + src[r1] w[r1] + ... (+ plus[t]) for targets t0..t1 (w null: x * 1 == x,
+// the unweighted sum's bits; plus null: none).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void sum_rows_simd(
+    const float* __restrict__ src, const float* __restrict__ w, const int64_t* __restrict__ ptr,
+    const int64_t* __restrict__ rows, const float* __restrict__ plus, float* __restrict__ dst, int64_t t0, int64_t t1,
+    int64_t C) {
+  for (int64_t t = t0; t < t1; ++t) {
+    float* __restrict__ d = dst + t * C;
+    for (int64_t c = 0; c < C; ++c) d[c] = 0.0f;
+    for (int64_t p = ptr[t]; p < ptr[t + 1]; ++p) {
+      const float* __restrict__ x = src + rows[p] * C;
+      const float wi = w ? w[rows[p]] : 1.0f;
+      for (int64_t c = 0; c < C; ++c) d[c] += x[c] * wi;
+    }
+    if (plus)
+      for (int64_t c = 0; c < C; ++c) d[c] += plus[t * C + c];
   }
 }
-void scatter_add_rows(const float* src, const float* w, const int64_t* index, float* dst, int64_t R, int64_t C,
-                      int64_t N) {
-  for (int64_t i = 0; i < R; ++i)
-    TORCH_CHECK(index[i] >= 0 && index[i] < N, "MoE row scatter: index ", index[i], " out of [0, ", N, ")");
-  scatter_add_rows_simd(src, w, index, dst, R, C);
+// out [N, C] (written whole) = zeros.index_add(0, index, src * w[:, None]) (+ plus).
+void sum_rows(const float* src, const float* w, const int64_t* index, const float* plus, float* out, int64_t R,
+              int64_t C, int64_t N) {
+  const RowsByTarget g = rows_by_target(index, R, N);
+  at::parallel_for(0, N, std::max<int64_t>(1, kGrain / std::max<int64_t>(C, 1)), [&](int64_t t0, int64_t t1) {
+    sum_rows_simd(src, w, g.ptr.data(), g.rows.data(), plus, out, t0, t1, C);
+  });
 }
 // Rows i0..i1 of the combine's backward: drows[i] = dy[index[i]] w[i], dw[i] = dy[index[i]] . rows[i].
 __attribute__((target_clones("avx512f", "avx2", "default"))) void weighted_rows_grad(
@@ -339,23 +367,25 @@ struct GatherRowsFn : torch::autograd::Function<GatherRowsFn> {
     const at::Tensor index = ctx->get_saved_variables()[0];
     const at::Tensor g = grads[0].contiguous();
     const int64_t N = ctx->saved_data["n"].toInt(), R = g.size(0), C = g.size(1);
-    at::Tensor dx = at::zeros({N, C}, g.options());
-    scatter_add_rows(g.const_data_ptr<float>(), nullptr, index.const_data_ptr<int64_t>(), dx.data_ptr<float>(), R, C,
-                     N);
+    at::Tensor dx = at::empty({N, C}, g.options());
+    sum_rows(g.const_data_ptr<float>(), nullptr, index.const_data_ptr<int64_t>(), nullptr, dx.data_ptr<float>(), R, C,
+             N);
     return {dx, at::Tensor()};
   }
 };
 
-// y [N, C] = 0, y[index[i]] += rows[i] w[i]; backward drows[i] = dy[index[i]] w[i] (ATen's bits),
-// dw[i] = dy[index[i]] . rows[i] (16 fp32 lanes: fp32 rounding of ATen's sum).
+// y [N, C] = 0, y[index[i]] += rows[i] w[i] (+ plus); backward drows[i] = dy[index[i]] w[i] (ATen's bits),
+// dw[i] = dy[index[i]] . rows[i] (16 fp32 lanes: fp32 rounding of ATen's sum), dplus = dy.
 struct WeightedScatterRowsFn : torch::autograd::Function<WeightedScatterRowsFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, const at::Tensor& w,
-                            const at::Tensor& index, int64_t N) {
+                            const at::Tensor& index, int64_t N, const at::Tensor& plus) {
     const at::Tensor r = rows.contiguous(), wc = w.contiguous();
+    const at::Tensor pc = plus.numel() > 0 ? plus.contiguous() : at::Tensor();  // [N, C]
     const int64_t R = r.size(0), C = r.size(1);
-    at::Tensor y = at::zeros({N, C}, r.options());
-    scatter_add_rows(r.const_data_ptr<float>(), wc.const_data_ptr<float>(), index.const_data_ptr<int64_t>(),
-                     y.data_ptr<float>(), R, C, N);
+    at::Tensor y = at::empty({N, C}, r.options());
+    sum_rows(r.const_data_ptr<float>(), wc.const_data_ptr<float>(), index.const_data_ptr<int64_t>(),
+             pc.defined() ? pc.const_data_ptr<float>() : nullptr, y.data_ptr<float>(), R, C, N);
+    ctx->saved_data["plus"] = pc.defined();
     ctx->save_for_backward({r, wc, index});
     return y;
   }
@@ -370,7 +400,7 @@ struct WeightedScatterRowsFn : torch::autograd::Function<WeightedScatterRowsFn> 
     float *drp = dr.data_ptr<float>(), *dwp = dw.data_ptr<float>();
     at::parallel_for(0, R, std::max<int64_t>(1, kGrain / std::max<int64_t>(C, 1)),
                      [&](int64_t i0, int64_t i1) { weighted_rows_grad(rp, wp, gp, ip, drp, dwp, i0, i1, C); });
-    return {dr, dw, at::Tensor(), at::Tensor()};
+    return {dr, dw, at::Tensor(), at::Tensor(), ctx->saved_data["plus"].toBool() ? g : at::Tensor()};
   }
 };
 
@@ -442,13 +472,18 @@ at::Tensor gather_rows_fused(const at::Tensor& x, const at::Tensor& index) {
 }
 
 at::Tensor weighted_scatter_rows_fused(const at::Tensor& rows, const at::Tensor& w, const at::Tensor& index,
-                                       int64_t n) {
+                                       int64_t n, const at::Tensor& plus) {
   TORCH_CHECK(rows_fused_available(rows) && rows.dim() == 2 && w.scalar_type() == at::kFloat && w.dim() == 1 &&
                   w.size(0) == rows.size(0) && index.scalar_type() == at::kLong && index.dim() == 1 &&
                   index.size(0) == rows.size(0),
               "weighted_scatter_rows_fused: rows [R, C] fp32, w [R] fp32, index [R] int64 on the CPU; got rows ",
               rows.sizes(), " ", rows.scalar_type(), ", w ", w.sizes(), ", index ", index.sizes());
-  return WeightedScatterRowsFn::apply(rows, w, index.contiguous(), n);
+  TORCH_CHECK(!plus.defined() || (rows_fused_available(plus) && plus.numel() == n * rows.size(1)),
+              "weighted_scatter_rows_fused: plus fp32 on the CPU with ", n, " x ", rows.size(1), " elements; got ",
+              plus.defined() ? plus.sizes() : at::IntArrayRef{});
+  // (autograd's apply takes defined tensors only: no plus is an empty one)
+  return WeightedScatterRowsFn::apply(rows, w, index.contiguous(), n,
+                                      plus.defined() ? plus.reshape({n, rows.size(1)}) : at::empty({0}, rows.options()));
 }
 
 at::Tensor relu_square_fused(const at::Tensor& a) {

@@ -42,16 +42,18 @@ at::Tensor rms_norm_fused(const at::Tensor& x);
 // node each:
 //   gather_rows_fused(x [N, C], index [R]) = x.index_select(0, index); backward scatter-adds the
 //     rows' gradient into a zero [N, C] in row order (ATen's index_select backward: the same bits);
-//   weighted_scatter_rows_fused(rows [R, C], w [R], index [R], n) = zeros [n, C] with
-//     y[index[i]] += rows[i] w[i] in row order (ATen's zeros().index_add(0, index, rows * w[:, None]):
-//     the same bits); backward in one pass over the rows: drows[i] = dy[index[i]] w[i] (the same
-//     bits), dw[i] = dy[index[i]] . rows[i] (summed in another order than ATen's: fp32 rounding).
-// Replaced: ATen's index_add, which sorts the index and zero-fills, and the products' and the
-// sum's separate passes over [R, C].
+//   weighted_scatter_rows_fused(rows [R, C], w [R], index [R], n, plus) = zeros [n, C] with
+//     y[index[i]] += rows[i] w[i] in row order, then + plus [n, C] when given (ATen's
+//     zeros().index_add(0, index, rows * w[:, None]) + plus: the same bits); backward in one pass
+//     over the rows: drows[i] = dy[index[i]] w[i] (the same bits), dw[i] = dy[index[i]] . rows[i]
+//     (summed in another order than ATen's: fp32 rounding), dplus = dy.
+// Both sums run target by target, each output row written once (its rows found by a stable
+// counting sort of the index). Replaced: ATen's index_add, which sorts the index and zero-fills,
+// the products', the sum's and plus's separate passes over [R, C] or [n, C].
 bool rows_fused_available(const at::Tensor& x);
 at::Tensor gather_rows_fused(const at::Tensor& x, const at::Tensor& index);
 at::Tensor weighted_scatter_rows_fused(const at::Tensor& rows, const at::Tensor& w, const at::Tensor& index,
-                                       int64_t n);
+                                       int64_t n, const at::Tensor& plus = {});
 
 // relu^2's two passes without autograd, for autograd functions of their own (the MoE's grouped
 // experts): out = relu(a)^2, and out = d(relu(a)^2)/da * dy. a and out contiguous, one shape.

@@ -388,17 +388,13 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
     f = f.scatter_add(1, sel.view({B, T * K}), at::ones({B, T * K}, scores.options())) * (double(E) / double(K * T));
     aux_loss_ = (f * P).sum(1).mean() * cfg_.aux_loss_coef;
   }
-  // The shared experts compute while the routed tokens travel (expert parallelism).
-  at::Tensor y_shared;
-  at::Tensor y = routed(xf, groups, w, [&] {
-                   if (shared) y_shared = shared(x);
-                 }).view({B, T, C});
-  if (shared) y = y + y_shared;
-  return y;
+  // The shared experts compute while the routed tokens travel (expert parallelism); their output
+  // is added in the combine.
+  return routed(xf, groups, w, [&] { return shared ? shared(x) : at::Tensor(); }).view({B, T, C});
 }
 
 at::Tensor MoEImpl::routed(const at::Tensor& xf, const Grouping& groups, const at::Tensor& w,
-                           const std::function<void()>& meanwhile) {
+                           const std::function<at::Tensor()>& meanwhile) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   Clock::duration expert_time{0};  // the grouped GEMMs: not routing
@@ -409,9 +405,10 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const Grouping& groups, const a
     expert_time += Clock::now() - t;
     return y;
   };
+  at::Tensor plus;           // meanwhile's output [B, T, C], added to the combined rows
   auto overlapped = [&] {  // not routing either
     const auto t = Clock::now();
-    meanwhile();
+    plus = meanwhile();
     expert_time += Clock::now() - t;
   };
   const int64_t E = cfg_.n_experts;
@@ -455,10 +452,11 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const Grouping& groups, const a
     expert_time += Clock::now() - te;
   }
   const at::Tensor wk = w.reshape({-1}).index_select(0, order);  // [N K] fp32
-  const at::Tensor y =
-      fused_rows && rows_fused_available(ys)
-          ? weighted_scatter_rows_fused(ys, wk, token, xf.size(0))
-          : at::zeros_like(xf).index_add(0, token, (ys.to(at::kFloat) * wk.unsqueeze(1)).to(xf.scalar_type()));
+  const bool plus_fused = plus.defined() && rows_fused_available(plus);
+  at::Tensor y = fused_rows && rows_fused_available(ys)
+                     ? weighted_scatter_rows_fused(ys, wk, token, xf.size(0), plus_fused ? plus : at::Tensor())
+                     : at::zeros_like(xf).index_add(0, token, (ys.to(at::kFloat) * wk.unsqueeze(1)).to(xf.scalar_type()));
+  if (plus.defined() && !(plus_fused && fused_rows && rows_fused_available(ys))) y = y + plus.view_as(y);
   route_s_ += std::chrono::duration<double>(Clock::now() - t0 - expert_time).count();
   return y;
 }

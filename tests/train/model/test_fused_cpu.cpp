@@ -158,6 +158,27 @@ TEST(TrainKernels, MoeRowGatherAndScatterAreAtenComposition) {
   expect_same_bits(dr1, dr0, "combine rows' gradient");
   EXPECT_LE((dw1 - dw0).abs().max().item<double>(), 1e-6 * dw0.abs().max().item<double>())
       << "combine weights' gradient";
+  // With the shared experts' output added in the same pass ([N, C] given as [1, N, C]): ATen's
+  // combine then +, and plus's gradient dy; at 1 and 2 threads.
+  const at::Tensor plus0 = values({1, N, C}, at::kFloat, 14);
+  const int threads = at::get_num_threads();
+  for (int nt : {1, 2}) {
+    at::set_num_threads(nt);
+    at::Tensor r = rows.clone().requires_grad_(true), ww = w.clone().requires_grad_(true);
+    at::Tensor p0 = plus0.clone().requires_grad_(true), p1 = plus0.clone().requires_grad_(true);
+    const at::Tensor want = at::zeros({N, C}).index_add(0, index, rows * w.unsqueeze(1)) + p0.view({N, C});
+    const at::Tensor got = weighted_scatter_rows_fused(r, ww, index, N, p1);
+    expect_same_bits(got.detach(), want.detach(), "combine + plus forward");
+    want.backward(dy);
+    got.backward(dy);
+    expect_same_bits(p1.grad(), p0.grad(), "combine + plus: plus's gradient");
+    expect_same_bits(r.grad(), dr0, "combine + plus: rows' gradient");
+    const Grads g = run([&](const at::Tensor& v) { return gather_rows_fused(v, index); }, x, dx);
+    const Grads g0 = run([&](const at::Tensor& v) { return v.index_select(0, index); }, x, dx);
+    expect_same_bits(g.dx, g0.dx, "gather gradient at this thread count");
+  }
+  at::set_num_threads(threads);
+  EXPECT_THROW(weighted_scatter_rows_fused(rows, w, index, N, at::zeros({N, C + 1})), c10::Error);
   EXPECT_THROW(weighted_scatter_rows_fused(rows, w, index + 1, N - 1), c10::Error);  // index N - 1 out of range
   EXPECT_THROW(gather_rows_fused(x.to(at::kDouble), index), c10::Error);
 }
