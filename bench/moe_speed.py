@@ -2,7 +2,7 @@
 """MoE training speed next to the dense model of the same active parameters, at 1 and 2 ranks.
 
     python3 bench/moe_speed.py [--build build] [--out runs/moe_speed] [--steps 20] [--rounds 2]
-                               [--from_step N] [--json FILE] [--smoke]
+                               [--warmup 2] [--from_step N] [--json FILE] [--smoke]
 
 Sides: configs/shakespeare_bytes_dion2.yaml (the main job: dense, 4 x 128) and
 configs/shakespeare_bytes_moe.yaml (8 experts of 170 hidden, top_k 2, one shared: about the dense
@@ -10,7 +10,7 @@ MLP's active parameters), each in one process and in two (dense: dp 2; MoE: dp 2
 experts split over the two ranks and the tokens exchanged by all_to_all), one thread a process,
 the global batch the same (16 x 256 bytes). Every round runs every side for --steps steps, the
 order reversed every other round, so that the machine's load falls on all sides alike. A side's
-figures are medians over its steps after the first two: ms a step (dion-train's wall clock),
+figures are medians over its steps after the first --warmup (default 2): ms a step (dion-train's wall clock),
 tokens/s, the ratio to the dense side at the same ranks (of the medians, and round by round: the
 two sides of a pair run one after the other, so a pair shares the machine's load), and the share
 of the step spent routing tokens (metrics.jsonl moe_route_ms: grouping
@@ -22,6 +22,11 @@ that of a run under way rather than of its first steps, where the routers are st
 the fullest expert gets 2-3x the mean (the table prints the median load). Not a test: nothing
 asserts on time. --smoke: a tiny model, 3 steps, one round (ctest
 moe_speed_smoke: the plumbing).
+
+--warmup: a dp 2 x ep 2 run from a checkpoint takes ~6 steps to settle (the Xeon, 2026-12-06: 170-230
+ms a step, then ~150; its processes fault in ~10,000 new pages over those steps, against ~60 a step
+after; the dense and 1-rank sides settle after 2), so a steady-state figure wants --steps 20
+--warmup 8 (`bench/results/moe_speed/xeon_amx_2026-12-06i.md` has every side's per-step series).
 """
 import argparse
 import json
@@ -104,6 +109,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "moe_speed"))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=2, help="each run's first steps left out of its figures")
     ap.add_argument("--json", default="")
     ap.add_argument("--smoke", action="store_true", help="a tiny model, 3 steps, one round (the plumbing)")
     ap.add_argument("--from_step", type=int, default=0,
@@ -111,9 +117,10 @@ def main():
                          "the experts' load is uneven in the first steps and evens out as the routers learn")
     args = ap.parse_args()
     steps, rounds = (3, 1) if args.smoke else (args.steps, args.rounds)
-    if steps < 3 or rounds < 1 or args.from_step < 0:
-        raise convergence.BenchError(f"--steps {steps} --rounds {rounds} --from_step {args.from_step}: need steps >= 3, "
-                                     "rounds >= 1 and from_step >= 0")
+    warmup = 2 if args.smoke else args.warmup
+    if steps < warmup + 1 or warmup < 0 or rounds < 1 or args.from_step < 0:
+        raise convergence.BenchError(f"--steps {steps} --warmup {warmup} --rounds {rounds} --from_step {args.from_step}: "
+                                     "need steps > warmup >= 0, rounds >= 1 and from_step >= 0")
     if args.smoke and args.from_step:
         raise convergence.BenchError("--smoke measures from initialization: leave --from_step out")
     out = os.path.abspath(args.out)
@@ -126,11 +133,14 @@ def main():
             starts[config] = (args.from_step, train_start(args.build, data, out, config, args.from_step))
     got = {s[0]: [] for s in SIDES}
     by_round = {s[0]: [] for s in SIDES}  # each round's median ms a step
+    series = {s[0]: [] for s in SIDES}  # each round's ms a step, every step
     t0 = time.time()
     for rnd in range(rounds):
         order = SIDES if rnd % 2 == 0 else SIDES[::-1]
         for side in order:
-            recs = run_side(args.build, data, out, side, steps, rnd, args.smoke, starts.get(side[1]))[2:]
+            recs_all = run_side(args.build, data, out, side, steps, rnd, args.smoke, starts.get(side[1]))
+            series[side[0]].append([r["ms_per_step"] for r in recs_all])
+            recs = recs_all[warmup:]
             got[side[0]] += recs
             by_round[side[0]].append(statistics.median(r["ms_per_step"] for r in recs))
             print(f"[moe_speed] round {rnd + 1}/{rounds}: {side[0]} done ({time.time() - t0:.0f} s)", file=sys.stderr)
@@ -143,13 +153,13 @@ def main():
         rows.append({"side": name, "ranks": ranks, "ms_per_step": ms,
                      "tokens_per_s": statistics.median(r["tokens_per_s"] for r in recs),
                      "route_share": statistics.median(route) if route else None, "steps": len(recs),
-                     "ms_per_step_by_round": by_round[name]})
+                     "ms_per_step_by_round": by_round[name], "ms_per_step_series": series[name]})
     dense = {r["ranks"]: r for r in rows if r["side"].startswith("dense")}
     for r in rows:  # dense ms / this side's ms, round by round (the two run one after the other)
         pairs = [a / b for a, b in zip(dense[r["ranks"]]["ms_per_step_by_round"], r["ms_per_step_by_round"])]
         r["vs_dense_by_round"] = pairs
     load = [max(x) for r in got["MoE, dp 2 x ep 2"] for x in [r.get("moe_load_imbalance", [])] if x]
-    table = {"bench": "moe_speed", "rows": rows, "steps": steps, "rounds": rounds, "smoke": args.smoke,
+    table = {"bench": "moe_speed", "rows": rows, "steps": steps, "warmup": warmup, "rounds": rounds, "smoke": args.smoke,
              "from_step": args.from_step, "expert_load_max_over_mean": statistics.median(load) if load else None,
              "machine": {"cpu": cpu, "cpu_flags": flags, "loadavg": f"{load_before} before; {machine.loadavg()} after",
                          "time_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "threads_per_process": 1}}
@@ -158,7 +168,7 @@ def main():
     shape = f"{SMOKE['batch_size']} x {SMOKE['sequence_length']} (smoke)" if args.smoke else "16 x 256"
     start = f"from the checkpoint of step {args.from_step} (one process)" if args.from_step else "from initialization"
     print(f"- one thread a process; batch {shape} bytes; {steps} steps x {rounds} rounds {start}, medians after "
-          "each run's first two steps")
+          f"each run's first {warmup} steps")
     if load:
         print(f"- experts' load at dp 2 x ep 2 (tokens of the fullest expert / the mean, the most loaded layer): "
               f"median {statistics.median(load):.2f}")
@@ -173,6 +183,12 @@ def main():
         pairs = f"{statistics.median(p):.2f}x ({min(p):.2f}-{max(p):.2f})"
         print(f"| {r['side']} | {r['ms_per_step']:.0f} | {r['tokens_per_s']:.0f} | "
               f"{r['tokens_per_s'] / d['tokens_per_s']:.2f}x | {pairs} | {share} |")
+    print("")
+    print(f"ms a step by step (the median over rounds; the first {warmup} left out of the table above):")
+    for r in rows:
+        by_step = [statistics.median(run[i] for run in r["ms_per_step_series"] if i < len(run))
+                   for i in range(max(len(run) for run in r["ms_per_step_series"]))]
+        print(f"- {r['side']}: {' '.join(f'{x:.0f}' for x in by_step)}")
     machine.append_json(args.json, table)
 
 
