@@ -198,6 +198,13 @@ if(DION_BUILD_TESTS)
            COMMAND sh ${DION_TRAIN_ROOT}/tests/scripts/moe_bench_smoke.sh ${DION_PYTHON3} ${DION_TRAIN_ROOT}
                    $<TARGET_FILE_DIR:dion-train> ${CMAKE_CURRENT_BINARY_DIR}/moe-bench-smoke)
   set_tests_properties(moe_bench_smoke PROPERTIES LABELS train TIMEOUT 180 RESOURCE_LOCK multiprocess)
+  # The project's CPU kernels on an emulated AMD Zen 3 (AVX2) and an emulated CPU without AVX
+  # (qemu-user; tests/scripts/emulated_cpu_kinds.sh): their AVX2 and baseline code, which an
+  # AVX-512 machine never runs.
+  add_test(NAME emulated_cpu_kinds
+           COMMAND sh ${DION_TRAIN_ROOT}/tests/scripts/emulated_cpu_kinds.sh $<TARGET_FILE:test_elementwise>
+                   $<TARGET_FILE:dion_train_tests>)
+  set_tests_properties(emulated_cpu_kinds PROPERTIES LABELS train TIMEOUT 600)
   # bench/ngram_baseline.py at order 3 on a small byte shard set, against a plain rewrite
   # (tests/scripts/ngram_smoke.sh).
   add_test(NAME ngram_smoke

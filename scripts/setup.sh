@@ -17,7 +17,8 @@ APT_PKGS=(build-essential cmake ninja-build ccache pkg-config git
           libgtest-dev libgmock-dev libbenchmark-dev
           libyaml-cpp-dev libfmt-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
           libcurl4-openssl-dev libpcre2-dev libgloo-dev
-          clang libclang-rt-14-dev)  # clang + its sanitizer/libFuzzer runtimes: scripts/sanitize.sh
+          clang libclang-rt-14-dev  # clang + its sanitizer/libFuzzer runtimes: scripts/sanitize.sh
+          qemu-user)  # CPU kinds this machine is not, emulated: tests/scripts/emulated_cpu_kinds.sh
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

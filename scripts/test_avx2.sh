@@ -10,7 +10,8 @@
 # capability (cross_entropy_inplace_available). Sanitizers are left out (DION_SKIP_SANITIZE=1):
 # they check the data library, which uses none of these kernels. What the caps do not change:
 # the CPU's flags (/proc/cpuinfo), so a test that picks a recording by CPU kind asks
-# tests/cpu_kind.h, which reads the caps too.
+# tests/cpu_kind.h, which reads the caps too, and the project's own kernels, which choose by those
+# flags, keep their AVX-512 code: the ctest emulated_cpu_kinds runs theirs under an emulated CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2

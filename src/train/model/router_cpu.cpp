@@ -100,7 +100,7 @@ struct RouterFn : torch::autograd::Function<RouterFn> {
     const at::Tensor gw = grads[2].defined() ? grads[2].contiguous() : at::Tensor();
     at::Tensor dl = at::empty({N, E}, scores.options());
     const float *pp = scores.const_data_ptr<float>(), *wp = w.const_data_ptr<float>();
-    const float *gsp = gs.defined() ? gs.const_data_ptr<float>() : nullptr;
+    const float* gsp = gs.defined() ? gs.const_data_ptr<float>() : nullptr;
     const float* gwp = gw.defined() ? gw.const_data_ptr<float>() : nullptr;
     const int64_t* sp = sel.const_data_ptr<int64_t>();
     float* dp = dl.data_ptr<float>();

@@ -72,8 +72,8 @@ TEST(TrainRouter, EqualsAtenSoftmaxTopkAndRenormalizationWithGradients) {
     EXPECT_LE(rel_err(got.scores, want.scores), 1e-6) << what;
     // Tokens whose selection cannot swap by rounding: the K-th and (K+1)-th biased scores apart.
     const at::Tensor sorted = std::get<0>(at::sort(want.scores + bias, -1, /*descending=*/true));
-    const at::Tensor clear = c.K < c.E ? (sorted.select(1, c.K - 1) - sorted.select(1, c.K)).gt(1e-5)
-                                       : at::ones({c.N}, at::kBool);
+    const at::Tensor clear =
+        c.K < c.E ? (sorted.select(1, c.K - 1) - sorted.select(1, c.K)).gt(1e-5) : at::ones({c.N}, at::kBool);
     EXPECT_GE(clear.sum().item<int64_t>(), c.N * 95 / 100) << what << ": too few tokens to compare";
     const at::Tensor rows = clear.nonzero().squeeze(1);
     EXPECT_TRUE(at::equal(got.sel.index_select(0, rows), want.sel.index_select(0, rows))) << what;
