@@ -12,7 +12,8 @@
 # (ATen, oneDNN, MKL) do not change that. Under the emulator the CPU reports the emulated flags to
 # every library: the AVX2 and the baseline versions run, with ATen, oneDNN and MKL on those CPUs'
 # paths too. Checked first: that glibc sees the expected x86-64 level (0x7: v3; 0x3: v2), else
-# the run would prove nothing.
+# the run would prove nothing. In-process suites only: a process a test starts (dion-train, the
+# launcher) runs natively, and tests/cpu_kind.h reads /proc/cpuinfo, which is the host's.
 #
 # Suites: the fused element-wise optimizer kernels against ATen (test_elementwise, bit for bit),
 # the model's fused kernels, the loss kernel and the MoE router (dion_train_tests TrainKernels*,
