@@ -9,7 +9,7 @@
 //            dropless: every token reaches its top_k experts (no capacity, no dropped tokens)
 //   shared:  + the dense MLP of n_shared_experts x H hidden, on every token (when n_shared > 0)
 //
-// In the fast kind on the CPU the router's softmax, top-k and renormalisation are one pass a token,
+// In the fast kind on the CPU the router's scores, top-k and renormalisation are one pass a token,
 // each way (src/train/model/router_cpu.h; fp32 rounding of ATen's ops, which the exact kind runs).
 // Tokens are grouped by expert (a counting sort: token order within an expert) and each expert runs
 // one GEMM pair on its group, all experts in one autograd node that writes the GEMMs into shared

@@ -360,8 +360,8 @@ at::Tensor MoEImpl::forward(const at::Tensor& x) {
   const at::Tensor rw = par ? par->weight(router->weight) : router->weight;
   const at::Tensor logits = linear(xf, rw, kernels_).to(at::kFloat);  // [N, E], routing in fp32
   at::Tensor scores, sel, w;  // [N, E] scores, [N, K] expert ids and their renormalised weights
-  if (kernels_ == Kernels::fast && !cfg_.sigmoid && router_fused_available(logits, K)) {
-    Routing r = route_softmax_topk_fused(logits, expert_bias, K);  // one pass a token (router_cpu.h)
+  if (kernels_ == Kernels::fast && router_fused_available(logits, K)) {
+    Routing r = route_topk_fused(logits, expert_bias, K, cfg_.sigmoid);  // one pass a token (router_cpu.h)
     scores = r.scores, sel = r.sel, w = r.w;
   } else {
     scores = cfg_.sigmoid ? logits.sigmoid() : logits.softmax(-1);

@@ -43,16 +43,21 @@ void exp_shifted(const float* l, float m, float* p, int64_t E) {
   for (int64_t e = 0; e < E; ++e) p[e] = std::exp(l[e] - m);
 }
 
-// Token i's scores, selection and weights: p [E], sel [K], w [K]. A NaN logit makes the token's
-// scores NaN (exp(NaN - m) enters the sum), as ATen's softmax.
-void route_row(const float* l, const float* bias, float* p, int64_t* sel, float* w, int64_t E, int64_t K) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t e = 0; e < E; ++e) m = l[e] > m ? l[e] : m;
-  exp_shifted(l, m, p, E);
-  float s = 0;
-  for (int64_t e = 0; e < E; ++e) s += p[e];
-  const float r = 1.0f / s;
-  for (int64_t e = 0; e < E; ++e) p[e] *= r;
+// Token i's scores, selection and weights: p [E], sel [K], w [K]. Softmax: a NaN logit makes the
+// token's scores NaN (exp(NaN - m) enters the sum), as ATen's softmax; sigmoid: 1 / (1 + exp(-l)).
+void route_row(const float* l, const float* bias, float* p, int64_t* sel, float* w, int64_t E, int64_t K,
+               bool sigmoid) {
+  if (sigmoid) {
+    for (int64_t e = 0; e < E; ++e) p[e] = 1.0f / (1.0f + std::exp(-l[e]));
+  } else {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t e = 0; e < E; ++e) m = l[e] > m ? l[e] : m;
+    exp_shifted(l, m, p, E);
+    float s = 0;
+    for (int64_t e = 0; e < E; ++e) s += p[e];
+    const float r = 1.0f / s;
+    for (int64_t e = 0; e < E; ++e) p[e] *= r;
+  }
   // Insertion into the K best so far (sorted, best first); a later expert passes only a strictly
   // better one, so ties keep the lower expert first.
   float best[64];
@@ -75,7 +80,8 @@ void route_row(const float* l, const float* bias, float* p, int64_t* sel, float*
 }
 
 struct RouterFn : torch::autograd::Function<RouterFn> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& bias, int64_t K) {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& bias, int64_t K,
+                               bool sigmoid) {
     const at::Tensor l = logits.contiguous();
     const int64_t N = l.size(0), E = l.size(1);
     const at::Tensor b = bias.to(at::kFloat).contiguous();
@@ -85,9 +91,10 @@ struct RouterFn : torch::autograd::Function<RouterFn> {
     float *pp = scores.data_ptr<float>(), *wp = w.data_ptr<float>();
     int64_t* sp = sel.data_ptr<int64_t>();
     at::parallel_for(0, N, kRowsPerTask, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) route_row(lp + i * E, bp, pp + i * E, sp + i * K, wp + i * K, E, K);
+      for (int64_t i = i0; i < i1; ++i) route_row(lp + i * E, bp, pp + i * E, sp + i * K, wp + i * K, E, K, sigmoid);
     });
     ctx->mark_non_differentiable({sel});
+    ctx->saved_data["sigmoid"] = sigmoid;
     ctx->save_for_backward({scores, sel, w});
     return {scores, sel, w};
   }
@@ -104,6 +111,7 @@ struct RouterFn : torch::autograd::Function<RouterFn> {
     const float* gwp = gw.defined() ? gw.const_data_ptr<float>() : nullptr;
     const int64_t* sp = sel.const_data_ptr<int64_t>();
     float* dp = dl.data_ptr<float>();
+    const bool sigmoid = ctx->saved_data["sigmoid"].toBool();
     at::parallel_for(0, N, kRowsPerTask, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         const float* p = pp + i * E;
@@ -116,12 +124,16 @@ struct RouterFn : torch::autograd::Function<RouterFn> {
           for (int64_t j = 0; j < K; ++j) c += gwp[i * K + j] * wp[i * K + j];
           for (int64_t j = 0; j < K; ++j) g[s[j]] += (gwp[i * K + j] - c) / S;
         }
-        float dot = 0;
+        if (sigmoid) {  // d sigmoid = g (1 - p) p
+          for (int64_t e = 0; e < E; ++e) g[e] = g[e] * (1.0f - p[e]) * p[e];
+          continue;
+        }
+        float dot = 0;  // softmax: p (g - p . g)
         for (int64_t e = 0; e < E; ++e) dot += g[e] * p[e];
         for (int64_t e = 0; e < E; ++e) g[e] = p[e] * (g[e] - dot);
       }
     });
-    return {dl, at::Tensor(), at::Tensor()};
+    return {dl, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -132,14 +144,14 @@ bool router_fused_available(const at::Tensor& logits, int64_t K) {
          K <= logits.size(1) && K <= 64;
 }
 
-Routing route_softmax_topk_fused(const at::Tensor& logits, const at::Tensor& bias, int64_t K) {
-  TORCH_CHECK(router_fused_available(logits, K), "route_softmax_topk_fused: logits [N, E] fp32 on the CPU and ",
+Routing route_topk_fused(const at::Tensor& logits, const at::Tensor& bias, int64_t K, bool sigmoid) {
+  TORCH_CHECK(router_fused_available(logits, K), "route_topk_fused: logits [N, E] fp32 on the CPU and ",
               "1 <= K <= min(E, 64); got logits ", logits.sizes(), " ", logits.scalar_type(), " on ", logits.device(),
               ", K ", K);
   TORCH_CHECK(!bias.defined() || (bias.device().is_cpu() && bias.numel() == logits.size(1)),
-              "route_softmax_topk_fused: bias [E] on the CPU, E = ", logits.size(1), "; got ", bias.sizes());
+              "route_topk_fused: bias [E] on the CPU, E = ", logits.size(1), "; got ", bias.sizes());
   // (autograd's apply takes defined tensors only: no bias is a zero one)
-  const variable_list out = RouterFn::apply(logits, bias.defined() ? bias : at::zeros({logits.size(1)}), K);
+  const variable_list out = RouterFn::apply(logits, bias.defined() ? bias : at::zeros({logits.size(1)}), K, sigmoid);
   return {out[0], out[1], out[2]};
 }
 
