@@ -300,14 +300,13 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
 // the index stably and sums each target's rows in their order), so those are ATen's bits. The sums
 // run target by target (each output row written once, from 0, its rows in ascending order: a
 // stable counting sort of the index), not as a scatter into a zero-filled output.
-struct RowsByTarget {
-  std::vector<int64_t> ptr, rows;  // target t's rows: rows[ptr[t] .. ptr[t + 1]), ascending
-};
-RowsByTarget rows_by_target(const int64_t* index, int64_t R, int64_t N) {
+}  // namespace
+
+RowsByTarget rows_by_target(const int64_t* index, int64_t R, int64_t N, const char* what) {
   RowsByTarget g;
   g.ptr.assign(size_t(N + 1), 0);
   for (int64_t i = 0; i < R; ++i) {
-    TORCH_CHECK(index[i] >= 0 && index[i] < N, "MoE row scatter: index ", index[i], " out of [0, ", N, ")");
+    TORCH_CHECK(index[i] >= 0 && index[i] < N, what, ": index ", index[i], " out of [0, ", N, ")");
     ++g.ptr[size_t(index[i] + 1)];
   }
   for (int64_t t = 0; t < N; ++t) g.ptr[size_t(t + 1)] += g.ptr[size_t(t)];
@@ -316,6 +315,9 @@ RowsByTarget rows_by_target(const int64_t* index, int64_t R, int64_t N) {
   for (int64_t i = 0; i < R; ++i) g.rows[size_t(next[size_t(index[i])]++)] = i;
   return g;
 }
+
+namespace {
+
 // dst[t] = 0 + src[r0] w[r0] + src[r1] w[r1] + ... (+ plus[t]) for targets t0..t1 (w null: x * 1 == x,
 // the unweighted sum's bits; plus null: none).
 __attribute__((target_clones("avx512f", "avx2", "default"))) void sum_rows_simd(
@@ -337,7 +339,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void sum_rows_simd(
 // out [N, C] (written whole) = zeros.index_add(0, index, src * w[:, None]) (+ plus).
 void sum_rows(const float* src, const float* w, const int64_t* index, const float* plus, float* out, int64_t R,
               int64_t C, int64_t N) {
-  const RowsByTarget g = rows_by_target(index, R, N);
+  const RowsByTarget g = rows_by_target(index, R, N, "MoE row scatter");
   at::parallel_for(0, N, std::max<int64_t>(1, kGrain / std::max<int64_t>(C, 1)), [&](int64_t t0, int64_t t1) {
     sum_rows_simd(src, w, g.ptr.data(), g.rows.data(), plus, out, t0, t1, C);
   });

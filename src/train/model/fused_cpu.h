@@ -26,6 +26,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <vector>
+
 namespace dion::train {
 
 // True for a CPU tensor of fp32 or bf16 (the RMSNorm and relu^2 take it).
@@ -51,6 +54,12 @@ at::Tensor rms_norm_fused(const at::Tensor& x);
 // counting sort of the index). Replaced: ATen's index_add, which sorts the index and zero-fills,
 // the products', the sum's and plus's separate passes over [R, C] or [n, C].
 bool rows_fused_available(const at::Tensor& x);
+// A stable counting sort of index [R] (values in [0, N)): target t's rows are
+// rows[ptr[t] .. ptr[t + 1]), ascending. Out-of-range values throw, naming `what`.
+struct RowsByTarget {
+  std::vector<int64_t> ptr, rows;
+};
+RowsByTarget rows_by_target(const int64_t* index, int64_t R, int64_t N, const char* what);
 at::Tensor gather_rows_fused(const at::Tensor& x, const at::Tensor& index);
 at::Tensor weighted_scatter_rows_fused(const at::Tensor& rows, const at::Tensor& w, const at::Tensor& index,
                                        int64_t n, const at::Tensor& plus = {});

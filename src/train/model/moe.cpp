@@ -452,11 +452,12 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const Grouping& groups, const a
     expert_time += Clock::now() - te;
   }
   const at::Tensor wk = w.reshape({-1}).index_select(0, order);  // [N K] fp32
-  const bool plus_fused = plus.defined() && rows_fused_available(plus);
-  at::Tensor y = fused_rows && rows_fused_available(ys)
-                     ? weighted_scatter_rows_fused(ys, wk, token, xf.size(0), plus_fused ? plus : at::Tensor())
+  const bool fused_combine = fused_rows && rows_fused_available(ys);
+  const bool plus_in_combine = fused_combine && plus.defined() && rows_fused_available(plus);
+  at::Tensor y = fused_combine
+                     ? weighted_scatter_rows_fused(ys, wk, token, xf.size(0), plus_in_combine ? plus : at::Tensor())
                      : at::zeros_like(xf).index_add(0, token, (ys.to(at::kFloat) * wk.unsqueeze(1)).to(xf.scalar_type()));
-  if (plus.defined() && !(plus_fused && fused_rows && rows_fused_available(ys))) y = y + plus.view_as(y);
+  if (plus.defined() && !plus_in_combine) y = y + plus.view_as(y);
   route_s_ += std::chrono::duration<double>(Clock::now() - t0 - expert_time).count();
   return y;
 }

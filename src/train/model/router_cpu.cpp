@@ -11,6 +11,8 @@
 #include <cmath>
 #include <limits>
 
+#include "fused_cpu.h"
+
 // Sleef's 8-lane expf, 1.0 ULP (what ATen's AVX2 Vectorized<float>::exp calls; LibTorch exports it).
 extern "C" __m256 Sleef_expf8_u10(__m256);
 
@@ -166,23 +168,16 @@ Grouping group_by_expert(const at::Tensor& sel, int64_t E) {
     return g;
   }
   const at::Tensor flat = sel.reshape({-1}).to(at::kLong).contiguous();
-  const int64_t R = flat.numel();
-  const int64_t* s = flat.const_data_ptr<int64_t>();
-  g.counts.assign(size_t(E), 0);
-  for (int64_t i = 0; i < R; ++i) {
-    TORCH_CHECK(s[i] >= 0 && s[i] < E, "MoE routing: expert id ", s[i], " out of [0, ", E, ")");
-    ++g.counts[size_t(s[i])];
-  }
-  std::vector<int64_t> next(size_t(E), 0);  // each expert's next slot
-  for (int64_t e = 1; e < E; ++e) next[size_t(e)] = next[size_t(e - 1)] + g.counts[size_t(e - 1)];
-  const int64_t K = sel.size(-1);
+  const int64_t R = flat.numel(), K = sel.size(-1);
+  const RowsByTarget by_expert = rows_by_target(flat.const_data_ptr<int64_t>(), R, E, "MoE routing: expert id");
+  g.counts.resize(size_t(E));
+  for (int64_t e = 0; e < E; ++e) g.counts[size_t(e)] = by_expert.ptr[size_t(e + 1)] - by_expert.ptr[size_t(e)];
   g.order = at::empty({R}, flat.options());
   g.token = at::empty({R}, flat.options());
   int64_t *o = g.order.data_ptr<int64_t>(), *t = g.token.data_ptr<int64_t>();
   for (int64_t i = 0; i < R; ++i) {
-    const int64_t at = next[size_t(s[i])]++;
-    o[at] = i;
-    t[at] = i / K;
+    o[i] = by_expert.rows[size_t(i)];
+    t[i] = o[i] / K;
   }
   return g;
 }
