@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <immintrin.h>
@@ -26,10 +27,8 @@
 #include <type_traits>
 #include <vector>
 
-// Sleef's expf, 1.0 ULP, 16 and 8 lanes (the ones ATen's Vectorized<float>::exp calls; LibTorch
-// exports them).
-extern "C" __m512 Sleef_expf16_u10(__m512);
-extern "C" __m256 Sleef_expf8_u10(__m256);
+#include "vec_exp.h"
+
 
 #define DION_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 #define DION_AVX2 __attribute__((target("avx2,fma")))
@@ -60,37 +59,71 @@ DION_AVX512 inline void store16(uint16_t* p, __m512 f, __mmask16 k) {
 DION_AVX512 inline void store16(float* p, __m512 f, __mmask16 k) { _mm512_mask_storeu_ps(p, k, f); }
 
 // One row, 16 lanes: returns its loss; with `e` (a V-float buffer: the row itself for fp32),
-// writes the gradient over x.
+// writes the gradient over x; with `k_out`, writes the unscaled form instead (cross_entropy_cpu.h)
+// and the row's factor into *k_out (fp32: e is x; bf16: e is null, the exps go straight to x). `next` (the following row, or null) is
+// prefetched into L2 while this row's exp runs: the next max pass reads from L2, not memory.
 template <typename T>
-DION_AVX512 double row_loss16(T* x, int64_t V, int64_t target, float scale, float* e) {
+DION_AVX512 double row_loss16(T* x, int64_t V, int64_t target, float scale, float* e, float* k_out,
+                              const char* next) {
+  const char* next_end = next ? next + V * static_cast<int64_t>(sizeof(T)) : nullptr;
   const int64_t full = V / 16 * 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (V - full)) - 1);
   const float x_target = to_float(x[target]);
-  __m512 vmax = _mm512_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < full; j += 16) vmax = _mm512_max_ps(vmax, load16(x + j, 0xFFFF));
+  // Four independent maxima (max is exact in any order): the loop is not one chain of vmaxps.
+  __m512 vmax = _mm512_set1_ps(-INFINITY), vmax1 = vmax, vmax2 = vmax, vmax3 = vmax;
+  int64_t j0 = 0;
+  for (; j0 + 64 <= full; j0 += 64) {
+    vmax = _mm512_max_ps(vmax, load16(x + j0, 0xFFFF));
+    vmax1 = _mm512_max_ps(vmax1, load16(x + j0 + 16, 0xFFFF));
+    vmax2 = _mm512_max_ps(vmax2, load16(x + j0 + 32, 0xFFFF));
+    vmax3 = _mm512_max_ps(vmax3, load16(x + j0 + 48, 0xFFFF));
+  }
+  for (; j0 < full; j0 += 16) vmax = _mm512_max_ps(vmax, load16(x + j0, 0xFFFF));
+  vmax = _mm512_max_ps(_mm512_max_ps(vmax, vmax1), _mm512_max_ps(vmax2, vmax3));
   if (tail) vmax = _mm512_mask_max_ps(vmax, tail, vmax, load16(x + full, tail));
   const float m = _mm512_reduce_max_ps(vmax);
 
   const __m512 vm = _mm512_set1_ps(m);
   __m512 vsum = _mm512_setzero_ps();
   for (int64_t j = 0; j < full; j += 16) {
-    const __m512 ex = Sleef_expf16_u10(_mm512_sub_ps(load16(x + j, 0xFFFF), vm));
+    if (next && next < next_end) {
+      _mm_prefetch(next, _MM_HINT_T1);
+      next += 64;
+    }
+    const __m512 ex = exp16(_mm512_sub_ps(load16(x + j, 0xFFFF), vm));
     vsum = _mm512_add_ps(vsum, ex);
-    if (e) _mm512_storeu_ps(e + j, ex);
+    if (e)
+      _mm512_storeu_ps(e + j, ex);
+    else if (k_out)
+      store16(x + j, ex, 0xFFFF);
   }
   if (tail) {
-    const __m512 ex = Sleef_expf16_u10(_mm512_sub_ps(load16(x + full, tail), vm));
+    const __m512 ex = exp16(_mm512_sub_ps(load16(x + full, tail), vm));
     vsum = _mm512_mask_add_ps(vsum, tail, vsum, ex);
-    if (e) _mm512_mask_storeu_ps(e + full, tail, ex);
+    if (e)
+      _mm512_mask_storeu_ps(e + full, tail, ex);
+    else if (k_out)
+      store16(x + full, ex, tail);
   }
   const float s = _mm512_reduce_add_ps(vsum);
   const float log_p = (x_target - m) - std::log(s);  // log-softmax at the target, as ATen
 
-  if (e) {
+  if (k_out) {  // exp(x - m) stays; the target's entry gets - s
+    *k_out = scale / s;
+    // (bf16: the target's exp again, the same function on the same value as in the loop)
+    const float e_target = e ? e[target] : _mm512_cvtss_f32(exp16(_mm512_set1_ps(x_target - m)));
+    store_scalar(x + target, e_target - s);
+  } else if (e) {
     const float k = scale / s;  // softmax * scale = exp(x - m) * (scale / s)
     const float e_target = e[target];
     const __m512 vk = _mm512_set1_ps(k);
-    for (int64_t j = 0; j < full; j += 16) store16(x + j, _mm512_mul_ps(_mm512_loadu_ps(e + j), vk), 0xFFFF);
+    for (int64_t j = 0; j < full; j += 16) {
+      if (next && next < next_end) {
+        _mm_prefetch(next, _MM_HINT_T1);
+        next += 64;
+      }
+      store16(x + j, _mm512_mul_ps(_mm512_loadu_ps(e + j), vk), 0xFFFF);
+    }
     if (tail) store16(x + full, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, e + full), vk), tail);
     store_scalar(x + target, e_target * k - scale);
   }
@@ -103,14 +136,24 @@ DION_AVX2 inline __m256 load_tail8(const float* p, __m256i tail) {
 
 // The same, 8 lanes of AVX2, fp32 only (the gradient written over x itself). The tail's missing
 // lanes read as -inf: they add nothing to the max or (exp(-inf) = 0) to the sum.
-DION_AVX2 double row_loss8(float* x, int64_t V, int64_t target, float scale, bool grad) {
+DION_AVX2 double row_loss8(float* x, int64_t V, int64_t target, float scale, bool grad, float* k_out,
+                           const char* next) {
+  const char* next_end = next ? next + V * static_cast<int64_t>(sizeof(float)) : nullptr;
   const int64_t full = V / 8 * 8;
   const int rest = static_cast<int>(V - full);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(rest), lane);
   const float x_target = x[target];
-  __m256 vmax = _mm256_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < full; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + j));
+  __m256 vmax = _mm256_set1_ps(-INFINITY), vmax1 = vmax, vmax2 = vmax, vmax3 = vmax;
+  int64_t j0 = 0;
+  for (; j0 + 32 <= full; j0 += 32) {
+    vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + j0));
+    vmax1 = _mm256_max_ps(vmax1, _mm256_loadu_ps(x + j0 + 8));
+    vmax2 = _mm256_max_ps(vmax2, _mm256_loadu_ps(x + j0 + 16));
+    vmax3 = _mm256_max_ps(vmax3, _mm256_loadu_ps(x + j0 + 24));
+  }
+  for (; j0 < full; j0 += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + j0));
+  vmax = _mm256_max_ps(_mm256_max_ps(vmax, vmax1), _mm256_max_ps(vmax2, vmax3));
   if (rest) vmax = _mm256_max_ps(vmax, load_tail8(x + full, tail));
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, vmax);
@@ -120,12 +163,16 @@ DION_AVX2 double row_loss8(float* x, int64_t V, int64_t target, float scale, boo
   const __m256 vm = _mm256_set1_ps(m);
   __m256 vsum = _mm256_setzero_ps();
   for (int64_t j = 0; j < full; j += 8) {
-    const __m256 ex = Sleef_expf8_u10(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm));
+    if (next && next < next_end && (j & 8) == 0) {  // a 64-byte line every other iteration
+      _mm_prefetch(next, _MM_HINT_T1);
+      next += 64;
+    }
+    const __m256 ex = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm));
     vsum = _mm256_add_ps(vsum, ex);
     if (grad) _mm256_storeu_ps(x + j, ex);
   }
   if (rest) {
-    const __m256 ex = Sleef_expf8_u10(_mm256_sub_ps(load_tail8(x + full, tail), vm));
+    const __m256 ex = exp8(_mm256_sub_ps(load_tail8(x + full, tail), vm));
     vsum = _mm256_add_ps(vsum, ex);
     if (grad) _mm256_maskstore_ps(x + full, tail, ex);
   }
@@ -134,7 +181,10 @@ DION_AVX2 double row_loss8(float* x, int64_t V, int64_t target, float scale, boo
   for (float l : lanes) s += l;
   const float log_p = (x_target - m) - std::log(s);
 
-  if (grad) {
+  if (grad && k_out) {
+    *k_out = scale / s;
+    x[target] -= s;
+  } else if (grad) {
     const float k = scale / s;
     const float e_target = x[target];
     const __m256 vk = _mm256_set1_ps(k);
@@ -168,7 +218,7 @@ bool cross_entropy_inplace_available(at::ScalarType dtype) {
 }
 
 double cross_entropy_inplace(at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index, float scale,
-                             bool grad) {
+                             bool grad, at::Tensor* row_factor) {
   const at::ScalarType dtype = logits.scalar_type();
   TORCH_CHECK(logits.dim() == 2 && (dtype == at::kBFloat16 || dtype == at::kFloat) && logits.is_contiguous() &&
                   logits.device().is_cpu(),
@@ -180,6 +230,12 @@ double cross_entropy_inplace(at::Tensor& logits, const at::Tensor& targets, int6
   TORCH_CHECK(
       targets.dim() == 1 && targets.size(0) == N && targets.scalar_type() == at::kLong && targets.device().is_cpu(),
       "cross_entropy_inplace: targets must be CPU int64 [", N, "]; got ", targets.sizes(), " ", targets.scalar_type());
+  TORCH_CHECK(!row_factor || grad, "cross_entropy_inplace: the unscaled gradient (row_factor) needs grad");
+  float* kp = nullptr;
+  if (row_factor) {
+    *row_factor = at::empty({N}, logits.options().dtype(at::kFloat));
+    kp = row_factor->mutable_data_ptr<float>();
+  }
   const at::Tensor t = targets.contiguous();
   const int64_t* tp = t.const_data_ptr<int64_t>();
   for (int64_t r = 0; r < N; ++r)
@@ -190,21 +246,24 @@ double cross_entropy_inplace(at::Tensor& logits, const at::Tensor& targets, int6
   auto* base = static_cast<char*>(logits.mutable_data_ptr());
   std::vector<double> losses(static_cast<size_t>(N), 0.0);
   at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> e(grad && bf16 ? static_cast<size_t>(V) : 0);  // bf16's fp32 exp row
+    std::vector<float> e(grad && bf16 && !kp ? static_cast<size_t>(V) : 0);  // bf16's fp32 exp row
     for (int64_t r = begin; r < end; ++r) {
       void* row = base + static_cast<size_t>(r) * row_bytes;
+      float* k = kp ? kp + r : nullptr;
       if (tp[r] == ignore_index) {
         if (grad) std::memset(row, 0, row_bytes);
+        if (k) *k = 0.0f;
         continue;
       }
       double& loss = losses[static_cast<size_t>(r)];
+      const char* next = r + 1 < end ? static_cast<const char*>(row) + row_bytes : nullptr;
       if (bf16) {
-        loss = row_loss16(static_cast<uint16_t*>(row), V, tp[r], scale, grad ? e.data() : nullptr);
+        loss = row_loss16(static_cast<uint16_t*>(row), V, tp[r], scale, grad && !k ? e.data() : nullptr, k, next);
       } else if (wide) {
         auto* x = static_cast<float*>(row);
-        loss = row_loss16(x, V, tp[r], scale, grad ? x : nullptr);
+        loss = row_loss16(x, V, tp[r], scale, grad ? x : nullptr, k, next);
       } else {
-        loss = row_loss8(static_cast<float*>(row), V, tp[r], scale, grad);
+        loss = row_loss8(static_cast<float*>(row), V, tp[r], scale, grad, k, next);
       }
     }
   });

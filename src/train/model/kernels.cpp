@@ -119,7 +119,8 @@ bool matmul_uses_onednn(const at::Tensor& a, const at::Tensor& b, Kernels kind) 
 // (accumulated). With the one-pass loss kernel (cross_entropy_cpu.h: AVX-512 or AVX2) the kernel
 // does the loss and the gradient in one read of each row, where ATen's log-softmax, exp, scatter
 // and scale stream the whole chunk about five times (ATen's ops remain where the kernel does not
-// run). Backward scales the kept dh, dW by the loss's gradient.
+// run); it leaves the gradient unscaled (its row factors k go on the GEMMs' [n, C] sides: no
+// pass over the [n, V] chunk to scale it). Backward scales the kept dh, dW by the loss's gradient.
 struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets,
                             int64_t ignore_index, bool want_grad) {
@@ -148,15 +149,20 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
       const at::Tensor hc = h.narrow(0, s, n);
       at::Tensor lg = in_place ? at::empty({n, V}, h.options()) : matmul_2d(hc, w.t(), Kernels::fast);  // [n, V]
       if (in_place) at::mm_out(lg, hc, w.t());
-      sum += cross_entropy_inplace(lg, cpu_targets.narrow(0, s, n), ignore_index, scale, want_grad);
+      at::Tensor k;  // [n]: the rows' factors of the unscaled gradient G' now in lg (cross_entropy_cpu.h)
+      sum += cross_entropy_inplace(lg, cpu_targets.narrow(0, s, n), ignore_index, scale, want_grad,
+                                   want_grad ? &k : nullptr);
       if (!want_grad) continue;
-      matmul_2d_out(dh.narrow(0, s, n), lg, w, Kernels::fast);  // [n, C]
+      const at::Tensor k_col = k.unsqueeze(1), hk = hc * k_col;  // diag(k) h, [n, C]
+      at::Tensor dhc = dh.narrow(0, s, n);
+      matmul_2d_out(dhc, lg, w, Kernels::fast);  // G' w, [n, C]
+      dhc.mul_(k_col);                           // diag(k) G' w
       if (s == 0)
-        matmul_2d_out(dw, lg.t(), hc, Kernels::fast);  // [V, C]
+        matmul_2d_out(dw, lg.t(), hk, Kernels::fast);  // [V, C]
       else if (in_place)
-        dw.addmm_(lg.t(), hc);
+        dw.addmm_(lg.t(), hk);
       else
-        dw.add_(matmul_2d(lg.t(), hc, Kernels::fast));
+        dw.add_(matmul_2d(lg.t(), hk, Kernels::fast));
     }
     if (want_grad) ctx->save_for_backward({dh, dw});
     // The mean over valid rows; none valid: nan, as F.cross_entropy.
@@ -210,8 +216,9 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
 
 // The lm_head and the cross entropy in bf16 (autocast, or bf16 operands): the bf16 logits
 // h w^T in one GEMM, the one-pass loss kernel over them (cross_entropy_cpu.h), which with
-// `want_grad` overwrites them with d(loss)/d(logits) in bf16, then dh and dW as bf16 GEMMs, as
-// autocast's linear backward; the fp32 [N, V] copy and log-probabilities of ATen's loss never
+// `want_grad` overwrites them with the unscaled gradient G' in bf16 and gives the rows' factors
+// k, then dh = diag(k) (G' w) and dW = G'^T (diag(k) h) as bf16 GEMMs, as autocast's linear
+// backward (k on the [N, C] sides: no pass over [N, V] to scale it); the fp32 [N, V] copy and log-probabilities of ATen's loss never
 // exist. Backward scales the kept dh, dW by the loss's gradient and returns them in h's and w's
 // dtypes (autocast's casts' backward).
 struct Bf16LinearCrossEntropyFn : torch::autograd::Function<Bf16LinearCrossEntropyFn> {
@@ -223,11 +230,16 @@ struct Bf16LinearCrossEntropyFn : torch::autograd::Function<Bf16LinearCrossEntro
     const at::Tensor cpu_targets = targets.to(at::kCPU);
     const int64_t n_valid = cpu_targets.ne(ignore_index).sum().item<int64_t>();
     const float scale = n_valid > 0 ? 1.0f / static_cast<float>(n_valid) : 0.0f;
-    const double sum = cross_entropy_inplace(logits, cpu_targets, ignore_index, scale, want_grad);
+    at::Tensor k;  // [N] fp32: the rows' factors of the unscaled gradient G' now in logits
+    const double sum = cross_entropy_inplace(logits, cpu_targets, ignore_index, scale, want_grad,
+                                             want_grad ? &k : nullptr);
     if (want_grad) {
       ctx->saved_data["h_dtype"] = static_cast<int64_t>(h.scalar_type());
       ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
-      ctx->save_for_backward({at::mm(logits, wb), at::mm(logits.t(), hb)});  // dh [N, C], dW [V, C], bf16
+      const at::Tensor k_col = k.unsqueeze(1);
+      const at::Tensor dh = at::mm(logits, wb).to(at::kFloat).mul_(k_col);  // diag(k) (G' w), [N, C] fp32
+      const at::Tensor hk = (hb.to(at::kFloat) * k_col).to(at::kBFloat16);  // diag(k) h, [N, C]
+      ctx->save_for_backward({dh, at::mm(logits.t(), hk)});                // dW = G'^T diag(k) h, [V, C] bf16
     }
     // The mean over valid rows; none valid: nan, as F.cross_entropy.
     const double mean = n_valid > 0 ? sum / static_cast<double>(n_valid) : std::nan("");

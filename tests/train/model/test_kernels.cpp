@@ -6,7 +6,7 @@
 // 2^-24 = 2e-6 per row at worst, far less on the mean); the gradient, bf16: within one bf16
 // rounding step (2^-8 relative: both round the same fp32 value, computed in another order, to
 // bf16); fp32: within 1e-5 relative + 1e-9 absolute (ours is exp(x - m) * (scale / s), ATen's
-// exp(x - m - log s) * scale: a few fp32 roundings and Sleef's 1-ULP exp apart, ~1e-6; a wrong
+// exp(x - m - log s) * scale: a few fp32 roundings and two sub-ULP exps apart, ~1e-6; a wrong
 // term, a missing scale or a misplaced onehot moves an element by far more).
 // The fast kind computes the same math in another order (oneDNN's GEMM blocking, the loss summed
 // per chunk of rows, dW accumulated over chunks), so it is compared with a tolerance:
@@ -25,10 +25,13 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "../../../src/train/model/cross_entropy_cpu.h"
+#include "../../../src/train/model/vec_exp.h"
 #include "cpu_kind.h"
 #include "dion/train/autocast.h"
 #include "dion/train/gpt.h"
@@ -187,6 +190,88 @@ TEST(TrainKernels, LossKernelRunsWhereTheCpuHasIt) {
               avx512 ? "AVX-512" : (avx2 ? "AVX2" : "no (ATen's loss)"), cap.c_str());
 }
 
+// The loss kernel's exp (vec_exp.h) against double's exp: every 97th fp32 value in [-87, 88]
+// (23 M values) and every 31st in [-103, -87], whose results are subnormal, within 1 ulp (of the
+// result's binade; subnormals: of 2^-149); measured 0.92 and 0.84. The series without its r^7
+// term was checked to fail (2.7 ulp). And the edges: 0 and inf beyond the clamps, NaN kept.
+namespace {
+double ulp_error(float got, double want) {
+  if (want == 0) return got == 0 ? 0 : INFINITY;
+  const double ulp = std::fabs(want) < 1.1754943508222875e-38 ? std::ldexp(1.0, -149)
+                                                              : std::ldexp(1.0, std::ilogb(want) - 23);
+  return std::fabs(double(got) - want) / ulp;
+}
+
+__attribute__((target("avx512f,fma"))) void exp16_of(const float* x, float* y) {
+  _mm512_storeu_ps(y, exp16(_mm512_loadu_ps(x)));
+}
+__attribute__((target("avx2,fma"))) void exp8_of(const float* x, float* y) {
+  _mm256_storeu_ps(y, exp8(_mm256_loadu_ps(x)));
+  _mm256_storeu_ps(y + 8, exp8(_mm256_loadu_ps(x + 8)));
+}
+
+// The largest error over every `step`th fp32 value from lo to hi (lo < 0 < hi or lo < hi <= 0),
+// 16 at a time: a walk over the bit patterns of each sign's magnitudes.
+template <class F>
+double max_exp_error(F&& exp_of, float lo, float hi, uint32_t step) {
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u & 0x7FFFFFFFu;
+  };
+  std::vector<float> xs;
+  auto walk = [&](float from, float to, float sign) {  // magnitudes |from| .. |to|
+    for (uint64_t u = bits(from); u <= bits(to); u += step) {
+      uint32_t v = static_cast<uint32_t>(u);
+      float f;
+      std::memcpy(&f, &v, sizeof f);
+      xs.push_back(sign * f);
+    }
+  };
+  if (hi > 0) walk(0.0f, hi, 1.0f);
+  walk(hi > 0 ? 0.0f : -hi, -lo, -1.0f);
+  while (xs.size() % 16) xs.push_back(lo);
+  double worst = 0;
+  float out[16];
+  for (size_t i = 0; i < xs.size(); i += 16) {
+    exp_of(xs.data() + i, out);
+    for (int j = 0; j < 16; ++j) worst = std::max(worst, ulp_error(out[j], std::exp(double(xs[i + size_t(j)]))));
+  }
+  return worst;
+}
+}  // namespace
+
+TEST(TrainKernels, VectorExpIsWithinOneUlp) {
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (!avx512 && !avx2) GTEST_SKIP() << "no AVX2 on this CPU: the loss kernel does not run";
+  const float edges[16] = {-INFINITY, INFINITY, NAN, -200.f, 200.f, 0.f, -0.f, 88.72f,
+                           -87.4f,    -103.9f,  -104.f, 1.f,  -1.f, 89.f,  100.f, -1e-30f};
+  for (int wide = 0; wide < 2; ++wide) {
+    if (wide ? !avx512 : !avx2) continue;
+    SCOPED_TRACE(wide ? "exp16 (AVX-512)" : "exp8 (AVX2)");
+    auto exp_of = [&](const float* x, float* y) { wide ? exp16_of(x, y) : exp8_of(x, y); };
+    const double normal = max_exp_error(exp_of, -87.0f, 88.0f, 97), sub = max_exp_error(exp_of, -103.0f, -87.0f, 31);
+    EXPECT_LE(normal, 1.0);
+    EXPECT_LE(sub, 1.0);
+    float y[16];
+    exp_of(edges, y);
+    EXPECT_EQ(y[0], 0.0f) << "exp(-inf)";
+    EXPECT_EQ(y[1], INFINITY) << "exp(inf)";
+    EXPECT_TRUE(std::isnan(y[2])) << "exp(nan)";
+    EXPECT_EQ(y[3], 0.0f);
+    EXPECT_EQ(y[4], INFINITY);
+    EXPECT_EQ(y[5], 1.0f);
+    EXPECT_EQ(y[6], 1.0f);
+    EXPECT_LE(ulp_error(y[7], std::exp(double(edges[7]))), 1.0) << "near fp32's largest";
+    EXPECT_GT(y[9], 0.0f) << "exp(-103.9) is the smallest subnormal";
+    EXPECT_EQ(y[10], 0.0f);
+    EXPECT_EQ(y[13], INFINITY);
+    EXPECT_EQ(y[15], 1.0f);
+    std::printf("%s: at most %.3f ulp over [-87, 88], %.3f where subnormal\n", wide ? "exp16" : "exp8", normal, sub);
+  }
+}
+
 // V = 1031 (not a multiple of the 16 or 8 lanes), every 5th row ignored, logits around 0 and
 // shifted by 60 (exp would overflow fp32 without the max).
 class LossKernel : public ::testing::TestWithParam<at::ScalarType> {};
@@ -242,6 +327,36 @@ TEST_P(LossKernel, IsTheSameForAnyThreadCount) {
   at::set_num_threads(threads);
   EXPECT_EQ(la, lb);
   EXPECT_TRUE(at::equal(a, b));
+}
+
+// The unscaled form (row_factor; the lm_head's): diag(k) G' is the gradient the scaled form
+// writes, to a rounding or two (fp32: k e vs k applied after, e - s at the target: within 4e-7
+// relative + 1e-12 absolute; bf16: e rounded to bf16 and then scaled, against k e rounded, so
+// within two bf16 roundings, 1/128 relative), and the loss is the same bits (the same m and s). A
+// missing - s at the target or a row's k on another row is off by >= 1e-2 relative.
+TEST_P(LossKernel, UnscaledGradientTimesRowFactorsIsTheGradient) {
+  const at::ScalarType dtype = GetParam();
+  if (!cross_entropy_inplace_available(dtype)) GTEST_SKIP() << "no loss kernel for this dtype on this CPU";
+  const bool bf16 = dtype == at::kBFloat16;
+  at::manual_seed(9);
+  const int64_t N = 37, V = 1031;
+  const at::Tensor logits = (at::randn({N, V}) * 3).to(dtype);
+  at::Tensor t = at::randint(0, V, {N}, at::kLong);
+  t.index_put_({at::arange(0, N, 4)}, -1);
+  const float scale = 1.0f / static_cast<float>(t.ne(-1).sum().item<int64_t>());
+  at::Tensor scaled = logits.clone(), unscaled = logits.clone(), k;
+  const double l_scaled = cross_entropy_inplace(scaled, t, -1, scale, true);
+  const double l_unscaled = cross_entropy_inplace(unscaled, t, -1, scale, true, &k);
+  EXPECT_EQ(l_scaled, l_unscaled);
+  ASSERT_EQ(k.sizes(), at::IntArrayRef({N}));
+  EXPECT_TRUE(at::equal(k.index({at::arange(0, N, 4)}), at::zeros({(N + 3) / 4}))) << "ignored rows' factors";
+  EXPECT_TRUE(at::equal(unscaled.index({at::arange(0, N, 4)}), at::zeros({(N + 3) / 4, V}, dtype))) << "ignored rows";
+  const at::Tensor g = unscaled.to(at::kFloat) * k.unsqueeze(1), ref = scaled.to(at::kFloat);
+  const double excess = ((g - ref).abs() - ref.abs() * (bf16 ? 1.0 / 128 : 4e-7) - 1e-12).max().item<double>();
+  EXPECT_LE(excess, 0.0) << "diag(k) G' is not the scaled kernel's gradient";
+  EXPECT_LT(g.sum(1).abs().max().item<double>(), bf16 ? 1e-3 : 1e-6) << "each gradient row sums to 0 (softmax - onehot)";
+  at::Tensor no_grad = logits.clone();
+  EXPECT_THROW(cross_entropy_inplace(no_grad, t, -1, scale, false, &k), c10::Error) << "row_factor without grad";
 }
 
 TEST_P(LossKernel, NamesAnOutOfBoundsTarget) {
