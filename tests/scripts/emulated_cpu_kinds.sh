@@ -34,6 +34,8 @@ LDSO=/lib64/ld-linux-x86-64.so.2
 FILTER='TrainKernels*:TrainRouter.*:*FusedCpu*'
 FILTER="$FILTER-TrainKernels.FastGptEqualsExactGptAndTheReferencesLoss"
 FILTER="$FILTER:TrainKernels.FusedChunkedCrossEntropyEqualsLinearThenCrossEntropy"
+# (the exp's 23 M values take 70 s emulated; its AVX2 form runs natively on every kind with AVX2)
+FILTER="$FILTER:TrainKernels.VectorExpIsWithinOneUlp"
 LOG=$(mktemp)
 trap 'rm -f "$LOG"' EXIT
 
