@@ -33,6 +33,10 @@ namespace dion::train {
 
 bool cross_entropy_inplace_available(at::ScalarType dtype);
 
+// Tests: `on` makes the bf16 kernel take its portable fp32 -> bf16 conversion even where the CPU
+// has AVX512_BF16 (as an AVX-512 CPU without it would); off again restores the CPU's choice.
+void cross_entropy_force_portable_bf16(bool on);
+
 double cross_entropy_inplace(at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index, float scale,
                              bool grad, at::Tensor* row_factor = nullptr);
 

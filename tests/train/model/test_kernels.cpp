@@ -348,6 +348,15 @@ TEST_P(LossKernel, UnscaledGradientTimesRowFactorsIsTheGradient) {
   const double l_scaled = cross_entropy_inplace(scaled, t, -1, scale, true);
   const double l_unscaled = cross_entropy_inplace(unscaled, t, -1, scale, true, &k);
   EXPECT_EQ(l_scaled, l_unscaled);
+  if (bf16) {  // the portable conversion (AVX-512 without AVX512_BF16) gives the same bits here (no subnormals)
+    at::Tensor portable = logits.clone(), k2;
+    cross_entropy_force_portable_bf16(true);
+    const double l_portable = cross_entropy_inplace(portable, t, -1, scale, true, &k2);
+    cross_entropy_force_portable_bf16(false);
+    EXPECT_EQ(l_portable, l_unscaled);
+    EXPECT_TRUE(at::equal(k2, k));
+    EXPECT_TRUE(at::equal(portable, unscaled)) << "the portable and the native bf16 conversion differ";
+  }
   ASSERT_EQ(k.sizes(), at::IntArrayRef({N}));
   EXPECT_TRUE(at::equal(k.index({at::arange(0, N, 4)}), at::zeros({(N + 3) / 4}))) << "ignored rows' factors";
   EXPECT_TRUE(at::equal(unscaled.index({at::arange(0, N, 4)}), at::zeros({(N + 3) / 4, V}, dtype))) << "ignored rows";
