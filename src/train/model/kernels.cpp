@@ -78,7 +78,7 @@ struct FastLinearFn : torch::autograd::Function<FastLinearFn> {
 // (bench/fp32_gemm_paths.py) and takes `out` tensors, which the chunked loss writes into (no
 // copies of dh's rows or of dW); on a Xeon with AMX, MKL's plan took 386-399 ms a forward +
 // backward against 512-544 for oneDNN's before the loss kernel, 343-386 with it (2 x 128, fp32,
-// one thread, docs/benchmarks.md).
+// one thread, CHANGELOG.md 2026-12-07).
 // DION_FAST_FP32=onednn|mkl chooses (benchmarks, tests).
 bool cpu_is_intel() {
 #if defined(__x86_64__) || defined(__i386__)
