@@ -30,7 +30,6 @@
 
 #include "vec_exp.h"
 
-
 #define DION_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 #define DION_AVX2 __attribute__((target("avx2,fma")))
 
@@ -59,19 +58,20 @@ DION_AVX512 inline void store16(uint16_t* p, __m512 f, __mmask16 k) {
 }
 DION_AVX512 inline void store16(float* p, __m512 f, __mmask16 k) { _mm512_mask_storeu_ps(p, k, f); }
 
-// The exp pass of a bf16 row's unscaled gradient where the CPU converts to bf16 itself
-// (AVX512_BF16: Intel Cooper Lake / Sapphire Rapids and later, AMD Zen 4 and later): exp(x - m)
-// of each element written over it by vcvtneps2bf16 (round to nearest even, as c10's; a subnormal
-// fp32 exp, below 1.2e-38, becomes 0 where c10's gives a subnormal bf16), the shifts, adds and NaN
-// blend of the portable conversion gone (half the kernel's time on the Xeon in perf samples).
-// Returns the 16 lanes' sums; `next` as in row_loss16.
-std::atomic<bool> portable_bf16{false};  // cross_entropy_force_portable_bf16 (tests)
+// Whether the CPU converts fp32 to bf16 itself (AVX512_BF16: Intel Cooper Lake / Sapphire Rapids
+// and later, AMD Zen 4 and later), unless a test asked for the portable conversion.
+std::atomic<bool> portable_bf16{false};  // cross_entropy_force_portable_bf16
 
 bool avx512_bf16_ok() {
   static const bool ok = __builtin_cpu_supports("avx512bf16");
   return ok && !portable_bf16.load(std::memory_order_relaxed);
 }
 
+// The exp pass of a bf16 row's unscaled gradient on such a CPU: exp(x - m) of each element
+// written over it by vcvtneps2bf16 (round to nearest even, as c10's; a subnormal fp32 exp, below
+// 1.2e-38, becomes 0 where c10's gives a subnormal bf16), the shifts, adds and NaN blend of the
+// portable conversion gone (half the kernel's time on the Xeon in perf samples). Returns the 16
+// lanes' sums; `next` as in row_loss16.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma"))) __m512 exp_pass_bf16_native(
     uint16_t* x, int64_t full, __mmask16 tail, __m512 vm, const char* next, const char* next_end) {
   __m512 vsum = _mm512_setzero_ps();
@@ -95,8 +95,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma"))) __m512 exp_p
 // One row, 16 lanes: returns its loss; with `e` (a V-float buffer: the row itself for fp32),
 // writes the gradient over x; with `k_out`, writes the unscaled form instead (cross_entropy_cpu.h)
 // and the row's factor into *k_out (fp32: e is x; bf16: e is null where exp_pass_bf16_native
-// writes the exps straight to x, else they go from e to x in a second pass). `next` (the following row, or null) is
-// prefetched into L2 while this row's exp runs: the next max pass reads from L2, not memory.
+// writes the exps straight to x, else they go from e to x in a second pass). `next` (the
+// following row, or null) is prefetched into L2 while this row's exp runs: the next max pass
+// reads from L2, not memory.
 template <typename T>
 DION_AVX512 double row_loss16(T* x, int64_t V, int64_t target, float scale, float* e, float* k_out,
                               const char* next) {

@@ -218,9 +218,10 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
 // h w^T in one GEMM, the one-pass loss kernel over them (cross_entropy_cpu.h), which with
 // `want_grad` overwrites them with the unscaled gradient G' in bf16 and gives the rows' factors
 // k, then dh = diag(k) (G' w) and dW = G'^T (diag(k) h) as bf16 GEMMs, as autocast's linear
-// backward (k on the [N, C] sides: no pass over [N, V] to scale it); the fp32 [N, V] copy and log-probabilities of ATen's loss never
-// exist. Backward scales the kept dh, dW by the loss's gradient and returns them in h's and w's
-// dtypes (autocast's casts' backward).
+// backward (k on the [N, C] sides: no pass over [N, V] to scale it, dh's product kept in fp32
+// before k); the fp32 [N, V] copy and log-probabilities of ATen's loss never exist. Backward
+// scales the kept dh, dW by the loss's gradient and returns them in h's and w's dtypes
+// (autocast's casts' backward).
 struct Bf16LinearCrossEntropyFn : torch::autograd::Function<Bf16LinearCrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets,
                             int64_t ignore_index, bool want_grad) {

@@ -32,8 +32,8 @@ inline constexpr float kLn2Lo = 1.428606765330187e-06f;  // ln 2 - kLn2Hi
 
 __attribute__((target("avx512f,fma"))) inline __m512 exp16(__m512 x) {
   x = _mm512_min_ps(_mm512_set1_ps(kExpHi), _mm512_max_ps(_mm512_set1_ps(kExpLo), x));  // (NaN: the 2nd operand)
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 n =
+      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
   __m512 p = _mm512_set1_ps(1.0f / 5040);

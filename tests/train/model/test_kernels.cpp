@@ -363,7 +363,8 @@ TEST_P(LossKernel, UnscaledGradientTimesRowFactorsIsTheGradient) {
   const at::Tensor g = unscaled.to(at::kFloat) * k.unsqueeze(1), ref = scaled.to(at::kFloat);
   const double excess = ((g - ref).abs() - ref.abs() * (bf16 ? 1.0 / 128 : 4e-7) - 1e-12).max().item<double>();
   EXPECT_LE(excess, 0.0) << "diag(k) G' is not the scaled kernel's gradient";
-  EXPECT_LT(g.sum(1).abs().max().item<double>(), bf16 ? 1e-3 : 1e-6) << "each gradient row sums to 0 (softmax - onehot)";
+  EXPECT_LT(g.sum(1).abs().max().item<double>(), bf16 ? 1e-3 : 1e-6)
+      << "each gradient row sums to 0 (softmax - onehot)";
   at::Tensor no_grad = logits.clone();
   EXPECT_THROW(cross_entropy_inplace(no_grad, t, -1, scale, false, &k), c10::Error) << "row_factor without grad";
 }
