@@ -160,13 +160,7 @@ DION_AVX512 double row_loss16(T* x, int64_t V, int64_t target, float scale, floa
     const float k = scale / s;  // softmax * scale = exp(x - m) * (scale / s)
     const float e_target = e[target];
     const __m512 vk = _mm512_set1_ps(k);
-    for (int64_t j = 0; j < full; j += 16) {
-      if (next && next < next_end) {
-        _mm_prefetch(next, _MM_HINT_T1);
-        next += 64;
-      }
-      store16(x + j, _mm512_mul_ps(_mm512_loadu_ps(e + j), vk), 0xFFFF);
-    }
+    for (int64_t j = 0; j < full; j += 16) store16(x + j, _mm512_mul_ps(_mm512_loadu_ps(e + j), vk), 0xFFFF);
     if (tail) store16(x + full, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, e + full), vk), tail);
     store_scalar(x + target, e_target * k - scale);
   }
