@@ -215,9 +215,9 @@ if(DION_BUILD_TESTS)
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
     PROPERTIES LABELS train TIMEOUT 300)
-  # The fast kind's fp32 plan is chosen by CPU vendor (kernels.cpp): its kernel tests run under
-  # both plans on every CPU, so that neither goes untested where the other is the default.
-  foreach(_plan onednn mkl)
+  # The fast kind's fp32 plan is chosen by CPU (kernels.cpp): its kernel tests run under every
+  # plan on every CPU, so that none goes untested where another is the default.
+  foreach(_plan onednn mkl mixed)
     add_test(NAME TrainKernels.fast_fp32_${_plan}
              COMMAND dion_train_tests --gtest_filter=TrainKernels.*:-TrainKernels.Bf16*
              WORKING_DIRECTORY ${DION_TRAIN_ROOT})

@@ -73,13 +73,19 @@ struct FastLinearFn : torch::autograd::Function<FastLinearFn> {
   }
 };
 
-// The fast kind's fp32 GEMMs on this CPU. AMD (Zen 4 / 5): oneDNN, 2-2.5x MKL's sgemm there (MKL
-// takes its non-Intel path). Intel: MKL's own path is as fast as oneDNN per GEMM
+// The fast kind's fp32 GEMMs on this CPU. AMD Zen 5: oneDNN, 2-2.5x MKL's sgemm there (MKL's
+// AVX2 zen kernels against oneDNN's full-width AVX-512). Intel: MKL's own path is as fast as oneDNN per GEMM
 // (bench/fp32_gemm_paths.py) and takes `out` tensors, which the chunked loss writes into (no
 // copies of dh's rows or of dW); on a Xeon with AMX, MKL's plan took 386-399 ms a forward +
 // backward against 512-544 for oneDNN's before the loss kernel, 343-386 with it (2 x 128, fp32,
 // one thread, CHANGELOG.md 2026-12-07).
-// DION_FAST_FP32=onednn|mkl chooses (benchmarks, tests).
+// AMD before Zen 5 (family 0x19 and below: Zen 3's AVX2, Zen 4's AVX-512 on 256-bit units): MKL's
+// zen kernels run as fast as oneDNN's, and a product whose left operand is transposed (every dW,
+// G'^T h of the lm_head) costs oneDNN's _linear_pointwise a copy of that operand, which MKL reads
+// in place (on a Zen 4, the lm_head's dW of a 256-row chunk: oneDNN 49 ms with its copy, MKL's
+// addmm_ 37; the blocks' dW: MKL 0-15% faster): "mixed", such products through MKL, the rest
+// through oneDNN. Zen 5's full-width AVX-512 runs oneDNN 2-2.5x MKL: oneDNN throughout.
+// DION_FAST_FP32=onednn|mkl|mixed chooses (benchmarks, tests).
 bool cpu_is_intel() {
 #if defined(__x86_64__) || defined(__i386__)
   unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -95,22 +101,47 @@ bool cpu_is_intel() {
 #endif
 }
 
-bool fast_fp32_onednn() {
-  static const bool onednn = [] {
+// The x86 family (CPUID leaf 1: base family, plus the extended family where the base is 0xF).
+unsigned cpu_family() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
+  const unsigned base = (eax >> 8) & 0xF;
+  return base == 0xF ? base + ((eax >> 20) & 0xFF) : base;
+#else
+  return 0;
+#endif
+}
+
+enum class Fp32Gemms { mkl, onednn, mixed };
+
+Fp32Gemms fast_fp32_gemms() {
+  static const Fp32Gemms gemms = [] {
     const char* env = std::getenv("DION_FAST_FP32");
     const std::string choice = env ? env : "";
-    TORCH_CHECK(choice.empty() || choice == "mkl" || choice == "onednn", "DION_FAST_FP32='", choice,
-                "': valid values are 'mkl' and 'onednn' (unset: by CPU vendor)");
-    return choice.empty() ? !cpu_is_intel() : choice == "onednn";
+    TORCH_CHECK(choice.empty() || choice == "mkl" || choice == "onednn" || choice == "mixed", "DION_FAST_FP32='",
+                choice, "': valid values are 'mkl', 'onednn' and 'mixed' (unset: by CPU)");
+    if (choice == "mkl") return Fp32Gemms::mkl;
+    if (choice == "onednn") return Fp32Gemms::onednn;
+    if (choice == "mixed") return Fp32Gemms::mixed;
+    if (cpu_is_intel()) return Fp32Gemms::mkl;
+    return cpu_family() != 0 && cpu_family() < 0x1A ? Fp32Gemms::mixed : Fp32Gemms::onednn;
   }();
-  return onednn;
+  return gemms;
 }
 
 // fp32 only: for bf16, ATen's mm is already oneDNN's bf16 GEMM (and measured faster than
 // _linear_pointwise for the transposed operands of the backward).
 bool matmul_uses_onednn(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
-  return kind == Kernels::fast && fast_fp32_onednn() && a.device().is_cpu() && a.scalar_type() == at::kFloat &&
-         b.scalar_type() == at::kFloat && onednn_linear_available();
+  if (kind != Kernels::fast || !a.device().is_cpu() || a.scalar_type() != at::kFloat ||
+      b.scalar_type() != at::kFloat || !onednn_linear_available())
+    return false;
+  switch (fast_fp32_gemms()) {
+    case Fp32Gemms::mkl: return false;
+    case Fp32Gemms::onednn: return true;
+    case Fp32Gemms::mixed: return a.is_contiguous();  // a transposed left operand: MKL, no copy
+  }
+  return true;
 }
 
 // The fused, chunked lm_head + cross entropy, fp32. Forward: per chunk of rows, logits [n, V],
@@ -135,7 +166,7 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
     const at::Tensor cpu_targets = targets.to(at::kCPU);
     const int64_t n_valid = cpu_targets.ne(ignore_index).sum().item<int64_t>();
     const float scale = n_valid > 0 ? 1.0f / static_cast<float>(n_valid) : 0.0f;
-    // MKL (Intel) writes each product in place; oneDNN's (AMD) result is copied in.
+    // MKL writes each product in place; oneDNN's result is copied in (matmul_2d_out) or added.
     const bool in_place = !matmul_uses_onednn(h, w, Kernels::fast);
     at::Tensor dh, dw;
     if (want_grad) {
@@ -159,7 +190,7 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
       dhc.mul_(k_col);                           // diag(k) G' w
       if (s == 0)
         matmul_2d_out(dw, lg.t(), hk, Kernels::fast);  // [V, C]
-      else if (in_place)
+      else if (!matmul_uses_onednn(lg.t(), hk, Kernels::fast))
         dw.addmm_(lg.t(), hk);
       else
         dw.add_(matmul_2d(lg.t(), hk, Kernels::fast));
