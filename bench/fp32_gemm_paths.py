@@ -52,6 +52,10 @@ def main():
         (f"lm_head chunk forward [{R},{C}]x[{C},{V}]", torch.randn(R, C), torch.randn(V, C), 4),
         (f"lm_head chunk dh [{R},{V}]x[{V},{C}]", torch.randn(R, V), torch.randn(C, V), 4),
         (f"lm_head chunk dW [{V},{R}]x[{R},{C}]", torch.randn(V, R), torch.randn(C, R), 4),
+        # the same dW as the chunked loss passes it: G'^T and h^T as views of [R, V] and [R, C]
+        # (oneDNN's _linear_pointwise copies a transposed left operand, MKL reads it in place);
+        # printed, not counted in the total
+        ("lm_head chunk dW, transposed views", torch.randn(R, V).t(), torch.randn(R, C).t(), 0),
         (f"q, k, v, proj [{N},{C}]x[{C},{C}]", torch.randn(N, C), torch.randn(C, C), 4 * 3 * args.layers),
         (f"mlp up [{N},{C}]x[{C},{4 * C}]", torch.randn(N, C), torch.randn(4 * C, C), 3 * args.layers),
         (f"mlp down [{N},{4 * C}]x[{4 * C},{C}]", torch.randn(N, 4 * C), torch.randn(C, 4 * C), 3 * args.layers),

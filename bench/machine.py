@@ -16,17 +16,25 @@ def loadavg():
 
 
 def cpu():
-    model, flags = "", []
+    """(model name with its x86 family and model numbers, the wanted flags). A VM's model name can
+    be as bare as "AMD EPYC": the numbers tell the kinds apart (family 25: Zen 3 / Zen 4 (model
+    17: Genoa), 26: Zen 5)."""
+    model, flags, numbers = "", [], {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() == "model name" and not model:
+                key = key.strip()
+                if key == "model name" and not model:
                     model = value.strip()
-                if key.strip() == "flags" and not flags:
+                if key in ("cpu family", "model") and key not in numbers:
+                    numbers[key] = value.strip()
+                if key == "flags" and not flags:
                     flags = [x for x in value.split() if x in WANTED_FLAGS]
     except OSError:
         pass
+    if "cpu family" in numbers:
+        model += f", family {numbers['cpu family']} model {numbers.get('model', '?')}"
     return model, flags
 
 
