@@ -79,8 +79,9 @@ struct FastLinearFn : torch::autograd::Function<FastLinearFn> {
 // copies of dh's rows or of dW); on a Xeon with AMX, MKL's plan took 386-399 ms a forward +
 // backward against 512-544 for oneDNN's before the loss kernel, 343-386 with it (2 x 128, fp32,
 // one thread, CHANGELOG.md 2026-12-07).
-// AMD before Zen 5 (family 0x19 and below: Zen 3's AVX2, Zen 4's AVX-512 on 256-bit units): MKL's
-// zen kernels run as fast as oneDNN's, and a product whose left operand is transposed (every dW,
+// AMD before Zen 5 (family 0x19 and below: Zen 3's AVX2, Zen 4's AVX-512 on 256-bit units; measured
+// on a Zen 4, Zen 3 not measured): MKL's zen kernels run about as fast as oneDNN's (within 10%,
+// bench/fp32_gemm_paths.py), and a product whose left operand is transposed (every dW,
 // G'^T h of the lm_head) costs oneDNN's _linear_pointwise a copy of that operand, which MKL reads
 // in place (on a Zen 4, the lm_head's dW of a 256-row chunk: oneDNN 49 ms with its copy, MKL's
 // addmm_ 37; the blocks' dW: MKL 0-15% faster): "mixed", such products through MKL, the rest
