@@ -31,7 +31,7 @@ if(DION_BUILD_TESTS)
              COMMAND sh -c "rm -f '${_dist_json}' && \
 '$<TARGET_FILE:dion-bench>' --json '${_dist_json}' dist --ranks 1,2 --sets 36x1 --reps 1 && \
 '${Python3_EXECUTABLE}' '${CMAKE_CURRENT_SOURCE_DIR}/scripts/cost_model.py' check --bench '${_dist_json}'")
-    set_tests_properties(dion_bench_dist_smoke PROPERTIES TIMEOUT 300 RESOURCE_LOCK multiprocess COST 100)
+    set_tests_properties(dion_bench_dist_smoke PROPERTIES TIMEOUT 300 ${DION_MULTIPROCESS_TEST})
   endif()
   # --phases: every library phase of both families shows up (muon_pre / dion2_pre, orthogonalize, lion, ...).
   add_test(NAME dion_bench_step_phases_smoke COMMAND dion-bench step --sets 64x1 --vocab 128 --reps 1

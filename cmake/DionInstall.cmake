@@ -179,6 +179,6 @@ if(DION_BUILD_TESTS AND TARGET dion_python)
     COMMAND bash ${PROJECT_SOURCE_DIR}/tests/wheel/run.sh ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}
             ${PROJECT_BINARY_DIR}/wheel-test ${PROJECT_BINARY_DIR}-wheel ${Python3_EXECUTABLE})
   set_tests_properties(pip_wheel PROPERTIES
-    LABELS package TIMEOUT 1800 RESOURCE_LOCK multiprocess COST 100
+    LABELS package TIMEOUT 1800 ${DION_MULTIPROCESS_TEST}
     ENVIRONMENT "CCACHE_BASEDIR=${PROJECT_SOURCE_DIR};CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime;CXX=${CMAKE_CXX_COMPILER};CC=${CMAKE_C_COMPILER}")
 endif()

@@ -55,7 +55,7 @@ set_tests_properties(python_tests PROPERTIES
   ENVIRONMENT "PYTHONPATH=${CMAKE_BINARY_DIR}/python;TORCH_COMPILE_DISABLE=1"
   TIMEOUT 600
   # Its multi-process jobs never run beside test_dist's: 2 cores, up to 4 processes each.
-  RESOURCE_LOCK multiprocess COST 100)
+  ${DION_MULTIPROCESS_TEST})
 
 # The reference vectors again, in the environment they were recorded in (scalar ATen kernels,
 # MKL's reproducible path; conftest.py sets one thread): every tensor must match bit for bit.

@@ -136,7 +136,7 @@ if(DION_BUILD_TESTS)
   add_dependencies(dion_launch_tests launch_child)
   gtest_discover_tests(dion_launch_tests
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
-    PROPERTIES LABELS train TIMEOUT 120 RESOURCE_LOCK multiprocess COST 100)
+    PROPERTIES LABELS train TIMEOUT 120 ${DION_MULTIPROCESS_TEST})
   dion_add_usage_tests(PREFIX dion_train TARGET dion-train
     BAD "nproc_zero|--nproc 0|--nproc"
         "nproc_text|--nproc abc|--nproc"
@@ -197,7 +197,7 @@ if(DION_BUILD_TESTS)
   add_test(NAME moe_bench_smoke
            COMMAND sh ${DION_TRAIN_ROOT}/tests/scripts/moe_bench_smoke.sh ${DION_PYTHON3} ${DION_TRAIN_ROOT}
                    $<TARGET_FILE_DIR:dion-train> ${CMAKE_CURRENT_BINARY_DIR}/moe-bench-smoke)
-  set_tests_properties(moe_bench_smoke PROPERTIES LABELS train TIMEOUT 180 RESOURCE_LOCK multiprocess COST 100)
+  set_tests_properties(moe_bench_smoke PROPERTIES LABELS train TIMEOUT 180 ${DION_MULTIPROCESS_TEST})
   # The project's CPU kernels on an emulated AMD Zen 3 (AVX2) and an emulated CPU without AVX
   # (qemu-user; tests/scripts/emulated_cpu_kinds.sh): their AVX2 and baseline code, which an
   # AVX-512 machine never runs.
@@ -237,29 +237,29 @@ if(DION_BUILD_TESTS)
   foreach(_soak kill diskfull)
     add_test(NAME soak_train_${_soak}.once
              COMMAND bash ${DION_TRAIN_ROOT}/scripts/soak_train_${_soak}.sh ${CMAKE_BINARY_DIR} 1)
-    set_tests_properties(soak_train_${_soak}.once PROPERTIES LABELS train TIMEOUT 600 RESOURCE_LOCK multiprocess COST 100)
+    set_tests_properties(soak_train_${_soak}.once PROPERTIES LABELS train TIMEOUT 600 ${DION_MULTIPROCESS_TEST})
   endforeach()
   dion_train_test_binary(dion_train_parallel_tests ${DION_TRAIN_ROOT}/tests/train/parallel/test_parallel.cpp
     ${DION_TRAIN_ROOT}/tests/train/parallel/test_moe_parallel.cpp)
   gtest_discover_tests(dion_train_parallel_tests
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
-    PROPERTIES LABELS train TIMEOUT 300 RESOURCE_LOCK multiprocess COST 100)
+    PROPERTIES LABELS train TIMEOUT 300 ${DION_MULTIPROCESS_TEST})
   # The gradient norm, grad_clip, the non-finite guard, train.py's trajectory
   # (tests/train/test_numerics.cpp; several processes per test, as the parallel suite).
   dion_train_test_binary(dion_train_numerics_tests ${DION_TRAIN_ROOT}/tests/train/test_numerics.cpp)
   gtest_discover_tests(dion_train_numerics_tests
     WORKING_DIRECTORY ${DION_TRAIN_ROOT}
     DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
-    PROPERTIES LABELS train TIMEOUT 300 RESOURCE_LOCK multiprocess COST 100)
+    PROPERTIES LABELS train TIMEOUT 300 ${DION_MULTIPROCESS_TEST})
   # Two "hosts" as network namespaces (tests/multihost, root only; skips elsewhere with
   # "network namespaces unavailable: ..."): multi-node launch, faults, restarts. ctest -L multihost
   add_test(NAME multihost_tests
            COMMAND ${DION_PYTHON3} -m pytest -q -rs -s ${DION_TRAIN_ROOT}/tests/multihost)
-  set_tests_properties(multihost_tests PROPERTIES LABELS multihost TIMEOUT 400 RESOURCE_LOCK multiprocess COST 100
+  set_tests_properties(multihost_tests PROPERTIES LABELS multihost TIMEOUT 400 ${DION_MULTIPROCESS_TEST}
     ENVIRONMENT "DION_BUILD_DIR=$<TARGET_FILE_DIR:dion-train>")
   # The cut-link-then-restart loop (scripts/soak_multihost_restart.sh runs it 20 times), once.
   add_test(NAME soak_multihost_restart.once
            COMMAND bash ${DION_TRAIN_ROOT}/scripts/soak_multihost_restart.sh $<TARGET_FILE_DIR:dion-train> 1)
-  set_tests_properties(soak_multihost_restart.once PROPERTIES LABELS multihost TIMEOUT 300 RESOURCE_LOCK multiprocess COST 100)
+  set_tests_properties(soak_multihost_restart.once PROPERTIES LABELS multihost TIMEOUT 300 ${DION_MULTIPROCESS_TEST})
 endif()
