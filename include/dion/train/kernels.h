@@ -44,12 +44,21 @@ inline constexpr int64_t kCrossEntropyChunkRows = 256;  // logits chunk [256, V]
 // True when oneDNN's linear is registered in this LibTorch build (fast GEMMs on CPU).
 bool onednn_linear_available();
 
-// a [M, K] @ b [K, N] -> [M, N]; no autograd. `fast`: oneDNN for CPU fp32, else at::mm.
-at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind);
+// Whether a product's shape repeats from call to call: `varies` for an expert's group of tokens,
+// whose row count changes every step. oneDNN builds (JIT) and caches a kernel per shape, and such
+// products missed its cache on nearly every call (the MoE on an AMD Zen 4, 2026-12-07: 31 ms a
+// step in building kernels and its LRU cache, 30 more in malloc and page faults); where MKL's
+// GEMMs are as fast (the "mixed" plan of the AMD kinds before Zen 5), they go to MKL instead.
+enum class Shape { repeats, varies };
+
+// a [M, K] @ b [K, N] -> [M, N]; no autograd. `fast`: oneDNN for CPU fp32 where the CPU's plan
+// says so (DION_FAST_FP32, docs/train.md), else at::mm.
+at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind, Shape shape = Shape::repeats);
 
 // The same product written into `out` [M, N] (e.g. a block of rows of a larger buffer, so that
 // grouped GEMMs fill one output without a cat): at::mm_out, or oneDNN's result copied in.
-void matmul_2d_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, Kernels kind);
+void matmul_2d_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, Kernels kind,
+                   Shape shape = Shape::repeats);
 
 // The three GEMMs of a linear without autograd, for autograd functions of their own (FSDP's
 // resharded linear): y = x w^T [.., out]; dx = dy w reshaped to x_sizes; dW = dy^T x over the

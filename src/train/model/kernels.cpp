@@ -133,14 +133,15 @@ Fp32Gemms fast_fp32_gemms() {
 
 // fp32 only: for bf16, ATen's mm is already oneDNN's bf16 GEMM (and measured faster than
 // _linear_pointwise for the transposed operands of the backward).
-bool matmul_uses_onednn(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
+bool matmul_uses_onednn(const at::Tensor& a, const at::Tensor& b, Kernels kind, Shape shape = Shape::repeats) {
   if (kind != Kernels::fast || !a.device().is_cpu() || a.scalar_type() != at::kFloat ||
       b.scalar_type() != at::kFloat || !onednn_linear_available())
     return false;
   switch (fast_fp32_gemms()) {
     case Fp32Gemms::mkl: return false;
     case Fp32Gemms::onednn: return true;
-    case Fp32Gemms::mixed: return a.is_contiguous();  // a transposed left operand: MKL, no copy
+    // a transposed left operand: MKL, no copy; a shape that varies: MKL, no kernel to build
+    case Fp32Gemms::mixed: return a.is_contiguous() && shape == Shape::repeats;
   }
   return true;
 }
@@ -304,13 +305,13 @@ bool bf16_loss_applies(const at::Tensor& h, const at::Tensor& w) {
 
 bool onednn_linear_available() { return onednn_linear_op() != nullptr; }
 
-at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
-  if (matmul_uses_onednn(a, b, kind)) return onednn_linear(a, b.t());
+at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind, Shape shape) {
+  if (matmul_uses_onednn(a, b, kind, shape)) return onednn_linear(a, b.t());
   return at::mm(a, b);
 }
 
-void matmul_2d_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, Kernels kind) {
-  if (matmul_uses_onednn(a, b, kind)) {
+void matmul_2d_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, Kernels kind, Shape shape) {
+  if (matmul_uses_onednn(a, b, kind, shape)) {
     out.copy_(onednn_linear(a, b.t()));
     return;
   }

@@ -39,6 +39,15 @@ void for_each_group(const std::vector<int64_t>& experts, const std::vector<int64
   }
 }
 
+// An expert's product over its block of rows: the block's row count changes every step
+// (Shape::varies, dion/train/kernels.h).
+at::Tensor expert_mm(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
+  return matmul_2d(a, b, kind, Shape::varies);
+}
+void expert_mm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, Kernels kind) {
+  matmul_2d_out(out, a, b, kind, Shape::varies);
+}
+
 // relu^2 and its gradient over one block of rows (contiguous), the fused pass where it applies.
 void relu_square_into(const at::Tensor& h, const at::Tensor& act) {
   if (fused_available(h))
@@ -71,13 +80,13 @@ struct GroupedExpertsFn : torch::autograd::Function<GroupedExpertsFn> {
     const int64_t R = x.size(0), H = W1.size(1), C = W2.size(1);
     const at::Tensor h = at::empty({R, H}, x.options()), y = at::empty({R, C}, x.options());
     for_each_group(experts, counts, [&](int64_t e, int64_t at, int64_t n) {
-      matmul_2d_out(h.narrow(0, at, n), x.narrow(0, at, n), W1.select(0, e).t(), kind);
+      expert_mm_out(h.narrow(0, at, n), x.narrow(0, at, n), W1.select(0, e).t(), kind);
     });
     // relu^2 in one pass; h stays the pre-activation, which backward reads (fused_cpu.h).
     const at::Tensor act = at::empty_like(h);
     relu_square_into(h, act);
     for_each_group(experts, counts, [&](int64_t e, int64_t at, int64_t n) {
-      matmul_2d_out(y.narrow(0, at, n), act.narrow(0, at, n), W2.select(0, e).t(), kind);
+      expert_mm_out(y.narrow(0, at, n), act.narrow(0, at, n), W2.select(0, e).t(), kind);
     });
     ctx->save_for_backward({x, W1, W2, h, act});
     ctx->saved_data["experts"] = experts;
@@ -102,15 +111,15 @@ struct GroupedExpertsFn : torch::autograd::Function<GroupedExpertsFn> {
     auto weight_grad = [&](const at::Tensor& dW, std::vector<bool>& seen, int64_t e, const at::Tensor& a,
                            const at::Tensor& b) {
       if (!seen[size_t(e)]) {
-        matmul_2d_out(dW.select(0, e), a, b, kind);
+        expert_mm_out(dW.select(0, e), a, b, kind);
         seen[size_t(e)] = true;
       } else {
-        dW.select(0, e).add_(matmul_2d(a, b, kind));
+        dW.select(0, e).add_(expert_mm(a, b, kind));
       }
     };
     for_each_group(experts, counts, [&](int64_t e, int64_t at, int64_t n) {
       const at::Tensor g = dy.narrow(0, at, n);
-      matmul_2d_out(dact.narrow(0, at, n), g, W2.select(0, e), kind);
+      expert_mm_out(dact.narrow(0, at, n), g, W2.select(0, e), kind);
       if (want_w2) weight_grad(dW2, seen2, e, g.t(), act.narrow(0, at, n));
     });
     // d/dh relu(h)^2 = 2 relu(h) (0 where relu cuts), times the gradient
@@ -119,7 +128,7 @@ struct GroupedExpertsFn : torch::autograd::Function<GroupedExpertsFn> {
     const at::Tensor dx = ctx->needs_input_grad(0) ? at::empty_like(x) : at::Tensor();
     for_each_group(experts, counts, [&](int64_t e, int64_t at, int64_t n) {
       const at::Tensor g = da.narrow(0, at, n);
-      if (dx.defined()) matmul_2d_out(dx.narrow(0, at, n), g, W1.select(0, e), kind);
+      if (dx.defined()) expert_mm_out(dx.narrow(0, at, n), g, W1.select(0, e), kind);
       if (want_w1) weight_grad(dW1, seen1, e, g.t(), x.narrow(0, at, n));
     });
     return {dx, dW1, dW2, at::Tensor(), at::Tensor(), at::Tensor()};
@@ -227,7 +236,7 @@ struct EpExpertsFn : torch::autograd::Function<EpExpertsFn> {
     const at::Tensor h_own = at::empty({n_own, H}, x.options()), act_own = at::empty_like(h_own);
     L.blocks(rank, 0, [&](int64_t e, int64_t a, int64_t n) {
       const at::Tensor hb = h_own.narrow(0, a, n);
-      matmul_2d_out(hb, x.narrow(0, own_at + a, n), W1.select(0, e).t(), kind);
+      expert_mm_out(hb, x.narrow(0, own_at + a, n), W1.select(0, e).t(), kind);
       relu_square_into(hb, act_own.narrow(0, a, n));
     });
     const at::Tensor xr = timed(ctx, out);  // [R, C]
@@ -236,16 +245,16 @@ struct EpExpertsFn : torch::autograd::Function<EpExpertsFn> {
       if (s == rank) continue;
       L.blocks(s, L.received_at(s), [&](int64_t e, int64_t a, int64_t n) {
         const at::Tensor hb = h.narrow(0, a, n), ab = act.narrow(0, a, n);
-        matmul_2d_out(hb, xr.narrow(0, a, n), W1.select(0, e).t(), kind);
+        expert_mm_out(hb, xr.narrow(0, a, n), W1.select(0, e).t(), kind);
         relu_square_into(hb, ab);
-        matmul_2d_out(y.narrow(0, a, n), ab, W2.select(0, e).t(), kind);
+        expert_mm_out(y.narrow(0, a, n), ab, W2.select(0, e).t(), kind);
       });
     }
     ModelParallel::Pending back = timed(ctx, [&] { return par(ctx).ep_start(y, L.out_recv(), L.out_send()); });
     // The own rows' second half while the results travel back.
     const at::Tensor ys = at::empty({x.size(0), C}, x.options());
     L.blocks(rank, 0, [&](int64_t e, int64_t a, int64_t n) {
-      matmul_2d_out(ys.narrow(0, own_at + a, n), act_own.narrow(0, a, n), W2.select(0, e).t(), kind);
+      expert_mm_out(ys.narrow(0, own_at + a, n), act_own.narrow(0, a, n), W2.select(0, e).t(), kind);
     });
     rows_around(ys, own_at, n_own, timed(ctx, back));
     ctx->save_for_backward({x, xr, W1, W2, h_own, act_own, h, act});
@@ -268,12 +277,12 @@ struct EpExpertsFn : torch::autograd::Function<EpExpertsFn> {
     auto weight_products = [&](int64_t e, const at::Tensor& dy, const at::Tensor& a, const at::Tensor& da,
                                const at::Tensor& xb) {
       if (!seen[size_t(e)]) {  // written in place
-        if (want_w2) matmul_2d_out(dW2.select(0, e), dy.t(), a, kind);
-        if (want_w1) matmul_2d_out(dW1.select(0, e), da.t(), xb, kind);
+        if (want_w2) expert_mm_out(dW2.select(0, e), dy.t(), a, kind);
+        if (want_w1) expert_mm_out(dW1.select(0, e), da.t(), xb, kind);
         seen[size_t(e)] = true;
       } else {
-        if (want_w2) dW2.select(0, e).add_(matmul_2d(dy.t(), a, kind));
-        if (want_w1) dW1.select(0, e).add_(matmul_2d(da.t(), xb, kind));
+        if (want_w2) dW2.select(0, e).add_(expert_mm(dy.t(), a, kind));
+        if (want_w1) dW1.select(0, e).add_(expert_mm(da.t(), xb, kind));
       }
     };
     ModelParallel::Pending out = timed(ctx, [&] {
@@ -285,14 +294,14 @@ struct EpExpertsFn : torch::autograd::Function<EpExpertsFn> {
     std::vector<at::Tensor> own1(size_t(L.El)), own2(size_t(L.El));
     L.blocks(L.rank, 0, [&](int64_t e, int64_t a, int64_t n) {
       const at::Tensor g = dys.narrow(0, own_at + a, n), dab = da_own.narrow(0, a, n);
-      const at::Tensor dact = matmul_2d(g, W2.select(0, e), kind);
+      const at::Tensor dact = expert_mm(g, W2.select(0, e), kind);
       relu_square_grad_into(h_own.narrow(0, a, n), dact, dab);
       const at::Tensor ab = act_own.narrow(0, a, n), xb = x.narrow(0, own_at + a, n);
       if (L.own_first(e)) {
         weight_products(e, g, ab, dab, xb);
       } else {
-        if (want_w2) own2[size_t(e)] = matmul_2d(g.t(), ab, kind);
-        if (want_w1) own1[size_t(e)] = matmul_2d(dab.t(), xb, kind);
+        if (want_w2) own2[size_t(e)] = expert_mm(g.t(), ab, kind);
+        if (want_w1) own1[size_t(e)] = expert_mm(dab.t(), xb, kind);
       }
     });
     const at::Tensor dyr = timed(ctx, out);  // [R, C]
@@ -307,9 +316,9 @@ struct EpExpertsFn : torch::autograd::Function<EpExpertsFn> {
       }
       L.blocks(s, L.received_at(s), [&](int64_t e, int64_t a, int64_t n) {
         const at::Tensor g = dyr.narrow(0, a, n), dab = da.narrow(0, a, n);
-        const at::Tensor dact = matmul_2d(g, W2.select(0, e), kind);
+        const at::Tensor dact = expert_mm(g, W2.select(0, e), kind);
         relu_square_grad_into(h.narrow(0, a, n), dact, dab);
-        matmul_2d_out(dxr.narrow(0, a, n), dab, W1.select(0, e), kind);
+        expert_mm_out(dxr.narrow(0, a, n), dab, W1.select(0, e), kind);
         weight_products(e, g, act.narrow(0, a, n), dab, xr.narrow(0, a, n));
       });
     }
@@ -317,7 +326,7 @@ struct EpExpertsFn : torch::autograd::Function<EpExpertsFn> {
     // The own rows' dx while the others' travel back.
     const at::Tensor dxs = at::empty_like(x);
     L.blocks(L.rank, 0, [&](int64_t e, int64_t a, int64_t n) {
-      matmul_2d_out(dxs.narrow(0, own_at + a, n), da_own.narrow(0, a, n), W1.select(0, e), kind);
+      expert_mm_out(dxs.narrow(0, own_at + a, n), da_own.narrow(0, a, n), W1.select(0, e), kind);
     });
     rows_around(dxs, own_at, n_own, timed(ctx, back));
     return {dxs, dW1, dW2, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
