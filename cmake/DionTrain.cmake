@@ -224,6 +224,13 @@ if(DION_BUILD_TESTS)
     set_tests_properties(TrainKernels.fast_fp32_${_plan} PROPERTIES LABELS train TIMEOUT 300
                          ENVIRONMENT DION_FAST_FP32=${_plan})
   endforeach()
+  # A plan that does not exist is an error that names the valid ones (no silent default).
+  add_test(NAME TrainKernels.fast_fp32_bad_plan
+           COMMAND dion_train_tests --gtest_filter=TrainKernels.MatmulEqualsAtenMmInEveryLayout
+           WORKING_DIRECTORY ${DION_TRAIN_ROOT})
+  set_tests_properties(TrainKernels.fast_fp32_bad_plan PROPERTIES LABELS train TIMEOUT 120
+                       ENVIRONMENT DION_FAST_FP32=avx512 PASS_REGULAR_EXPRESSION
+                       "DION_FAST_FP32='avx512': valid values are 'mkl', 'onednn' and 'mixed'")
   # ATen's capability "default" leaves the one-pass loss kernel out (cross_entropy_cpu.h): the fast
   # kind's fallback to ATen's log-softmax, which a CPU without AVX2 takes, is checked there.
   add_test(NAME TrainKernels.aten_loss

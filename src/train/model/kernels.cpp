@@ -85,33 +85,34 @@ struct FastLinearFn : torch::autograd::Function<FastLinearFn> {
 // G'^T h of the lm_head) costs oneDNN's _linear_pointwise a copy of that operand, which MKL reads
 // in place (on a Zen 4, the lm_head's dW of a 256-row chunk: oneDNN 49 ms with its copy, MKL's
 // addmm_ 37; the blocks' dW: MKL 0-15% faster): "mixed", such products through MKL, the rest
-// through oneDNN. Zen 5's full-width AVX-512 runs oneDNN 2-2.5x MKL: oneDNN throughout.
+// through oneDNN; so do the experts' products, whose row counts change every step (Shape::varies:
+// oneDNN built a kernel for each new shape, kernels.h). Zen 5's full-width AVX-512 runs oneDNN
+// 2-2.5x MKL: oneDNN throughout.
 // DION_FAST_FP32=onednn|mkl|mixed chooses (benchmarks, tests).
-bool cpu_is_intel() {
+// The CPU's vendor and x86 family from CPUID (leaf 0's vendor string; leaf 1's base family, plus
+// the extended family where the base is 0xF). Elsewhere: not Intel, family 0.
+struct CpuKind {
+  bool intel = false;
+  unsigned family = 0;
+};
+CpuKind cpu_kind() {
+  CpuKind kind;
 #if defined(__x86_64__) || defined(__i386__)
   unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
-  char vendor[13];
-  std::memcpy(vendor, &ebx, 4);
-  std::memcpy(vendor + 4, &edx, 4);
-  std::memcpy(vendor + 8, &ecx, 4);
-  vendor[12] = 0;
-  return std::strcmp(vendor, "GenuineIntel") == 0;
-#else
-  return false;
+  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx)) {
+    char vendor[13];
+    std::memcpy(vendor, &ebx, 4);
+    std::memcpy(vendor + 4, &edx, 4);
+    std::memcpy(vendor + 8, &ecx, 4);
+    vendor[12] = 0;
+    kind.intel = std::strcmp(vendor, "GenuineIntel") == 0;
+  }
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx)) {
+    const unsigned base = (eax >> 8) & 0xF;
+    kind.family = base == 0xF ? base + ((eax >> 20) & 0xFF) : base;
+  }
 #endif
-}
-
-// The x86 family (CPUID leaf 1: base family, plus the extended family where the base is 0xF).
-unsigned cpu_family() {
-#if defined(__x86_64__) || defined(__i386__)
-  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
-  const unsigned base = (eax >> 8) & 0xF;
-  return base == 0xF ? base + ((eax >> 20) & 0xFF) : base;
-#else
-  return 0;
-#endif
+  return kind;
 }
 
 enum class Fp32Gemms { mkl, onednn, mixed };
@@ -125,8 +126,9 @@ Fp32Gemms fast_fp32_gemms() {
     if (choice == "mkl") return Fp32Gemms::mkl;
     if (choice == "onednn") return Fp32Gemms::onednn;
     if (choice == "mixed") return Fp32Gemms::mixed;
-    if (cpu_is_intel()) return Fp32Gemms::mkl;
-    return cpu_family() != 0 && cpu_family() < 0x1A ? Fp32Gemms::mixed : Fp32Gemms::onednn;
+    const CpuKind cpu = cpu_kind();
+    if (cpu.intel) return Fp32Gemms::mkl;
+    return cpu.family != 0 && cpu.family < 0x1A ? Fp32Gemms::mixed : Fp32Gemms::onednn;
   }();
   return gemms;
 }

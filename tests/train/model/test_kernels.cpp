@@ -64,6 +64,12 @@ TEST(TrainKernels, MatmulEqualsAtenMmInEveryLayout) {
   expect_close(matmul_2d(a, b, Kernels::fast), at::mm(a, b), 2e-5, "a b");
   expect_close(matmul_2d(a.t().contiguous().t(), b, Kernels::fast), at::mm(a, b), 2e-5, "a (column-major) b");
   expect_close(matmul_2d(a, b.t().contiguous().t(), Kernels::fast), at::mm(a, b), 2e-5, "a b (column-major)");
+  // A product whose shape varies (an expert's rows: MKL under the mixed plan), and into a block of rows.
+  expect_close(matmul_2d(a, b, Kernels::fast, Shape::varies), at::mm(a, b), 2e-5, "a b, shape varies");
+  const at::Tensor out = at::full({70, 80}, 7.0);
+  matmul_2d_out(out.narrow(0, 3, 64), a, b, Kernels::fast, Shape::varies);
+  expect_close(out.narrow(0, 3, 64), at::mm(a, b), 2e-5, "a b into rows 3..67, shape varies");
+  EXPECT_TRUE(at::equal(out.narrow(0, 0, 3), at::full({3, 80}, 7.0))) << "rows around the block kept";
   const at::Tensor ab = a.to(at::kBFloat16), bb = b.to(at::kBFloat16);
   const at::Tensor fb = matmul_2d(ab, bb, Kernels::fast);
   EXPECT_EQ(fb.scalar_type(), at::kBFloat16);
