@@ -40,12 +40,15 @@ LOG=$(mktemp)
 trap 'rm -f "$LOG"' EXIT
 
 # run CPU WHAT CMD...: CMD under the emulated CPU; its output (less QEMU's notes on CPUID bits
-# it cannot emulate) shown on failure, its last lines always.
+# it cannot emulate) shown on failure, its last lines always. Without scripts/test_avx2.sh's caps:
+# the emulated CPU chooses its libraries' paths itself (ATen takes ATEN_CPU_CAPABILITY=avx2 as
+# given, and on the Nehalem, which has no AVX, died of SIGILL under the caps).
 run() {
   cpu=$1
   what=$2
   shift 2
-  qemu-x86_64 -cpu "$cpu" "$@" >"$LOG" 2>&1
+  env -u ATEN_CPU_CAPABILITY -u ONEDNN_MAX_CPU_ISA -u MKL_ENABLE_INSTRUCTIONS \
+    qemu-x86_64 -cpu "$cpu" "$@" >"$LOG" 2>&1
   rc=$?
   if [ $rc -ne 0 ]; then
     grep -v "TCG doesn't support requested feature" "$LOG"
