@@ -73,22 +73,6 @@ struct FastLinearFn : torch::autograd::Function<FastLinearFn> {
   }
 };
 
-// The fast kind's fp32 GEMMs on this CPU. AMD Zen 5: oneDNN, 2-2.5x MKL's sgemm there (MKL's
-// AVX2 zen kernels against oneDNN's full-width AVX-512). Intel: MKL's own path is as fast as oneDNN per GEMM
-// (bench/fp32_gemm_paths.py) and takes `out` tensors, which the chunked loss writes into (no
-// copies of dh's rows or of dW); on a Xeon with AMX, MKL's plan took 386-399 ms a forward +
-// backward against 512-544 for oneDNN's before the loss kernel, 343-386 with it (2 x 128, fp32,
-// one thread, CHANGELOG.md 2026-12-07).
-// AMD before Zen 5 (family 0x19 and below: Zen 3's AVX2, Zen 4's AVX-512 on 256-bit units; measured
-// on a Zen 4, Zen 3 not measured): MKL's zen kernels run about as fast as oneDNN's (within 10%,
-// bench/fp32_gemm_paths.py), and a product whose left operand is transposed (every dW,
-// G'^T h of the lm_head) costs oneDNN's _linear_pointwise a copy of that operand, which MKL reads
-// in place (on a Zen 4, the lm_head's dW of a 256-row chunk: oneDNN 49 ms with its copy, MKL's
-// addmm_ 37; the blocks' dW: MKL 0-15% faster): "mixed", such products through MKL, the rest
-// through oneDNN; so do the experts' products, whose row counts change every step (Shape::varies:
-// oneDNN built a kernel for each new shape, kernels.h). Zen 5's full-width AVX-512 runs oneDNN
-// 2-2.5x MKL: oneDNN throughout.
-// DION_FAST_FP32=onednn|mkl|mixed chooses (benchmarks, tests).
 // The CPU's vendor and x86 family from CPUID (leaf 0's vendor string; leaf 1's base family, plus
 // the extended family where the base is 0xF). Elsewhere: not Intel, family 0.
 struct CpuKind {
@@ -115,6 +99,24 @@ CpuKind cpu_kind() {
   return kind;
 }
 
+// The fast kind's fp32 GEMMs on this CPU. AMD Zen 5: oneDNN, 2-2.5x MKL's sgemm there (MKL's
+// AVX2 zen kernels against oneDNN's full-width AVX-512). Intel: MKL's own path is as fast as oneDNN per GEMM
+// (bench/fp32_gemm_paths.py) and takes `out` tensors, which the chunked loss writes into (no
+// copies of dh's rows or of dW); on a Xeon with AMX, MKL's plan took 386-399 ms a forward +
+// backward against 512-544 for oneDNN's before the loss kernel, 343-386 with it (2 x 128, fp32,
+// one thread, CHANGELOG.md 2026-12-07).
+// AMD before Zen 5 (family 0x19 and below: Zen 3's AVX2, Zen 4's AVX-512 on 256-bit units; measured
+// on a Zen 4, and on it under scripts/test_avx2.sh's caps for Zen 3's instructions, where mixed was
+// the fastest of the three too: bench/results/train_speed/fp32_plans_avx2caps_zen4_2026-12-07.txt):
+// MKL's zen kernels run about as fast as oneDNN's (within 10%, bench/fp32_gemm_paths.py), and a
+// product whose left operand is transposed (every dW, G'^T h of the lm_head) costs oneDNN's
+// _linear_pointwise a copy of that operand, which MKL reads in place (on a Zen 4, the lm_head's dW
+// of a 256-row chunk: oneDNN 49 ms with its copy, MKL's addmm_ 37; the blocks' dW: MKL 0-15%
+// faster): "mixed", such products through MKL, the rest through oneDNN, but for the experts'
+// products, whose row counts change every step (Shape::varies: oneDNN built a kernel for each new
+// shape, kernels.h), which go to MKL too. Zen 5's full-width AVX-512 runs oneDNN 2-2.5x MKL: oneDNN
+// throughout.
+// DION_FAST_FP32=onednn|mkl|mixed chooses (benchmarks, tests).
 enum class Fp32Gemms { mkl, onednn, mixed };
 
 Fp32Gemms fast_fp32_gemms() {
