@@ -44,11 +44,12 @@ inline constexpr int64_t kCrossEntropyChunkRows = 256;  // logits chunk [256, V]
 // True when oneDNN's linear is registered in this LibTorch build (fast GEMMs on CPU).
 bool onednn_linear_available();
 
-// Whether a product's shape repeats from call to call: `varies` for an expert's group of tokens,
-// whose row count changes every step. oneDNN builds (JIT) and caches a kernel per shape, and such
-// products missed its cache on nearly every call (the MoE on an AMD Zen 4, 2026-12-07: 31 ms a
-// step in building kernels and its LRU cache, 30 more in malloc and page faults); where MKL's
-// GEMMs are as fast (the "mixed" plan of the AMD kinds before Zen 5), they go to MKL instead.
+// Whether a product's row count repeats from call to call: `varies` for an expert's block of
+// tokens, whose count changes every step. oneDNN builds (JIT) and caches a kernel per shape, and
+// such products missed its cache on nearly every call (the MoE on an AMD Zen 4, 2026-12-07: 31 ms
+// a step in building kernels and its LRU cache, 30 more in malloc and page faults); through oneDNN
+// they run on their rows rounded up to a multiple of 32 (the rows that follow them in their
+// storage, or zeros), whose kernels repeat, and the result's first rows are kept.
 enum class Shape { repeats, varies };
 
 // a [M, K] @ b [K, N] -> [M, N]; no autograd. `fast`: oneDNN for CPU fp32 where the CPU's plan

@@ -45,6 +45,33 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w) {
   return stack[0].toTensor();
 }
 
+// A product whose row count varies (Shape::varies) runs through oneDNN on a row count rounded up
+// to a multiple of this, so that its kernels repeat: oneDNN builds one per shape (and keeps 1024),
+// 0.3-0.5 ms a call for [700-1400, 128] x [128, 170] on a Zen 4 against 0.45 for the product
+// itself; rounded to 32, 0.48-0.5 (1.5% more rows at 1024).
+constexpr int64_t kVaryingRowsStep = 32;
+
+// x [n, K] (row-major) as n_pad >= n rows: the rows that follow it in its own storage where it has
+// them (the next expert's rows of a grouped buffer: each output row depends on its own input row
+// only, and the extra ones are dropped), else a zero-padded copy.
+at::Tensor rows_padded(const at::Tensor& x, int64_t n_pad) {
+  const int64_t n = x.size(0), K = x.size(1);
+  if (n_pad == n) return x;
+  const int64_t stored = static_cast<int64_t>(x.storage().nbytes() / x.element_size()) - x.storage_offset();
+  if (K > 0 && stored / K >= n_pad) return x.as_strided({n_pad, K}, {K, 1});
+  at::Tensor padded = at::zeros({n_pad, K}, x.options());
+  padded.narrow(0, 0, n).copy_(x);
+  return padded;
+}
+
+// oneDNN's X W^T for a product whose row count varies: on rows rounded up (kVaryingRowsStep), the
+// first n rows of the result.
+at::Tensor onednn_linear_varying_rows(const at::Tensor& x, const at::Tensor& w) {
+  const int64_t n = x.size(0), n_pad = (n + kVaryingRowsStep - 1) / kVaryingRowsStep * kVaryingRowsStep;
+  if (n == 0 || n_pad == n || !x.is_contiguous()) return onednn_linear(x, w);
+  return onednn_linear(rows_padded(x, n_pad), w).narrow(0, 0, n);
+}
+
 // The fast kind's own autograd functions run on fp32 with autocast off (linear() and
 // linear_cross_entropy() send everything else to ATen); a backward() called inside an autocast
 // region must not re-cast their GEMMs either.
@@ -112,10 +139,8 @@ CpuKind cpu_kind() {
 // product whose left operand is transposed (every dW, G'^T h of the lm_head) costs oneDNN's
 // _linear_pointwise a copy of that operand, which MKL reads in place (on a Zen 4, the lm_head's dW
 // of a 256-row chunk: oneDNN 49 ms with its copy, MKL's addmm_ 37; the blocks' dW: MKL 0-15%
-// faster): "mixed", such products through MKL, the rest through oneDNN, but for the experts'
-// products, whose row counts change every step (Shape::varies: oneDNN built a kernel for each new
-// shape, kernels.h), which go to MKL too. Zen 5's full-width AVX-512 runs oneDNN 2-2.5x MKL: oneDNN
-// throughout.
+// faster): "mixed", such products through MKL, the rest through oneDNN. Zen 5's full-width
+// AVX-512 runs oneDNN 2-2.5x MKL: oneDNN throughout.
 // DION_FAST_FP32=onednn|mkl|mixed chooses (benchmarks, tests).
 enum class Fp32Gemms { mkl, onednn, mixed };
 
@@ -137,15 +162,14 @@ Fp32Gemms fast_fp32_gemms() {
 
 // fp32 only: for bf16, ATen's mm is already oneDNN's bf16 GEMM (and measured faster than
 // _linear_pointwise for the transposed operands of the backward).
-bool matmul_uses_onednn(const at::Tensor& a, const at::Tensor& b, Kernels kind, Shape shape = Shape::repeats) {
+bool matmul_uses_onednn(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
   if (kind != Kernels::fast || !a.device().is_cpu() || a.scalar_type() != at::kFloat ||
       b.scalar_type() != at::kFloat || !onednn_linear_available())
     return false;
   switch (fast_fp32_gemms()) {
     case Fp32Gemms::mkl: return false;
     case Fp32Gemms::onednn: return true;
-    // a transposed left operand: MKL, no copy; a shape that varies: MKL, no kernel to build
-    case Fp32Gemms::mixed: return a.is_contiguous() && shape == Shape::repeats;
+    case Fp32Gemms::mixed: return a.is_contiguous();  // a transposed left operand: MKL, no copy
   }
   return true;
 }
@@ -310,13 +334,14 @@ bool bf16_loss_applies(const at::Tensor& h, const at::Tensor& w) {
 bool onednn_linear_available() { return onednn_linear_op() != nullptr; }
 
 at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind, Shape shape) {
-  if (matmul_uses_onednn(a, b, kind, shape)) return onednn_linear(a, b.t());
+  if (matmul_uses_onednn(a, b, kind))
+    return shape == Shape::varies ? onednn_linear_varying_rows(a, b.t()) : onednn_linear(a, b.t());
   return at::mm(a, b);
 }
 
 void matmul_2d_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, Kernels kind, Shape shape) {
-  if (matmul_uses_onednn(a, b, kind, shape)) {
-    out.copy_(onednn_linear(a, b.t()));
+  if (matmul_uses_onednn(a, b, kind)) {
+    out.copy_(shape == Shape::varies ? onednn_linear_varying_rows(a, b.t()) : onednn_linear(a, b.t()));
     return;
   }
   at::Tensor o = out;  // a handle to the same view: mm_out writes through it

@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "../../../src/train/model/cross_entropy_cpu.h"
@@ -64,12 +65,19 @@ TEST(TrainKernels, MatmulEqualsAtenMmInEveryLayout) {
   expect_close(matmul_2d(a, b, Kernels::fast), at::mm(a, b), 2e-5, "a b");
   expect_close(matmul_2d(a.t().contiguous().t(), b, Kernels::fast), at::mm(a, b), 2e-5, "a (column-major) b");
   expect_close(matmul_2d(a, b.t().contiguous().t(), Kernels::fast), at::mm(a, b), 2e-5, "a b (column-major)");
-  // A product whose shape varies (an expert's rows: MKL under the mixed plan), and into a block of rows.
-  expect_close(matmul_2d(a, b, Kernels::fast, Shape::varies), at::mm(a, b), 2e-5, "a b, shape varies");
+  // Products whose row count varies (an expert's block of rows: oneDNN on rows rounded up to 32).
+  // 45 rows followed by others in their storage, NaN among them (read, and their results dropped);
+  // 30 rows at its end (a zero-padded copy); into a block of rows of a larger output.
+  const at::Tensor rows = at::randn({100, 96});
+  rows.narrow(0, 56, 8).fill_(std::numeric_limits<float>::quiet_NaN());
+  const at::Tensor mid = rows.narrow(0, 10, 45), end = rows.narrow(0, 70, 30);
+  expect_close(matmul_2d(mid, b, Kernels::fast, Shape::varies), at::mm(mid, b), 2e-5, "45 rows, shape varies");
+  expect_close(matmul_2d(end, b, Kernels::fast, Shape::varies), at::mm(end, b), 2e-5, "30 last rows, shape varies");
   const at::Tensor out = at::full({70, 80}, 7.0);
-  matmul_2d_out(out.narrow(0, 3, 64), a, b, Kernels::fast, Shape::varies);
-  expect_close(out.narrow(0, 3, 64), at::mm(a, b), 2e-5, "a b into rows 3..67, shape varies");
-  EXPECT_TRUE(at::equal(out.narrow(0, 0, 3), at::full({3, 80}, 7.0))) << "rows around the block kept";
+  matmul_2d_out(out.narrow(0, 3, 45), mid, b, Kernels::fast, Shape::varies);
+  expect_close(out.narrow(0, 3, 45), at::mm(mid, b), 2e-5, "45 rows into rows 3..48, shape varies");
+  EXPECT_TRUE(at::equal(out.narrow(0, 0, 3), at::full({3, 80}, 7.0))) << "rows before the block kept";
+  EXPECT_TRUE(at::equal(out.narrow(0, 48, 22), at::full({22, 80}, 7.0))) << "rows after the block kept";
   const at::Tensor ab = a.to(at::kBFloat16), bb = b.to(at::kBFloat16);
   const at::Tensor fb = matmul_2d(ab, bb, Kernels::fast);
   EXPECT_EQ(fb.scalar_type(), at::kBFloat16);
