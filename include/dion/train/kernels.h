@@ -49,7 +49,8 @@ bool onednn_linear_available();
 // such products missed its cache on nearly every call (the MoE on an AMD Zen 4, 2026-12-07: 31 ms
 // a step in building kernels and its LRU cache, 30 more in malloc and page faults); through oneDNN
 // they run on their rows rounded up to a multiple of 32 (the rows that follow them in their
-// storage, or zeros), whose kernels repeat, and the result's first rows are kept.
+// storage, or zeros), whose kernels repeat, and the result's first rows are kept; so do bf16 ones
+// (ATen's bf16 mm is oneDNN's).
 enum class Shape { repeats, varies };
 
 // a [M, K] @ b [K, N] -> [M, N]; no autograd. `fast`: oneDNN for CPU fp32 where the CPU's plan

@@ -475,11 +475,13 @@ at::Tensor MoEImpl::grouped(const at::Tensor& xs, const std::vector<int64_t>& ex
                             const std::vector<int64_t>& counts) {
   ModelParallel* par = parallel.get();
   const at::Tensor W1 = par ? par->weight(w1) : w1, W2 = par ? par->weight(w2) : w2;
-  // GroupedExpertsFn computes in the operands' dtype: under autocast (which casts each GEMM's
-  // operands) or with mixed dtypes, the loop of linears below.
-  if (xs.scalar_type() == W1.scalar_type() && W1.scalar_type() == W2.scalar_type() &&
-      !autocast_dtype(xs.device().type())) {
-    return GroupedExpertsFn::apply(xs, W1, W2, experts, counts, int64_t(kernels_));
+  // GroupedExpertsFn computes in one dtype: autocast's when it is on (the operands cast as its
+  // linears would cast them, as expert parallelism does), else the operands' own; with mixed
+  // dtypes and no autocast, the loop of linears below.
+  const auto ac = autocast_dtype(xs.device().type());
+  if (ac || (xs.scalar_type() == W1.scalar_type() && W1.scalar_type() == W2.scalar_type())) {
+    const at::ScalarType dt = ac.value_or(W1.scalar_type());
+    return GroupedExpertsFn::apply(xs.to(dt), W1.to(dt), W2.to(dt), experts, counts, int64_t(kernels_));
   }
   std::vector<at::Tensor> out;
   int64_t at = 0;
