@@ -78,6 +78,13 @@ TEST(TrainKernels, MatmulEqualsAtenMmInEveryLayout) {
   expect_close(out.narrow(0, 3, 45), at::mm(mid, b), 2e-5, "45 rows into rows 3..48, shape varies");
   EXPECT_TRUE(at::equal(out.narrow(0, 0, 3), at::full({3, 80}, 7.0))) << "rows before the block kept";
   EXPECT_TRUE(at::equal(out.narrow(0, 48, 22), at::full({22, 80}, 7.0))) << "rows after the block kept";
+  const at::Tensor rows16 = rows.to(at::kBFloat16), b16 = b.to(at::kBFloat16);  // bf16 rounds its rows too
+  for (const auto& [r0, n] : {std::pair<int64_t, int64_t>{10, 45}, {70, 30}}) {
+    const at::Tensor blk = rows16.narrow(0, r0, n);
+    const at::Tensor got = matmul_2d(blk, b16, Kernels::fast, Shape::varies);
+    EXPECT_EQ(got.sizes(), (std::vector<int64_t>{n, 80}));
+    expect_close(got, at::mm(blk, b16), 2e-2, "bf16 rows, shape varies");
+  }
   const at::Tensor ab = a.to(at::kBFloat16), bb = b.to(at::kBFloat16);
   const at::Tensor fb = matmul_2d(ab, bb, Kernels::fast);
   EXPECT_EQ(fb.scalar_type(), at::kBFloat16);
