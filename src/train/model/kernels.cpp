@@ -64,12 +64,13 @@ at::Tensor rows_padded(const at::Tensor& x, int64_t n_pad) {
   return padded;
 }
 
-// oneDNN's X W^T for a product whose row count varies: on rows rounded up (kVaryingRowsStep), the
-// first n rows of the result.
-at::Tensor onednn_linear_varying_rows(const at::Tensor& x, const at::Tensor& w) {
+// f(x) on x's rows rounded up to kVaryingRowsStep, the first n rows of its result (a row-major x;
+// otherwise, or when no row is added, f(x) itself).
+template <class F>
+at::Tensor on_rounded_rows(const at::Tensor& x, F&& f) {
   const int64_t n = x.size(0), n_pad = (n + kVaryingRowsStep - 1) / kVaryingRowsStep * kVaryingRowsStep;
-  if (n == 0 || n_pad == n || !x.is_contiguous()) return onednn_linear(x, w);
-  return onednn_linear(rows_padded(x, n_pad), w).narrow(0, 0, n);
+  if (n == 0 || n_pad == n || !x.is_contiguous()) return f(x);
+  return f(rows_padded(x, n_pad)).narrow(0, 0, n);
 }
 
 // ATen's CPU bf16 mm is oneDNN's too, with a kernel per shape: a new row count each call took
@@ -78,11 +79,6 @@ at::Tensor onednn_linear_varying_rows(const at::Tensor& x, const at::Tensor& w) 
 bool bf16_mm_rounds_rows(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
   return kind == Kernels::fast && a.device().is_cpu() && a.scalar_type() == at::kBFloat16 &&
          b.scalar_type() == at::kBFloat16 && a.dim() == 2 && a.is_contiguous();
-}
-at::Tensor bf16_mm_varying_rows(const at::Tensor& a, const at::Tensor& b) {
-  const int64_t n = a.size(0), n_pad = (n + kVaryingRowsStep - 1) / kVaryingRowsStep * kVaryingRowsStep;
-  if (n == 0 || n_pad == n) return at::mm(a, b);
-  return at::mm(rows_padded(a, n_pad), b).narrow(0, 0, n);
 }
 
 // The fast kind's own autograd functions run on fp32 with autocast off (linear() and
@@ -347,19 +343,16 @@ bool bf16_loss_applies(const at::Tensor& h, const at::Tensor& w) {
 bool onednn_linear_available() { return onednn_linear_op() != nullptr; }
 
 at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind, Shape shape) {
-  if (matmul_uses_onednn(a, b, kind))
-    return shape == Shape::varies ? onednn_linear_varying_rows(a, b.t()) : onednn_linear(a, b.t());
-  if (shape == Shape::varies && bf16_mm_rounds_rows(a, b, kind)) return bf16_mm_varying_rows(a, b);
-  return at::mm(a, b);
+  const bool onednn = matmul_uses_onednn(a, b, kind);
+  auto product = [&](const at::Tensor& x) { return onednn ? onednn_linear(x, b.t()) : at::mm(x, b); };
+  if (shape == Shape::varies && (onednn || bf16_mm_rounds_rows(a, b, kind))) return on_rounded_rows(a, product);
+  return product(a);
 }
 
 void matmul_2d_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, Kernels kind, Shape shape) {
-  if (matmul_uses_onednn(a, b, kind)) {
-    out.copy_(shape == Shape::varies ? onednn_linear_varying_rows(a, b.t()) : onednn_linear(a, b.t()));
-    return;
-  }
-  if (shape == Shape::varies && bf16_mm_rounds_rows(a, b, kind)) {
-    out.copy_(bf16_mm_varying_rows(a, b));
+  // oneDNN's result, or a rounded product's first rows: copied in
+  if (matmul_uses_onednn(a, b, kind) || (shape == Shape::varies && bf16_mm_rounds_rows(a, b, kind))) {
+    out.copy_(matmul_2d(a, b, kind, shape));
     return;
   }
   at::Tensor o = out;  // a handle to the same view: mm_out writes through it
