@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -37,6 +38,15 @@ void for_each_group(const std::vector<int64_t>& experts, const std::vector<int64
     if (counts[i] > 0) f(experts[i], at, counts[i]);
     at += counts[i];
   }
+}
+
+// The dtype the routed experts compute in, as one node (GroupedExpertsFn, EpExpertsFn):
+// autocast's when it is on for xs's device (the operands cast as its linears would cast them), else
+// the dtype that xs and both weights share; none when they differ.
+std::optional<at::ScalarType> experts_dtype(const at::Tensor& xs, const at::Tensor& W1, const at::Tensor& W2) {
+  if (const auto ac = autocast_dtype(xs.device().type())) return ac;
+  if (xs.scalar_type() == W1.scalar_type() && W1.scalar_type() == W2.scalar_type()) return W1.scalar_type();
+  return std::nullopt;
 }
 
 // An expert's product over its block of rows: the block's row count changes every step
@@ -454,9 +464,9 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const Grouping& groups, const a
         send[size_t(s)] += counts[size_t(s * El + e)];
         recv[size_t(s)] += rc[size_t(s * El + e)];
       }
-    // The experts compute in one dtype: autocast's when it is on (as its linears would), else the weights'.
+    // Mixed dtypes without autocast compute in the weights'.
     at::Tensor W1 = par->weight(w1), W2 = par->weight(w2), rows = xs;
-    const at::ScalarType dt = autocast_dtype(xs.device().type()).value_or(W1.scalar_type());
+    const at::ScalarType dt = experts_dtype(xs, W1, W2).value_or(W1.scalar_type());
     if (W1.scalar_type() != dt) W1 = W1.to(dt);
     if (W2.scalar_type() != dt) W2 = W2.to(dt);
     if (rows.scalar_type() != dt) rows = rows.to(dt);
@@ -482,14 +492,9 @@ at::Tensor MoEImpl::grouped(const at::Tensor& xs, const std::vector<int64_t>& ex
                             const std::vector<int64_t>& counts) {
   ModelParallel* par = parallel.get();
   const at::Tensor W1 = par ? par->weight(w1) : w1, W2 = par ? par->weight(w2) : w2;
-  // GroupedExpertsFn computes in one dtype: autocast's when it is on (the operands cast as its
-  // linears would cast them, as expert parallelism does), else the operands' own; with mixed
-  // dtypes and no autocast, the loop of linears below.
-  const auto ac = autocast_dtype(xs.device().type());
-  if (ac || (xs.scalar_type() == W1.scalar_type() && W1.scalar_type() == W2.scalar_type())) {
-    const at::ScalarType dt = ac.value_or(W1.scalar_type());
-    return GroupedExpertsFn::apply(xs.to(dt), W1.to(dt), W2.to(dt), experts, counts, int64_t(kernels_));
-  }
+  // Mixed dtypes without autocast: the loop of linears below.
+  if (const auto dt = experts_dtype(xs, W1, W2))
+    return GroupedExpertsFn::apply(xs.to(*dt), W1.to(*dt), W2.to(*dt), experts, counts, int64_t(kernels_));
   std::vector<at::Tensor> out;
   int64_t at = 0;
   for (size_t i = 0; i < counts.size(); ++i) {
