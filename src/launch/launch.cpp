@@ -1,14 +1,16 @@
 // src/launch/launch.cpp — the local launcher (dion/launch/launch.h).
 //
-// One thread: fork + execve each child (the environment is built before fork, so the child runs
-// only async-signal-safe calls before exec), then a poll() loop over the children's stdout and
-// stderr pipes and a self-pipe the signal handlers write to, reaping children with
-// waitpid(WNOHANG) every round. Not here: parsing dion-train's own flags (main.cpp).
+// One thread: fork + execve each child (the environment and the --cpu_bind CPU sets are built
+// before fork, so the child runs only async-signal-safe calls before exec), then a poll() loop
+// over the children's stdout and stderr pipes and a self-pipe the signal handlers write to,
+// reaping children with waitpid(WNOHANG) every round. Not here: parsing dion-train's own flags
+// (main.cpp).
 #include "dion/launch/launch.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -17,11 +19,16 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 
 extern char** environ;
 
@@ -70,7 +77,9 @@ const char* env_or_null(const char* name) {
 }
 
 // The environment of rank `rank`: ours, then everything else of the launcher's but the keys we set.
-std::vector<std::string> child_environment(int local, const LaunchOptions& o, const std::string& addr, int port) {
+// `cores`: the physical cores the rank is bound to (--cpu_bind cores), 0 when not bound.
+std::vector<std::string> child_environment(int local, const LaunchOptions& o, const std::string& addr, int port,
+                                           int cores) {
   const int nproc = o.nproc, rank = o.node_rank * o.nproc + local, world = o.nnodes * o.nproc;
   const std::vector<std::pair<std::string, std::string>> ours = {
       {"RANK", std::to_string(rank)},
@@ -90,7 +99,8 @@ std::vector<std::string> child_environment(int local, const LaunchOptions& o, co
   for (const auto& [k, v] : ours) env.push_back(k + "=" + v);
   if (!env_or_null("OMP_NUM_THREADS")) {  // torchrun sets 1; we share the cores out instead
     const unsigned hw = std::thread::hardware_concurrency();
-    env.push_back("OMP_NUM_THREADS=" + std::to_string(std::max(1u, hw / static_cast<unsigned>(nproc))));
+    const unsigned n = cores > 0 ? static_cast<unsigned>(cores) : hw / static_cast<unsigned>(nproc);
+    env.push_back("OMP_NUM_THREADS=" + std::to_string(std::max(1u, n)));  // bound: one thread a core
   }
   for (char** e = environ; *e; ++e) {
     const std::string entry = *e;
@@ -100,6 +110,70 @@ std::vector<std::string> child_environment(int local, const LaunchOptions& o, co
     if (!replaced) env.push_back(entry);
   }
   return env;
+}
+
+// ---------------------------------------------------------------------------- --cpu_bind cores
+
+struct CpuSetFree {
+  void operator()(cpu_set_t* set) const { CPU_FREE(set); }
+};
+using CpuSet = std::unique_ptr<cpu_set_t, CpuSetFree>;  // CPU_ALLOC'd: a machine may have over 1024 CPUs
+
+// The CPUs this process may run on (sched_getaffinity, with a set as large as the kernel's).
+std::vector<int> allowed_cpus(const std::string& me) {
+  for (int n = CPU_SETSIZE;; n *= 2) {
+    const CpuSet set(CPU_ALLOC(n));
+    const size_t size = CPU_ALLOC_SIZE(n);
+    if (set && ::sched_getaffinity(0, size, set.get()) == 0) {
+      std::vector<int> cpus;
+      for (int c = 0; c < static_cast<int>(size * 8); ++c)
+        if (CPU_ISSET_S(c, size, set.get())) cpus.push_back(c);
+      return cpus;
+    }
+    const int err = set ? errno : ENOMEM;
+    if (err != EINVAL || n >= (1 << 22))  // EINVAL: the kernel's set is larger
+      throw std::runtime_error(me +
+                               "--cpu_bind cores: cannot read the CPUs this process may run on: " + std::strerror(err));
+  }
+}
+
+// /sys/devices/system/cpu/cpuK/topology/<name>, or nothing when it is missing or unreadable.
+std::optional<long> topology(int cpu, const char* name) {
+  std::ifstream f("/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/" + name);
+  long v = 0;
+  if (f >> v) return v;
+  return std::nullopt;
+}
+
+struct Binding {          // one local rank's share
+  std::vector<int> cpus;  // sorted
+  int cores = 0;
+};
+
+// The physical cores this process may run on, ordered by (package, core id), each with its allowed
+// hardware threads (a CPU without a readable topology is a core of its own): local rank r gets
+// cores [r*C/N, (r+1)*C/N). Throws when there are fewer cores than ranks.
+std::vector<Binding> core_shares(int nproc, const std::string& me) {
+  const std::vector<int> cpus = allowed_cpus(me);
+  std::map<std::tuple<int, long, long>, std::vector<int>> cores;  // (0, package, core id) or (1, cpu, 0)
+  for (int c : cpus) {
+    const std::optional<long> package = topology(c, "physical_package_id"), core = topology(c, "core_id");
+    cores[package && core ? std::make_tuple(0, *package, *core) : std::make_tuple(1, long{c}, 0L)].push_back(c);
+  }
+  const int64_t n = nproc, count = static_cast<int64_t>(cores.size());
+  if (count < n)
+    throw std::runtime_error(me + "--cpu_bind cores: " + std::to_string(n) + " ranks but this process may run on " +
+                             std::to_string(count) + (count == 1 ? " core" : " cores") + " (CPUs " + cpu_ranges(cpus) +
+                             "); use --nproc " + std::to_string(count) + " or fewer, or --cpu_bind none");
+  std::vector<Binding> out(static_cast<size_t>(nproc));
+  auto core = cores.begin();
+  for (int64_t r = 0; r < n; ++r) {
+    Binding& b = out[static_cast<size_t>(r)];
+    for (int64_t k = r * count / n; k < (r + 1) * count / n; ++k, ++core, ++b.cores)
+      b.cpus.insert(b.cpus.end(), core->second.begin(), core->second.end());
+    std::sort(b.cpus.begin(), b.cpus.end());
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------- signals
@@ -171,6 +245,15 @@ void flush_lines(Stream& s, const std::string& prefix, bool all) {
 
 // ---------------------------------------------------------------------------- public
 
+std::string cpu_ranges(const std::vector<int>& cpus) {
+  std::string out;
+  for (size_t i = 0, j = 0; i < cpus.size(); i = ++j) {
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    out += (out.empty() ? "" : ",") + std::to_string(cpus[i]) + (j > i ? "-" + std::to_string(cpus[j]) : "");
+  }
+  return out;
+}
+
 std::optional<int> take_nproc_flag(std::vector<std::string>& argv) {
   std::optional<int> n;
   for (size_t i = 1; i < argv.size();) {
@@ -211,6 +294,7 @@ LaunchResult launch(const LaunchOptions& o) {
   if (o.nnodes < 1 || o.node_rank < 0 || o.node_rank >= o.nnodes)
     throw std::runtime_error(me + "node_rank " + std::to_string(o.node_rank) +
                              " is not in [0, nnodes = " + std::to_string(o.nnodes) + ")");
+  const std::vector<Binding> bindings = o.bind_cores ? core_shares(o.nproc, me) : std::vector<Binding>();
   int port = o.master_port;
   if (port > 0) {
   } else if (const char* p = env_or_null("MASTER_PORT")) {
@@ -231,16 +315,33 @@ LaunchResult launch(const LaunchOptions& o) {
   argv.push_back(nullptr);
   std::vector<std::vector<std::string>> envs;
   std::vector<std::vector<char*>> envps;
-  for (int r = 0; r < o.nproc; ++r) envs.push_back(child_environment(r, o, addr, port));
+  for (int r = 0; r < o.nproc; ++r)
+    envs.push_back(child_environment(r, o, addr, port, o.bind_cores ? bindings[static_cast<size_t>(r)].cores : 0));
   for (auto& env : envs) {
     envps.emplace_back();
     for (std::string& e : env) envps.back().push_back(e.data());
     envps.back().push_back(nullptr);
   }
+  const size_t base = static_cast<size_t>(o.node_rank) * static_cast<size_t>(o.nproc);  // global rank of local 0
+  std::vector<CpuSet> cpu_sets;  // --cpu_bind cores: rank r's, each of cpu_set_size bytes
+  size_t cpu_set_size = 0;
+  if (o.bind_cores) {
+    int max_cpu = 0;
+    for (const Binding& b : bindings) max_cpu = std::max(max_cpu, b.cpus.back());
+    cpu_set_size = CPU_ALLOC_SIZE(max_cpu + 1);
+    std::string line = me + "--cpu_bind cores: ";
+    for (size_t r = 0; r < bindings.size(); ++r) {
+      cpu_sets.emplace_back(CPU_ALLOC(max_cpu + 1));
+      if (!cpu_sets.back()) throw std::runtime_error(me + "--cpu_bind cores: out of memory");
+      CPU_ZERO_S(cpu_set_size, cpu_sets.back().get());
+      for (int c : bindings[r].cpus) CPU_SET_S(c, cpu_set_size, cpu_sets.back().get());
+      line += (r ? ", rank " : "rank ") + std::to_string(base + r) + " on CPUs " + cpu_ranges(bindings[r].cpus);
+    }
+    write_all(o.err_fd, line + "\n");
+  }
 
   SignalForwarding signals;
   LaunchResult res;
-  const size_t base = static_cast<size_t>(o.node_rank) * static_cast<size_t>(o.nproc);  // global rank of local 0
   std::vector<Child> children(static_cast<size_t>(o.nproc));
   const pid_t launcher = ::getpid();
   auto kill_all = [&](int signo) {
@@ -263,6 +364,11 @@ LaunchResult launch(const LaunchOptions& o) {
       if (::getppid() != launcher) ::_exit(137);  // the launcher died before prctl
       ::dup2(out[1], 1);
       ::dup2(err[1], 2);
+      if (o.bind_cores && ::sched_setaffinity(0, cpu_set_size, cpu_sets[static_cast<size_t>(r)].get()) != 0) {
+        const char msg[] = "dion-train: --cpu_bind cores: sched_setaffinity failed\n";
+        [[maybe_unused]] const ssize_t n = ::write(2, msg, sizeof(msg) - 1);
+        ::_exit(126);
+      }
       ::execve(o.exe.c_str(), argv.data(), envps[static_cast<size_t>(r)].data());
       const char msg[] = "dion-train: execve of the child program failed\n";
       [[maybe_unused]] const ssize_t n = ::write(2, msg, sizeof(msg) - 1);

@@ -60,6 +60,7 @@ const std::vector<LauncherFlag>& launcher_flags() {
       {"--master_port", "P", "rank 0's TCPStore port (attempt A of a restarted job uses P + A)"},
       {"--max_restarts", "R", "restart every local rank up to R times after a failed attempt"},
       {"--standalone", "", "one node on a free local port (torchrun's --standalone)"},
+      {"--cpu_bind", "cores|none", "cores: pin each local rank to its own physical cores (default none)"},
   };
   return flags;
 }
@@ -93,6 +94,11 @@ NodeFlags take_node_flags(std::vector<std::string>& argv) {
     if (v->empty()) throw std::invalid_argument("--master_addr: needs a host name or address (node 0's)");
     f.master_addr = *v;
   }
+  if (auto v = take(argv, "cpu_bind")) {
+    if (*v != "cores" && *v != "none")
+      throw std::invalid_argument("--cpu_bind: '" + *v + "' is not a binding; valid: cores, none");
+    f.cpu_bind = *v;
+  }
   return f;
 }
 
@@ -112,6 +118,7 @@ void apply_node_flags(const NodeFlags& f, LaunchOptions& o) {
                                 " needs --master_addr HOST (node 0's address, the same on every node)");
   if (f.master_addr) o.master_addr = *f.master_addr;
   o.max_restarts = f.max_restarts.value_or(0);
+  o.bind_cores = f.cpu_bind == "cores";
   if (f.master_port) {
     o.master_port = *f.master_port;
   } else if (const char* p = std::getenv("MASTER_PORT"); p && *p) {

@@ -10,6 +10,9 @@
 //                                          forever (default SIGTERM: dies of it)
 //   launch_child stubborn DIR              as hang, but ignoring SIGTERM (only SIGKILL ends it)
 //   launch_child stubborn0 R CODE DIR      rank 0 stubborn, rank R fails as `fail`, others hang
+//   launch_child cpus                      print CPUS=<the CPUs it may run on, "0,1,...">
+//                                          (sched_getaffinity) and OMP_NUM_THREADS; exit 0
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -59,6 +62,18 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     std::fprintf(stderr, "to stderr\n");
     std::printf("no newline");
+    return 0;
+  }
+  if (mode == "cpus") {
+    const int n = 1 << 14;
+    cpu_set_t* set = CPU_ALLOC(n);
+    if (!set || ::sched_getaffinity(0, CPU_ALLOC_SIZE(n), set) != 0) return 98;
+    std::string cpus;
+    for (int c = 0; c < n; ++c)
+      if (CPU_ISSET_S(c, CPU_ALLOC_SIZE(n), set)) cpus += (cpus.empty() ? "" : ",") + std::to_string(c);
+    CPU_FREE(set);
+    std::printf("CPUS=%s\nOMP_NUM_THREADS=%s\n", cpus.c_str(),
+                std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "(unset)");
     return 0;
   }
   if (mode == "hang" && argc == 3) hang(argv[2], false);

@@ -6,10 +6,13 @@
 // included), the first failure's exit code, SIGTERM to the siblings and SIGKILL after the grace
 // period for one that ignores SIGTERM, SIGINT / SIGTERM / SIGHUP to the launcher forwarded, and no
 // process left behind: every recorded pid is gone (kill(pid, 0) fails with ESRCH) once launch()
-// returns, and kill -9 of the launcher takes its children along (PR_SET_PDEATHSIG). No timing
-// assertions: how each rank ended (exit code or signal) shows what the launcher did.
+// returns, and kill -9 of the launcher takes its children along (PR_SET_PDEATHSIG); --cpu_bind
+// cores: disjoint CPU sets covering the test's own, OMP_NUM_THREADS = the rank's cores, and more
+// ranks than cores refused before any child starts. No timing assertions: how each rank ended
+// (exit code or signal) shows what the launcher did.
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -19,6 +22,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -345,11 +349,14 @@ TEST(Launch, NodeFlagsAreTakenOutAndBadCombinationsRefused) {
 // command line (with a valid value), and no other word is.
 TEST(Launch, EveryLauncherFlagIsParsedAndInTheHelp) {
   const std::string help = launcher_help();
-  ASSERT_GE(launcher_flags().size(), 8u);
+  ASSERT_GE(launcher_flags().size(), 9u);
   for (const LauncherFlag& f : launcher_flags()) {
     SCOPED_TRACE(f.name);
     EXPECT_NE(help.find(f.name + (f.value.empty() ? "" : " " + f.value)), std::string::npos) << help;
-    const std::string value = f.name == "--master_addr" ? "h0" : f.name == "--node_rank" ? "0" : "2";
+    const std::string value = f.name == "--master_addr" ? "h0"
+                              : f.name == "--node_rank" ? "0"
+                              : f.name == "--cpu_bind"  ? "cores"
+                                                        : "2";
     std::vector<std::string> a = {"dion-train", "--lr", "0.1", f.name};
     if (!f.value.empty()) a.push_back(value);
     (void)take_nproc_flag(a);
@@ -361,6 +368,146 @@ TEST(Launch, EveryLauncherFlagIsParsedAndInTheHelp) {
   (void)take_nproc_flag(other);
   (void)take_node_flags(other);
   EXPECT_EQ(other, before);
+}
+
+// The CPUs this process may run on.
+std::set<int> own_cpus() {
+  const int n = 1 << 14;
+  cpu_set_t* set = CPU_ALLOC(n);
+  std::set<int> cpus;
+  if (set && ::sched_getaffinity(0, CPU_ALLOC_SIZE(n), set) == 0)
+    for (int c = 0; c < n; ++c)
+      if (CPU_ISSET_S(c, CPU_ALLOC_SIZE(n), set)) cpus.insert(c);
+  CPU_FREE(set);
+  return cpus;
+}
+
+// The physical cores among `cpus` (sysfs's package and core id; a CPU without them is one core).
+size_t count_cores(const std::set<int>& cpus) {
+  std::set<std::string> cores;
+  for (int c : cpus) {
+    const fs::path t = "/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology";
+    std::ifstream package(t / "physical_package_id"), core(t / "core_id");
+    long p = 0, k = 0;
+    cores.insert(package >> p && core >> k ? std::to_string(p) + "/" + std::to_string(k) : "cpu" + std::to_string(c));
+  }
+  return cores.size();
+}
+
+// The value of "[rank R] KEY=" in the launcher's stdout ("" when absent).
+std::string rank_value(const std::string& out, int rank, const std::string& key) {
+  const std::string head = "[rank " + std::to_string(rank) + "] " + key + "=";
+  const size_t at = out.find(head);
+  if (at == std::string::npos) return "";
+  return out.substr(at + head.size(), out.find('\n', at) - at - head.size());
+}
+
+TEST(Launch, CpuRangesFormatsASortedListAsRanges) {
+  EXPECT_EQ(cpu_ranges({0, 1, 2, 3, 8, 9, 10, 11}), "0-3,8-11");
+  EXPECT_EQ(cpu_ranges({0}), "0");
+  EXPECT_EQ(cpu_ranges({0, 2, 3, 5}), "0,2-3,5");
+  EXPECT_EQ(cpu_ranges({}), "");
+}
+
+// Two ranks bound to cores: each sees its own non-empty CPUs (together the test's), OMP_NUM_THREADS
+// its core count, and the launcher says where each runs.
+TEST(Launch, CpuBindCoresGivesEachRankItsOwnCores) {
+  TempDir dir;
+  Outputs o(dir);
+  const std::optional<std::string> omp =
+      std::getenv("OMP_NUM_THREADS") ? std::optional<std::string>(std::getenv("OMP_NUM_THREADS")) : std::nullopt;
+  ::unsetenv("OMP_NUM_THREADS");
+  ::unsetenv("MASTER_PORT");
+  LaunchOptions opt = options(2, {"cpus"}, o);
+  opt.bind_cores = true;
+  std::optional<LaunchResult> res;
+  std::string refused;
+  try {
+    res = launch(opt);
+  } catch (const std::runtime_error& e) {
+    refused = e.what();
+  }
+  if (omp) ::setenv("OMP_NUM_THREADS", omp->c_str(), 1);
+  if (refused.find("may run on 1 core ") != std::string::npos) GTEST_SKIP() << refused;
+  ASSERT_TRUE(res) << refused;
+  EXPECT_EQ(res->exit_code, 0);
+  const std::string out = read_file(o.out_path), err = read_file(o.err_path);
+  const std::set<int> own = own_cpus();
+  std::set<int> all;
+  std::string line = "dion-train --nproc: --cpu_bind cores: ";
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    std::set<int> cpus;
+    std::istringstream list(rank_value(out, r, "CPUS"));
+    for (std::string c; std::getline(list, c, ',');) cpus.insert(std::atoi(c.c_str()));
+    EXPECT_FALSE(cpus.empty()) << out;
+    for (int c : cpus) {
+      EXPECT_TRUE(own.count(c)) << "CPU " << c << " is not the test's";
+      EXPECT_TRUE(all.insert(c).second) << "CPU " << c << " given to two ranks";
+    }
+    EXPECT_EQ(rank_value(out, r, "OMP_NUM_THREADS"), std::to_string(count_cores(cpus))) << out;
+    line += (r ? ", rank " : "rank ") + std::to_string(r) + " on CPUs " +
+            cpu_ranges(std::vector<int>(cpus.begin(), cpus.end()));
+  }
+  EXPECT_EQ(all, own) << "every core is shared out";
+  EXPECT_NE(err.find(line + "\n"), std::string::npos) << line << " missing in:\n" << err;
+  expect_all_gone(res->pids);
+
+  opt.nnodes = 2;  // node 1 of 2 binds its own ranks, 2 and 3
+  opt.node_rank = 1;
+  opt.master_addr = "10.1.2.3";
+  opt.master_port = 29777;
+  opt.argv = {"launch_child", "env"};
+  EXPECT_EQ(launch(opt).exit_code, 0);
+  EXPECT_NE(read_file(o.err_path).find("dion-train node 1: --cpu_bind cores: rank 2 on CPUs "), std::string::npos)
+      << read_file(o.err_path);
+}
+
+TEST(Launch, CpuBindCoresRefusesMoreRanksThanCoresBeforeAnyChildStarts) {
+  TempDir dir;
+  Outputs o(dir);
+  LaunchOptions opt = options(static_cast<int>(own_cpus().size()) + 1, {"env"}, o);
+  opt.bind_cores = true;
+  const std::string error = launch_error(opt);
+  EXPECT_NE(error.find("dion-train --nproc: --cpu_bind cores: "), std::string::npos) << error;
+  EXPECT_NE(error.find("or --cpu_bind none"), std::string::npos) << error;
+  EXPECT_EQ(read_file(o.out_path), "") << "a child started";
+  EXPECT_EQ(read_file(o.err_path), "") << "a child started";
+}
+
+TEST(Launch, CpuBindFlagIsTakenOutAndABadValueRefused) {
+  std::vector<std::string> a = {"dion-train", "--cpu_bind", "cores", "--lr", "0.1"};
+  NodeFlags f = take_node_flags(a);
+  EXPECT_EQ(a, std::vector<std::string>({"dion-train", "--lr", "0.1"}));
+  EXPECT_EQ(f.cpu_bind, "cores");
+  EXPECT_TRUE(f.any()) << "a launcher flag: needs --nproc";
+  LaunchOptions o;
+  apply_node_flags(f, o);
+  EXPECT_TRUE(o.bind_cores);
+  std::vector<std::string> b = {"dion-train", "--cpu_bind=none"};
+  f = take_node_flags(b);
+  EXPECT_EQ(b, std::vector<std::string>({"dion-train"}));
+  EXPECT_EQ(f.cpu_bind, "none");
+  apply_node_flags(f, o);
+  EXPECT_FALSE(o.bind_cores);
+  std::vector<std::string> c = {"dion-train", "--lr", "0.1"};
+  EXPECT_EQ(take_node_flags(c).cpu_bind, std::nullopt);
+  for (const std::vector<std::string>& bad : std::vector<std::vector<std::string>>{
+           {"t", "--cpu_bind", "sockets"}, {"t", "--cpu_bind=Cores"}, {"t", "--cpu_bind="}, {"t", "--cpu_bind"}}) {
+    std::vector<std::string> args = bad;
+    try {
+      take_node_flags(args);
+      ADD_FAILURE() << bad.back() << ": accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("--cpu_bind"), std::string::npos) << e.what();
+    }
+  }
+  std::vector<std::string> d = {"t", "--cpu_bind", "sockets"};
+  try {
+    take_node_flags(d);
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "--cpu_bind: 'sockets' is not a binding; valid: cores, none");
+  }
 }
 
 }  // namespace

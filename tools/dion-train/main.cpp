@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
     }
     if (nodes.any() && !nproc)
       return fail(2,
-                  "--nnodes, --node_rank, --master_addr, --master_port and --max_restarts are the launcher's: "
+                  "--nnodes, --node_rank, --master_addr, --master_port, --max_restarts and --cpu_bind are the launcher's: "
                   "they need --nproc N (the processes on this node)");
     if (nproc) return run_launcher(*nproc, nodes, args);
     const dion::train::Config config = dion::train::config_parse(argc, argv);

@@ -7,6 +7,10 @@
 // TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS; OMP_NUM_THREADS = hardware threads / N
 // unless set, where torchrun sets 1), forwards each child's stdout and stderr
 // line by line with a "[rank R] " prefix (one thread, poll() on the pipes), and:
+//   - with `bind_cores` (--cpu_bind cores), pins local rank r to the physical cores
+//     [r*C/N, (r+1)*C/N) of the C cores this process may run on (sched_getaffinity, grouped by
+//     sysfs's package and core id), all their hardware threads, and makes OMP_NUM_THREADS (unless
+//     set) its core count; fewer cores than ranks is refused before any child starts;
 //   - when a child exits non-zero (or is killed), sends SIGTERM to the others, SIGKILL to those
 //     still running after `grace`, and returns the first failure's exit code (128 + signal for
 //     a child killed by a signal);
@@ -40,6 +44,7 @@ struct LaunchOptions {
   std::string exe = "/proc/self/exe";     // the program the children run
   std::vector<std::string> argv;          // their command line, argv[0] included
   std::chrono::milliseconds grace{5000};  // SIGTERM -> SIGKILL
+  bool bind_cores = false;                // --cpu_bind cores: each local rank on its own cores
   int out_fd = 1;                         // where the children's prefixed stdout goes
   int err_fd = 2;                         // ... their stderr, and the launcher's own messages
   std::string name = "dion-train";  // the launcher's messages start with "<name> --nproc: " (node K: "<name> node K: ")
@@ -55,11 +60,15 @@ struct LaunchResult {
 
 // Starts the children and waits for them (see the top of this file). Throws std::runtime_error
 // for a bad `nproc`, environment (RANK or WORLD_SIZE already set: started by a launcher
-// already; MASTER_PORT not in [1, 65535]) or a failed fork/pipe, before any child starts.
+// already; MASTER_PORT not in [1, 65535]), fewer cores than ranks with `bind_cores`, or a failed
+// fork/pipe, before any child starts.
 LaunchResult launch(const LaunchOptions& options);
 
 // Finds `--nproc N` / `--nproc=N` (or torchrun's `--nproc_per_node`) in argv and removes it. Returns N, or nothing when absent.
 // Throws std::invalid_argument naming --nproc when N is not an integer in [1, 1024].
 std::optional<int> take_nproc_flag(std::vector<std::string>& argv);
+
+// A sorted CPU list as ranges, as the --cpu_bind message writes it: {0, 1, 2, 3, 8, 9, 10, 11} -> "0-3,8-11".
+std::string cpu_ranges(const std::vector<int>& cpus);
 
 }  // namespace dion::launch

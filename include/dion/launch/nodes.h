@@ -27,8 +27,11 @@ namespace dion::launch {
 struct NodeFlags {
   std::optional<int> nnodes, node_rank, master_port, max_restarts;
   std::optional<std::string> master_addr;
-  bool standalone = false;  // torchrun's --standalone: one node, a free local port
-  bool any() const { return nnodes || node_rank || master_port || max_restarts || master_addr || standalone; }
+  std::optional<std::string> cpu_bind;  // --cpu_bind: "cores" or "none"
+  bool standalone = false;              // torchrun's --standalone: one node, a free local port
+  bool any() const {
+    return nnodes || node_rank || master_port || max_restarts || master_addr || cpu_bind || standalone;
+  }
 };
 
 // Every flag the launcher takes out of dion-train's command line (take_nproc_flag and
@@ -42,12 +45,12 @@ const std::vector<LauncherFlag>& launcher_flags();
 // The "Launcher flags" section of `dion-train --help`.
 std::string launcher_help();
 
-// Finds and removes --nnodes, --node_rank, --master_addr, --master_port, --max_restarts (each as
-// `--flag V` or `--flag=V`) and --standalone. Throws std::invalid_argument naming the flag and what is valid.
+// Finds and removes --nnodes, --node_rank, --master_addr, --master_port, --max_restarts, --cpu_bind
+// (each as `--flag V` or `--flag=V`) and --standalone. Throws std::invalid_argument naming the flag and what is valid.
 NodeFlags take_node_flags(std::vector<std::string>& argv);
 
 // Checks the combination (node_rank < nnodes; --standalone only with one node; nnodes > 1 needs --master_addr or MASTER_ADDR; the
-// ports of every attempt fit in [1, 65535]); throws std::invalid_argument naming the flag.
+// ports of every attempt fit in [1, 65535]); throws std::invalid_argument naming the flag. --cpu_bind cores sets bind_cores.
 void apply_node_flags(const NodeFlags& flags, LaunchOptions& options);
 
 // Runs the attempts (see the top of this file); returns the last attempt's exit code.
