@@ -2,7 +2,8 @@
 """MoE training speed next to the dense model of the same active parameters, at 1 and 2 ranks.
 
     python3 bench/moe_speed.py [--build build] [--out runs/moe_speed] [--steps 20] [--rounds 2]
-                               [--warmup 2] [--from_step N] [--json FILE] [--smoke]
+                               [--warmup 2] [--from_step N] [--dtype fp32|bf16] [--cpu_bind cores|none]
+                               [--json FILE] [--smoke]
 
 Sides: configs/shakespeare_bytes_dion2.yaml (the main job: dense, 4 x 128) and
 configs/shakespeare_bytes_moe.yaml (8 experts of 170 hidden, top_k 2, one shared: about the dense
@@ -20,8 +21,11 @@ weighted sum; not the experts' GEMMs). Prints a markdown table and appends one J
 (trained once per --out folder; checkpoints move between layouts), so that the experts' load is
 that of a run under way rather than of its first steps, where the routers are still random and
 the fullest expert gets 2-3x the mean (the table prints the median load). Not a test: nothing
-asserts on time. --smoke: a tiny model, 3 steps, one round (ctest
-moe_speed_smoke: the plumbing).
+asserts on time. --dtype bf16: every side computes under autocast to bf16 (dion-train --dtype;
+the checkpoints of --from_step are the fp32 ones, trained once for both). --cpu_bind (default
+cores): the two-process sides run `dion-train --nproc 2 --cpu_bind cores`, each rank on its own
+cores (docs/train.md, "Launching"); none: where the kernel puts them. --smoke: a tiny model, 3
+steps, one round (ctest moe_bench_smoke: the plumbing).
 
 --warmup: a dp 2 x ep 2 run from a checkpoint takes ~6 steps to settle (the Xeon, 2026-12-06: 170-230
 ms a step, then ~150; its processes fault in ~10,000 new pages over those steps, against ~60 a step
@@ -52,11 +56,12 @@ SMOKE = {"model_dim": 32, "n_layer": 1, "n_head": 1, "sequence_length": 32, "bat
          "expert_dim": 16}
 
 
-def run_side(build, data, out, side, steps, rnd, smoke, start=None):
+def run_side(build, data, out, side, steps, rnd, smoke, dtype, cpu_bind, start=None):
     """One side's run: `steps` steps from initialization, or from `start` (from_step, checkpoint
     folder) when given (its copy in the run folder: a run writes its own checkpoint at the end)."""
     name, config, ranks, layout = side
-    rd = os.path.join(out, f"{name.replace(' ', '').replace(',', '_')}_r{rnd}")
+    tag = name.replace(" ", "").replace(",", "_") + ("_bf16" if dtype == "bf16" else "")
+    rd = os.path.join(out, f"{tag}_r{rnd}")
     ckpt, first = "", 0
     if start:
         first, src = start
@@ -65,14 +70,16 @@ def run_side(build, data, out, side, steps, rnd, smoke, start=None):
         shutil.copytree(src, ckpt)
     keys = {"config": os.path.join(ROOT, config), "data_dir": data, "run_dir": rd, "num_iterations": first + steps,
             "val_loss_every": 0, "log_every": 1, "checkpoint_freq": 0, "checkpoint_dir": ckpt,
-            "time_optimizer": "true", "replica_check_every": 0}
+            "time_optimizer": "true", "replica_check_every": 0, "dtype": dtype}
     if smoke:
         keys.update(SMOKE)
         if "moe" not in config:
             keys.pop("expert_dim")
     batch = SMOKE["batch_size"] if smoke else 16
     keys.update(layout, device_batch_size=batch // ranks)
-    cmd = [os.path.join(build, "dion-train")] + (["--nproc", str(ranks)] if ranks > 1 else [])
+    cmd = [os.path.join(build, "dion-train")]
+    if ranks > 1:
+        cmd += ["--nproc", str(ranks), "--cpu_bind", cpu_bind]
     for k, v in keys.items():
         cmd += [f"--{k}", str(v)]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -115,6 +122,10 @@ def main():
     ap.add_argument("--from_step", type=int, default=0,
                     help="measure from a checkpoint after this many steps in one process (0: from initialization); "
                          "the experts' load is uneven in the first steps and evens out as the routers learn")
+    ap.add_argument("--cpu_bind", default="cores", choices=["cores", "none"],
+                    help="the two-process sides' launcher binding (dion-train --nproc 2 --cpu_bind)")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                    help="what every side computes in (bf16: autocast, dion-train --dtype bf16)")
     args = ap.parse_args()
     steps, rounds = (3, 1) if args.smoke else (args.steps, args.rounds)
     warmup = 2 if args.smoke else args.warmup
@@ -138,7 +149,8 @@ def main():
     for rnd in range(rounds):
         order = SIDES if rnd % 2 == 0 else SIDES[::-1]
         for side in order:
-            recs_all = run_side(args.build, data, out, side, steps, rnd, args.smoke, starts.get(side[1]))
+            recs_all = run_side(args.build, data, out, side, steps, rnd, args.smoke, args.dtype, args.cpu_bind,
+                                starts.get(side[1]))
             series[side[0]].append([r["ms_per_step"] for r in recs_all])
             recs = recs_all[warmup:]
             got[side[0]] += recs
@@ -159,7 +171,8 @@ def main():
         pairs = [a / b for a, b in zip(dense[r["ranks"]]["ms_per_step_by_round"], r["ms_per_step_by_round"])]
         r["vs_dense_by_round"] = pairs
     load = [max(x) for r in got["MoE, dp 2 x ep 2"] for x in [r.get("moe_load_imbalance", [])] if x]
-    table = {"bench": "moe_speed", "rows": rows, "steps": steps, "warmup": warmup, "rounds": rounds, "smoke": args.smoke,
+    table = {"bench": "moe_speed", "dtype": args.dtype, "cpu_bind": args.cpu_bind, "rows": rows, "steps": steps,
+             "warmup": warmup, "rounds": rounds, "smoke": args.smoke,
              "from_step": args.from_step, "expert_load_max_over_mean": statistics.median(load) if load else None,
              "machine": {"cpu": cpu, "cpu_flags": flags, "loadavg": f"{load_before} before; {machine.loadavg()} after",
                          "time_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "threads_per_process": 1}}
@@ -167,8 +180,8 @@ def main():
           f"{table['machine']['time_utc']}")
     shape = f"{SMOKE['batch_size']} x {SMOKE['sequence_length']} (smoke)" if args.smoke else "16 x 256"
     start = f"from the checkpoint of step {args.from_step} (one process)" if args.from_step else "from initialization"
-    print(f"- one thread a process; batch {shape} bytes; {steps} steps x {rounds} rounds {start}, medians after "
-          f"each run's first {warmup} steps")
+    print(f"- {args.dtype}; one thread a process, the two-process sides with --cpu_bind {args.cpu_bind}; "
+          f"batch {shape} bytes; {steps} steps x {rounds} rounds {start}, medians after each run's first {warmup} steps")
     if load:
         print(f"- experts' load at dp 2 x ep 2 (tokens of the fullest expert / the mean, the most loaded layer): "
               f"median {statistics.median(load):.2f}")
