@@ -75,10 +75,25 @@ at::Tensor on_rounded_rows(const at::Tensor& x, F&& f) {
 
 // ATen's CPU bf16 mm is oneDNN's too, with a kernel per shape: a new row count each call took
 // 0.76 ms a call for [700-1400, 128] x [128, 170] on a Zen 4, one row count 0.24, rounded up to 32
-// 0.29. The fast kind rounds a varying product's rows there as well (a row-major left operand).
-bool bf16_mm_rounds_rows(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
+// 0.29. The fast kind treats a varying bf16 product as a oneDNN one (matmul_2d).
+bool bf16_mm_jit(const at::Tensor& a, const at::Tensor& b, Kernels kind) {
   return kind == Kernels::fast && a.device().is_cpu() && a.scalar_type() == at::kBFloat16 &&
-         b.scalar_type() == at::kBFloat16 && a.dim() == 2 && a.is_contiguous();
+         b.scalar_type() == at::kBFloat16 && a.dim() == 2;
+}
+
+// A varying bf16 product whose reduction dim is the rows (a = X^T, X a row-major block of rows, b
+// its rows: an expert's weight gradient): the rows rounded down to kVaryingRowsStep and the rest, as
+// two products added, so that both shapes repeat (zero rows would need copies of both operands: the
+// rows after a block in its storage are another expert's). The MoE config in bf16, one rank, Zen 4:
+// 355-365 ms a step over steps 3-8 from a checkpoint, settling to ~315 only after ~25 steps as
+// oneDNN's cache filled, against ~315 from step 3 with the split. Not for fp32's oneDNN plan,
+// where it measured no faster (400-420 vs 400 ms).
+template <class F>
+at::Tensor on_split_reduction(const at::Tensor& a, const at::Tensor& b, F&& product) {
+  const int64_t k = a.size(1), k_main = k / kVaryingRowsStep * kVaryingRowsStep;
+  if (k_main == 0 || k_main == k) return product(a, b);
+  return product(a.narrow(1, 0, k_main), b.narrow(0, 0, k_main))
+      .add_(product(a.narrow(1, k_main, k - k_main), b.narrow(0, k_main, k - k_main)));
 }
 
 // The fast kind's own autograd functions run on fp32 with autocast off (linear() and
@@ -342,16 +357,30 @@ bool bf16_loss_applies(const at::Tensor& h, const at::Tensor& w) {
 
 bool onednn_linear_available() { return onednn_linear_op() != nullptr; }
 
+// A varying product through oneDNN (its fp32 linear, or ATen's bf16 mm): a row-major left operand
+// on rows rounded up (on_rounded_rows); in bf16 a transposed one with its reduction split
+// (on_split_reduction); the others as they are.
+bool varying_jit(const at::Tensor& a, const at::Tensor& b, Kernels kind, Shape shape) {
+  if (shape != Shape::varies) return false;
+  if (a.is_contiguous()) return matmul_uses_onednn(a, b, kind) || bf16_mm_jit(a, b, kind);
+  return bf16_mm_jit(a, b, kind) && a.t().is_contiguous();
+}
+
 at::Tensor matmul_2d(const at::Tensor& a, const at::Tensor& b, Kernels kind, Shape shape) {
   const bool onednn = matmul_uses_onednn(a, b, kind);
-  auto product = [&](const at::Tensor& x) { return onednn ? onednn_linear(x, b.t()) : at::mm(x, b); };
-  if (shape == Shape::varies && (onednn || bf16_mm_rounds_rows(a, b, kind))) return on_rounded_rows(a, product);
-  return product(a);
+  auto product = [&](const at::Tensor& x, const at::Tensor& y) {
+    return onednn ? onednn_linear(x, y.t()) : at::mm(x, y);
+  };
+  if (varying_jit(a, b, kind, shape)) {
+    if (a.is_contiguous()) return on_rounded_rows(a, [&](const at::Tensor& x) { return product(x, b); });
+    return on_split_reduction(a, b, product);
+  }
+  return product(a, b);
 }
 
 void matmul_2d_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, Kernels kind, Shape shape) {
-  // oneDNN's result, or a rounded product's first rows: copied in
-  if (matmul_uses_onednn(a, b, kind) || (shape == Shape::varies && bf16_mm_rounds_rows(a, b, kind))) {
+  // oneDNN's result, or a rounded or split product: copied in
+  if (matmul_uses_onednn(a, b, kind) || varying_jit(a, b, kind, shape)) {
     out.copy_(matmul_2d(a, b, kind, shape));
     return;
   }

@@ -85,6 +85,24 @@ TEST(TrainKernels, MatmulEqualsAtenMmInEveryLayout) {
     EXPECT_EQ(got.sizes(), (std::vector<int64_t>{n, 80}));
     expect_close(got, at::mm(blk, b16), 2e-2, "bf16 rows, shape varies");
   }
+  // A bf16 weight gradient over a varying block (X^T Y, the reduction over the rows): split into
+  // the rows rounded down to 32 and the rest (77 = 64 + 13), or whole (20 rows; 64), NaN rows after
+  // the block never read; into a block of a larger output.
+  const at::Tensor xs16 = at::randn({100, 96}).to(at::kBFloat16), ys16 = at::randn({100, 80}).to(at::kBFloat16);
+  xs16.narrow(0, 87, 13).fill_(std::numeric_limits<float>::quiet_NaN());
+  ys16.narrow(0, 87, 13).fill_(std::numeric_limits<float>::quiet_NaN());
+  for (const auto& [r0, n] : {std::pair<int64_t, int64_t>{10, 77}, {10, 20}, {0, 64}}) {
+    SCOPED_TRACE("bf16 X^T Y over " + std::to_string(n) + " rows");
+    const at::Tensor x = xs16.narrow(0, r0, n), y = ys16.narrow(0, r0, n);
+    const at::Tensor want = at::mm(x.t().to(at::kFloat), y.to(at::kFloat));
+    const at::Tensor got = matmul_2d(x.t(), y, Kernels::fast, Shape::varies);
+    EXPECT_EQ(got.scalar_type(), at::kBFloat16);
+    expect_close(got.to(at::kFloat), want, 2e-2, "bf16 X^T Y, shape varies");
+    const at::Tensor dw = at::full({3, 96, 80}, 7.0).to(at::kBFloat16);
+    matmul_2d_out(dw.select(0, 1), x.t(), y, Kernels::fast, Shape::varies);
+    expect_close(dw.select(0, 1).to(at::kFloat), want, 2e-2, "bf16 X^T Y into a block, shape varies");
+    EXPECT_TRUE(at::equal(dw.select(0, 0), at::full({96, 80}, 7.0).to(at::kBFloat16))) << "other blocks kept";
+  }
   const at::Tensor ab = a.to(at::kBFloat16), bb = b.to(at::kBFloat16);
   const at::Tensor fb = matmul_2d(ab, bb, Kernels::fast);
   EXPECT_EQ(fb.scalar_type(), at::kBFloat16);
