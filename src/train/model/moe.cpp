@@ -478,6 +478,10 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const Grouping& groups, const a
     expert_time += Clock::now() - te;
   }
   const at::Tensor wk = w.reshape({-1}).index_select(0, order);  // [N K] fp32
+  // fp32 rows whose experts computed in bf16 (autocast): their results and the shared experts' in
+  // fp32 into the fused combine, which sums in fp32 as ATen's composition below does.
+  if (fused_rows && ys.scalar_type() != at::kFloat) ys = ys.to(at::kFloat);
+  if (fused_rows && plus.defined() && plus.scalar_type() != at::kFloat) plus = plus.to(at::kFloat);
   const bool fused_combine = fused_rows && rows_fused_available(ys);
   const bool plus_in_combine = fused_combine && plus.defined() && rows_fused_available(plus);
   at::Tensor y = fused_combine
