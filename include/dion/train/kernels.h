@@ -50,7 +50,8 @@ bool onednn_linear_available();
 // a step in building kernels and its LRU cache, 30 more in malloc and page faults); through oneDNN
 // they run on their rows rounded up to a multiple of 32 (the rows that follow them in their
 // storage, or zeros), whose kernels repeat, and the result's first rows are kept; so do bf16 ones
-// (ATen's bf16 mm is oneDNN's).
+// (ATen's bf16 mm is oneDNN's). A bf16 product whose reduction runs over those rows (a = X^T: a
+// weight gradient) is two, over the rows rounded down to 32 and over the rest, added.
 enum class Shape { repeats, varies };
 
 // a [M, K] @ b [K, N] -> [M, N]; no autograd. `fast`: oneDNN for CPU fp32 where the CPU's plan
