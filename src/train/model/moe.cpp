@@ -170,9 +170,10 @@ void rows_around(const at::Tensor& out, int64_t at, int64_t n, const at::Tensor&
 // dispatch, act W2^T during the combine; backward: dact, relu^2' and both weight products during
 // the gradients' way out, dx during their way back. The received rows' dx go back before their
 // weight products, which run during that way back (the partner's wait for its dx: 3-4 ms a step
-// -> 1, dp 2 x ep 2, Zen 4). A rank that arrives first works instead of idling. Values: the GEMMs of GroupedExpertsFn on the same blocks, and each expert's weight
-// gradient summed over its blocks in source order (an own product that is not its expert's
-// first waits for its turn), so no bit depends on the overlap.
+// -> 1, dp 2 x ep 2, Zen 4). A rank that arrives first works instead of idling. Values: the GEMMs
+// of GroupedExpertsFn on the same blocks, and each expert's weight gradient summed over its
+// blocks in source order (an own product that is not its expert's first waits for its turn), so
+// no bit depends on the overlap.
 struct EpExpertsFn : torch::autograd::Function<EpExpertsFn> {
   struct Layout {
     std::vector<int64_t> send, recv, rc;  // rows to / from each ep rank; rows per (source, local expert)
@@ -465,14 +466,12 @@ at::Tensor MoEImpl::routed(const at::Tensor& xf, const Grouping& groups, const a
         recv[size_t(s)] += rc[size_t(s * El + e)];
       }
     // Mixed dtypes without autocast compute in the weights'.
-    at::Tensor W1 = par->weight(w1), W2 = par->weight(w2), rows = xs;
+    const at::Tensor W1 = par->weight(w1), W2 = par->weight(w2);
     const at::ScalarType dt = experts_dtype(xs, W1, W2).value_or(W1.scalar_type());
-    if (W1.scalar_type() != dt) W1 = W1.to(dt);
-    if (W2.scalar_type() != dt) W2 = W2.to(dt);
-    if (rows.scalar_type() != dt) rows = rows.to(dt);
     const auto te = Clock::now();
-    ys = EpExpertsFn::apply(rows, W1, W2, send, recv, rc, rank, int64_t(reinterpret_cast<intptr_t>(par)),
-                            int64_t(reinterpret_cast<intptr_t>(&route_s_)), int64_t(kernels_));
+    ys = EpExpertsFn::apply(xs.to(dt), W1.to(dt), W2.to(dt), send, recv, rc, rank,
+                            int64_t(reinterpret_cast<intptr_t>(par)), int64_t(reinterpret_cast<intptr_t>(&route_s_)),
+                            int64_t(kernels_));
     // The node adds its exchanges' seconds to route_s_ itself (forward and backward); the rest of
     // its time is the experts'. The counts' wait above is routing.
     expert_time += Clock::now() - te;
