@@ -43,6 +43,7 @@ add_library(dion_train STATIC
   ${DION_TRAIN_ROOT}/src/train/model/cross_entropy_cpu.cpp
   ${DION_TRAIN_ROOT}/src/train/model/fused_cpu.cpp
   ${DION_TRAIN_ROOT}/src/train/model/router_cpu.cpp
+  ${DION_TRAIN_ROOT}/src/train/model/transpose_cpu.cpp
   ${DION_TRAIN_ROOT}/src/train/model/kernels.cpp
   ${DION_TRAIN_ROOT}/src/train/model/fit.cpp
   ${DION_TRAIN_ROOT}/src/train/loader.cpp
@@ -73,7 +74,7 @@ target_compile_definitions(dion_train PUBLIC FMT_HEADER_ONLY)
 target_precompile_headers(dion_train REUSE_FROM dion_pch)
 # GCC 12 reports the AVX-512 intrinsics' own _mm512_undefined_* operands as uninitialized.
 set_source_files_properties(${DION_TRAIN_ROOT}/src/train/model/cross_entropy_cpu.cpp
-  PROPERTIES COMPILE_OPTIONS "-Wno-uninitialized;-Wno-maybe-uninitialized")
+  ${DION_TRAIN_ROOT}/src/train/model/transpose_cpu.cpp PROPERTIES COMPILE_OPTIONS "-Wno-uninitialized;-Wno-maybe-uninitialized")
 # No FP exception flags are read anywhere: without trapping math GCC vectorizes the fused kernels'
 # float compares (the same results; fused_cpu.cpp).
 set_source_files_properties(${DION_TRAIN_ROOT}/src/train/model/fused_cpu.cpp

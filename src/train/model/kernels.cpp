@@ -17,6 +17,7 @@
 #endif
 
 #include "cross_entropy_cpu.h"
+#include "transpose_cpu.h"
 #include "dion/train/autocast.h"
 
 namespace dion::train {
@@ -208,8 +209,9 @@ bool matmul_uses_onednn(const at::Tensor& a, const at::Tensor& b, Kernels kind) 
 // pass over the [n, V] chunk to scale it). Where the plan runs oneDNN (its onednn and mixed
 // kinds), dW accumulates transposed, dW^T = (diag(k) h)^T G' [C, V], whose [n, V] operand G' oneDNN
 // reads in place as its weight, where G'^T (diag(k) h) has it copy the transposed chunk (onednn) or
-// MKL pack it (mixed); one transpose into dW at the end. On a Zen 4, a 256-row chunk: 30-32 ms
-// against MKL's 36 and oneDNN's 48 with its copy; the transpose ~7 ms a step.
+// MKL pack it (mixed); the last chunk's part added as dW^T goes into dW transposed
+// (transpose_cpu.h). On a Zen 4, a 256-row chunk: 30-32 ms against MKL's 36 and oneDNN's 48 with
+// its copy; the last sum and transpose 6.6 ms a step (ATen's add and copy_: 10.5).
 // Backward scales the kept dh, dW by the loss's gradient.
 struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets,
@@ -250,17 +252,20 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
       dhc.mul_(k_col);                           // diag(k) G' w
       if (dw_transposed) {
         const at::Tensor part = onednn_linear(hk.t().contiguous(), lg.t());  // (diag(k) h)^T G', [C, V]
-        if (s == 0)
+        if (s == 0 && s + n < N)
           dw_t = part;
-        else
+        else if (s == 0)
+          dw.copy_(part.t());
+        else if (s + n < N)
           dw_t.add_(part);
+        else
+          transpose_sum_into(dw, dw_t, part);  // the last chunk: dW = (dW^T + part)^T
       } else if (s == 0) {
         at::mm_out(dw, lg.t(), hk);  // G'^T (diag(k) h), [V, C]: MKL reads the transposed chunk
       } else {
         dw.addmm_(lg.t(), hk);
       }
     }
-    if (dw_t.defined()) dw.copy_(dw_t.t());
     if (want_grad) ctx->save_for_backward({dh, dw});
     // The mean over valid rows; none valid: nan, as F.cross_entropy.
     const double mean = n_valid > 0 ? sum / static_cast<double>(n_valid) : std::nan("");

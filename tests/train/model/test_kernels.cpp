@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../../../src/train/model/cross_entropy_cpu.h"
+#include "../../../src/train/model/transpose_cpu.h"
 #include "../../../src/train/model/vec_exp.h"
 #include "cpu_kind.h"
 #include "dion/train/autocast.h"
@@ -227,6 +228,35 @@ TEST(TrainKernels, LossKernelRunsWhereTheCpuHasIt) {
   EXPECT_FALSE(cross_entropy_inplace_available(at::kDouble));
   std::printf("the loss kernel: bf16 %s, fp32 %s (ATen's capability %s)\n", avx512 ? "AVX-512" : "no (ATen's loss)",
               avx512 ? "AVX-512" : (avx2 ? "AVX2" : "no (ATen's loss)"), cap.c_str());
+}
+
+// The chunked loss's last dW step (transpose_cpu.h): (a + b)^T bit for bit against ATen, on
+// shapes with whole 16 x 16 tiles, edges in either dimension, several column blocks of 256, and
+// none; a NaN and infinities pass through. Where the AVX-512 kernel does not run (ATen's
+// capability below AVX512: the TrainKernels.aten_loss run of this suite, scripts/test_avx2.sh)
+// this checks the fallback.
+TEST(TrainKernels, TransposeSumEqualsAtenBitForBit) {
+  EXPECT_EQ(transpose_sum_kernel_available(),
+            dion::testing::cpu_flag("avx512f") && dion::testing::aten_avx512());
+  at::manual_seed(11);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{16, 16}, {128, 1000}, {37, 45}, {3, 600}, {130, 17},
+                                                           {1, 1}, {0, 9}, {9, 0}};
+  for (const auto& [N, M] : shapes) {
+    SCOPED_TRACE("a, b [" + std::to_string(N) + ", " + std::to_string(M) + "]");
+    const at::Tensor a = at::randn({N, M}), b = at::randn({N, M}) * 1e3;
+    if (N * M > 40) {
+      a.view({-1})[7] = NAN;
+      b.view({-1})[23] = INFINITY;
+      a.view({-1})[39] = -INFINITY;
+    }
+    const at::Tensor out = at::full({M, N}, 5.0f);
+    transpose_sum_into(out, a, b);
+    const at::Tensor want = (a + b).t().contiguous();
+    ASSERT_EQ(out.numel(), want.numel());
+    EXPECT_EQ(std::memcmp(out.data_ptr<float>(), want.data_ptr<float>(), size_t(out.numel()) * sizeof(float)), 0);
+  }
+  EXPECT_THROW(transpose_sum_into(at::empty({4, 3}), at::empty({4, 3}), at::empty({4, 3})), c10::Error);
+  EXPECT_THROW(transpose_sum_into(at::empty({3, 4}), at::empty({4, 3}), at::empty({4, 3}).t()), c10::Error);
 }
 
 // The loss kernel's exp (vec_exp.h) against double's exp: every 97th fp32 value in [-87, 88]
