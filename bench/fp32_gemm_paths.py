@@ -56,6 +56,9 @@ def main():
         # (oneDNN's _linear_pointwise copies a transposed left operand, MKL reads it in place);
         # printed, not counted in the total
         ("lm_head chunk dW, transposed views", torch.randn(R, V).t(), torch.randn(R, C).t(), 0),
+        # dW^T = h^T G' as the chunked loss computes it where the plan runs oneDNN: G' [R, V] read
+        # in place as the weight (a transposed view), h^T a contiguous [C, R]; printed, not counted
+        (f"lm_head chunk dW^T [{C},{R}]x[{R},{V}], G' in place", torch.randn(C, R), torch.randn(R, V).t(), 0),
         (f"q, k, v, proj [{N},{C}]x[{C},{C}]", torch.randn(N, C), torch.randn(C, C), 4 * 3 * args.layers),
         (f"mlp up [{N},{C}]x[{C},{4 * C}]", torch.randn(N, C), torch.randn(4 * C, C), 3 * args.layers),
         (f"mlp down [{N},{4 * C}]x[{4 * C},{C}]", torch.randn(N, 4 * C), torch.randn(C, 4 * C), 3 * args.layers),
@@ -72,7 +75,7 @@ def main():
         a = median_seconds(lambda: torch.nn.functional.linear(x, w))
         b = median_seconds(lambda: onednn(x, w, None, "none", [], ""))
         floor += times * min(a, b)
-        print(f"{name:45s} MKL {a * 1e3:7.2f} ms {flops / a / 1e9:6.1f} GF/s | "
+        print(f"{name:56s} MKL {a * 1e3:7.2f} ms {flops / a / 1e9:6.1f} GF/s | "
               f"oneDNN {b * 1e3:7.2f} ms {flops / b / 1e9:6.1f} GF/s | oneDNN/MKL {b / a:.2f}")
     print(f"one forward + backward of {args.layers} x {C}: {floor * 1e3:.0f} ms of GEMMs (the faster library per shape)")
 

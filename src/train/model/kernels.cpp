@@ -161,11 +161,11 @@ CpuKind cpu_kind() {
 // on a Zen 4, and on it under scripts/test_avx2.sh's caps for Zen 3's instructions, where mixed was
 // the fastest of the three too: bench/results/train_speed/fp32_plans_avx2caps_zen4_2026-12-07.txt):
 // MKL's zen kernels run about as fast as oneDNN's (within 10%, bench/fp32_gemm_paths.py), and a
-// product whose left operand is transposed (every dW, G'^T h of the lm_head) costs oneDNN's
-// _linear_pointwise a copy of that operand, which MKL reads in place (on a Zen 4, the lm_head's dW
-// of a 256-row chunk: oneDNN 49 ms with its copy, MKL's addmm_ 37; the blocks' dW: MKL 0-15%
-// faster): "mixed", such products through MKL, the rest through oneDNN. Zen 5's full-width
-// AVX-512 runs oneDNN 2-2.5x MKL: oneDNN throughout.
+// product whose left operand is transposed (the blocks' dW) costs oneDNN's _linear_pointwise a
+// copy of that operand, which MKL reads in place (the blocks' dW: MKL 0-15% faster; the lm_head's
+// dW goes transposed through oneDNN in both plans, LinearCrossEntropyFn below): "mixed", such
+// products through MKL, the rest through oneDNN. Zen 5's full-width AVX-512 runs oneDNN 2-2.5x
+// MKL: oneDNN throughout.
 // DION_FAST_FP32=onednn|mkl|mixed chooses (benchmarks, tests).
 enum class Fp32Gemms { mkl, onednn, mixed };
 
@@ -211,7 +211,8 @@ bool matmul_uses_onednn(const at::Tensor& a, const at::Tensor& b, Kernels kind) 
 // reads in place as its weight, where G'^T (diag(k) h) has it copy the transposed chunk (onednn) or
 // MKL pack it (mixed); the last chunk's part added as dW^T goes into dW transposed
 // (transpose_cpu.h). On a Zen 4, a 256-row chunk: 30-32 ms against MKL's 36 and oneDNN's 48 with
-// its copy; the last sum and transpose 6.6 ms a step (ATen's add and copy_: 10.5).
+// its copy; the last sum and transpose 6.6 ms a step (ATen's add and copy_: 10.5). Its memory:
+// dW^T, a chunk's part and oneDNN's working copy of G': the 2 x 128 run's peak RSS 742 -> 890 MB.
 // Backward scales the kept dh, dW by the loss's gradient.
 struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets,
