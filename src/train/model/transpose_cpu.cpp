@@ -25,13 +25,13 @@ constexpr int64_t kBlock = 256;  // columns of a per block: at N = 128, 128 KiB 
 DION_AVX512 void tile16(const float* a, const float* b, int64_t lda, float* out, int64_t ldo) {
   __m512 r[16], t[16], u[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_add_ps(_mm512_loadu_ps(a + i * lda), _mm512_loadu_ps(b + i * lda));
-  // Pairs of rows interleaved: per 128-bit lane, t[2k] = (r0 c0, r1 c0, r0 c1, r1 c1) of rows 2k, 2k+1
-  // (columns c, c + 4, c + 8, c + 12 in lanes 0..3), t[2k + 1] the same for columns 2, 3.
+  // Pairs of rows interleaved: in 128-bit lane l, t[2k] = (r[2k][4l], r[2k+1][4l], r[2k][4l+1],
+  // r[2k+1][4l+1]), t[2k + 1] the same for columns 4l + 2 and 4l + 3.
   for (int k = 0; k < 8; ++k) {
     t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
     t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
   }
-  // Fours of rows: u[4g + c] holds, per lane l, column c + 4 l of rows 4g..4g+3.
+  // Fours of rows: u[4g + c] holds, in lane l, column 4l + c of rows 4g..4g+3.
   for (int g = 0; g < 4; ++g) {
     const __m512d t0 = _mm512_castps_pd(t[4 * g]), t1 = _mm512_castps_pd(t[4 * g + 1]);
     const __m512d t2 = _mm512_castps_pd(t[4 * g + 2]), t3 = _mm512_castps_pd(t[4 * g + 3]);
@@ -40,7 +40,8 @@ DION_AVX512 void tile16(const float* a, const float* b, int64_t lda, float* out,
     u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
     u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
   }
-  // Lanes gathered across the four groups: output row c + 4 l is lane l of u[c], u[4 + c], ...
+  // Lanes gathered across the four groups: output row 4l + c is lane l of u[c], u[4 + c], u[8 + c],
+  // u[12 + c].
   for (int c = 0; c < 4; ++c) {
     const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);       // lanes 0, 2 of groups 0, 1
     const __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);       // lanes 1, 3 of groups 0, 1
