@@ -15,7 +15,6 @@
 #include "cross_entropy_cpu.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/Version.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
@@ -28,10 +27,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_isa.h"
 #include "vec_exp.h"
 
-#define DION_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
-#define DION_AVX2 __attribute__((target("avx2,fma")))
 
 namespace dion::train {
 namespace {
@@ -232,27 +230,13 @@ DION_AVX2 double row_loss8(float* x, int64_t V, int64_t target, float scale, boo
   return -static_cast<double>(log_p);
 }
 
-// The CPU's flags, and ATen's own capability: ATEN_CPU_CAPABILITY=avx2 (scripts/test_avx2.sh)
-// makes an AVX-512 CPU an AVX2-only one for ATen's kernels, and for these too.
-bool avx512_ok() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && at::get_cpu_capability() == "AVX512";
-  return ok;
-}
-
-bool avx2_ok() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                         (at::get_cpu_capability() == "AVX2" || at::get_cpu_capability() == "AVX512");
-  return ok;
-}
-
 }  // namespace
 
 void cross_entropy_force_portable_bf16(bool on) { portable_bf16.store(on, std::memory_order_relaxed); }
 
 bool cross_entropy_inplace_available(at::ScalarType dtype) {
-  if (dtype == at::kBFloat16) return avx512_ok();
-  if (dtype == at::kFloat) return avx512_ok() || avx2_ok();
+  if (dtype == at::kBFloat16) return cpu_avx512_kernels();
+  if (dtype == at::kFloat) return cpu_avx512_kernels() || cpu_avx2_kernels();
   return false;
 }
 
@@ -280,7 +264,7 @@ double cross_entropy_inplace(at::Tensor& logits, const at::Tensor& targets, int6
   for (int64_t r = 0; r < N; ++r)
     TORCH_CHECK(tp[r] == ignore_index || (tp[r] >= 0 && tp[r] < V), "cross entropy: target ", tp[r], " of row ", r,
                 " is out of bounds (the vocabulary has ", V, " entries)");
-  const bool bf16 = dtype == at::kBFloat16, wide = avx512_ok();
+  const bool bf16 = dtype == at::kBFloat16, wide = cpu_avx512_kernels();
   const size_t row_bytes = static_cast<size_t>(V) * (bf16 ? sizeof(uint16_t) : sizeof(float));
   auto* base = static_cast<char*>(logits.mutable_data_ptr());
   std::vector<double> losses(static_cast<size_t>(N), 0.0);

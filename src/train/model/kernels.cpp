@@ -253,11 +253,12 @@ struct LinearCrossEntropyFn : torch::autograd::Function<LinearCrossEntropyFn> {
       dhc.mul_(k_col);                           // diag(k) G' w
       if (dw_transposed) {
         const at::Tensor part = onednn_linear(hk.t().contiguous(), lg.t());  // (diag(k) h)^T G', [C, V]
-        if (s == 0 && s + n < N)
-          dw_t = part;
+        const bool last = s + n >= N;
+        if (s == 0 && last)
+          dw.copy_(part.t());  // one chunk
         else if (s == 0)
-          dw.copy_(part.t());
-        else if (s + n < N)
+          dw_t = part;
+        else if (!last)
           dw_t.add_(part);
         else
           transpose_sum_into(dw, dw_t, part);  // the last chunk: dW = (dW^T + part)^T

@@ -1,19 +1,18 @@
 // src/train/model/transpose_cpu.cpp — transpose_sum_into (transpose_cpu.h).
 //
-// Only the functions marked DION_AVX512 are compiled for AVX-512 (a function attribute, as
-// cross_entropy_cpu.cpp); transpose_sum_kernel_available() checks the CPU before they run.
+// Only the functions marked DION_AVX512 are compiled for AVX-512 (cpu_isa.h);
+// transpose_sum_kernel_available() checks the CPU before they run.
 #include "transpose_cpu.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/Version.h>
 #include <c10/util/Exception.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
 
-#define DION_AVX512 __attribute__((target("avx512f")))
+#include "cpu_isa.h"
 
 namespace dion::train {
 namespace {
@@ -82,10 +81,7 @@ DION_AVX512 void transpose_sum_avx512(const float* pa, const float* pb, float* p
 
 }  // namespace
 
-bool transpose_sum_kernel_available() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && at::get_cpu_capability() == "AVX512";
-  return ok;
-}
+bool transpose_sum_kernel_available() { return cpu_avx512_kernels(); }
 
 void transpose_sum_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.dim() == 2 && b.sizes() == a.sizes() && out.dim() == 2 && out.size(0) == a.size(1) &&

@@ -4,9 +4,9 @@
 //
 //   transpose_sum_into(out [M, N], a [N, M], b [N, M]): out = (a + b)^T. Each entry is one fp32
 //     add, as ATen's (a + b).t() (the same bits); a, b and out contiguous CPU fp32 tensors.
-//   transpose_sum_kernel_available(): whether the AVX-512 kernel runs (the CPU has AVX-512F and
-//     ATen's capability is AVX512: ATEN_CPU_CAPABILITY=avx2, as scripts/test_avx2.sh sets, turns it
-//     off); elsewhere transpose_sum_into is ATen's add and copy.
+//   transpose_sum_kernel_available(): whether the AVX-512 kernel runs (cpu_isa.h's
+//     cpu_avx512_kernels(); ATEN_CPU_CAPABILITY=avx2, as scripts/test_avx2.sh sets, turns it off);
+//     elsewhere transpose_sum_into is ATen's add and copy.
 //
 // Why a kernel of our own: the chunked loss accumulates dW^T [C, V] and hands autograd dW [V, C].
 // ATen's add, then copy_ of the transposed view: 10.5 ms a step at C = 128, V = 50304 on a Zen 4

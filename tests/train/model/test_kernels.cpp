@@ -236,8 +236,9 @@ TEST(TrainKernels, LossKernelRunsWhereTheCpuHasIt) {
 // capability below AVX512: the TrainKernels.aten_loss run of this suite, scripts/test_avx2.sh)
 // this checks the fallback.
 TEST(TrainKernels, TransposeSumEqualsAtenBitForBit) {
+  using dion::testing::cpu_flag;
   EXPECT_EQ(transpose_sum_kernel_available(),
-            dion::testing::cpu_flag("avx512f") && dion::testing::aten_avx512());
+            cpu_flag("avx512f") && cpu_flag("avx512bw") && cpu_flag("avx512vl") && dion::testing::aten_avx512());
   at::manual_seed(11);
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{16, 16}, {128, 1000}, {37, 45}, {3, 600}, {130, 17},
                                                            {1, 1}, {0, 9}, {9, 0}};
