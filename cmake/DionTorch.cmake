@@ -79,6 +79,7 @@ add_library(dion
   src/math/elementwise.cpp
   src/math/elementwise_state.cpp
   src/math/elementwise_update.cpp
+  src/math/bf16_matmul_cpu.cpp
   src/math/own_kernels.cpp
   src/optim/options.cpp
   src/optim/optimizer.cpp

@@ -2,9 +2,12 @@
 //
 // Every operation mirrors the reference's eager PyTorch code in order and dtype, so that the
 // same LibTorch kernels produce the same bits: the bf16 path matches microsoft/dion run on CPU
-// exactly (tests/optim/test_reference.cpp).
+// exactly (tests/optim/test_reference.cpp). The products go through cpu::exact_matmul, which is
+// at::matmul bit for bit (ATen's own reference loop vectorized where ATen runs that loop: CPUs
+// without native bf16 GEMMs, dion/math/bf16_matmul_cpu.h).
 #include "dion/math/ortho.h"
 
+#include "dion/math/bf16_matmul_cpu.h"
 #include "dion/math/elementwise.h"
 
 #include <ATen/ATen.h>
@@ -24,6 +27,7 @@ namespace {
 using detail::Coeffs;
 using detail::kNewtonSchulz;
 using detail::kPolarExpress;
+using cpu::exact_matmul;
 
 void check_matrix(const at::Tensor& G, const char* who) {
   TORCH_CHECK(G.dim() >= 2, who, ": expected a matrix or a batch of matrices [..., m, n], got shape ", G.sizes());
@@ -66,9 +70,9 @@ at::Tensor newton_schulz(const at::Tensor& G, double epsilon, at::ScalarType dty
   if (tall) X = X.mT();
   X = X / (frobenius(X) + epsilon);  // spectral norm <= Frobenius norm <= 1
   for (const Coeffs& k : kNewtonSchulz) {
-    at::Tensor A = at::matmul(X, X.mT());          // [.., m, m], m = min(rows, cols)
-    at::Tensor B = scaled_sum(A, k.b, at::matmul(A, A), k.c);  // b A + c A^2
-    X = scaled_sum(X, k.a, at::matmul(B, X));                  // a X + B X
+    at::Tensor A = exact_matmul(X, X.mT());          // [.., m, m], m = min(rows, cols)
+    at::Tensor B = scaled_sum(A, k.b, exact_matmul(A, A), k.c);  // b A + c A^2
+    X = scaled_sum(X, k.a, exact_matmul(B, X));                  // a X + B X
   }
   if (tall) X = X.mT();
   return X;
@@ -81,15 +85,15 @@ at::Tensor polar_express(const at::Tensor& G, double epsilon, at::ScalarType dty
   X = X / (frobenius(X) * 1.02 + epsilon);
   if (tall) {
     for (const Coeffs& k : kPolarExpress) {  // Gram matrix on the small side: X^T X [.., n, n]
-      at::Tensor A = at::matmul(X.mT(), X);
-      at::Tensor B = scaled_sum(A, k.b, at::matmul(A, A), k.c);
-      X = scaled_sum(X, k.a, at::matmul(X, B));
+      at::Tensor A = exact_matmul(X.mT(), X);
+      at::Tensor B = scaled_sum(A, k.b, exact_matmul(A, A), k.c);
+      X = scaled_sum(X, k.a, exact_matmul(X, B));
     }
   } else {
     for (const Coeffs& k : kPolarExpress) {  // X X^T [.., m, m]
-      at::Tensor A = at::matmul(X, X.mT());
-      at::Tensor B = scaled_sum(A, k.b, at::matmul(A, A), k.c);
-      X = scaled_sum(X, k.a, at::matmul(B, X));
+      at::Tensor A = exact_matmul(X, X.mT());
+      at::Tensor B = scaled_sum(A, k.b, exact_matmul(A, A), k.c);
+      X = scaled_sum(X, k.a, exact_matmul(B, X));
     }
   }
   return X;
