@@ -118,16 +118,20 @@ CpuComputeDtype OrthoConfig::cpu_compute() const {
 namespace {
 
 // Said once per process and dtype, the first time the exact path multiplies in a type this CPU
-// has no native GEMM for: ATen then runs a scalar fallback, 30-100x slower than fp32 (measured:
-// 0.7 GFLOP/s bf16 against 80 fp32 on an AVX2-only AMD EPYC), minutes a step on a GPT-2-size
-// model; the fast path picks fp32 there (cpu_compute_dtype).
+// has no native GEMM for and that the library cannot run at speed: ATen then runs a scalar
+// fallback, 30-100x slower than fp32 (measured: 0.7 GFLOP/s bf16 against 80 fp32 on an AVX2-only
+// AMD EPYC), minutes a step on a GPT-2-size model; the fast path picks fp32 there
+// (cpu_compute_dtype). Not said for bf16 where exact_matmul reproduces ATen's loops
+// (dion/math/bf16_matmul_cpu.h): that runs near the fp32 rate.
 void note_slow_exact_dtype(at::ScalarType dt) {
   if (dt != at::kBFloat16 && dt != at::kHalf) return;
   static std::atomic<bool> said_bf16{false}, said_fp16{false};
   std::atomic<bool>& said = dt == at::kBFloat16 ? said_bf16 : said_fp16;
   if (said.load(std::memory_order_relaxed)) return;
   std::string why;
-  if (cpu_has_native_gemm(dt, &why) || said.exchange(true)) return;
+  if (cpu_has_native_gemm(dt, &why)) return;
+  if (dt == at::kBFloat16 && cpu::aten_bf16_order_confirmed(cpu::Bf16SumOrder::four_way)) return;
+  if (said.exchange(true)) return;
   TORCH_WARN("dion: the exact orthogonalization computes in ", dtype_short_name(dt),
              " (the reference's dtype) on the CPU, but ", why,
              ": ATen runs these GEMMs on a scalar fallback, 30-100x slower than fp32 here. For speed use the fast "

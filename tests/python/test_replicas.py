@@ -294,9 +294,9 @@ def test_distributed_optimizer_alive_at_exit_is_released_and_exits_cleanly(tmp_p
         assert rc == 0, f"rank {rank} exited with {rc}: {err[-2000:]}"
         assert "RELEASED: this dion_cpp optimizer was released at interpreter exit" in out, (rank, out, err)
         assert "NOT RELEASED" not in out
-        # The one line this job may print: on a CPU without native bf16 GEMMs (an AMD Zen 3, or
-        # any x86 under scripts/test_avx2.sh's caps) the exact path warns once (ortho.cpp,
-        # note_slow_exact_dtype) that ATen runs them on its scalar fallback.
+        # The one line this job may print: on a CPU without native bf16 GEMMs where the library
+        # cannot reproduce ATen's bf16 loops either (no AVX2: dion/math/bf16_matmul_cpu.h) the exact
+        # path warns once (ortho.cpp, note_slow_exact_dtype) that ATen runs them on its scalar fallback.
         err = "\n".join(line for line in err.splitlines()
                         if "dion: the exact orthogonalization computes in" not in line)
         assert err.strip() == "", f"rank {rank} wrote to stderr: {err[-2000:]}"
