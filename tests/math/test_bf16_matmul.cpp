@@ -34,7 +34,12 @@ namespace {
 
 namespace cpu = dion::math::cpu;
 
-bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+#if defined(__x86_64__) || defined(_M_X64)
+#define CPU_HAS(feature) __builtin_cpu_supports(feature)
+#else
+#define CPU_HAS(feature) false
+#endif
+bool cpu_has_avx2() { return CPU_HAS("avx2") && CPU_HAS("fma"); }
 
 uint16_t to_bf16_bits(float f) {
   if (std::isnan(f)) return 0x7FC0;
@@ -166,7 +171,7 @@ bool onednn_capped_at_avx2() {
 bool aten_kernels_avx2() {
   const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
   if (cap && std::string(cap) == "default") return false;
-  return !__builtin_cpu_supports("avx512f") || (cap && std::string(cap) == "avx2");
+  return !CPU_HAS("avx512f") || (cap && std::string(cap) == "avx2");
 }
 
 TEST(Bf16LoopMatmul, EachOrderEqualsItWrittenOut) {
