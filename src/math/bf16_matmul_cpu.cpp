@@ -10,13 +10,14 @@
 // built with -ffp-contract=off: a multiply and an add stay two roundings where written so.
 #include "dion/math/bf16_matmul_cpu.h"
 
+#include "elementwise_detail.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -119,22 +120,10 @@ int64_t run_count(Bf16SumOrder order) {
   return order == Bf16SumOrder::four_way ? 4 : order == Bf16SumOrder::running ? 1 : 72;
 }
 
-// ------------------------------------------------------------------------------------ conversion
+// ------------------------------------------------------------------------------------ packing
 
-inline float bf16_bits_to_float(uint16_t v) {
-  const uint32_t u = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// c10::BFloat16(float): round to nearest even, NaN -> 0x7FC0.
-inline uint16_t float_to_bf16_bits(float f) {
-  if (std::isnan(f)) return 0x7FC0;
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+// bf16 bits <-> float as c10::BFloat16 converts (round to nearest even, NaN -> 0x7FC0).
+using detail::BF16;
 
 // Rows [i0, i0 + kMR) of a [m, k] (strides sm, sk) as float [k][kMR] in the packed order.
 void pack_a(const uint16_t* a, int64_t sm, int64_t sk, int64_t m, int64_t i0, const std::vector<int64_t>& pos,
@@ -143,7 +132,7 @@ void pack_a(const uint16_t* a, int64_t sm, int64_t sk, int64_t m, int64_t i0, co
   for (int64_t r = 0; r < kMR; ++r) {
     const int64_t i = i0 + r;
     const uint16_t* row = a + i * sm;
-    for (int64_t l = 0; l < k; ++l) out[pos[l] * kMR + r] = i < m ? bf16_bits_to_float(row[l * sk]) : 0.0f;
+    for (int64_t l = 0; l < k; ++l) out[pos[l] * kMR + r] = i < m ? BF16::load(row[l * sk]) : 0.0f;
   }
 }
 
@@ -156,7 +145,7 @@ void pack_b(const uint16_t* b, int64_t sk, int64_t sn, int64_t n, int64_t j0, co
     const uint16_t* src = b + l * sk + j0 * sn;
     float* dst = out + pos[l] * kNR;
     int64_t c = 0;
-    for (; c < cols; ++c) dst[c] = bf16_bits_to_float(src[c * sn]);
+    for (; c < cols; ++c) dst[c] = BF16::load(src[c * sn]);
     for (; c < kNR; ++c) dst[c] = 0.0f;
   }
 }
@@ -263,7 +252,7 @@ void matmul_one(const uint16_t* a, int64_t sam, int64_t sak, const uint16_t* b, 
         }
         const int64_t i0 = ib * kMR, rows = std::min(kMR, m - i0);
         for (int64_t r = 0; r < rows; ++r)
-          for (int64_t cc = 0; cc < cols; ++cc) c[(i0 + r) * n + j0 + cc] = float_to_bf16_bits(s[r * kNR + cc]);
+          for (int64_t cc = 0; cc < cols; ++cc) c[(i0 + r) * n + j0 + cc] = BF16::store(s[r * kNR + cc]);
       }
     }
   });
