@@ -19,7 +19,10 @@
 //
 // every partial sum starting at +0, each product rounded to float then added (four_way, running;
 // a product of two bf16 values is exact in float unless it falls below float's normal range) and
-// the result rounded to bf16 (nearest even). bf16_matmul_in_order() computes an order with AVX2,
+// the result rounded to bf16 (nearest even). Where equality could fail: if ATen's build fused a
+// four_way / running step into an FMA, only a product below float's normal range would round
+// differently (tests/math/test_bf16_matmul.cpp's subnormal products found no difference; dot64
+// uses FMAs as ATen's fmadd does). bf16_matmul_in_order() computes an order with AVX2,
 // eight outputs a lane, so it is bit-identical to ATen's loop at several times its speed
 // (docs/benchmarks.md).
 //
