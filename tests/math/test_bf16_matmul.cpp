@@ -7,9 +7,9 @@
 //
 // ctest runs this binary twice: as the machine is (on a CPU with oneDNN's bf16 GEMMs ATen takes
 // them, the probes fail and exact_matmul is at::matmul) and with oneDNN capped at AVX2
-// (bf16_loop.*: ATen runs its loops on every CPU and the four_way and running probes must pass,
-// dot64's too where ATen's kernels are AVX2's, so the kernel is compared with ATen on the CI's CPU
-// whatever it is).
+// (bf16_loop.*: ATen runs its loops on every CPU and the four_way probe must pass, the running
+// and dot64 ones too where ATen's kernels are AVX2's, so the kernel is compared with ATen on the
+// CI's CPU whatever it is).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -240,8 +240,10 @@ TEST(Bf16LoopMatmul, EqualsAtenWhereAtenRunsTheLoops) {
     EXPECT_TRUE(cpu::aten_bf16_order_confirmed(cpu::Bf16SumOrder::four_way))
         << "with oneDNN capped at AVX2 (ONEDNN_MAX_CPU_ISA) ATen must run its bf16 loops, and the probe found "
            "at::matmul of two row-major operands summing in another order than gemm_notrans_'s";
-    EXPECT_TRUE(cpu::aten_bf16_order_confirmed(cpu::Bf16SumOrder::running)) << "gemm_transb_'s running sum";
+    // gemm_transb_'s running sum and gemm_transa_'s dot product were read off ATen's AVX2 kernels
+    // (a Zen 3); under AVX-512's the probe decides, and the comparisons below hold either way.
     if (aten_kernels_avx2()) {
+      EXPECT_TRUE(cpu::aten_bf16_order_confirmed(cpu::Bf16SumOrder::running)) << "gemm_transb_'s running sum";
       EXPECT_TRUE(cpu::aten_bf16_order_confirmed(cpu::Bf16SumOrder::dot64)) << "gemm_transa_'s AVX2 dot product";
     }
   }
