@@ -116,10 +116,6 @@ void combine(Bf16SumOrder order, float* buf, float* s) {
   add_tiles(s, tail, s);
 }
 
-int64_t run_count(Bf16SumOrder order) {
-  return order == Bf16SumOrder::four_way ? 4 : order == Bf16SumOrder::running ? 1 : 72;
-}
-
 // ------------------------------------------------------------------------------------ packing
 
 // bf16 bits <-> float as c10::BFloat16 converts (round to nearest even, NaN -> 0x7FC0).
@@ -222,7 +218,7 @@ void matmul_one(const uint16_t* a, int64_t sam, int64_t sak, const uint16_t* b, 
                 int64_t m, int64_t k, int64_t n, Bf16SumOrder order, bool symmetric) {
 #ifdef DION_BF16_LOOP_X86
   const Runs runs = make_runs(order, k);
-  const int64_t nruns = run_count(order);
+  const int64_t nruns = static_cast<int64_t>(runs.runs.size());
   const int64_t row_blocks = (m + kMR - 1) / kMR, col_panels = (n + kNR - 1) / kNR;
   std::vector<float> ap(static_cast<size_t>(row_blocks * k * kMR));
   at::parallel_for(0, row_blocks, 1, [&](int64_t begin, int64_t end) {
