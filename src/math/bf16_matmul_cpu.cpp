@@ -9,6 +9,7 @@
 // the order's combination then runs on the tile's buffers, element by element. The library is
 // built with -ffp-contract=off: a multiply and an add stay two roundings where written so.
 #include "dion/math/bf16_matmul_cpu.h"
+#include "dion/math/ortho.h"
 
 #include "elementwise_detail.h"
 
@@ -368,6 +369,9 @@ at::Tensor bf16_matmul_in_order(const at::Tensor& a, const at::Tensor& b, Bf16Su
 }
 
 bool aten_bf16_order_confirmed(Bf16SumOrder order) {
+  // Where ATen may hand the product to oneDNN (by size: a probe of a few shapes cannot tell),
+  // never. Asked at each call: torch.backends.mkldnn.enabled can change while the process runs.
+  if (aten_bf16_matmul_uses_onednn()) return false;
   static const std::array<bool, 3> confirmed = [] {
     std::array<bool, 3> c{false, false, false};
     if (!cpu_has_avx2_fma() || !loop_gemm_enabled_by_env()) return c;

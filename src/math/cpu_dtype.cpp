@@ -75,6 +75,7 @@ bool allows(const IsaCap& cap, uint32_t isa) { return (cap.mask & isa) == isa; }
 // cpuinfo's flags, read once (they do not change while the process runs).
 struct CpuFlags {
   bool avx512_fp16 = false, amx_fp16 = false, avx512_bf16 = false, amx_bf16 = false;
+  bool avx512_core = false, avx_ne_convert = false;  // oneDNN's AVX512_CORE: F, BW, VL and DQ
 };
 
 const CpuFlags& cpu_flags() {
@@ -89,6 +90,8 @@ const CpuFlags& cpu_flags() {
     f.amx_fp16 = has("amx_fp16");
     f.avx512_bf16 = has("avx512_bf16");
     f.amx_bf16 = has("amx_bf16");
+    f.avx512_core = has("avx512_f") && has("avx512_bw") && has("avx512_vl") && has("avx512_dq");
+    f.avx_ne_convert = has("avx_ne_convert");
     return f;
   }();
   return flags;
@@ -147,6 +150,18 @@ bool cpu_has_native_gemm(at::ScalarType dtype, std::string* why) {
   say(type + " GEMMs are not native: this CPU has " + have + ", but " + cap.text + " caps oneDNN below " +
       vec_isa_name);
   return false;
+}
+
+bool aten_bf16_matmul_uses_onednn() {
+  if (!at::hasMKLDNN() || !at::globalContext().userEnabledMkldnn()) return false;
+  // oneDNN reads its cap once, when first used; so does this (a later setenv changes neither).
+  static const bool isa = [] {
+    const CpuFlags& f = cpu_flags();
+    const IsaCap cap = isa_cap();
+    constexpr uint32_t kAvx512Core = 0x27, kAvx2Vnni2 = 0x1f;
+    return (f.avx512_core && allows(cap, kAvx512Core)) || (f.avx_ne_convert && allows(cap, kAvx2Vnni2));
+  }();
+  return isa;
 }
 
 at::ScalarType cpu_dtype_from_string(const std::string& name) {

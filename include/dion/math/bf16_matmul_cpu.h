@@ -31,10 +31,15 @@
 // GPUs, CPUs with oneDNN's bf16 GEMMs, other layouts, tiny products). Whether this process's ATen
 // sums in an order is decided once per order by a probe: at::matmul against bf16_matmul_in_order,
 // bit for bit, on operands built so that any other order changes most bf16 results (2-D and
-// batched, each layout that runs the loop, k with every kind of remainder). A CPU whose ATen takes
-// oneDNN's GEMM, or whose ATen kernels are not AVX2's (dot64 has 16 lanes under AVX-512's, a serial
-// lane reduction under the default ones), fails it for that order. DION_BF16_LOOP_GEMM=0 turns
-// the kernel off (measurements); without AVX2 and FMA it is never used.
+// batched, each layout that runs the loop, k with every kind of remainder). A CPU whose ATen kernels
+// are not AVX2's (dot64 has 16 lanes under AVX-512's, a serial lane reduction under the default
+// ones) fails it for that order. Where ATen may hand bf16 GEMMs to oneDNN at all
+// (aten_bf16_matmul_uses_onednn, dion/math/ortho.h: AVX-512 CPUs unless capped), no order is
+// confirmed and every product is ATen's: ATen then picks oneDNN or its loops by size, so a probe
+// of a few shapes can pass while larger products go to oneDNN (an AMD Zen 5, 2026-12-07: the
+// running order's probe passed, batched products of 3 x 33 x 150 x 40 differed, and Muon's exact
+// step left train.py's trajectory at step 5). DION_BF16_LOOP_GEMM=0 turns the kernel off
+// (measurements); without AVX2 and FMA it is never used.
 //
 // Tests: tests/math/test_bf16_matmul.cpp (each order against a scalar transcription of it on every
 // CPU; against at::matmul where the probes pass, which the bf16_loop.* environment, oneDNN capped

@@ -122,6 +122,14 @@ at::Tensor gram_newton_schulz(const at::Tensor& G, double epsilon = 1e-7,
 // AVX512_CORE_BF16 rules out fp16, AVX2 both). `why`, when given, receives one sentence.
 bool cpu_has_native_gemm(at::ScalarType dtype, std::string* why = nullptr);
 
+// Whether ATen hands bf16 CPU matmuls to oneDNN (those above 16^3 multiply-adds; torch 2.11's
+// mkldnn_bf16_device_check): oneDNN enabled, and its ISA, as capped when first read in this
+// process, reaching AVX512_CORE (avx512 F, BW, VL, DQ; also where bf16 is not native: oneDNN
+// then converts) or AVX2_VNNI_2 (avx_ne_convert). Where it does not, every bf16 matmul runs
+// ATen's own loops, which dion/math/bf16_matmul_cpu.h reproduces; where it does, ATen picks
+// oneDNN or its loops by size, so the exact path leaves every bf16 product to ATen.
+bool aten_bf16_matmul_uses_onednn();
+
 struct CpuComputeDtype {
   at::ScalarType dtype;
   std::string reason;  // "fp32: fp16 GEMMs are not native: this CPU has avx512_fp16, but ..."
