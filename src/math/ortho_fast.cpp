@@ -84,19 +84,19 @@ void small_gram(const at::Tensor& P, const at::Tensor& X, bool tall, bool tiled)
 }
 
 // out = a X + B X (wide) or a X + X B (tall); B [B, r, r] symmetric.
-void apply_add(at::Tensor out, const at::Tensor& X, const at::Tensor& B, double a, bool tall) {
+void apply_add(const at::Tensor& out, const at::Tensor& X, const at::Tensor& B, double a, bool tall) {
   if (tall)
-    at::baddbmm_out(out, X, X, B, a, 1.0);
+    batched_product_out(out, X, B, X, a, 1.0);
   else
-    at::baddbmm_out(out, X, B, X, a, 1.0);
+    batched_product_out(out, B, X, X, a, 1.0);
 }
 
 // out = Q X (wide) or X Q (tall).
-void apply(at::Tensor out, const at::Tensor& Q, const at::Tensor& X, bool tall) {
+void apply(const at::Tensor& out, const at::Tensor& Q, const at::Tensor& X, bool tall) {
   if (tall)
-    at::bmm_out(out, X, Q);
+    batched_product_out(out, X, Q, at::Tensor(), 0.0, 1.0);
   else
-    at::bmm_out(out, Q, X);
+    batched_product_out(out, Q, X, at::Tensor(), 0.0, 1.0);
 }
 
 // One polynomial step X' = a X + (b A + c A^2) X with A the small Gram matrix, into `next`.

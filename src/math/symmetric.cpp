@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "dion/cuda/symmetric.h"
+#include "dion/math/ortho.h"
 #include "dion/math/own_kernels.h"
 
 namespace dion::math {
@@ -182,9 +183,21 @@ void mirror_lower_to_upper(const at::Tensor& P, int64_t from_row) {
   }
 }
 
+bool half_product_in_fp32(const at::Tensor& out) {
+  const at::ScalarType dt = out.scalar_type();
+  return out.device().is_cpu() && (dt == at::kBFloat16 || dt == at::kHalf) && !cpu_has_native_gemm(dt);
+}
+
 void symmetric_product_out(const at::Tensor& P, const at::Tensor& M1, const at::Tensor& M2, const at::Tensor& S,
                            double beta, double alpha, bool tiled) {
   check_product(P, M1, M2, S);
+  if (half_product_in_fp32(P)) {
+    const at::Tensor P32 = at::empty(P.sizes(), P.options().dtype(at::kFloat));
+    symmetric_product_out(P32, M1.to(at::kFloat), M2.to(at::kFloat), S.defined() ? S.to(at::kFloat) : S, beta, alpha,
+                          tiled);
+    P.copy_(P32);
+    return;
+  }
   const int64_t batch = P.size(0), m = P.size(1);
   const int64_t k = M1.size(2);
   if (tiled && P.device().is_cpu() &&
@@ -216,6 +229,20 @@ void symmetric_product_block_rows_out(const at::Tensor& P, const at::Tensor& M1,
 
 void gram_out(const at::Tensor& P, const at::Tensor& X, bool tiled) {
   symmetric_product_out(P, X, X.mT(), at::Tensor(), 0.0, 1.0, tiled);
+}
+
+void batched_product_out(const at::Tensor& out, const at::Tensor& M1, const at::Tensor& M2, const at::Tensor& S,
+                         double beta, double alpha) {
+  TORCH_CHECK(out.dim() == 3 && out.is_contiguous() && M1.dim() == 3 && M2.dim() == 3 && M1.size(2) == M2.size(1) &&
+                  out.size(1) == M1.size(1) && out.size(2) == M2.size(2),
+              "batched_product_out: shapes do not chain: out ", out.sizes(), " = M1 ", M1.sizes(), " @ M2 ", M2.sizes());
+  if (half_product_in_fp32(out)) {
+    const at::Tensor out32 = at::empty(out.sizes(), out.options().dtype(at::kFloat));
+    full_product(out32, M1.to(at::kFloat), M2.to(at::kFloat), S.defined() ? S.to(at::kFloat) : S, beta, alpha);
+    out.copy_(out32);
+    return;
+  }
+  full_product(out, M1, M2, S, beta, alpha);
 }
 
 }  // namespace dion::math

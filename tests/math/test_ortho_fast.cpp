@@ -37,6 +37,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -145,6 +146,61 @@ TEST(Symmetric, MirrorCopiesTheLowerTriangleExactly) {
   }
   at::Tensor bad = at::zeros({2, 3, 4});
   EXPECT_THROW(dion::math::mirror_lower_to_upper(bad), c10::Error);
+}
+
+// fp16 / bf16 where the CPU's GEMMs in that dtype are not native (dion/math/symmetric.h): the
+// result is the fp32 product of the operands' values (what the same functions compute on fp32
+// copies) rounded to the dtype once, bit for bit, and exactly symmetric where mirrored (block rows).
+// cpu_has_native_gemm reads ONEDNN_MAX_CPU_ISA at each call, so under AVX2 every CPU takes this
+// route for both dtypes (ATen's own kernels do not change in-process). Without the route the
+// products are ATen's: oneDNN's bf16 kernels or ATen's loops, which sum in other orders (the
+// printed counts: entries that differ from the fp32 route when the cap is lifted; an AMD Zen 5,
+// bf16: 0 / 0 / 0 of the small batch, 66 / 46 / 4 of 520 x 2100, 2026-12-07).
+TEST(Symmetric, HalfProductsWithoutNativeGemmsMultiplyInFp32) {
+  at::manual_seed(11);
+  for (at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dt));
+    // (B, m, k): batched small, and block rows for a long reduction (520 x 2100).
+    for (auto [b, m, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{3, 48, 160}, {1, 520, 2100}}) {
+      const at::Tensor X = (at::randn({b, m, k}) / 8).to(dt);
+      const at::Tensor R = at::randn({b, m, m});
+      const at::Tensor S = (R + R.mT()).to(dt);
+      const at::Tensor Y = at::randn({b, k, 40}).to(dt);
+      const at::Tensor Xf = X.to(at::kFloat), Sf = S.to(at::kFloat), Yf = Y.to(at::kFloat);
+      at::Tensor want_gram = at::empty({b, m, m}), want_sym = at::empty({b, m, m}), want_prod = at::empty({b, m, 40});
+      dion::math::gram_out(want_gram, Xf);
+      dion::math::symmetric_product_out(want_sym, Xf, Xf.mT(), Sf, -0.5, 2.0);
+      dion::math::batched_product_out(want_prod, Xf, Yf, at::Tensor(), 0.0, 1.0);
+      auto run = [&](at::Tensor& gram, at::Tensor& sym, at::Tensor& prod) {
+        gram = at::empty({b, m, m}, X.options()), sym = at::empty_like(gram), prod = at::empty({b, m, 40}, X.options());
+        dion::math::gram_out(gram, X);
+        dion::math::symmetric_product_out(sym, X, X.mT(), S, -0.5, 2.0);
+        dion::math::batched_product_out(prod, X, Y, at::Tensor(), 0.0, 1.0);
+      };
+      at::Tensor gram, sym, prod;
+      {
+        ScopedEnv cap("ONEDNN_MAX_CPU_ISA", "AVX2"), no_legacy("DNNL_MAX_CPU_ISA", nullptr);
+        ASSERT_TRUE(dion::math::half_product_in_fp32(at::empty({1}, X.options())));
+        run(gram, sym, prod);
+      }
+      EXPECT_TRUE(at::equal(gram, want_gram.to(dt))) << "gram m=" << m;
+      EXPECT_TRUE(at::equal(sym, want_sym.to(dt))) << "symmetric product m=" << m;
+      EXPECT_TRUE(at::equal(prod, want_prod.to(dt))) << "product m=" << m;
+      if (m >= dion::math::kSymmetricMinRowsLongK && k >= dion::math::kSymmetricLongK) {  // block rows, mirrored
+        EXPECT_TRUE(at::equal(gram, gram.mT()) && at::equal(sym, sym.mT())) << "m=" << m;
+      }
+      if (!dion::math::half_product_in_fp32(gram)) {  // this CPU multiplies dt natively: compare
+        at::Tensor g2, s2, p2;
+        run(g2, s2, p2);
+        std::printf("%s [%ld, %ld, %ld], native products against the fp32 route: %ld / %ld / %ld entries differ\n",
+                    c10::toString(dt), long(b), long(m), long(k), long(g2.ne(gram).sum().item<int64_t>()),
+                    long(s2.ne(sym).sum().item<int64_t>()), long(p2.ne(prod).sum().item<int64_t>()));
+      }
+    }
+  }
+  at::Tensor out = at::empty({1, 8, 8});
+  EXPECT_THROW(dion::math::batched_product_out(out, at::randn({1, 8, 5}), at::randn({1, 4, 8}), {}, 0, 1),
+               c10::Error);
 }
 
 // The batched block-row path (the one CUDA takes: one 3-D product per block row over the whole
@@ -356,8 +412,9 @@ TEST(GramNewtonSchulz, RankDeficientStaysBounded) {
 // compilation). With dtype fp16 we run the same operations in the same order and orientation
 // on the same kernels; only the square case differs (our normalization divides the fp16 copy,
 // the package divides in fp32 first). Measured max |diff|: 0 for wide and tall, 8.5e-4 for
-// square (under 3 fp16 ulps of entries up to 0.39). Without native fp16 (the no_fp16.* run)
-// the fp16 products take ATen's fallback, which sums in another order: 3.7-7.9e-4. These
+// square (under 3 fp16 ulps of entries up to 0.39). Without native fp16 (the no_fp16.* run, AMD
+// CPUs) the fp16 products are fp32 products rounded once (dion/math/symmetric.h), summed in
+// another order: 1.2-8.5e-4 (an AMD Zen 5; ATen's own fp16 loops there gave 3.7-7.9e-4). These
 // matrices are under the block-row threshold, so tiled = true takes the same batched products.
 // Asserted 2e-3.
 // fp32 (what a CPU without native fp16 computes in) is compared with our own float64 iteration

@@ -95,8 +95,9 @@ at::Tensor gram_newton_schulz(const at::Tensor& G, double epsilon = 1e-7,
 // On a CPU, fp16 and bf16 GEMMs are fast only where the CPU multiplies that type natively and
 // oneDNN may use those instructions; elsewhere ATen runs them on a scalar fallback (the exact
 // path's bf16 products then go through cpu::exact_matmul, ATen's loops vectorized bit for bit:
-// dion/math/bf16_matmul_cpu.h; the FAST path still computes in fp32 there). One 512 x 512
-// product, one thread (best of 3-15, docs/benchmarks.md "CPU compute dtype"):
+// dion/math/bf16_matmul_cpu.h; the FAST path computes in fp32 there, and told to use fp16 /
+// bf16 anyway it multiplies in fp32 and rounds each product once: dion/math/symmetric.h).
+// One 512 x 512 product, one thread (best of 3-15, docs/benchmarks.md "CPU compute dtype"):
 //   Intel Xeon (KVM; AVX512-FP16, AVX512-BF16, no AMX):       fp16 2.1-2.6 ms, bf16 3.6-7.3, fp32 1.9-2.8
 //   the same, ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 (a Zen 4's ISA):  fp16 131-166, bf16 3.2-3.5, fp32 1.7-1.9
 //   the same, ONEDNN_MAX_CPU_ISA=AVX2:                         fp16 150-159, bf16 156-179, fp32 1.9-2.0

@@ -85,6 +85,22 @@ void symmetric_product_block_rows_out(const at::Tensor& P, const at::Tensor& M1,
 // P = X @ X^T (X [B, m, k] contiguous), the Gram matrix, by the same block rows.
 void gram_out(const at::Tensor& P, const at::Tensor& X, bool tiled = true);
 
+// out = beta * S + alpha * M1 @ M2 (S undefined: alpha * M1 @ M2) as one batched product, for
+// results that are not symmetric (the polynomial applied to X). out [B, m, n] contiguous.
+void batched_product_out(const at::Tensor& out, const at::Tensor& M1, const at::Tensor& M2, const at::Tensor& S,
+                         double beta, double alpha);
+
+// fp16 / bf16 products on a CPU whose GEMMs in that dtype are not native (cpu_has_native_gemm,
+// dion/math/ortho.h: a Zen 3, fp16 on a Zen 4 / 5, or under an ONEDNN_MAX_CPU_ISA cap): both
+// functions above then multiply the operands' values in fp32 (oneDNN's fp32 GEMM) and round the
+// result to the dtype once, which is the arithmetic of a native bf16 / fp16 GEMM (fp32
+// accumulation, one rounding of beta * S + alpha * M1 @ M2) with another summation order; ATen's
+// own loops there run at 0.5-16 GFLOP/s against 70-90 for fp32 on an AMD Zen 3 (the fast path
+// forced to bf16 on a 768 x 768 matrix: see docs/benchmarks.md). A symmetric result stays exactly
+// symmetric (the mirror copies fp32 bits, rounded alike). The exact path never comes here: its
+// bits are ATen's (dion/math/bf16_matmul_cpu.h).
+bool half_product_in_fp32(const at::Tensor& out);
+
 // Copies P's strictly lower triangle onto its strictly upper triangle, for every matrix of a
 // contiguous batch P [B, m, m], from row `from_row` on (rows above it are left as they are).
 // CPU: a cache-blocked loop; CUDA: the kernel of dion/cuda/symmetric.h when the own kernels are
