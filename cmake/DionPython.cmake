@@ -44,18 +44,31 @@ endforeach()
 install(TARGETS dion_python LIBRARY DESTINATION dion_cpp COMPONENT python EXCLUDE_FROM_ALL)
 install(FILES ${DION_PYTHON_SOURCES} DESTINATION dion_cpp COMPONENT python EXCLUDE_FROM_ALL)
 
-# pytest suite: ctest -R python_tests
+# pytest suite: ctest -R python_tests (two ctest tests: the files that spawn Gloo jobs, and the
+# rest in one process, which need not wait for the multi-process tests' one-at-a-time chain)
 # (-rs: the reasons of any skips, which scripts/check_skips.py holds against tests/allowed_skips.txt;
 # the live comparison needs a reference checkout: python_live_reference below.)
+set(DION_PYTHON_MULTIPROCESS_FILES test_distributed.py test_expert_parallel.py test_placements.py test_qk_clip.py
+    test_replicas.py)
+set(_dion_py_multi "")
+set(_dion_py_ignore --ignore=${PROJECT_SOURCE_DIR}/tests/python/test_live_reference.py
+    --ignore=${PROJECT_SOURCE_DIR}/tests/python/test_live_ranges.py)
+foreach(f ${DION_PYTHON_MULTIPROCESS_FILES})
+  list(APPEND _dion_py_multi ${PROJECT_SOURCE_DIR}/tests/python/${f})
+  list(APPEND _dion_py_ignore --ignore=${PROJECT_SOURCE_DIR}/tests/python/${f})
+endforeach()
 add_test(NAME python_tests
-         COMMAND ${Python3_EXECUTABLE} -m pytest -q -rs ${PROJECT_SOURCE_DIR}/tests/python
-                 --ignore=${PROJECT_SOURCE_DIR}/tests/python/test_live_reference.py
-                 --ignore=${PROJECT_SOURCE_DIR}/tests/python/test_live_ranges.py)
+         COMMAND ${Python3_EXECUTABLE} -m pytest -q -rs ${_dion_py_multi})
 set_tests_properties(python_tests PROPERTIES
   ENVIRONMENT "PYTHONPATH=${CMAKE_BINARY_DIR}/python;TORCH_COMPILE_DISABLE=1"
   TIMEOUT 600
   # Its multi-process jobs never run beside test_dist's: 2 cores, up to 4 processes each.
   ${DION_MULTIPROCESS_TEST})
+add_test(NAME python_tests_one_process
+         COMMAND ${Python3_EXECUTABLE} -m pytest -q -rs ${PROJECT_SOURCE_DIR}/tests/python ${_dion_py_ignore})
+set_tests_properties(python_tests_one_process PROPERTIES
+  ENVIRONMENT "PYTHONPATH=${CMAKE_BINARY_DIR}/python;TORCH_COMPILE_DISABLE=1;DION_PYTEST_ONE_PROCESS=1"
+  TIMEOUT 600)
 
 # The reference vectors again, in the environment they were recorded in (scalar ATen kernels,
 # MKL's reproducible path; conftest.py sets one thread): every tensor must match bit for bit.

@@ -7,6 +7,7 @@ pickles it) and must put (rank, results) on the queue once. A rank that does not
 timeout_s fails the test naming the ranks that did and every exit code; processes still alive
 after the reports are killed, so a hung rank never hangs the suite.
 """
+import os
 import queue as queue_mod
 import socket
 
@@ -21,6 +22,11 @@ def free_port():
 
 
 def run_job(worker, world, arg, timeout_s, what, join_timeout_s=10):
+    # ctest's python_tests_one_process runs beside other tests; a file that spawns ranks belongs in
+    # python_tests, which runs one multi-process test at a time (cmake/DionPython.cmake).
+    if os.environ.get("DION_PYTEST_ONE_PROCESS") == "1":
+        pytest.fail(f"{what}: this file spawns {world} ranks: list it in DION_PYTHON_MULTIPROCESS_FILES "
+                    "(cmake/DionPython.cmake), whose ctest python_tests runs multi-process jobs one at a time")
     ctx = torch.multiprocessing.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
