@@ -233,8 +233,9 @@ void gram_out(const at::Tensor& P, const at::Tensor& X, bool tiled) {
 
 void batched_product_out(const at::Tensor& out, const at::Tensor& M1, const at::Tensor& M2, const at::Tensor& S,
                          double beta, double alpha) {
-  TORCH_CHECK(out.dim() == 3 && out.is_contiguous() && M1.dim() == 3 && M2.dim() == 3 && M1.size(2) == M2.size(1) &&
-                  out.size(1) == M1.size(1) && out.size(2) == M2.size(2),
+  TORCH_CHECK(out.dim() == 3 && out.is_contiguous() && M1.dim() == 3 && M2.dim() == 3 && M1.size(0) == out.size(0) &&
+                  M2.size(0) == out.size(0) && M1.size(2) == M2.size(1) && out.size(1) == M1.size(1) &&
+                  out.size(2) == M2.size(2),
               "batched_product_out: shapes do not chain: out ", out.sizes(), " = M1 ", M1.sizes(), " @ M2 ", M2.sizes());
   if (half_product_in_fp32(out)) {
     const at::Tensor out32 = at::empty(out.sizes(), out.options().dtype(at::kFloat));

@@ -21,6 +21,8 @@
 //     block row takes the full product.
 // symmetric_product_block_rows_out is the batched block-row path with an explicit height, on
 // any device: the CUDA path's code, testable on a CPU, and what the device benchmark sweeps.
+// batched_product_out is the fast path's other product (not symmetric), with the same CPU rule
+// for fp16 / bf16 without native GEMMs (half_product_in_fp32, below).
 //
 // What it is not: no check that the product is in fact symmetric (the caller's algebra says
 // so); not one kernel launch for all tiles of the triangle (the reference's Triton kernels skip
@@ -96,9 +98,9 @@ void batched_product_out(const at::Tensor& out, const at::Tensor& M1, const at::
 // result to the dtype once, which is the arithmetic of a native bf16 / fp16 GEMM (fp32
 // accumulation, one rounding of beta * S + alpha * M1 @ M2) with another summation order; ATen's
 // own loops there run at 0.5-16 GFLOP/s against 70-90 for fp32 on an AMD Zen 3 (the fast path
-// forced to bf16 on a 768 x 768 matrix: see docs/benchmarks.md). A symmetric result stays exactly
-// symmetric (the mirror copies fp32 bits, rounded alike). The exact path never comes here: its
-// bits are ATen's (dion/math/bf16_matmul_cpu.h).
+// forced to bf16: see docs/benchmarks.md). Where block rows and the mirror run, the result stays
+// exactly symmetric (the mirror copies fp32 bits, each rounded alike). The exact path never comes
+// here: its bits are ATen's (dion/math/bf16_matmul_cpu.h).
 bool half_product_in_fp32(const at::Tensor& out);
 
 // Copies P's strictly lower triangle onto its strictly upper triangle, for every matrix of a
