@@ -30,14 +30,15 @@ struct Isa {
   const char* name;
   uint32_t mask;
 };
-constexpr uint32_t kAvx512CoreBf16 = 0xe7, kAvx512CoreFp16 = 0x1ef, kAvx512CoreAmx = 0xfef, kAvx512CoreAmxFp16 = 0x1fef;
+constexpr uint32_t kAvx2Vnni2 = 0x1f, kAvx512Core = 0x27, kAvx512CoreBf16 = 0xe7, kAvx512CoreFp16 = 0x1ef,
+                   kAvx512CoreAmx = 0xfef, kAvx512CoreAmxFp16 = 0x1fef;
 constexpr Isa kIsas[] = {
     {"SSE41", 0x1},
     {"AVX", 0x3},
     {"AVX2", 0x7},
     {"AVX2_VNNI", 0xf},
-    {"AVX2_VNNI_2", 0x1f},
-    {"AVX512_CORE", 0x27},
+    {"AVX2_VNNI_2", kAvx2Vnni2},
+    {"AVX512_CORE", kAvx512Core},
     {"AVX512_CORE_VNNI", 0x67},
     {"AVX512_CORE_BF16", kAvx512CoreBf16},
     {"AVX512_CORE_FP16", kAvx512CoreFp16},
@@ -158,7 +159,6 @@ bool aten_bf16_matmul_uses_onednn() {
   static const bool isa = [] {
     const CpuFlags& f = cpu_flags();
     const IsaCap cap = isa_cap();
-    constexpr uint32_t kAvx512Core = 0x27, kAvx2Vnni2 = 0x1f;
     return (f.avx512_core && allows(cap, kAvx512Core)) || (f.avx_ne_convert && allows(cap, kAvx2Vnni2));
   }();
   return isa;

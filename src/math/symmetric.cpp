@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <vector>
 
 #include "dion/cuda/symmetric.h"
 #include "dion/math/ortho.h"
@@ -183,6 +185,25 @@ void mirror_lower_to_upper(const at::Tensor& P, int64_t from_row) {
   }
 }
 
+// fp32 copies of a product's operands, each distinct memory converted once: an operand that is
+// an earlier one or its transpose (X and X^T of a Gram matrix; A, A, A of b A + c A A) is that
+// copy, viewed alike, so the GEMM sees the layouts the half operands had.
+static std::vector<at::Tensor> to_fp32_once(std::initializer_list<at::Tensor> operands) {
+  std::vector<at::Tensor> src, out;
+  for (const at::Tensor& t : operands) {
+    at::Tensor f;
+    for (size_t i = 0; i < src.size() && t.defined() && !f.defined(); ++i) {
+      if (src[i].data_ptr() != t.data_ptr() || src[i].storage_offset() != t.storage_offset()) continue;
+      if (src[i].sizes() == t.sizes() && src[i].strides() == t.strides()) f = out[i];
+      else if (src[i].mT().sizes() == t.sizes() && src[i].mT().strides() == t.strides()) f = out[i].mT();
+    }
+    if (!f.defined() && t.defined()) f = t.to(at::kFloat);
+    src.push_back(t);
+    out.push_back(f);
+  }
+  return out;
+}
+
 bool half_product_in_fp32(const at::Tensor& out) {
   const at::ScalarType dt = out.scalar_type();
   return out.device().is_cpu() && (dt == at::kBFloat16 || dt == at::kHalf) && !cpu_has_native_gemm(dt);
@@ -193,8 +214,8 @@ void symmetric_product_out(const at::Tensor& P, const at::Tensor& M1, const at::
   check_product(P, M1, M2, S);
   if (half_product_in_fp32(P)) {
     const at::Tensor P32 = at::empty(P.sizes(), P.options().dtype(at::kFloat));
-    symmetric_product_out(P32, M1.to(at::kFloat), M2.to(at::kFloat), S.defined() ? S.to(at::kFloat) : S, beta, alpha,
-                          tiled);
+    const std::vector<at::Tensor> f = to_fp32_once({M1, M2, S});
+    symmetric_product_out(P32, f[0], f[1], f[2], beta, alpha, tiled);
     P.copy_(P32);
     return;
   }
@@ -239,7 +260,8 @@ void batched_product_out(const at::Tensor& out, const at::Tensor& M1, const at::
               "batched_product_out: shapes do not chain: out ", out.sizes(), " = M1 ", M1.sizes(), " @ M2 ", M2.sizes());
   if (half_product_in_fp32(out)) {
     const at::Tensor out32 = at::empty(out.sizes(), out.options().dtype(at::kFloat));
-    full_product(out32, M1.to(at::kFloat), M2.to(at::kFloat), S.defined() ? S.to(at::kFloat) : S, beta, alpha);
+    const std::vector<at::Tensor> f = to_fp32_once({M1, M2, S});
+    full_product(out32, f[0], f[1], f[2], beta, alpha);
     out.copy_(out32);
     return;
   }
