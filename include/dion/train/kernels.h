@@ -23,6 +23,8 @@
 //     - in the GPT's blocks on the CPU (src/train/model/fused_cpu.h), fp32 and bf16: the rotary and
 //       relu^2 as one pass each way, ATen's operations and roundings in ATen's order (the same
 //       bits), and the RMSNorm as one pass each way (its row sums in another order).
+//     - causal attention in bf16 on the CPU at short sequences (causal_attention): ATen's fp32
+//       flash attention on the bf16 operands made fp32, the output rounded to bf16 once.
 //   The fast kind's loss and gradients equal the exact kind's to fp32 rounding of a different
 //   summation order, and in bf16 to one bf16 rounding (tests/train/model/test_kernels.cpp states and
 //   checks the tolerances).
@@ -73,6 +75,25 @@ at::Tensor linear_dw(const at::Tensor& dy, const at::Tensor& x, Kernels kind);
 // x [.., in] times w [out, in] transposed -> [.., out], no bias, differentiable in x and w
 // (at::linear, or for fast on fp32 with autocast off the three GEMMs above in oneDNN).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, Kernels kind);
+
+// Causal self-attention, F.scaled_dot_product_attention(q, k, v, is_causal=True): q, k, v
+// [B, H, T, D] -> [B, H, T, D], differentiable. exact: that ATen call. fast: the same, except on
+// the CPU where the attention computes in bf16 (autocast to bf16, or bf16 operands) and
+// attention_upcasts(T) holds: then ATen's fp32 flash attention over the bf16 operands made fp32
+// (exact values), its output rounded to bf16 once; gradients come back through the casts. ATen's
+// bf16 flash attention runs its 32-row query blocks as small bf16 GEMMs, each a oneDNN call
+// (their set-up and allocations cost more than their products at short T) and keeps P in bf16;
+// the fp32 one is faster there and closer to exact arithmetic (the scores, P and the
+// accumulations in fp32). Measured on an AMD Zen 4 (one thread, forward + backward, B 8, H 4;
+// docs/benchmarks.md): T 128, D 32: 10.9 -> 4.2 ms, max error of dq against fp64 1.6e-2 -> 9.8e-4;
+// T 128, D 64: 13.3 -> 7.4 ms; T 256 1.29x; T 384 1.08-1.19x; T 512 0.92-1.15x; T 1024 0.82-0.86x.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Kernels kind);
+
+// Where the fast kind's bf16 attention on the CPU goes through fp32: T <= kAttentionUpcastMaxT,
+// or any T where ATen's bf16 products are its own loops rather than oneDNN's (a CPU without bf16
+// GEMMs: dion::math::aten_bf16_matmul_uses_onednn() false).
+inline constexpr int64_t kAttentionUpcastMaxT = 256;
+bool attention_upcasts(int64_t T);
 
 // Mean cross entropy of logits = h w^T (h [N, C], w [V, C], targets [N] int64, ignore_index
 // rows excluded from the mean, as F.cross_entropy), differentiable in h and w; fp32 scalar.

@@ -4,8 +4,9 @@
 // F.scaled_dot_product_attention(is_causal=True), F.cross_entropy(ignore_index=-1)), in the same
 // order, so that fp32 CPU results agree with the reference's to rounding (tests/train). With
 // Kernels::fast the linears and the lm_head + loss go through dion/train/kernels.h instead, the
-// rotary and relu^2 through one-pass kernels of the same bits, and the RMSNorm through one of
-// fp32 rounding (fused_cpu.h).
+// rotary and relu^2 through one-pass kernels of the same bits, the RMSNorm through one of
+// fp32 rounding (fused_cpu.h), and bf16 attention at short sequences through ATen's fp32 one
+// (causal_attention).
 #include "dion/train/gpt.h"
 
 #include "dion/train/moe.h"
@@ -117,8 +118,7 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
     k = rms_norm_last(kernels_, k);
   }
   if (track_ && is_training()) track_max_logits(q, k);
-  at::Tensor y = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                  /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  at::Tensor y = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), kernels_);
   y = y.transpose(1, 2).contiguous().view({B, T, -1});    // [B, T, C / tp]
   return tp_exit(par, linear(par, kernels_, c_proj, y));  // [B, T, C]
 }

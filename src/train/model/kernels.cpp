@@ -18,6 +18,7 @@
 
 #include "cross_entropy_cpu.h"
 #include "transpose_cpu.h"
+#include "dion/math/ortho.h"
 #include "dion/train/autocast.h"
 
 namespace dion::train {
@@ -425,6 +426,26 @@ at::Tensor linear_dw(const at::Tensor& dy, const at::Tensor& x, Kernels kind) {
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, Kernels kind) {
   if (kind == Kernels::exact || !fast_applies(x, w)) return at::linear(x, w);
   return FastLinearFn::apply(x, w);
+}
+
+bool attention_upcasts(int64_t T) {
+  return T <= kAttentionUpcastMaxT || !dion::math::aten_bf16_matmul_uses_onednn();
+}
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Kernels kind) {
+  auto sdpa = [](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c) {
+    return at::scaled_dot_product_attention(a, b, c, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  };
+  if (kind == Kernels::exact || !q.is_cpu() || !attention_upcasts(q.size(-2))) return sdpa(q, k, v);
+  // The dtype ATen's call would compute in: autocast's, else the operands' shared one.
+  const auto ac = autocast_dtype(q.device().type());
+  const bool bf16 = ac ? *ac == at::kBFloat16 && at::isFloatingType(q.scalar_type())
+                       : q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
+                             v.scalar_type() == at::kBFloat16;
+  if (!bf16) return sdpa(q, k, v);
+  NoAutocast no_autocast;  // the fp32 call stays fp32
+  auto up = [](const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kFloat); };  // autocast's cast, then exact
+  return sdpa(up(q), up(k), up(v)).to(at::kBFloat16);
 }
 
 at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& w, const at::Tensor& targets, Kernels kind,

@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -35,6 +36,7 @@
 #include "../../../src/train/model/transpose_cpu.h"
 #include "../../../src/train/model/vec_exp.h"
 #include "cpu_kind.h"
+#include "dion/math/ortho.h"
 #include "dion/train/autocast.h"
 #include "dion/train/gpt.h"
 #include "dion/train/kernels.h"
@@ -204,6 +206,77 @@ TEST(TrainKernels, AllTargetsIgnoredIsNanAsCrossEntropy) {
       EXPECT_TRUE(at::equal(hg.grad(), at::zeros_like(hg))) << hg.grad();
       EXPECT_TRUE(at::equal(wg.grad(), at::zeros_like(wg))) << wg.grad();
     }
+}
+
+// Causal attention in bf16 (causal_attention, kernels.h). At T <= kAttentionUpcastMaxT the fast
+// kind is ATen's fp32 flash attention over the operands rounded to bf16 (autocast's cast) and
+// made fp32, its output rounded to bf16: the same ATen calls composed here, so the same bits,
+// forward and gradients. It is closer to exact arithmetic than ATen's bf16 attention (scores, P
+// and sums in fp32): against an fp64 evaluation its gradients' mean error is below the exact
+// kind's (both round the gradients to bf16 at the end; the exact kind's P in bf16 adds to that). The exact kind, fp32 operands and
+// longer sequences (where ATen's bf16 products are oneDNN's) are ATen's call itself.
+struct AttentionGrads {
+  at::Tensor y, dq, dk, dv;
+};
+AttentionGrads attention_grads(int64_t T, bool autocast, const std::function<at::Tensor(at::Tensor, at::Tensor, at::Tensor)>& f) {
+  at::manual_seed(5);
+  at::Tensor q = at::randn({2, 3, T, 16}).requires_grad_(), k = at::randn({2, 3, T, 16}).requires_grad_();
+  at::Tensor v = at::randn({2, 3, T, 16}).requires_grad_();
+  at::Tensor y;
+  {
+    AutocastScope ac(at::kCPU, autocast);
+    y = f(q, k, v);
+  }
+  (y.to(at::kDouble) * at::linspace(-1, 1, 16, at::kDouble)).sum().backward();
+  return {y.detach(), q.grad(), k.grad(), v.grad()};
+}
+void expect_same_bits(const AttentionGrads& a, const AttentionGrads& b, const char* what) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ(a.y.scalar_type(), b.y.scalar_type());
+  EXPECT_TRUE(at::equal(a.y, b.y));
+  EXPECT_TRUE(at::equal(a.dq, b.dq));
+  EXPECT_TRUE(at::equal(a.dk, b.dk));
+  EXPECT_TRUE(at::equal(a.dv, b.dv));
+}
+
+TEST(TrainKernels, FastBf16AttentionIsFp32FlashOverTheBf16Operands) {
+  auto kind = [](Kernels kd) {
+    return [kd](at::Tensor q, at::Tensor k, at::Tensor v) { return causal_attention(q, k, v, kd); };
+  };
+  auto aten = [](at::Tensor q, at::Tensor k, at::Tensor v) {
+    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+  };
+  auto upcast = [&](at::Tensor q, at::Tensor k, at::Tensor v) {
+    auto up = [](const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kFloat); };
+    return aten(up(q), up(k), up(v)).to(at::kBFloat16);
+  };
+  const int64_t T = 40;
+  ASSERT_TRUE(attention_upcasts(T));
+  const AttentionGrads fast = attention_grads(T, true, kind(Kernels::fast));
+  EXPECT_EQ(fast.y.scalar_type(), at::kBFloat16);  // as autocast's attention
+  expect_same_bits(fast, attention_grads(T, false, upcast), "fast, bf16, T 40: the fp32 flash composition");
+  const AttentionGrads exact = attention_grads(T, true, kind(Kernels::exact));
+  expect_same_bits(exact, attention_grads(T, true, aten), "exact: ATen's call under autocast");
+  // Against fp64 on the same bf16 operands: the fast kind's gradients are the closer ones.
+  const AttentionGrads f64 = attention_grads(T, false, [](at::Tensor q, at::Tensor k, at::Tensor v) {
+    auto up = [](const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kDouble); };
+    return at::scaled_dot_product_attention(up(q), up(k), up(v), {}, 0.0, true);
+  });
+  for (auto [name, pick] : {std::pair{"dq", &AttentionGrads::dq}, {"dk", &AttentionGrads::dk}, {"dv", &AttentionGrads::dv}}) {
+    const double ef = (fast.*pick - f64.*pick).abs().mean().item<double>();
+    const double ee = (exact.*pick - f64.*pick).abs().mean().item<double>();
+    std::printf("attention %s: mean error against fp64: fast %.3g, exact (bf16 flash) %.3g\n", name, ef, ee);
+    EXPECT_LT(ef, ee) << name;
+    expect_close(fast.*pick, exact.*pick, 2e-2, name);
+  }
+  // fp32 operands without autocast: ATen's call in both kinds.
+  expect_same_bits(attention_grads(T, false, kind(Kernels::fast)), attention_grads(T, false, aten), "fp32");
+  // Beyond kAttentionUpcastMaxT, where ATen's bf16 products are oneDNN's: ATen's bf16 call.
+  const int64_t long_t = kAttentionUpcastMaxT + 1;
+  EXPECT_EQ(attention_upcasts(long_t), !dion::math::aten_bf16_matmul_uses_onednn());
+  if (!attention_upcasts(long_t))
+    expect_same_bits(attention_grads(long_t, true, kind(Kernels::fast)), attention_grads(long_t, true, aten),
+                     "fast, bf16, T 257");
 }
 
 TEST(TrainKernels, BadShapesNameThem) {
