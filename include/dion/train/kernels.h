@@ -84,9 +84,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, Kernels kind);
 // bf16 flash attention runs its 32-row query blocks as small bf16 GEMMs, each a oneDNN call
 // (their set-up and allocations cost more than their products at short T) and keeps P in bf16;
 // the fp32 one is faster there and closer to exact arithmetic (the scores, P and the
-// accumulations in fp32). Measured on an AMD Zen 4 (one thread, forward + backward, B 8, H 4;
-// docs/benchmarks.md): T 128, D 32: 10.9 -> 4.2 ms, max error of dq against fp64 1.6e-2 -> 9.8e-4;
-// T 128, D 64: 13.3 -> 7.4 ms; T 256 1.29x; T 384 1.08-1.19x; T 512 0.92-1.15x; T 1024 0.82-0.86x.
+// accumulations in fp32). Measured on an AMD Zen 4 (bench/attention_speed.py, one thread,
+// forward + backward; bench/results/attention/zen4_2026-12-07.md): [8, 4, 128, 32] 15.9 -> 6.4 ms,
+// the gradients' largest error against fp64 0.031 -> 0.002; D 64 1.52x; T 256 1.28x; T 384
+// 1.02-1.21x; T 512 0.96x; T 1024 0.80-0.85x (hence kAttentionUpcastMaxT).
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Kernels kind);
 
 // Where the fast kind's bf16 attention on the CPU goes through fp32: T <= kAttentionUpcastMaxT,

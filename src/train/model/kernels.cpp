@@ -6,9 +6,11 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -437,11 +439,15 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     return at::scaled_dot_product_attention(a, b, c, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
   };
   if (kind == Kernels::exact || !q.is_cpu() || !attention_upcasts(q.size(-2))) return sdpa(q, k, v);
-  // The dtype ATen's call would compute in: autocast's, else the operands' shared one.
+  // Whether ATen's call would compute in bf16: under autocast to bf16 with fp32 or bf16 operands
+  // (autocast leaves fp64 alone), else with bf16 operands.
   const auto ac = autocast_dtype(q.device().type());
-  const bool bf16 = ac ? *ac == at::kBFloat16 && at::isFloatingType(q.scalar_type())
-                       : q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
-                             v.scalar_type() == at::kBFloat16;
+  auto is = [&](std::initializer_list<at::ScalarType> dts) {
+    for (const at::Tensor* t : {&q, &k, &v})
+      if (std::find(dts.begin(), dts.end(), t->scalar_type()) == dts.end()) return false;
+    return true;
+  };
+  const bool bf16 = ac ? *ac == at::kBFloat16 && is({at::kFloat, at::kBFloat16}) : is({at::kBFloat16});
   if (!bf16) return sdpa(q, k, v);
   NoAutocast no_autocast;  // the fp32 call stays fp32
   auto up = [](const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kFloat); };  // autocast's cast, then exact

@@ -218,7 +218,8 @@ TEST(TrainKernels, AllTargetsIgnoredIsNanAsCrossEntropy) {
 struct AttentionGrads {
   at::Tensor y, dq, dk, dv;
 };
-AttentionGrads attention_grads(int64_t T, bool autocast, const std::function<at::Tensor(at::Tensor, at::Tensor, at::Tensor)>& f) {
+AttentionGrads attention_grads(int64_t T, bool autocast,
+                               const std::function<at::Tensor(at::Tensor, at::Tensor, at::Tensor)>& f) {
   at::manual_seed(5);
   at::Tensor q = at::randn({2, 3, T, 16}).requires_grad_(), k = at::randn({2, 3, T, 16}).requires_grad_();
   at::Tensor v = at::randn({2, 3, T, 16}).requires_grad_();
@@ -262,15 +263,24 @@ TEST(TrainKernels, FastBf16AttentionIsFp32FlashOverTheBf16Operands) {
     auto up = [](const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kDouble); };
     return at::scaled_dot_product_attention(up(q), up(k), up(v), {}, 0.0, true);
   });
-  for (auto [name, pick] : {std::pair{"dq", &AttentionGrads::dq}, {"dk", &AttentionGrads::dk}, {"dv", &AttentionGrads::dv}}) {
+  for (auto [name, pick] :
+       {std::pair{"dq", &AttentionGrads::dq}, {"dk", &AttentionGrads::dk}, {"dv", &AttentionGrads::dv}}) {
     const double ef = (fast.*pick - f64.*pick).abs().mean().item<double>();
     const double ee = (exact.*pick - f64.*pick).abs().mean().item<double>();
     std::printf("attention %s: mean error against fp64: fast %.3g, exact (bf16 flash) %.3g\n", name, ef, ee);
     EXPECT_LT(ef, ee) << name;
     expect_close(fast.*pick, exact.*pick, 2e-2, name);
   }
-  // fp32 operands without autocast: ATen's call in both kinds.
+  // fp32 operands without autocast, fp64 ones under it (autocast leaves fp64 alone): ATen's call.
   expect_same_bits(attention_grads(T, false, kind(Kernels::fast)), attention_grads(T, false, aten), "fp32");
+  auto f64_operands = [](const std::function<at::Tensor(at::Tensor, at::Tensor, at::Tensor)>& f) {
+    return [f](at::Tensor q, at::Tensor k, at::Tensor v) {
+      return f(q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble));
+    };
+  };
+  const AttentionGrads fast64 = attention_grads(T, true, f64_operands(kind(Kernels::fast)));
+  EXPECT_EQ(fast64.y.scalar_type(), at::kDouble);
+  expect_same_bits(fast64, attention_grads(T, true, f64_operands(aten)), "fp64 under autocast");
   // Beyond kAttentionUpcastMaxT, where ATen's bf16 products are oneDNN's: ATen's bf16 call.
   const int64_t long_t = kAttentionUpcastMaxT + 1;
   EXPECT_EQ(attention_upcasts(long_t), !dion::math::aten_bf16_matmul_uses_onednn());
