@@ -193,7 +193,7 @@ static std::vector<at::Tensor> to_fp32_once(std::initializer_list<at::Tensor> op
   for (const at::Tensor& t : operands) {
     at::Tensor f;
     for (size_t i = 0; i < src.size() && t.defined() && !f.defined(); ++i) {
-      if (src[i].data_ptr() != t.data_ptr() || src[i].storage_offset() != t.storage_offset()) continue;
+      if (!src[i].defined() || src[i].data_ptr() != t.data_ptr()) continue;  // (data_ptr includes the offset)
       if (src[i].sizes() == t.sizes() && src[i].strides() == t.strides()) f = out[i];
       else if (src[i].mT().sizes() == t.sizes() && src[i].mT().strides() == t.strides()) f = out[i].mT();
     }

@@ -6,11 +6,9 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -442,12 +440,10 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   // Whether ATen's call would compute in bf16: under autocast to bf16 with fp32 or bf16 operands
   // (autocast leaves fp64 alone), else with bf16 operands.
   const auto ac = autocast_dtype(q.device().type());
-  auto is = [&](std::initializer_list<at::ScalarType> dts) {
-    for (const at::Tensor* t : {&q, &k, &v})
-      if (std::find(dts.begin(), dts.end(), t->scalar_type()) == dts.end()) return false;
-    return true;
+  auto low = [&](const at::Tensor& t) {
+    return t.scalar_type() == at::kBFloat16 || (ac && t.scalar_type() == at::kFloat);
   };
-  const bool bf16 = ac ? *ac == at::kBFloat16 && is({at::kFloat, at::kBFloat16}) : is({at::kBFloat16});
+  const bool bf16 = (!ac || *ac == at::kBFloat16) && low(q) && low(k) && low(v);
   if (!bf16) return sdpa(q, k, v);
   NoAutocast no_autocast;  // the fp32 call stays fp32
   auto up = [](const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kFloat); };  // autocast's cast, then exact
